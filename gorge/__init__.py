@@ -1,0 +1,1 @@
+"""gorge: Twisted daemons for Phorge background work."""
