@@ -1,0 +1,185 @@
+"""Plain in-memory TaskStore: the reference model for the behaviour tests and
+the fake for handler tests.  Written for obviousness, not speed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from twisted.internet.interfaces import IReactorTime
+
+from gorge.taskqueue.model import (
+    AWAKEN_WINDOW,
+    MIN_YIELD,
+    RESULT_CANCELLED,
+    RESULT_FAILURE,
+    RESULT_SUCCESS,
+    YIELD_OWNER,
+    ArchivedTask,
+    EnqueueRequest,
+    Stats,
+    Task,
+    archive_of,
+    check_u32,
+    sort_key,
+)
+from gorge.taskqueue.store import TaskNotFound
+
+
+class MemoryTaskStore:
+    """Implements :class:`gorge.taskqueue.store.TaskStore` with dicts."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._active: dict[int, Task] = {}
+        self._archived: dict[int, ArchivedTask] = {}
+        self._payloads: dict[int, str] = {}
+        self._next_task_id = 1
+        self._next_data_id = 1
+        self.unreachable: str | None = None
+
+    def _now(self) -> int:
+        return int(self._clock.seconds())
+
+    async def enqueue(self, request: EnqueueRequest) -> Task:
+        now = self._now()
+        data_id, self._next_data_id = self._next_data_id, self._next_data_id + 1
+        task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
+        self._payloads[data_id] = request.data
+        task = Task(
+            id=task_id,
+            task_class=request.task_class,
+            lease_owner=None,
+            lease_expires=request.delay_until,
+            failure_count=0,
+            data_id=data_id,
+            failure_time=None,
+            priority=request.priority,
+            object_phid=request.object_phid or None,
+            container_phid=request.container_phid or None,
+            date_created=now,
+            date_modified=now,
+        )
+        self._active[task_id] = task
+        return task
+
+    async def lease(
+        self,
+        owner: str,
+        limit: int,
+        lease_duration: int,
+        task_classes: Sequence[str] | None = None,
+    ) -> list[Task]:
+        now = self._now()
+        exp = check_u32("leaseExpires", now + lease_duration)
+        allowed = set(task_classes) if task_classes else None
+        ordered = sorted(self._active.values(), key=sort_key)
+        if allowed is not None:
+            ordered = [t for t in ordered if t.task_class in allowed]
+        phase1 = [t for t in ordered if t.lease_owner is None and t.lease_expires is None][:limit]
+        claimed = [t.id for t in phase1]
+        if len(claimed) < limit:
+            phase2 = [
+                t
+                for t in ordered
+                if t.id not in claimed and t.lease_expires is not None and t.lease_expires < now
+            ]
+            claimed += [t.id for t in phase2[: limit - len(claimed)]]
+        out = []
+        for task_id in claimed:
+            task = replace(self._active[task_id], lease_owner=owner, lease_expires=exp)
+            self._active[task_id] = task
+            out.append(replace(task, data=self._payloads.get(task.data_id, "")))
+        return sorted(out, key=sort_key)
+
+    def _archive(self, task_id: int, result: int, duration: int) -> ArchivedTask:
+        task = self._active.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        archived = archive_of(task, result=result, duration=duration, now=self._now())
+        del self._active[task_id]
+        self._archived[task_id] = archived
+        return archived
+
+    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+        if task_id not in self._active:
+            previous = self._archived.get(task_id)
+            if previous is not None and previous.result == RESULT_SUCCESS:
+                return previous
+        return self._archive(task_id, RESULT_SUCCESS, duration)
+
+    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | None:
+        if permanent:
+            return self._archive(task_id, RESULT_FAILURE, 0)
+        task = self._active.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        now = self._now()
+        expires = check_u32("retryWait", now + retry_wait)
+        self._active[task_id] = replace(
+            task,
+            failure_count=task.failure_count + 1,
+            failure_time=now,
+            lease_owner=None,
+            lease_expires=expires,
+            date_modified=now,
+        )
+        return None
+
+    async def yield_(self, task_id: int, duration: int) -> None:
+        task = self._active.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        now = self._now()
+        expires = check_u32("duration", now + max(duration, MIN_YIELD))
+        self._active[task_id] = replace(
+            task, lease_owner=YIELD_OWNER, lease_expires=expires, date_modified=now
+        )
+
+    async def cancel(self, task_id: int) -> ArchivedTask:
+        return self._archive(task_id, RESULT_CANCELLED, 0)
+
+    async def awaken(self, task_ids: Sequence[int]) -> int:
+        ago = self._now() - AWAKEN_WINDOW
+        changed = 0
+        for task_id in set(task_ids):
+            task = self._active.get(task_id)
+            if (
+                task is not None
+                and task.lease_owner == YIELD_OWNER
+                and task.lease_expires is not None
+                and task.lease_expires > ago
+                and task.failure_count == 0
+            ):
+                self._active[task_id] = replace(task, lease_expires=ago)
+                changed += 1
+        return changed
+
+    async def stats(self) -> Stats:
+        now = self._now()
+        tasks = self._active.values()
+        return Stats(
+            active=len(self._active),
+            leased=sum(1 for t in tasks if t.is_held(now)),
+            archived=len(self._archived),
+            failed=sum(1 for t in tasks if t.failure_count > 0),
+        )
+
+    async def list_tasks(self, limit: int, offset: int) -> list[Task]:
+        ordered = sorted(self._active.values(), key=sort_key)
+        return ordered[offset : offset + limit]
+
+    async def get_task(self, task_id: int) -> Task:
+        task = self._active.get(task_id)
+        if task is None:
+            raise TaskNotFound(task_id)
+        return replace(task, data=self._payloads.get(task.data_id, ""))
+
+    async def get_archived(self, task_id: int) -> ArchivedTask | None:
+        return self._archived.get(task_id)
+
+    async def ping(self) -> str | None:
+        return self.unreachable
+
+    async def close(self) -> None:
+        return None

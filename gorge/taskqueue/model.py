@@ -1,0 +1,318 @@
+"""Task queue value objects, constants and JSON shaping (spec taskqueue.md §5).
+
+Every backend converts its storage rows into :class:`Task` / :class:`ArchivedTask`
+and the HTTP layer turns those into JSON with :meth:`Task.to_json` and
+:meth:`ArchivedTask.to_json`, so the wire shape is decided in exactly one place.
+
+Conventions every backend follows:
+
+* "now" is ``int(clock.seconds())`` of the injected ``IReactorTime`` (epoch seconds).
+* NULL columns are ``None`` here.  An empty string in ``leaseOwner``,
+  ``objectPHID`` or ``containerPHID`` is treated as NULL (Redis stores NULL as
+  ``""``); :func:`task_from_columns` does that normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+# Phorge PhabricatorWorker priority bands; lower runs first.
+PRIORITY_ALERTS = 1000
+PRIORITY_DEFAULT = 2000
+PRIORITY_COMMIT = 2500
+PRIORITY_BULK = 3000
+PRIORITY_INDEX = 3500
+PRIORITY_IMPORT = 4000
+
+# PhabricatorWorker::YIELD_OWNER; Phorge's own code compares against it.
+YIELD_OWNER = "(yield)"
+AWAKEN_WINDOW = 3600
+MIN_YIELD = 5
+
+# PhabricatorWorkerArchiveTask::RESULT_*
+RESULT_SUCCESS = 0
+RESULT_FAILURE = 1
+RESULT_CANCELLED = 2
+
+# Column limits of Phorge's worker_activetask (schema/phabricator_worker.sql).
+MAX_TASK_CLASS_CHARS = 64
+MAX_OWNER_CHARS = 64
+MAX_PHID_BYTES = 64
+UINT32_MAX = 4294967295
+UINT64_MAX = 18446744073709551615
+
+MAX_LEASE_LIMIT = 1000
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1000
+
+DEFAULT_LEASE_DURATION = 7200
+DEFAULT_RETRY_WAIT = 300
+
+COUNTER_NAME = "worker_activetask"
+
+TASK_COLUMNS = (
+    "id",
+    "taskClass",
+    "leaseOwner",
+    "leaseExpires",
+    "failureCount",
+    "dataID",
+    "failureTime",
+    "priority",
+    "objectPHID",
+    "containerPHID",
+    "dateCreated",
+    "dateModified",
+)
+
+ARCHIVE_COLUMNS = (
+    "id",
+    "taskClass",
+    "leaseOwner",
+    "leaseExpires",
+    "failureCount",
+    "dataID",
+    "priority",
+    "objectPHID",
+    "containerPHID",
+    "dateCreated",
+    "dateModified",
+    "result",
+    "duration",
+    "archivedEpoch",
+)
+
+
+class InvalidArgument(ValueError):
+    """A request value that must not reach storage; the API answers 400 with ``message``.
+
+    Stores raise it when a value they compute (``now + retryWait``, ``now + yield``)
+    would not fit the unsigned 32-bit column, *before* writing anything.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def check_u32(field: str, value: int) -> int:
+    """Return ``value`` or raise :class:`InvalidArgument` if it is outside 0..2^32-1."""
+    if value < 0:
+        raise InvalidArgument(field, f"{field} must be >= 0")
+    if value > UINT32_MAX:
+        raise InvalidArgument(field, f"{field} is too large")
+    return value
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    """A validated enqueue (§6.1).  ``delay_until`` is None unless > 0."""
+
+    task_class: str
+    data: str = ""
+    priority: int = PRIORITY_DEFAULT
+    object_phid: str | None = None
+    container_phid: str | None = None
+    delay_until: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row of ``worker_activetask`` (+ its payload when loaded).
+
+    ``data`` is None when the payload was not loaded (list endpoint, enqueue
+    answer) and the payload string otherwise.
+    """
+
+    id: int
+    task_class: str
+    lease_owner: str | None
+    lease_expires: int | None
+    failure_count: int
+    data_id: int
+    failure_time: int | None
+    priority: int
+    object_phid: str | None
+    container_phid: str | None
+    date_created: int
+    date_modified: int
+    data: str | None = None
+
+    def without_data(self) -> Task:
+        return replace(self, data=None)
+
+    def is_held(self, now: int) -> bool:
+        """§6.8: owner set and lease not yet expired (yielded tasks count)."""
+        return bool(self.lease_owner) and self.lease_expires is not None and self.lease_expires >= now
+
+    def to_json(self) -> dict[str, Any]:
+        """§5.1: absent keys stay absent; failureCount always present."""
+        out: dict[str, Any] = {"id": self.id, "taskClass": self.task_class}
+        if self.lease_owner:
+            out["leaseOwner"] = self.lease_owner
+        if self.lease_expires is not None:
+            out["leaseExpires"] = self.lease_expires
+        out["failureCount"] = self.failure_count
+        out["dataID"] = self.data_id
+        if self.failure_time is not None:
+            out["failureTime"] = self.failure_time
+        out["priority"] = self.priority
+        if self.object_phid:
+            out["objectPHID"] = self.object_phid
+        if self.container_phid:
+            out["containerPHID"] = self.container_phid
+        out["dateCreated"] = self.date_created
+        out["dateModified"] = self.date_modified
+        if self.data:
+            out["data"] = self.data
+        return out
+
+
+@dataclass(frozen=True)
+class ArchivedTask:
+    """One row of ``worker_archivetask`` (no failureTime, no payload; §5.2)."""
+
+    id: int
+    task_class: str
+    lease_owner: str | None
+    lease_expires: int | None
+    failure_count: int
+    data_id: int
+    priority: int
+    object_phid: str | None
+    container_phid: str | None
+    date_created: int
+    date_modified: int
+    result: int
+    duration: int
+    archived_epoch: int
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "taskClass": self.task_class}
+        if self.lease_owner:
+            out["leaseOwner"] = self.lease_owner
+        if self.lease_expires is not None:
+            out["leaseExpires"] = self.lease_expires
+        out["failureCount"] = self.failure_count
+        out["dataID"] = self.data_id
+        out["priority"] = self.priority
+        if self.object_phid:
+            out["objectPHID"] = self.object_phid
+        if self.container_phid:
+            out["containerPHID"] = self.container_phid
+        out["dateCreated"] = self.date_created
+        out["dateModified"] = self.date_modified
+        out["result"] = self.result
+        out["duration"] = self.duration
+        out["archivedEpoch"] = self.archived_epoch
+        return out
+
+
+def archive_of(task: Task, *, result: int, duration: int, now: int) -> ArchivedTask:
+    """The archive row §7.5 writes for ``task``: owner/expiry copied as they stand."""
+    return ArchivedTask(
+        id=task.id,
+        task_class=task.task_class,
+        lease_owner=task.lease_owner,
+        lease_expires=task.lease_expires,
+        failure_count=task.failure_count,
+        data_id=task.data_id,
+        priority=task.priority,
+        object_phid=task.object_phid,
+        container_phid=task.container_phid,
+        date_created=task.date_created,
+        date_modified=now,
+        result=result,
+        duration=duration,
+        archived_epoch=now,
+    )
+
+
+@dataclass(frozen=True)
+class Stats:
+    """§6.8, computed live from storage."""
+
+    active: int
+    leased: int
+    archived: int
+    failed: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "activeCount": self.active,
+            "leasedCount": self.leased,
+            "archivedCount": self.archived,
+            "failedCount": self.failed,
+        }
+
+
+def _text(value: Any) -> str | None:
+    """NULL and "" -> None; bytes (pymysql VARBINARY) decoded."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value).decode("utf-8")
+    value = str(value)
+    return value or None
+
+
+def _int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode("ascii")
+    if isinstance(value, str):
+        if value == "":
+            return None
+        return int(value)
+    return int(value)
+
+
+def task_from_columns(cols: Mapping[str, Any], data: Any = None) -> Task:
+    """Build a Task from Phorge column names (SQL row dict or Redis hash)."""
+    payload = None
+    if data is not None:
+        payload = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray)) else str(data)
+    return Task(
+        id=int(_int(cols["id"])),
+        task_class=_text(cols["taskClass"]) or "",
+        lease_owner=_text(cols.get("leaseOwner")),
+        lease_expires=_int(cols.get("leaseExpires")),
+        failure_count=_int(cols.get("failureCount")) or 0,
+        data_id=int(_int(cols["dataID"])),
+        failure_time=_int(cols.get("failureTime")),
+        priority=int(_int(cols["priority"])),
+        object_phid=_text(cols.get("objectPHID")),
+        container_phid=_text(cols.get("containerPHID")),
+        date_created=int(_int(cols["dateCreated"])),
+        date_modified=int(_int(cols["dateModified"])),
+        data=payload,
+    )
+
+
+def archived_from_columns(cols: Mapping[str, Any]) -> ArchivedTask:
+    """Build an ArchivedTask from ``worker_archivetask`` column names."""
+    return ArchivedTask(
+        id=int(_int(cols["id"])),
+        task_class=_text(cols["taskClass"]) or "",
+        lease_owner=_text(cols.get("leaseOwner")),
+        lease_expires=_int(cols.get("leaseExpires")),
+        failure_count=_int(cols.get("failureCount")) or 0,
+        data_id=int(_int(cols["dataID"])),
+        priority=int(_int(cols["priority"])),
+        object_phid=_text(cols.get("objectPHID")),
+        container_phid=_text(cols.get("containerPHID")),
+        date_created=int(_int(cols["dateCreated"])),
+        date_modified=int(_int(cols["dateModified"])),
+        result=int(_int(cols["result"])),
+        duration=int(_int(cols["duration"])),
+        archived_epoch=int(_int(cols["archivedEpoch"]) or 0),
+    )
+
+
+def sort_key(task: Task) -> tuple[int, int]:
+    """Queue order everywhere: priority ASC, id ASC."""
+    return (task.priority, task.id)

@@ -1,0 +1,146 @@
+"""The one ``TaskStore`` interface every backend implements (spec taskqueue.md §6-§8).
+
+Conventions (all backends, pinned so the behaviour tests can compare them):
+
+* A store is constructed with ``clock: IReactorTime``; "now" is always
+  ``int(clock.seconds())`` read once per call, at the start of the call.
+  Backends never use the database's or Redis' clock.
+* Arguments reaching a store are already type-checked by the API (ints are
+  ints, strings are strings, owner <= 64 chars, class names <= 64 chars,
+  PHIDs <= 64 UTF-8 bytes, priority/delay within 0..2^32-1).  Values the store
+  *computes* from ``now`` (``now + lease_duration``, ``now + retry_wait``,
+  ``now + yield duration``) are range-checked by the store with
+  :func:`gorge.taskqueue.model.check_u32` before anything is written;
+  it raises :class:`~gorge.taskqueue.model.InvalidArgument` (API: 400).
+* Unknown ids raise :class:`TaskNotFound` and write nothing.
+* Ids: task ids and payload ids are two separate sequences starting at 1 on
+  an empty store (MySQL/SQLite: ``lisk_counter`` row ``worker_activetask`` and
+  ``worker_taskdata`` AUTO_INCREMENT; Redis: ``next_task_id``/``next_data_id``).
+* Every failure of the backend itself (connection, SQL error, timeout)
+  propagates as whatever exception the driver raised; the API turns it into
+  the opaque 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from gorge.taskqueue.model import ArchivedTask, EnqueueRequest, Stats, Task
+
+
+class TaskNotFound(LookupError):
+    """The id is not an active task (and, for complete, no successful archive row)."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id} not found")
+        self.task_id = task_id
+
+
+class LeaseConflict(Exception):
+    """Reserved for the fenced protocol (spec Appendix A, 409); r4 never raises it."""
+
+
+@runtime_checkable
+class TaskStore(Protocol):
+    """The queue operations.  All methods are coroutines (``async def``)."""
+
+    async def enqueue(self, request: EnqueueRequest) -> Task:
+        """Create the payload row and the active task atomically (§6.1, §7.3).
+
+        The new task: ``failureCount`` 0, ``failureTime`` None, ``leaseOwner``
+        None, ``leaseExpires`` = ``request.delay_until`` (None when not delayed),
+        ``dateCreated`` = ``dateModified`` = now.  Returns the Task with
+        ``data=None`` (the answer does not echo the payload).
+        """
+        ...
+
+    async def lease(
+        self,
+        owner: str,
+        limit: int,
+        lease_duration: int,
+        task_classes: Sequence[str] | None = None,
+    ) -> list[Task]:
+        """Claim up to ``limit`` tasks for ``owner`` until ``now + lease_duration`` (§6.2).
+
+        Phase 1: ``leaseOwner IS NULL AND leaseExpires IS NULL``, priority ASC, id ASC.
+        Phase 2 (only if phase 1 claimed fewer than ``limit``): ``leaseExpires < now``
+        (strictly; regardless of owner), priority ASC, id ASC, up to the remainder.
+        ``task_classes`` empty/None = every class; otherwise only those classes are
+        considered and no other row is touched.  Each claim is conditional (re-checks
+        its phase predicate), sets only ``leaseOwner = owner`` and ``leaseExpires = exp``
+        and leaves ``dateModified`` unchanged.  Returns exactly the tasks this call
+        claimed, with ``data`` loaded ("" when the payload row is missing), sorted
+        priority ASC, id ASC.  ``limit`` is >= 1 (the API clamps it).
+        """
+        ...
+
+    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+        """Archive with result 0 and ``duration`` µs (§6.3, §7.5).
+
+        Archive row: the active row's columns except failureTime, ``dateModified``
+        = ``archivedEpoch`` = now, owner/expiry copied as they stand; the active row
+        is deleted in the same transaction; the payload row is kept.
+        Not active but archived with result 0 -> return that archived row unchanged
+        (idempotent replay, nothing written).  Otherwise :class:`TaskNotFound`.
+        """
+        ...
+
+    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | None:
+        """Report a failure (§6.4).
+
+        ``permanent``: archive with result 1, duration 0 and return the ArchivedTask.
+        Temporary: ``failureCount += 1``, ``failureTime = now``, ``leaseOwner = None``,
+        ``leaseExpires = now + retry_wait``, ``dateModified = now``; returns None.
+        Unknown (not active) id -> :class:`TaskNotFound` in both cases.
+        """
+        ...
+
+    async def yield_(self, task_id: int, duration: int) -> None:
+        """``leaseOwner = '(yield)'``, ``leaseExpires = now + max(duration, 5)``,
+        ``dateModified = now``; failureCount unchanged (§6.5).  Unknown id ->
+        :class:`TaskNotFound` (existence decided by a read, not by a changed-row count).
+        """
+        ...
+
+    async def cancel(self, task_id: int) -> ArchivedTask:
+        """Archive with result 2, duration 0, owner/expiry copied (§6.6).
+        Unknown (not active) id -> :class:`TaskNotFound` (no replay rule here)."""
+        ...
+
+    async def awaken(self, task_ids: Sequence[int]) -> int:
+        """With ``ago = now - 3600``: every listed active task with
+        ``leaseOwner == '(yield)'`` and ``leaseExpires > ago`` and
+        ``failureCount == 0`` gets ``leaseExpires = ago`` (owner stays, dateModified
+        unchanged).  Duplicates count once, unknown ids are ignored.  Returns the
+        number of tasks changed (§6.7).
+        """
+        ...
+
+    async def stats(self) -> Stats:
+        """§6.8: active, held (owner non-empty and ``leaseExpires >= now``),
+        archived, active with ``failureCount > 0``."""
+        ...
+
+    async def list_tasks(self, limit: int, offset: int) -> list[Task]:
+        """Active tasks, priority ASC, id ASC, paged; ``data`` is None (§6.9).
+        ``limit`` >= 1 and ``offset`` >= 0 (the API clamps them)."""
+        ...
+
+    async def get_task(self, task_id: int) -> Task:
+        """One active task with ``data`` loaded; not active -> :class:`TaskNotFound`."""
+        ...
+
+    async def get_archived(self, task_id: int) -> ArchivedTask | None:
+        """The archived row with this id, or None (used by tests and replays)."""
+        ...
+
+    async def ping(self) -> str | None:
+        """None when the backend answers, else a short reason (for /readyz).
+        Never raises; bounded by the store (<= 5 s)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; the last step of the service stop."""
+        ...
