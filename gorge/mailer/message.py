@@ -1,0 +1,320 @@
+"""The validated outbound message (spec/mailer.md §4.1, §4.3, §4.4).
+
+``parse_send_body(raw)`` turns the request body of ``POST /api/mailer/send``
+into a :class:`SendRequest` or raises :class:`MessageError` (answered as 400
+``ERR_BAD_REQUEST``; no backend is touched). Everything a backend receives
+has passed these rules, so backends may rely on them:
+
+* ``from_.address`` and every ``to``/``cc``/``bcc``/``reply_to`` address is
+  non-empty, has one ``@`` split into a non-empty local part and domain (the
+  last ``@`` separates them), and holds no control character, no whitespace
+  and no ``<``/``>``. Addresses may contain non-ASCII characters.
+* Display names have CR, LF and NUL removed (they may be ``""``).
+* ``to`` is non-empty; ``subject`` is a non-empty string (whitespace-only
+  allowed). The subject may still contain control characters: the MIME
+  builder encodes it, JSON providers escape it.
+* Header names are 1+ printable ASCII characters without ``:`` or space;
+  header values have CR, LF and NUL removed. Order is the caller's.
+* Attachments have a non-empty filename (CR/LF/NUL removed), ``content``
+  the decoded bytes, ``data`` the caller's base64 with ASCII whitespace
+  removed (what SendGrid/Postmark pass on), and ``mime_type`` a valid
+  ``type/subtype`` token pair, else ``application/octet-stream``.
+* ``text_body``/``html_body`` are ``""`` when absent, already truncated to
+  the configured body limit (§4.4) by the API before dispatch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from dataclasses import dataclass, replace
+from email.header import Header as _EncodedHeader
+from typing import Any
+
+DEFAULT_MIME_TYPE = "application/octet-stream"
+
+# RFC 2045 token: any ASCII printable except SPACE and tspecials.
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_MIME_TYPE_RE = re.compile(rf"^{_TOKEN}/{_TOKEN}$")
+_BASE64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
+_HEADER_NAME_RE = re.compile(r"^[!-9;-~]+$")  # printable ASCII minus ':' and space
+_ASCII_WS = str.maketrans("", "", " \t\n\r\f\v")
+_CRLFNUL = str.maketrans("", "", "\r\n\x00")
+# RFC 5322 specials (plus the quote itself) force a quoted-string display name.
+_SPECIALS = set('()<>[]:;@\\,."')
+
+
+class MessageError(ValueError):
+    """The request cannot be sent as given. ``str(e)`` says what to fix and
+    never repeats caller data (it may name a field path)."""
+
+
+@dataclass(frozen=True)
+class Address:
+    address: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Header:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Attachment:
+    filename: str
+    mime_type: str
+    content: bytes
+    data: str  # base64, ASCII whitespace removed, decodes to ``content``
+
+
+@dataclass(frozen=True)
+class Message:
+    from_: Address
+    to: tuple[Address, ...]
+    subject: str
+    cc: tuple[Address, ...] = ()
+    bcc: tuple[Address, ...] = ()
+    reply_to: Address | None = None
+    text_body: str = ""
+    html_body: str = ""
+    headers: tuple[Header, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
+
+    def recipients(self) -> list[str]:
+        """Envelope recipients in order: every ``to``, then ``cc``, then ``bcc``."""
+        return [a.address for a in (*self.to, *self.cc, *self.bcc)]
+
+    def truncated(self, limit: int) -> tuple[Message, int]:
+        """Bodies cut to ``limit`` UTF-8 bytes (§4.4); returns the message and
+        how many bodies were shortened. ``limit <= 0`` disables truncation."""
+        text = truncate_utf8(self.text_body, limit)
+        html = truncate_utf8(self.html_body, limit)
+        count = (text != self.text_body) + (html != self.html_body)
+        if not count:
+            return self, 0
+        return replace(self, text_body=text, html_body=html), count
+
+
+@dataclass(frozen=True)
+class SendRequest:
+    message: Message
+    #: ``None`` = any backend; otherwise the keys to narrow to (never empty).
+    mailer_keys: tuple[str, ...] | None = None
+
+
+def truncate_utf8(text: str, limit: int) -> str:
+    """At most ``limit`` bytes of UTF-8, never splitting a code point."""
+    if limit <= 0:
+        return text
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", errors="ignore")
+
+
+def format_address(addr: Address) -> str:
+    """``addr`` bare, or ``name <addr>`` (§11): a non-ASCII name is RFC 2047
+    encoded (UTF-8), a name with specials becomes an RFC 5322 quoted-string.
+    Used by the MIME builder and by providers that want a "formatted" address."""
+    name = addr.name
+    if not name:
+        return addr.address
+    if not name.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        encoded = _EncodedHeader(name, "utf-8").encode(maxlinelen=10_000)
+        return f"{encoded} <{addr.address}>"
+    if any(c in _SPECIALS for c in name):
+        quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{quoted}" <{addr.address}>'
+    return f"{name} <{addr.address}>"
+
+
+def parse_send_body(raw: bytes) -> SendRequest:
+    """Decode and validate a ``POST /api/mailer/send`` body (§4.3, in order)."""
+    if not raw:
+        raise MessageError("request body is empty; expected a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MessageError("request body is not valid UTF-8") from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise MessageError("request body is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise MessageError("request body must be a JSON object")
+    return parse_send_request(doc)
+
+
+def parse_send_request(doc: dict[str, Any]) -> SendRequest:
+    """Validate an already decoded request object (§4.3 rules 2-9)."""
+    raw = _opt(doc, "message", dict, "message") or {}
+    keys = _opt(doc, "mailerKeys", list, "mailerKeys")
+    mailer_keys = None
+    if keys:
+        for i, k in enumerate(keys):
+            if not isinstance(k, str):
+                raise MessageError(f"mailerKeys[{i}] must be a string")
+        mailer_keys = tuple(keys)
+
+    # Rule 2 first: every type mismatch anywhere is reported before the
+    # semantic checks, so a client fixing types is not sent round twice.
+    from_ = _address(raw, "from")
+    reply_to = _address(raw, "replyTo")
+    to = _addresses(raw, "to")
+    cc = _addresses(raw, "cc")
+    bcc = _addresses(raw, "bcc")
+    subject = _opt(raw, "subject", str, "message.subject")
+    text_body = _opt(raw, "textBody", str, "message.textBody") or ""
+    html_body = _opt(raw, "htmlBody", str, "message.htmlBody") or ""
+    headers = _headers(raw)
+    attachments = _attachments(raw)
+
+    if from_ is None or not from_[0]:
+        raise MessageError("from address is required (message.from.address)")
+    if not to:
+        raise MessageError("at least one recipient is required (message.to)")
+    if not subject:
+        raise MessageError("subject is required (message.subject)")
+
+    _check_address(from_[0], "message.from.address")
+    for field, group in (("to", to), ("cc", cc), ("bcc", bcc)):
+        for i, (address, _) in enumerate(group):
+            _check_address(address, f"message.{field}[{i}].address")
+    if reply_to is not None and reply_to[0]:
+        _check_address(reply_to[0], "message.replyTo.address")
+
+    parsed_attachments = tuple(_check_attachment(i, *a) for i, a in enumerate(attachments))
+    parsed_headers = tuple(_check_header(i, n, v) for i, (n, v) in enumerate(headers))
+
+    message = Message(
+        from_=_mk_address(from_),
+        to=tuple(_mk_address(a) for a in to),
+        cc=tuple(_mk_address(a) for a in cc),
+        bcc=tuple(_mk_address(a) for a in bcc),
+        # §4.1 [fix]: an empty replyTo address means "no Reply-To".
+        reply_to=_mk_address(reply_to) if reply_to is not None and reply_to[0] else None,
+        subject=subject,
+        text_body=text_body,
+        html_body=html_body,
+        headers=parsed_headers,
+        attachments=parsed_attachments,
+    )
+    return SendRequest(message, mailer_keys)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string"}
+
+
+def _opt(obj: dict[str, Any], key: str, typ: type, path: str) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, typ):
+        raise MessageError(f"{path} must be {_TYPE_NAMES[typ]}")
+    return value
+
+
+def _address(obj: dict[str, Any], key: str, path: str | None = None) -> tuple[str, str] | None:
+    path = path or f"message.{key}"
+    raw = _opt(obj, key, dict, path)
+    if raw is None:
+        return None
+    address = _opt(raw, "address", str, f"{path}.address") or ""
+    name = _opt(raw, "name", str, f"{path}.name") or ""
+    return address, name
+
+
+def _addresses(obj: dict[str, Any], key: str) -> list[tuple[str, str]]:
+    items = _opt(obj, key, list, f"message.{key}") or []
+    out = []
+    for i, item in enumerate(items):
+        path = f"message.{key}[{i}]"
+        if not isinstance(item, dict):
+            raise MessageError(f"{path} must be an object")
+        parsed = _address({"a": item}, "a", path)
+        assert parsed is not None
+        out.append(parsed)
+    return out
+
+
+def _headers(obj: dict[str, Any]) -> list[tuple[str, str]]:
+    items = _opt(obj, "headers", list, "message.headers") or []
+    out = []
+    for i, item in enumerate(items):
+        path = f"message.headers[{i}]"
+        if not isinstance(item, dict):
+            raise MessageError(f"{path} must be an object")
+        name = _opt(item, "name", str, f"{path}.name") or ""
+        value = _opt(item, "value", str, f"{path}.value") or ""
+        out.append((name, value))
+    return out
+
+
+def _attachments(obj: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    items = _opt(obj, "attachments", list, "message.attachments") or []
+    out = []
+    for i, item in enumerate(items):
+        path = f"message.attachments[{i}]"
+        if not isinstance(item, dict):
+            raise MessageError(f"{path} must be an object")
+        filename = _opt(item, "filename", str, f"{path}.filename") or ""
+        mime_type = _opt(item, "mimeType", str, f"{path}.mimeType")
+        data = _opt(item, "data", str, f"{path}.data")
+        if data is None:
+            raise MessageError(f"{path}.data is required (base64, may be empty)")
+        out.append((filename, data, mime_type))
+    return out
+
+
+def _check_address(address: str, path: str) -> None:
+    if not address:
+        raise MessageError(f"{path} is empty")
+    if any(ord(c) < 32 or ord(c) == 127 for c in address):
+        raise MessageError(f"{path} contains a control character")
+    if any(c.isspace() for c in address):
+        raise MessageError(f"{path} contains whitespace")
+    if "<" in address or ">" in address:
+        raise MessageError(f"{path} must be a bare address without '<' or '>'")
+    local, at, domain = address.rpartition("@")
+    if not at or not local or not domain:
+        raise MessageError(f"{path} must look like local@domain")
+
+
+def _check_header(i: int, name: str, value: str) -> Header:
+    name = name.translate(_CRLFNUL)
+    if not _HEADER_NAME_RE.match(name):
+        raise MessageError(
+            f"message.headers[{i}].name must be printable ASCII without ':' or spaces"
+        )
+    return Header(name, value.translate(_CRLFNUL))
+
+
+def _check_attachment(i: int, filename: str, data: str, mime_type: str | None) -> Attachment:
+    path = f"message.attachments[{i}]"
+    filename = filename.translate(_CRLFNUL)
+    if not filename:
+        raise MessageError(f"{path}.filename is required")
+    compact = data.translate(_ASCII_WS) if data.isascii() else data
+    if not compact.isascii() or len(compact) % 4 or not _BASE64_RE.match(compact):
+        raise MessageError(f"{path}.data must be standard padded base64")
+    try:
+        content = base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError):
+        raise MessageError(f"{path}.data must be standard padded base64") from None
+    mime = (mime_type or "").strip()
+    if not _MIME_TYPE_RE.match(mime):
+        mime = DEFAULT_MIME_TYPE
+    return Attachment(filename=filename, mime_type=mime, content=content, data=compact)
+
+
+def _mk_address(pair: tuple[str, str]) -> Address:
+    address, name = pair
+    return Address(address=address, name=name.translate(_CRLFNUL))
