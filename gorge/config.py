@@ -1,0 +1,227 @@
+"""Environment and twistd options -> frozen settings, validated once at start-up.
+
+Nothing else in gorge reads ``os.environ``: each service's ``makeService``
+hands the environment to an :class:`Env` and builds its settings from it. The
+first bad value raises :class:`ConfigError`, which ``gorge.service`` turns
+into one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+__all__ = [
+    "ConfigError",
+    "Env",
+    "HttpSettings",
+    "MySQLSettings",
+    "load_http_settings",
+    "parse_bool",
+    "parse_int",
+    "parse_listen_addr",
+    "parse_size",
+]
+
+
+class ConfigError(Exception):
+    """A setting that stops the daemon at start-up."""
+
+    def __init__(self, setting: str, reason: str) -> None:
+        super().__init__(f"{setting}: {reason}")
+        self.setting = setting
+        self.reason = reason
+
+
+_TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
+_FALSE = frozenset({"0", "false", "no", "off", "n", "f"})
+
+
+def parse_int(text: str) -> int:
+    """Decimal integer with optional sign; nothing else (no floats, no hex)."""
+    stripped = text.strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", stripped):
+        raise ValueError(f"not an integer: {text!r}")
+    return int(stripped)
+
+
+def parse_float(text: str) -> float:
+    stripped = text.strip()
+    if not re.fullmatch(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", stripped):
+        raise ValueError(f"not a number: {text!r}")
+    return float(stripped)
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"not a boolean (use true/false, 1/0, yes/no, on/off): {text!r}")
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2,
+               "g": 1024**3, "gb": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """``10M``, ``512kb``, ``2048``: binary multiples, case-insensitive."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a size (use a number with optional B, K, M or G): {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def parse_listen_addr(addr: str) -> str:
+    """Go ``host:port`` -> a twisted strports description.
+
+    ``:8160`` listens on every interface, ``127.0.0.1:8160`` on one,
+    ``[::]:8160`` on IPv6. Colons inside the interface are escaped because
+    strports splits on them.
+    """
+    text = addr.strip()
+    match = re.fullmatch(r"(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]*)):([0-9]+)", text)
+    if match is None:
+        raise ValueError(f"not a host:port listen address: {addr!r}")
+    port = int(match.group(3))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {addr!r}")
+    if match.group(1) is not None:
+        interface = match.group(1).replace(":", "\\:")
+        return f"tcp6:{port}:interface={interface}"
+    host = match.group(2)
+    if host in ("", "0.0.0.0"):
+        return f"tcp:{port}" if host == "" else f"tcp:{port}:interface=0.0.0.0"
+    if host == "localhost":
+        host = "127.0.0.1"
+    if not re.fullmatch(r"[0-9A-Za-z.\-]+", host):
+        raise ValueError(f"not a host:port listen address: {addr!r}")
+    return f"tcp:{port}:interface={host}"
+
+
+class Env:
+    """Typed reads of environment variables, with legacy aliases.
+
+    ``names`` is one variable name or a tuple (canonical first, then legacy
+    aliases): the first non-empty one wins. An empty value counts as unset.
+    A legacy alias in use adds one line to :attr:`warnings`, which the
+    service logs at start-up.
+    """
+
+    def __init__(self, environ: Mapping[str, str], service: str = "gorge") -> None:
+        self._environ = environ
+        self.service = service
+        self.warnings: list[str] = []
+
+    def _lookup(self, names: str | Sequence[str]) -> tuple[str, str | None]:
+        candidates = (names,) if isinstance(names, str) else tuple(names)
+        for index, name in enumerate(candidates):
+            value = self._environ.get(name, "")
+            if value != "":
+                if index > 0:
+                    warning = f"{name} is deprecated, use {candidates[0]}"
+                    if warning not in self.warnings:
+                        self.warnings.append(warning)
+                return name, value
+        return candidates[0], None
+
+    def raw(self, names: str | Sequence[str]) -> str | None:
+        return self._lookup(names)[1]
+
+    def str(self, names: str | Sequence[str], default: str = "") -> str:
+        value = self._lookup(names)[1]
+        return default if value is None else value
+
+    def _typed(self, names, default, parse, minimum=None, maximum=None):
+        name, value = self._lookup(names)
+        if value is None:
+            return default
+        try:
+            parsed = parse(value)
+        except ValueError as e:
+            raise ConfigError(name, str(e)) from None
+        if minimum is not None and parsed < minimum:
+            raise ConfigError(name, f"must be >= {minimum}, got {value!r}")
+        if maximum is not None and parsed > maximum:
+            raise ConfigError(name, f"must be <= {maximum}, got {value!r}")
+        return parsed
+
+    def int(self, names, default: int, *, min: int | None = None, max: int | None = None) -> int:
+        return self._typed(names, default, parse_int, min, max)
+
+    def float(self, names, default: float, *, min: float | None = None,
+              max: float | None = None) -> float:
+        return self._typed(names, default, parse_float, min, max)
+
+    def bool(self, names, default: bool) -> bool:
+        return self._typed(names, default, parse_bool)
+
+    def size(self, names, default: int, *, min: int | None = None) -> int:
+        return self._typed(names, default, parse_size, min)
+
+    def choice(self, names, default: str, choices: Sequence[str]) -> str:
+        name, value = self._lookup(names)
+        if value is None:
+            return default
+        if value not in choices:
+            accepted = ", ".join(choices)
+            raise ConfigError(name, f"unknown value {value!r} (accepted: {accepted})")
+        return value
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """The diagnostic/API listener every service has."""
+
+    listen_addr: str
+    endpoint: str
+    token: str = field(repr=False, default="")
+    body_limit: int = 2 * 1024 * 1024
+
+
+def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1024 * 1024,
+                       listen_override: str | None = None,
+                       legacy_names: bool = False) -> HttpSettings:
+    """``GORGE_LISTEN_ADDR``, ``GORGE_SERVICE_TOKEN`` and ``GORGE_BODY_LIMIT``.
+
+    ``listen_override`` comes from the twistd ``--listen`` option and wins
+    over the environment. ``legacy_names`` accepts the bare ``LISTEN_ADDR`` /
+    ``SERVICE_TOKEN`` where a domain spec still lists them.
+    """
+    listen_names = ("GORGE_LISTEN_ADDR", "LISTEN_ADDR") if legacy_names else "GORGE_LISTEN_ADDR"
+    token_names = ("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN") if legacy_names else "GORGE_SERVICE_TOKEN"
+    if listen_override:
+        setting, listen_addr = "--listen", listen_override
+    else:
+        setting = "GORGE_LISTEN_ADDR"
+        listen_addr = env.str(listen_names, default_listen)
+    try:
+        endpoint = parse_listen_addr(listen_addr)
+    except ValueError as e:
+        raise ConfigError(setting, str(e)) from None
+    limit = env.size("GORGE_BODY_LIMIT", body_limit, min=1)
+    return HttpSettings(
+        listen_addr=listen_addr,
+        endpoint=endpoint,
+        token=env.str(token_names, ""),
+        body_limit=limit,
+    )
+
+
+@dataclass(frozen=True)
+class MySQLSettings:
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "phorge"
+    password: str = field(default="", repr=False)
+    database: str = ""
+    max_connections: int = 20
+    connect_timeout: int = 5
+    read_timeout: int = 30
+    write_timeout: int = 30
+
+    def describe(self) -> str:
+        """For start-up logs: everything but the password."""
+        return f"{self.user}@{self.host}:{self.port}/{self.database}"

@@ -1,0 +1,101 @@
+"""MySQL access through ``twisted.enterprise.adbapi`` with pymysql.
+
+The pool is lazy: creating it connects nowhere, so a daemon starts (and
+answers ``/healthz``) before Phorge has created its databases. Every call is
+``pool.runInteraction(fn, ...)``; ``fn`` runs in a pool thread and commits
+when it returns.
+"""
+
+from __future__ import annotations
+
+from twisted.enterprise import adbapi
+from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
+from twisted.internet.interfaces import IReactorTime
+
+from gorge.config import MySQLSettings
+
+__all__ = ["make_pool", "ping", "is_transient", "error_reason"]
+
+# Client-side codes for a connection that is gone or never came up.
+_TRANSIENT_CODES = frozenset({2002, 2003, 2005, 2006, 2013, 2014, 2055, 1040, 1205, 1213})
+
+_REASONS = {
+    1044: "access denied to database",
+    1045: "access denied",
+    1049: "unknown database",
+    2002: "unreachable",
+    2003: "unreachable",
+    2005: "unknown host",
+    2006: "connection lost",
+    2013: "connection lost",
+}
+
+
+def _set_session(connection) -> None:
+    # Epoch columns are written from our clock, but NOW()-style defaults and
+    # strict mode must not depend on the server's configuration.
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION time_zone = '+00:00'")
+
+
+def make_pool(settings: MySQLSettings, reactor) -> adbapi.ConnectionPool:
+    return adbapi.ConnectionPool(
+        "pymysql",
+        host=settings.host,
+        port=settings.port,
+        user=settings.user,
+        password=settings.password,
+        database=settings.database,
+        charset="utf8mb4",
+        autocommit=False,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        write_timeout=settings.write_timeout,
+        cp_min=1,
+        cp_max=settings.max_connections,
+        cp_reconnect=True,
+        cp_noisy=False,
+        cp_openfun=_set_session,
+        cp_reactor=reactor,
+    )
+
+
+def _error_code(exc: BaseException) -> int | None:
+    args = getattr(exc, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0]
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure that the next tick or request may not see again."""
+    if isinstance(exc, adbapi.ConnectionLost):
+        return True
+    return _error_code(exc) in _TRANSIENT_CODES
+
+
+def error_reason(exc: BaseException) -> str:
+    """A short cause for ``/readyz``: never the DSN, host or password."""
+    if isinstance(exc, adbapi.ConnectionLost):
+        return "connection lost"
+    code = _error_code(exc)
+    if code in _REASONS:
+        return _REASONS[code]
+    return f"database error {code}" if code is not None else "database unavailable"
+
+
+async def ping(pool: adbapi.ConnectionPool, clock: IReactorTime, timeout: float = 5) -> str | None:
+    """None when the database answers ``SELECT 1`` in time, else a short reason."""
+
+    def select_one(txn) -> None:
+        txn.execute("SELECT 1")
+        txn.fetchall()
+
+    try:
+        d: Deferred = pool.runInteraction(select_one)
+        await d.addTimeout(timeout, clock)
+    except DeferredTimeoutError:
+        return "database ping timed out"
+    except Exception as e:
+        return error_reason(e)
+    return None

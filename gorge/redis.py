@@ -1,0 +1,92 @@
+"""Redis access through txredisapi, imported lazily.
+
+txredisapi binds the global reactor when it is imported, so nothing imports
+it at module level: :func:`make_redis` does, from ``makeService`` or a test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
+from twisted.internet.interfaces import IReactorTime
+
+__all__ = ["RedisSettings", "parse_redis_addr", "make_redis", "LuaScript", "ping"]
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    password: str = field(default="", repr=False)
+    poolsize: int = 10
+    connect_timeout: float = 5
+    reply_timeout: float = 30
+
+
+def parse_redis_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too); raises ValueError with the reason."""
+    match = re.fullmatch(r"(?:\[([0-9A-Fa-f:.]+)\]|([^:\[\]]+)):([0-9]+)", addr.strip())
+    if match is None:
+        raise ValueError(f"not a host:port address: {addr!r}")
+    port = int(match.group(3))
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port out of range: {addr!r}")
+    return (match.group(1) or match.group(2)), port
+
+
+def make_redis(settings: RedisSettings, reactor: Any = None):
+    """A lazy txredisapi connection pool (no connection attempt until used).
+
+    ``convertNumbers=False``: the default turns ``"0012"`` into ``12``.
+    """
+    import txredisapi
+
+    return txredisapi.lazyConnectionPool(
+        host=settings.host,
+        port=settings.port,
+        dbid=settings.db,
+        password=settings.password or None,
+        poolsize=settings.poolsize,
+        charset="utf-8",
+        convertNumbers=False,
+        connectTimeout=settings.connect_timeout,
+        replyTimeout=settings.reply_timeout,
+    )
+
+
+class LuaScript:
+    """A script run by EVALSHA, loaded again after ``NOSCRIPT`` (a restarted
+    or flushed server forgets loaded scripts)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+    async def run(self, conn, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Any:
+        keys, args = list(keys), [str(a) if not isinstance(a, (str, bytes)) else a for a in args]
+        try:
+            return await conn.evalsha(self.sha, keys=keys, args=args)
+        except Exception as e:
+            if "NOSCRIPT" not in str(e) and type(e).__name__ != "ScriptDoesNotExist":
+                raise
+        return await conn.eval(self.source, keys=keys, args=args)
+
+
+async def ping(conn, clock: IReactorTime, timeout: float = 5) -> str | None:
+    """None when Redis answers PING in time, else a short reason."""
+    try:
+        d: Deferred = conn.ping()
+        await d.addTimeout(timeout, clock)
+    except DeferredTimeoutError:
+        return "redis ping timed out"
+    except Exception as e:
+        name = type(e).__name__
+        if "Auth" in name or "NOAUTH" in str(e) or "WRONGPASS" in str(e):
+            return "redis authentication failed"
+        return "redis unreachable"
+    return None

@@ -1,0 +1,325 @@
+"""Service-tree plumbing shared by the four daemons.
+
+Ordered start/stop, a poll loop that never overlaps itself, tracking of
+in-flight work for bounded drains, the HTTP listener, the ``makeService``
+error boundary, and systemd's notify protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Awaitable, Callable, Mapping
+
+from twisted.application import strports
+from twisted.application.service import IService, Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger, LogLevel
+
+from gorge.config import ConfigError
+
+__all__ = [
+    "OrderedService",
+    "Poller",
+    "InFlight",
+    "FunctionService",
+    "listener",
+    "run_make_service",
+    "SystemdNotifier",
+    "validate_log_settings",
+]
+
+log = Logger()
+
+
+class OrderedService(Service):
+    """Start children in order; stop them in reverse order, one at a time.
+
+    Twisted's MultiService stops its children concurrently, which would close
+    a database pool while a delivery is still writing its result.
+    """
+
+    def __init__(self, *children: IService, name: str | None = None) -> None:
+        self._children = list(children)
+        if name is not None:
+            self.setName(name)
+
+    def add(self, child: IService) -> None:
+        self._children.append(child)
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        for child in self._children:  # binds ports before twistd drops privileges
+            child.privilegedStartService()
+
+    def startService(self) -> None:
+        super().startService()
+        for child in self._children:
+            if not child.running:
+                child.startService()
+
+    def stopService(self) -> Deferred:
+        super().stopService()
+        return Deferred.fromCoroutine(self._stop_in_order())
+
+    async def _stop_in_order(self) -> None:
+        for child in reversed(self._children):
+            if not child.running:
+                continue
+            try:
+                await maybeDeferred(child.stopService)
+            except Exception:
+                log.failure("STOP_FAILED child={child}", level=LogLevel.error, child=repr(child))
+
+
+class FunctionService(Service):
+    """An IService whose start and stop are plain callables.
+
+    ``stop`` may return a Deferred (or a coroutine's Deferred); the ordered
+    parent waits for it before stopping the previous child.
+    """
+
+    def __init__(self, start: Callable[[], object] | None = None,
+                 stop: Callable[[], object] | None = None, name: str | None = None) -> None:
+        self._start = start
+        self._stop = stop
+        if name is not None:
+            self.setName(name)
+
+    def startService(self) -> None:
+        super().startService()
+        if self._start is not None:
+            self._start()
+
+    def stopService(self):
+        super().stopService()
+        if self._stop is None:
+            return succeed(None)
+        return maybeDeferred(self._stop)
+
+    def __repr__(self) -> str:
+        return f"<FunctionService {self.name}>"
+
+
+class Poller:
+    """Run ``tick`` every ``interval`` seconds; ticks never overlap.
+
+    A failing tick is logged and the loop goes on (a bare LoopingCall dies on
+    the first unhandled failure). :meth:`stop` fires once the tick in progress
+    has finished; :meth:`wake` runs the next tick now when the loop is idle.
+    """
+
+    def __init__(self, tick: Callable[[], Awaitable[None]], interval: float,
+                 clock: IReactorTime, name: str,
+                 on_progress: Callable[[], None] | None = None) -> None:
+        self._tick = tick
+        self._interval = interval
+        self._clock = clock
+        self._name = name
+        self._on_progress = on_progress
+        self._loop: LoopingCall | None = None
+        self._done: Deferred | None = None
+        self._in_tick = False
+        self._failing = False
+
+    @property
+    def running(self) -> bool:
+        return self._loop is not None and self._loop.running
+
+    def start(self, now: bool = True) -> None:
+        self._loop = LoopingCall(self._run_once)
+        self._loop.clock = self._clock
+        self._done = self._loop.start(self._interval, now=now)
+        self._done.addErrback(
+            lambda f: log.failure("POLL_LOOP_DIED name={name}", f, level=LogLevel.critical,
+                                  name=self._name))
+
+    def _run_once(self) -> Deferred:
+        return Deferred.fromCoroutine(self._guarded())
+
+    async def _guarded(self) -> None:
+        self._in_tick = True
+        try:
+            await self._tick()
+        except Exception:
+            # Log the first failure of a streak only: an unreachable database
+            # must not print one traceback per tick.
+            if not self._failing:
+                log.failure("POLL_FAILED name={name}", level=LogLevel.error, name=self._name)
+            self._failing = True
+        else:
+            if self._failing:
+                log.info("POLL_RECOVERED name={name}", name=self._name)
+            self._failing = False
+            if self._on_progress is not None:
+                self._on_progress()
+        finally:
+            self._in_tick = False
+
+    def wake(self) -> None:
+        """Run the next tick now unless one is running (prompt pickup)."""
+        loop = self._loop
+        if loop is None or not loop.running or self._in_tick:
+            return
+        call = getattr(loop, "call", None)
+        if call is not None and call.active():
+            call.reset(0)
+
+    def stop(self) -> Deferred:
+        """Stop scheduling ticks; fires once the tick in progress finished."""
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        return self._done if self._done is not None else succeed(None)
+
+
+class InFlight:
+    """Work that shutdown has to wait for."""
+
+    def __init__(self) -> None:
+        self._pending: set[Deferred] = set()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def track(self, d: Deferred) -> Deferred:
+        self._pending.add(d)
+
+        def forget(result):
+            self._pending.discard(d)
+            return result
+
+        d.addBoth(forget)
+        return d
+
+    def drain(self, timeout: float, clock: IReactorTime) -> Deferred:
+        """Fires True when everything tracked has finished, False on timeout.
+
+        The tracked Deferreds are not cancelled: abandoning work is the
+        caller's decision, and its result writes must not be cut off.
+        """
+        if not self._pending:
+            return succeed(True)
+        waiter = DeferredList([_observe(d) for d in list(self._pending)], consumeErrors=True)
+        result: Deferred = Deferred()
+        timer = clock.callLater(timeout, lambda: result.called or result.callback(False))
+
+        def finished(_):
+            if timer.active():
+                timer.cancel()
+            if not result.called:
+                result.callback(True)
+
+        waiter.addBoth(finished)
+        return result
+
+
+def _observe(d: Deferred) -> Deferred:
+    """A Deferred that fires when ``d`` does, without touching ``d``'s chain."""
+    observer: Deferred = Deferred()
+
+    def passthrough(result):
+        observer.callback(None)
+        return result
+
+    d.addBoth(passthrough)
+    return observer
+
+
+def listener(endpoint: str, site) -> IService:
+    """The HTTP listener; a bind failure aborts start-up (platform.md §1)."""
+    return strports.service(endpoint, site)
+
+
+def validate_log_settings(environ: Mapping[str, str]) -> None:
+    """The logger factory reads these too; check them even without --logger."""
+    from gorge.logging import parse_level
+
+    level = environ.get("GORGE_LOG_LEVEL") or "info"
+    try:
+        parse_level(level)
+    except ValueError as e:
+        raise ConfigError("GORGE_LOG_LEVEL", str(e)) from None
+    fmt = (environ.get("GORGE_LOG_FORMAT") or "text").strip().lower()
+    if fmt not in ("text", "json"):
+        raise ConfigError("GORGE_LOG_FORMAT", f"unknown log format {fmt!r} (accepted: text, json)")
+
+
+def run_make_service(service_name: str, build: Callable[[], IService],
+                     environ: Mapping[str, str] | None = None) -> IService:
+    """Call ``build``; a :class:`ConfigError` becomes one stderr line and exit 2."""
+    try:
+        validate_log_settings(os.environ if environ is None else environ)
+        return build()
+    except ConfigError as e:
+        sys.stderr.write(f"{service_name}: {e}\n")
+        sys.stderr.flush()
+        raise SystemExit(2)
+
+
+class SystemdNotifier:
+    """systemd's notify protocol: one datagram per state to ``$NOTIFY_SOCKET``.
+
+    Without ``NOTIFY_SOCKET`` every call is a no-op. The watchdog ping is sent
+    from :meth:`progress`, which the service's main loop calls after each tick
+    that completed, at most every ``WATCHDOG_USEC / 2``: a wedged loop stops
+    the pings and systemd restarts the unit.
+    """
+
+    def __init__(self, environ: Mapping[str, str], clock: IReactorTime) -> None:
+        address = environ.get("NOTIFY_SOCKET") or ""
+        if address.startswith("@"):
+            address = "\0" + address[1:]
+        self._address = address
+        self._clock = clock
+        self._ready = False
+        self._last_ping: float | None = None
+        usec = environ.get("WATCHDOG_USEC") or ""
+        watchdog_pid = environ.get("WATCHDOG_PID") or ""
+        self._watchdog_interval: float | None = None
+        if usec.isdigit() and int(usec) > 0 and (not watchdog_pid or watchdog_pid == str(os.getpid())):
+            self._watchdog_interval = int(usec) / 1e6 / 2
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._address)
+
+    @property
+    def watchdog_interval(self) -> float | None:
+        return self._watchdog_interval
+
+    def _send(self, message: str) -> None:
+        if not self._address:
+            return
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.sendto(message.encode("utf-8"), self._address)
+        except OSError as e:
+            log.warn("SYSTEMD_NOTIFY_FAILED message={message} error={error}",
+                     message=message.split("=")[0], error=str(e))
+
+    def ready(self) -> None:
+        if self._ready:
+            return
+        self._ready = True
+        self._send("READY=1")
+        self._last_ping = self._clock.seconds()
+        if self._watchdog_interval is not None:
+            self._send("WATCHDOG=1")
+
+    def progress(self) -> None:
+        """The main loop made progress: ping the watchdog if one is due."""
+        if self._watchdog_interval is None or not self._ready:
+            return
+        now = self._clock.seconds()
+        if self._last_ping is None or now - self._last_ping >= self._watchdog_interval:
+            self._last_ping = now
+            self._send("WATCHDOG=1")
+
+    def stopping(self) -> None:
+        self._send("STOPPING=1")
+
+    def status(self, text: str) -> None:
+        self._send(f"STATUS={text}")

@@ -1,0 +1,324 @@
+"""The HTTP surface every gorge daemon shares (``spec/platform.md`` §2-§8).
+
+* :func:`ok` / :func:`fail`: the compact ``{data}`` / ``{error}`` envelope.
+* :func:`add_error_handlers`: Klein error handlers in the one order that works.
+* :func:`build_site`: probes, metrics, the token gate for the API prefix, the
+  request body limit, request ids and the access log, around a service's
+  Klein resource.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qs
+
+from klein import Klein
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger, LogLevel
+from twisted.web import server
+from twisted.web.resource import Resource
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+
+from gorge.logging import redact_uri, request_id_var
+
+__all__ = [
+    "ApiError",
+    "ok",
+    "fail",
+    "envelope",
+    "add_error_handlers",
+    "read_json_object",
+    "build_site",
+    "stub_client",
+    "LimitedRequest",
+]
+
+log = Logger()
+
+READINESS_TIMEOUT = 5.0
+TOKEN_FAILURE_MESSAGE = "missing or invalid service token"
+
+
+class ApiError(Exception):
+    """An expected failure, answered with its status and error code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _dump(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def envelope(request, status: int, body: Any) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    return _dump(body)
+
+
+def ok(request, data: Any) -> bytes:
+    return envelope(request, 200, {"data": data})
+
+
+def fail(request, status: int, code: str, message: str) -> bytes:
+    return envelope(request, status, {"error": {"code": code, "message": message}})
+
+
+def _handler_args(args: tuple) -> tuple[Any, Any]:
+    # Klein passes the bound instance first when the app is a class attribute.
+    return args[-2], args[-1]
+
+
+def add_error_handlers(app: Klein) -> None:
+    """Register the envelope error handlers on ``app``.
+
+    Klein tries handlers in registration order, so the specific ones come
+    first and the catch-all last; call this once, after every route.
+    """
+
+    @app.handle_errors(ApiError)
+    def _api_error(*args):
+        request, failure = _handler_args(args)
+        e = failure.value
+        return fail(request, e.status, e.code, e.message)
+
+    @app.handle_errors(NotFound, MethodNotAllowed)
+    def _no_route(*args):
+        request, failure = _handler_args(args)
+        # platform.md §3.1: a wrong method under the API prefix is a 404.
+        return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
+
+    @app.handle_errors(HTTPException)
+    def _http_error(*args):
+        request, failure = _handler_args(args)
+        code = getattr(failure.value, "code", 500) or 500
+        if code >= 500:
+            return fail(request, 500, "ERR_INTERNAL", "internal server error")
+        if code == 413:
+            return fail(request, 413, "ERR_TOO_LARGE", "Request Entity Too Large")
+        return fail(request, 400, "ERR_BAD_REQUEST", failure.value.description or "bad request")
+
+    @app.handle_errors(Exception)
+    def _crash(*args):
+        request, failure = _handler_args(args)
+        uri = redact_uri(request.uri.decode("latin-1"))
+        log.failure("PANIC_RECOVERED method={method} uri={uri} error={error}", failure,
+                    level=LogLevel.error, method=request.method.decode("latin-1"), uri=uri,
+                    error=failure.getErrorMessage())
+        request.gorge_error = failure.getErrorMessage()
+        return fail(request, 500, "ERR_INTERNAL", "internal server error")
+
+
+def read_json_object(request) -> dict:
+    """The request body as a JSON object, or a 400 that says what is wrong."""
+    raw = request.content.read() if request.content is not None else b""
+    if not raw.strip():
+        raise ApiError(400, "ERR_BAD_REQUEST", "request body must be a JSON object")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, "ERR_BAD_REQUEST", f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "ERR_BAD_REQUEST", "request body must be a JSON object")
+    return body
+
+
+class _Discard:
+    """Stands in for the body buffer once a request is over the limit."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def seek(self, *args) -> int:
+        return 0
+
+    def tell(self) -> int:
+        return 0
+
+    def read(self, *args) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+class LimitedRequest(server.Request):
+    """A request that refuses bodies over ``limit`` before anything else runs.
+
+    Also assigns the request id and writes the access log line. Subclass with
+    a ``limit`` class attribute (a ``functools.partial`` would lose the
+    ``INonQueuedRequestFactory`` marker, see ``style.md`` §6).
+    """
+
+    limit: int = 2 * 1024 * 1024
+
+    _too_large = False
+    _received = 0
+    gorge_error: str | None = None
+
+    def gotLength(self, length):
+        if length is not None and length > self.limit:
+            self._too_large = True
+            self.content = _Discard()
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._too_large:
+            return
+        self._received += len(data)
+        if self._received > self.limit:
+            self._too_large = True
+            try:
+                self.content.close()
+            except Exception:
+                pass
+            self.content = _Discard()
+            return
+        super().handleContentChunk(data)
+
+    def process(self) -> None:
+        request_id = self.getHeader(b"x-request-id") or uuid.uuid4().hex
+        self._request_id = request_id
+        self._started = time.monotonic()
+        self.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
+        token = request_id_var.set(request_id)
+        try:
+            self.notifyFinish().addBoth(self._log_access)
+            if self._too_large:
+                self.setHeader(b"connection", b"close")
+                body = fail(self, 413, "ERR_TOO_LARGE", "Request Entity Too Large")
+                self.setHeader(b"content-length", str(len(body)).encode())
+                self.write(body)
+                self.finish()
+                return
+            super().process()
+        finally:
+            request_id_var.reset(token)
+
+    def _log_access(self, result) -> None:
+        uri = redact_uri(self.uri.decode("latin-1", "replace"))
+        method = self.method.decode("latin-1", "replace")
+        duration_ms = round((time.monotonic() - self._started) * 1000, 3)
+        status = self.code
+        log.info("REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
+                 method=method, uri=uri, status=status, duration_ms=duration_ms,
+                 request_id=self._request_id)
+        if status >= 500:
+            log.error("REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
+                      method=method, uri=uri, status=status,
+                      error=self.gorge_error or "", request_id=self._request_id)
+
+
+def _request_factory(limit: int) -> type[LimitedRequest]:
+    return type("LimitedRequest%d" % limit, (LimitedRequest,), {"limit": limit})
+
+
+def _presented_token(request) -> bytes:
+    header = request.getHeader(b"x-service-token")
+    if header:
+        return header.encode("utf-8", "surrogateescape") if isinstance(header, str) else header
+    query = request.uri.partition(b"?")[2]
+    values = parse_qs(query.decode("latin-1"), keep_blank_values=True).get("token")
+    return values[0].encode("latin-1") if values else b""
+
+
+class GorgeRoot(Resource):
+    """Probes, metrics and the authenticated API prefix, in one leaf resource.
+
+    A leaf so that the token gate runs before Klein resolves a route: without
+    a token, every path under the prefix answers 401, existing or not.
+    """
+
+    isLeaf = True
+
+    def __init__(self, *, api_resource: Resource, prefix: str, token: str,
+                 readiness: Callable[[], Awaitable[str | None]],
+                 registry: CollectorRegistry, clock: IReactorTime) -> None:
+        super().__init__()
+        self._api = api_resource
+        self._prefix = prefix.encode("ascii")
+        self._token = token.encode("utf-8")
+        self._readiness = readiness
+        self._registry = registry
+        self._clock = clock
+
+    def render(self, request):
+        path = request.path
+        if path.startswith(self._prefix) or path == self._prefix.rstrip(b"/"):
+            if self._token and not hmac.compare_digest(_presented_token(request), self._token):
+                return fail(request, 401, "ERR_UNAUTHORIZED", TOKEN_FAILURE_MESSAGE)
+            return self._api.render(request)
+        if path in (b"/", b"/healthz", b"/readyz", b"/metrics"):
+            if request.method not in (b"GET", b"HEAD"):
+                return fail(request, 405, "ERR_METHOD_NOT_ALLOWED", "Method Not Allowed")
+            if path == b"/metrics":
+                request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
+                return generate_latest(self._registry)
+            if path == b"/readyz":
+                return self._render_readyz(request)
+            return envelope(request, 200, {"status": "ok"})
+        return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
+
+    def _render_readyz(self, request):
+        async def check() -> str | None:
+            try:
+                return await Deferred.fromCoroutine(self._readiness()).addTimeout(
+                    READINESS_TIMEOUT, self._clock)
+            except DeferredTimeoutError:
+                return "readiness check timed out"
+            except Exception as e:  # a probe answers, it never crashes
+                log.error("READINESS_FAILED error={error}", error=str(e))
+                return "readiness check failed"
+
+        def answer(reason: str | None) -> None:
+            if request.finished or getattr(request, "_disconnected", False):
+                return
+            if reason is None:
+                body = envelope(request, 200, {"status": "ok"})
+            else:
+                body = envelope(request, 503, {"status": "unavailable", "reason": reason})
+            request.write(body)
+            request.finish()
+
+        d = Deferred.fromCoroutine(check())
+        d.addCallback(answer)
+        d.addErrback(lambda f: log.failure("READYZ_FAILED", f, level=LogLevel.error))
+        return server.NOT_DONE_YET
+
+
+def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,
+               readiness: Callable[[], Awaitable[str | None]],
+               registry: CollectorRegistry, clock: IReactorTime) -> server.Site:
+    """The one Site a service listens with (or hands to :func:`stub_client`)."""
+    root = GorgeRoot(api_resource=api_resource, prefix=prefix, token=token,
+                     readiness=readiness, registry=registry, clock=clock)
+    site = server.Site(root, requestFactory=_request_factory(body_limit))
+    site.noisy = False
+    site.displayTracebacks = False
+    return site
+
+
+def stub_client(site: server.Site):
+    """A StubTreq that dispatches through ``site``'s request factory.
+
+    StubTreq builds its own Site around the resource; giving it our request
+    class keeps the body limit, request ids and access log under test.
+    """
+    from treq.testing import StubTreq
+
+    stub = StubTreq(site.resource)
+    server_factory = stub._agent._serverFactory
+    server_factory.requestFactory = site.requestFactory
+    server_factory.displayTracebacks = False
+    return stub
