@@ -1,0 +1,139 @@
+"""The embedded SQLite backend: Phorge's three worker tables and the counter
+in one file (spec §2.1), for single-node use and the demo."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from twisted.enterprise import adbapi
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
+from twisted.internet.interfaces import IReactorTime
+
+from gorge.taskqueue.model import COUNTER_NAME
+from gorge.taskqueue.sqlstore import Dialect, SqlTaskStore
+
+# Same tables, columns and keys as schema/phabricator_worker.sql; nobody else
+# creates this file, so the store does (the one exception to "no DDL").
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS worker_activetask (
+  id INTEGER NOT NULL PRIMARY KEY,
+  taskClass VARCHAR(64) NOT NULL,
+  leaseOwner VARCHAR(64) DEFAULT NULL,
+  leaseExpires INTEGER DEFAULT NULL,
+  failureCount INTEGER NOT NULL,
+  dataID INTEGER NOT NULL,
+  failureTime INTEGER DEFAULT NULL,
+  priority INTEGER NOT NULL,
+  objectPHID VARBINARY(64) DEFAULT NULL,
+  dateCreated INTEGER NOT NULL,
+  dateModified INTEGER NOT NULL,
+  containerPHID VARBINARY(64) DEFAULT NULL
+);
+CREATE INDEX IF NOT EXISTS activetask_leaseExpires ON worker_activetask (leaseExpires);
+CREATE INDEX IF NOT EXISTS activetask_key_failuretime ON worker_activetask (failureTime);
+CREATE INDEX IF NOT EXISTS activetask_taskClass ON worker_activetask (taskClass);
+CREATE INDEX IF NOT EXISTS activetask_key_owner ON worker_activetask (leaseOwner, priority, id);
+CREATE INDEX IF NOT EXISTS activetask_key_object ON worker_activetask (objectPHID);
+CREATE INDEX IF NOT EXISTS activetask_key_container ON worker_activetask (containerPHID);
+CREATE INDEX IF NOT EXISTS activetask_queue ON worker_activetask (priority, id);
+CREATE TABLE IF NOT EXISTS worker_archivetask (
+  id INTEGER NOT NULL PRIMARY KEY,
+  taskClass VARCHAR(64) NOT NULL,
+  leaseOwner VARCHAR(64) DEFAULT NULL,
+  leaseExpires INTEGER DEFAULT NULL,
+  failureCount INTEGER NOT NULL,
+  dataID INTEGER NOT NULL,
+  result INTEGER NOT NULL,
+  duration BIGINT NOT NULL,
+  dateCreated INTEGER NOT NULL,
+  dateModified INTEGER NOT NULL,
+  priority INTEGER NOT NULL,
+  objectPHID VARBINARY(64) DEFAULT NULL,
+  archivedEpoch INTEGER DEFAULT NULL,
+  containerPHID VARBINARY(64) DEFAULT NULL
+);
+CREATE INDEX IF NOT EXISTS archivetask_dateCreated ON worker_archivetask (dateCreated);
+CREATE INDEX IF NOT EXISTS archivetask_key_modified ON worker_archivetask (dateModified);
+CREATE INDEX IF NOT EXISTS archivetask_key_object ON worker_archivetask (objectPHID);
+CREATE INDEX IF NOT EXISTS archivetask_key_container ON worker_archivetask (containerPHID);
+CREATE TABLE IF NOT EXISTS worker_taskdata (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lisk_counter (
+  counterName VARCHAR(32) NOT NULL PRIMARY KEY,
+  counterValue BIGINT NOT NULL
+);
+"""
+
+# The upsert MySQL spells with LAST_INSERT_ID(); SQLite hands the value back directly.
+NEXT_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, 1)"
+    " ON CONFLICT (counterName) DO UPDATE SET counterValue = counterValue + 1"
+    " RETURNING counterValue"
+)
+
+BUSY_TIMEOUT_MS = 5000
+
+
+def _open(connection: sqlite3.Connection) -> None:
+    connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.executescript(SCHEMA)
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+
+    def sql(self, statement: str) -> str:
+        return statement.replace("%s", "?")
+
+    def begin_write(self, txn) -> None:
+        # The connection runs in autocommit mode (isolation_level=None), so a
+        # write transaction is opened explicitly and takes the write lock up front.
+        txn.execute("BEGIN IMMEDIATE")
+
+    def next_task_id(self, txn) -> int:
+        txn.execute(NEXT_COUNTER, (COUNTER_NAME,))
+        return int(txn.fetchone()[0])
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+    async def ping(self, pool: adbapi.ConnectionPool, clock: IReactorTime) -> str | None:
+        def select_one(txn) -> None:
+            txn.execute("SELECT 1")
+            txn.fetchall()
+
+        try:
+            await pool.runInteraction(select_one).addTimeout(5, clock)
+        except DeferredTimeoutError:
+            return "open database: timed out"
+        except Exception as e:
+            return f"open database: {type(e).__name__}"
+        return None
+
+
+def make_sqlite_pool(path: str, reactor) -> adbapi.ConnectionPool:
+    # One connection: SQLite serialises writers anyway, and one connection
+    # keeps BEGIN IMMEDIATE from ever waiting on ourselves.
+    return adbapi.ConnectionPool(
+        "sqlite3",
+        path,
+        check_same_thread=False,
+        isolation_level=None,
+        cp_min=1,
+        cp_max=1,
+        cp_noisy=False,
+        cp_openfun=_open,
+        cp_reactor=reactor,
+    )
+
+
+class SQLiteTaskStore(SqlTaskStore):
+    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime) -> None:
+        super().__init__(pool, clock, SQLiteDialect())
+
+    @classmethod
+    def open(cls, path: str, reactor, clock: IReactorTime | None = None) -> SQLiteTaskStore:
+        return cls(make_sqlite_pool(path, reactor), clock if clock is not None else reactor)
