@@ -1,0 +1,253 @@
+"""A throwaway MariaDB server on a loopback port, with Phorge schemas on demand."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pymysql
+
+from .paths import SCHEMA_DIR
+from .procs import ManagedProcess, ServerUnavailable, find_binary, free_port, wait_until_ready
+
+HOST = "127.0.0.1"
+USER = "gorge"
+# A real password, so code under test has to pass credentials through.
+PASSWORD = "gorge-test-password"
+SCHEMAS = ("herald", "worker")
+
+_START_ATTEMPTS = 3
+_READY_DEADLINE_SECONDS = 90.0
+
+# Speed over durability: the data directory is deleted at the end of the run.
+_SERVER_OPTIONS = (
+    "--skip-log-bin",
+    "--skip-name-resolve",
+    "--innodb-flush-log-at-trx-commit=0",
+    "--innodb-doublewrite=0",
+    "--innodb-buffer-pool-size=64M",
+    "--innodb-log-file-size=16M",
+    "--innodb-fast-shutdown=2",
+    "--sync-binlog=0",
+    "--max-connections=500",
+    "--character-set-server=utf8mb4",
+    "--collation-server=utf8mb4_bin",
+    "--performance-schema=OFF",
+)
+
+_CREATE_DATABASE = re.compile(r"^(CREATE DATABASE(?: IF NOT EXISTS)?\s+)`(\w+)`", re.IGNORECASE)
+_USE = re.compile(r"^USE\s+`(\w+)`\s*$", re.IGNORECASE)
+
+
+def schema_path(schema: str) -> Path:
+    if schema not in SCHEMAS:
+        raise ValueError(f"unknown schema {schema!r}; expected one of {SCHEMAS}")
+    return SCHEMA_DIR / f"phabricator_{schema}.sql"
+
+
+def split_statements(sql: str) -> list[str]:
+    """Statements of a schema dump: ``--`` comment lines dropped, split at ``;`` line ends.
+
+    The schema files are SHOW CREATE TABLE output: no procedures, no
+    semicolons inside a statement except at a line end.
+    """
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    statements, current = [], []
+    for line in lines:
+        current.append(line)
+        if line.rstrip().endswith(";"):
+            statements.append("\n".join(current).strip().rstrip(";").strip())
+            current = []
+    tail = "\n".join(current).strip()
+    if tail:
+        statements.append(tail)
+    return [s for s in statements if s]
+
+
+def rename_database(statements: list[str], original: str, new: str) -> list[str]:
+    """Point the ``CREATE DATABASE`` and ``USE`` statements at ``new``.
+
+    Only those two statement kinds carry the database name; a schema that
+    names ``original`` anywhere else is refused rather than half-renamed.
+    """
+    renamed, seen_create, seen_use = [], False, False
+    for statement in statements:
+        create = _CREATE_DATABASE.match(statement)
+        use = _USE.match(statement)
+        if create and create.group(2) == original:
+            statement = _CREATE_DATABASE.sub(lambda m: f"{m.group(1)}`{new}`", statement, count=1)
+            seen_create = True
+        elif use and use.group(1) == original:
+            statement = f"USE `{new}`"
+            seen_use = True
+        elif f"`{original}`" in statement:
+            raise ValueError(f"schema names `{original}` outside CREATE DATABASE/USE: {statement[:80]!r}")
+        renamed.append(statement)
+    if not (seen_create and seen_use):
+        raise ValueError(f"schema lacks CREATE DATABASE/USE for `{original}`")
+    return renamed
+
+
+class MariaDBServer:
+    """One mariadbd in a temporary directory, reachable at ``host:port`` over TCP."""
+
+    host = HOST
+    user = USER
+    password = PASSWORD
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._mariadbd = find_binary("mariadbd", "mysqld")
+        self._install_db = find_binary("mariadb-install-db", "mysql_install_db")
+        self._dir = Path(tempfile.mkdtemp(prefix="gorge-mariadb-"))
+        self._proc: ManagedProcess | None = None
+        self._serial = itertools.count(1)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self._install()
+            self._start_with_retries()
+            self._create_user()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _as_root_options(self) -> list[str]:
+        # mariadbd refuses to run as root unless told to.
+        return ["--user=root"] if os.geteuid() == 0 else []
+
+    def _install(self) -> None:
+        log = self._dir / "install.log"
+        argv = [
+            self._install_db,
+            "--no-defaults",
+            f"--datadir={self._dir / 'data'}",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            "--skip-name-resolve",
+            # The bootstrap must shut down cleanly, so none of the
+            # durability shortcuts of _SERVER_OPTIONS apply here.
+            "--innodb-buffer-pool-size=64M",
+            *self._as_root_options(),
+        ]
+        with open(log, "wb") as out:
+            try:
+                status = subprocess.run(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    timeout=_READY_DEADLINE_SECONDS,
+                ).returncode
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+        if status != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise ServerUnavailable(f"mariadb-install-db failed ({status}):\n{tail}")
+
+    def _start_with_retries(self) -> None:
+        # The free port can be taken between probing and binding; try another.
+        last_error: ServerUnavailable | None = None
+        for attempt in range(_START_ATTEMPTS):
+            self.port = free_port(HOST)
+            argv = [
+                self._mariadbd,
+                "--no-defaults",
+                *self._as_root_options(),
+                f"--datadir={self._dir / 'data'}",
+                f"--socket={self.socket_path}",
+                f"--pid-file={self._dir / 'mariadbd.pid'}",
+                f"--tmpdir={self._dir}",
+                f"--log-error={self._dir / f'error-{attempt}.log'}",
+                f"--port={self.port}",
+                f"--bind-address={HOST}",
+                "--skip-networking=0",
+                *_SERVER_OPTIONS,
+            ]
+            proc = ManagedProcess(argv, self._dir / f"error-{attempt}.log", "mariadbd")
+            try:
+                wait_until_ready(proc, self._answers, _READY_DEADLINE_SECONDS)
+            except ServerUnavailable as e:
+                proc.stop()
+                last_error = e
+                continue
+            self._proc = proc
+            return
+        assert last_error is not None
+        raise last_error
+
+    @property
+    def socket_path(self) -> Path:
+        return self._dir / "mariadbd.sock"
+
+    def _answers(self) -> bool:
+        try:
+            conn = pymysql.connect(unix_socket=str(self.socket_path), user="root", connect_timeout=2)
+        except pymysql.err.OperationalError:
+            return False
+        conn.close()
+        return True
+
+    def _create_user(self) -> None:
+        # Root connects over the socket only; tests use a password-protected
+        # account over TCP, like a real deployment.
+        conn = pymysql.connect(unix_socket=str(self.socket_path), user="root", autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"CREATE USER '{USER}'@'{HOST}' IDENTIFIED BY %s", (PASSWORD,))
+                cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{USER}'@'{HOST}'")
+        finally:
+            conn.close()
+
+    # -- what tests use ------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def connect(self, database: str | None = None) -> pymysql.connections.Connection:
+        """A synchronous autocommit connection for test set-up and assertions."""
+        return pymysql.connect(
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            database=database,
+            charset="utf8mb4",
+            autocommit=True,
+            connect_timeout=5,
+            read_timeout=30,
+            write_timeout=30,
+        )
+
+    def create_database(self, schema: str, name: str | None = None) -> str:
+        """Create a fresh database from ``phabricator_<schema>.sql``; return its name."""
+        original = f"phabricator_{schema}"
+        name = name or f"t_{schema}_{next(self._serial)}"
+        statements = rename_database(split_statements(schema_path(schema).read_text()), original, name)
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                for statement in statements:
+                    cur.execute(statement)
+        finally:
+            conn.close()
+        return name
+
+    def settings(self, database: str):
+        """``gorge.config.MySQLSettings`` for ``database`` on this server."""
+        from gorge.config import MySQLSettings
+
+        return MySQLSettings(
+            host=self.host, port=self.port, user=self.user, password=self.password, database=database
+        )

@@ -1,0 +1,108 @@
+"""Running a throwaway server process for the duration of a test session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+# Debian puts the server daemons in /usr/sbin, which is not on every PATH.
+_EXTRA_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
+
+INSTALL_HINT = "run ./scripts/test.sh once (as root it installs mariadb-server and redis-server)"
+
+
+class ServerUnavailable(RuntimeError):
+    """A throwaway server could not be found or started; the message says why."""
+
+
+def find_binary(*names: str) -> str:
+    """Absolute path of the first of ``names`` found on PATH or in the sbin dirs."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), *_EXTRA_BIN_DIRS])
+    for name in names:
+        found = shutil.which(name, path=search)
+        if found:
+            return found
+    raise ServerUnavailable(f"none of {', '.join(names)} found on PATH or in /usr/sbin; {INSTALL_HINT}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago; callers retry if someone takes it first."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _pdeathsig_prefix() -> list[str]:
+    # If pytest is killed before its session teardown runs, the kernel sends
+    # SIGTERM to the server so it does not outlive the run. setpriv does this
+    # without a preexec_fn (which is unsafe once adbapi threads exist).
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return []
+    probe = subprocess.run([setpriv, "--pdeathsig", "TERM", "true"], capture_output=True)
+    return [setpriv, "--pdeathsig", "TERM"] if probe.returncode == 0 else []
+
+
+class ManagedProcess:
+    """A child process whose output goes to a log file, stopped on demand."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, name: str) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self._proc = subprocess.Popen(
+            [*_pdeathsig_prefix(), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C meant for pytest must not hit the server first
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def exited(self) -> int | None:
+        return self._proc.poll()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout)
+        self._log.close()
+
+
+def wait_until_ready(
+    proc: ManagedProcess, probe: Callable[[], bool], deadline_seconds: float, poll_seconds: float = 0.05
+) -> None:
+    """Poll ``probe`` until it returns True, the process dies, or the deadline passes."""
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        if proc.exited() is not None:
+            raise ServerUnavailable(
+                f"{proc.name} exited with status {proc.exited()} before it was ready:\n{proc.log_tail()}"
+            )
+        if probe():
+            return
+        if time.monotonic() > deadline:
+            raise ServerUnavailable(
+                f"{proc.name} not ready after {deadline_seconds:.0f}s:\n{proc.log_tail()}"
+            )
+        time.sleep(poll_seconds)
