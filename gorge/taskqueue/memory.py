@@ -108,7 +108,7 @@ class MemoryTaskStore:
                 return previous
         return self._archive(task_id, RESULT_SUCCESS, duration)
 
-    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | None:
+    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | Task | None:
         if permanent:
             return self._archive(task_id, RESULT_FAILURE, 0)
         task = self._active.get(task_id)
@@ -116,7 +116,7 @@ class MemoryTaskStore:
             raise TaskNotFound(task_id)
         now = self._now()
         expires = check_u32("retryWait", now + retry_wait)
-        self._active[task_id] = replace(
+        task = replace(
             task,
             failure_count=task.failure_count + 1,
             failure_time=now,
@@ -124,7 +124,8 @@ class MemoryTaskStore:
             lease_expires=expires,
             date_modified=now,
         )
-        return None
+        self._active[task_id] = task
+        return task
 
     async def yield_(self, task_id: int, duration: int) -> None:
         task = self._active.get(task_id)

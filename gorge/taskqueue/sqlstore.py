@@ -247,13 +247,12 @@ class SqlTaskStore:
     async def cancel(self, task_id: int) -> ArchivedTask:
         return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(), False)
 
-    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | None:
+    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
             return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False)
         expires = check_u32("retryWait", now + retry_wait)
-        await self._run(self._temporary_fail_txn, task_id, now, expires)
-        return None
+        return await self._run(self._temporary_fail_txn, task_id, now, expires)
 
     def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
                      replay: bool) -> ArchivedTask:
@@ -278,11 +277,13 @@ class SqlTaskStore:
         self._exec(txn, DELETE_ACTIVE, (task_id,))
         return archived
 
-    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int) -> None:
+    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int) -> Task:
         self._dialect.begin_write(txn)
         self._exec(txn, TEMPORARY_FAIL, (now, expires, now, task_id))
         if txn.rowcount != 1:
             raise TaskNotFound(task_id)
+        self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+        return self._task_row(txn.fetchone())
 
     async def yield_(self, task_id: int, duration: int) -> None:
         now = self._now()

@@ -87,12 +87,14 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | None:
+    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | Task | None:
         """Report a failure (§6.4).
 
         ``permanent``: archive with result 1, duration 0 and return the ArchivedTask.
         Temporary: ``failureCount += 1``, ``failureTime = now``, ``leaseOwner = None``,
-        ``leaseExpires = now + retry_wait``, ``dateModified = now``; returns None.
+        ``leaseExpires = now + retry_wait``, ``dateModified = now``; returns the
+        updated Task without data (backends SHOULD; None is tolerated by the API,
+        which then only loses the task class label of the failure metric).
         Unknown (not active) id -> :class:`TaskNotFound` in both cases.
         """
         ...
