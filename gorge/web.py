@@ -188,7 +188,13 @@ class LimitedRequest(server.Request):
         super().handleContentChunk(data)
 
     def process(self) -> None:
-        request_id = self.getHeader(b"x-request-id") or uuid.uuid4().hex
+        presented = self.getHeader(b"x-request-id")
+        if isinstance(presented, bytes):
+            presented = presented.decode("latin-1")
+        # An id is echoed and logged: keep it short and printable.
+        if presented and (len(presented) > 128 or not presented.isprintable()):
+            presented = None
+        request_id = presented or uuid.uuid4().hex
         self._request_id = request_id
         self._started = time.monotonic()
         self.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))

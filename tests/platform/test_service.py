@@ -1,0 +1,265 @@
+"""gorge.service: ordered lifecycle, poll loop, drains, start-up refusal, systemd notify."""
+
+import os
+import socket
+import tempfile
+
+import pytest
+from twisted.application.service import Service
+from twisted.internet import task
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import CannotListenError
+from twisted.internet.testing import MemoryReactorClock
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from gorge.config import ConfigError
+from gorge.service import (
+    FunctionService, InFlight, OrderedService, Poller, SystemdNotifier, listener, run_make_service,
+)
+
+
+class Recorder(Service):
+    def __init__(self, name, events, stop_deferred=None):
+        self.setName(name)
+        self.events = events
+        self.stop_deferred = stop_deferred
+
+    def startService(self):
+        super().startService()
+        self.events.append(("start", self.name))
+
+    def stopService(self):
+        super().stopService()
+        self.events.append(("stopping", self.name))
+        d = self.stop_deferred or succeed(None)
+        d.addCallback(lambda _: self.events.append(("stopped", self.name)))
+        return d
+
+
+def test_ordered_service_starts_in_order_and_stops_one_at_a_time_in_reverse():
+    events = []
+    slow = Deferred()
+    parent = OrderedService(Recorder("pool", events), Recorder("loop", events, slow),
+                            Recorder("http", events))
+    parent.startService()
+    assert events == [("start", "pool"), ("start", "loop"), ("start", "http")]
+    events.clear()
+    done = parent.stopService()
+    # "pool" must not be asked to stop while "loop" is still draining
+    assert events == [("stopping", "http"), ("stopped", "http"), ("stopping", "loop")]
+    assert not done.called
+    slow.callback(None)
+    assert events[-2:] == [("stopping", "pool"), ("stopped", "pool")]
+    assert done.called
+
+
+def test_ordered_service_keeps_stopping_after_a_child_fails():
+    events = []
+    failing = Recorder("bad", events, Deferred())
+    parent = OrderedService(Recorder("first", events), failing)
+    parent.startService()
+    done = parent.stopService()
+    failing.stop_deferred.errback(RuntimeError("x"))
+    assert ("stopped", "first") in events
+    assert done.called
+
+
+def test_poller_ticks_on_interval_without_overlap_and_survives_failures():
+    clock = task.Clock()
+    ticks, gates = [], []
+
+    async def tick():
+        ticks.append(clock.seconds())
+        if len(ticks) == 2:
+            raise RuntimeError("one bad tick")
+        if len(ticks) == 3:
+            gate = Deferred()
+            gates.append(gate)
+            await gate
+
+    poller = Poller(tick, 1.0, clock, "test")
+    poller.start()
+    clock.pump([1.0, 1.0])
+    assert ticks == [0.0, 1.0, 2.0]
+    clock.pump([1.0, 1.0])  # tick 3 still running: no overlap
+    assert ticks == [0.0, 1.0, 2.0]
+    gates[0].callback(None)
+    clock.pump([1.0])
+    assert len(ticks) >= 4
+    stopped = poller.stop()
+    assert stopped.called
+
+
+def test_poller_stop_waits_for_the_running_tick():
+    clock = task.Clock()
+    gate = Deferred()
+    finished = []
+
+    async def tick():
+        await gate
+        finished.append(True)
+
+    poller = Poller(tick, 1.0, clock, "test")
+    poller.start()
+    stopped = poller.stop()
+    assert not stopped.called
+    gate.callback(None)
+    assert stopped.called and finished == [True]
+
+
+def test_poller_wake_runs_next_tick_now():
+    clock = task.Clock()
+    ticks = []
+
+    async def tick():
+        ticks.append(clock.seconds())
+
+    poller = Poller(tick, 10.0, clock, "test")
+    poller.start()
+    clock.advance(1)
+    poller.wake()
+    clock.advance(0)
+    assert ticks == [0.0, 1.0]
+    poller.stop()
+
+
+def test_poller_reports_progress_only_for_good_ticks():
+    clock = task.Clock()
+    progress = []
+    outcomes = iter([None, RuntimeError("x"), None])
+
+    async def tick():
+        outcome = next(outcomes)
+        if outcome:
+            raise outcome
+
+    poller = Poller(tick, 1.0, clock, "test", on_progress=lambda: progress.append(clock.seconds()))
+    poller.start()
+    clock.pump([1.0, 1.0])
+    assert progress == [0.0, 2.0]
+    poller.stop()
+
+
+def test_inflight_drain_waits_then_times_out():
+    clock = task.Clock()
+    inflight = InFlight()
+    first, second = Deferred(), Deferred()
+    inflight.track(first)
+    inflight.track(second)
+    assert len(inflight) == 2
+    drained = inflight.drain(5, clock)
+    first.callback(None)
+    assert not drained.called
+    second.errback(RuntimeError("failed work still counts as finished"))
+    second.addErrback(lambda f: None)
+    assert drained.result is True
+    assert len(inflight) == 0
+
+    stuck = inflight.track(Deferred())
+    drained = inflight.drain(5, clock)
+    clock.advance(5)
+    assert drained.result is False
+    assert not stuck.called  # not cancelled: abandoning is the caller's choice
+
+
+def test_inflight_drain_with_nothing_pending_is_immediate():
+    assert InFlight().drain(1, task.Clock()).result is True
+
+
+def test_function_service_calls_start_and_stop():
+    calls = []
+    svc = FunctionService(start=lambda: calls.append("start"),
+                          stop=lambda: calls.append("stop"), name="fn")
+    svc.startService()
+    d = svc.stopService()
+    assert calls == ["start", "stop"] and d.called
+
+
+def test_run_make_service_turns_config_error_into_exit_2(capsys):
+    def build():
+        raise ConfigError("GORGE_WEBHOOK_POLL_INTERVAL_MS", "not an integer: 'x'")
+
+    with pytest.raises(SystemExit) as info:
+        run_make_service("gorge-webhook", build, environ={})
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "gorge-webhook: GORGE_WEBHOOK_POLL_INTERVAL_MS: not an integer: 'x'\n"
+
+
+def test_run_make_service_checks_the_log_level(capsys):
+    with pytest.raises(SystemExit) as info:
+        run_make_service("gorge-mailer", lambda: Service(), environ={"GORGE_LOG_LEVEL": "loud"})
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith("gorge-mailer: GORGE_LOG_LEVEL: ")
+
+
+def test_listener_bind_failure_aborts_start_up():
+    from twisted.internet import reactor
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        svc = listener(f"tcp:{port}:interface=127.0.0.1", Site(Resource()))
+        with pytest.raises(CannotListenError):
+            svc.privilegedStartService()
+            svc.startService()
+    finally:
+        taken.close()
+
+
+class NotifySocket:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+
+    def messages(self):
+        out = []
+        while True:
+            try:
+                out.append(self.sock.recv(4096).decode())
+            except BlockingIOError:
+                return out
+
+    def close(self):
+        self.sock.close()
+        os.unlink(self.path)
+        os.rmdir(self.dir)
+
+
+def test_systemd_notifier_ready_watchdog_stopping():
+    fake = NotifySocket()
+    try:
+        clock = task.Clock()
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": fake.path, "WATCHDOG_USEC": "10000000"},
+                                   clock)
+        notifier.progress()  # not ready yet: no ping
+        assert fake.messages() == []
+        notifier.ready()
+        notifier.ready()  # once only
+        assert fake.messages() == ["READY=1", "WATCHDOG=1"]
+        clock.advance(1)
+        notifier.progress()  # not due yet (interval 5 s)
+        assert fake.messages() == []
+        clock.advance(5)
+        notifier.progress()
+        assert fake.messages() == ["WATCHDOG=1"]
+        clock.advance(60)  # a wedged loop calls progress() no more: no pings
+        assert fake.messages() == []
+        notifier.stopping()
+        assert fake.messages() == ["STOPPING=1"]
+    finally:
+        fake.close()
+
+
+def test_systemd_notifier_without_socket_is_silent():
+    notifier = SystemdNotifier({}, task.Clock())
+    assert not notifier.enabled
+    notifier.ready()
+    notifier.progress()
+    notifier.stopping()
