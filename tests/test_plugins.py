@@ -1,0 +1,95 @@
+"""twistd finds the four gorge daemons and can describe their options."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+
+SERVICES = ("gorge-webhook", "gorge-mailer", "gorge-taskqueue", "gorge-worker")
+
+# Exactly what the twistd console script runs.
+TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+
+
+def _twistd(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [*TWISTD, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _service_module(tapname: str) -> str:
+    return f"gorge.{tapname.removeprefix('gorge-')}.service"
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_plugin_discovery_finds_the_four_daemons(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    # twisted.plugins computes its search path once, at first import; make
+    # sure it is computed with the repository root on sys.path.
+    monkeypatch.delitem(sys.modules, "twisted.plugins", raising=False)
+    from twisted.application.service import IServiceMaker
+    from twisted.plugin import getPlugins
+
+    import twisted.plugins
+
+    makers = {p.tapname: p for p in getPlugins(IServiceMaker, twisted.plugins)}
+    assert set(SERVICES) <= set(makers)
+    for tapname in SERVICES:
+        assert makers[tapname].module == _service_module(tapname)
+        assert makers[tapname].description
+
+
+def test_twistd_help_lists_the_four_daemons():
+    result = _twistd("--help")
+    assert result.returncode == 0, result.stderr
+    for tapname in SERVICES:
+        assert tapname in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "tapname",
+    [
+        pytest.param(
+            tapname,
+            marks=pytest.mark.xfail(
+                not _module_exists(_service_module(tapname)),
+                reason=f"{_service_module(tapname)} does not exist yet",
+                strict=True,
+            ),
+        )
+        for tapname in SERVICES
+    ],
+)
+def test_twistd_subcommand_help_lists_its_options(tapname):
+    result = _twistd(tapname, "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"twistd [options] {tapname}" in result.stdout
+    assert "--help" in result.stdout
+    # Anything beyond --help/--version proves the service's own Options were used.
+    own_options = [
+        line
+        for line in result.stdout.splitlines()
+        if line.lstrip().startswith("-") and "--help" not in line and "--version" not in line
+    ]
+    assert own_options, result.stdout
