@@ -1,0 +1,128 @@
+"""Client of Phorge's ``worker.execute`` through the Conduit gateway
+(worker.md §10.1-10.2, §12.2 probe).
+
+The body is a form with exactly ``params`` (JSON text) and ``output=json``:
+Phorge rejects a JSON request body and answers errors with HTTP 200, so the
+HTTP status never decides success; the envelope does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import urlencode
+
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+log = Logger()
+
+PROBE_TIMEOUT = 10.0
+SNIPPET_CHARS = 200
+PROBE_PASS_CODE = "ERR-NO-TASK-CLASS"
+_LINE_BREAKS = re.compile(r"\r\n|\n|\r")
+
+
+class ConduitError(Exception):
+    """worker.execute did not give a usable answer (always temporary)."""
+
+
+def snippet(raw: bytes, limit: int = SNIPPET_CHARS) -> str:
+    """A log-safe, single-line, bounded view of a response body."""
+    text = _LINE_BREAKS.sub(" ", raw.decode("utf-8", errors="replace").strip())
+    if len(text) > limit:
+        return text[:limit] + "\u2026"
+    return text
+
+
+def build_execute_body(
+    token: str, task_id: int | None, task_class: str, data: str | None
+) -> bytes:
+    params: dict[str, Any] = {}
+    if task_id is not None:
+        params["taskID"] = task_id
+    params["taskClass"] = task_class
+    if task_id is not None:
+        params["data"] = data or ""
+    params["__conduit__"] = {"token": token} if token else {}
+    return urlencode(
+        [("params", json.dumps(params, separators=(",", ":"), ensure_ascii=False)),
+         ("output", "json")]
+    ).encode("ascii")
+
+
+def parse_conduit_answer(status: int, raw: bytes) -> Any:
+    """Return ``result`` of a Conduit envelope or raise ConduitError (§10.2)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise ConduitError(
+            f"conduit worker.execute returned non-JSON (HTTP {status}): {snippet(raw)}"
+        )
+    code = doc.get("error_code")
+    if isinstance(code, str):
+        info = doc.get("error_info")
+        raise ConduitError(f"conduit error [{code}]: {info if isinstance(info, str) else ''}")
+    return doc.get("result")
+
+
+class ConduitClient:
+    def __init__(self, http_client: Any, clock: IReactorTime, base_url: str, token: str):
+        self._http = http_client
+        self._clock = clock
+        self._url = base_url + "/api/worker.execute"
+        self._token = token
+
+    def _headers(self) -> dict[bytes, list[bytes]]:
+        headers = {
+            b"Content-Type": [b"application/x-www-form-urlencoded"],
+            b"Accept": [b"application/json"],
+        }
+        if self._token:
+            headers[b"X-Service-Token"] = [self._token.encode()]
+        return headers
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        response = await self._http.post(
+            self._url, data=body, headers=self._headers(), allow_redirects=False
+        )
+        return response.code, await response.content()
+
+    async def execute(self, task_id: int, task_class: str, data: str | None) -> Any:
+        """One worker.execute call.
+
+        Deliberately no timeout of its own: a delegated task may run as long as
+        its lease, and the consumer cancels this call at the lease deadline.
+        """
+        body = build_execute_body(self._token, task_id, task_class, data)
+        try:
+            status, raw = await self._post(body)
+        except CancelledError:
+            raise
+        except Exception as exc:
+            raise ConduitError(f"http: {type(exc).__name__}: {exc}") from None
+        return parse_conduit_answer(status, raw)
+
+    async def probe(self, timeout: float = PROBE_TIMEOUT) -> str | None:
+        """None when worker.execute is reachable and answers as the r4 method
+        does for an empty class; otherwise the reason."""
+        body = build_execute_body(self._token, None, "", None)
+        try:
+            status, raw = await Deferred.fromCoroutine(self._post(body)).addTimeout(
+                timeout, self._clock
+            )
+        except (TimeoutError, CancelledError):
+            return f"probe timed out after {timeout:g}s"
+        except Exception as exc:
+            return f"http: {type(exc).__name__}: {exc}"
+        try:
+            parse_conduit_answer(status, raw)
+        except ConduitError as exc:
+            if str(exc).startswith(f"conduit error [{PROBE_PASS_CODE}]"):
+                return None
+            return str(exc)
+        return "conduit worker.execute ran a task without a class"

@@ -1,0 +1,490 @@
+"""The consume loop: lease within free capacity, run each task in its own
+slot before its lease deadline, report with bounded retries (worker.md §6-8,
+§14).
+
+The loop schedules itself on the injected clock instead of using the
+platform Poller because its cadence depends on the outcome of each lease:
+lease again at once while the queue has more work and slots are free, wait a
+poll interval when it is empty, sleep for the hibernation window if asked to.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import deferLater
+from twisted.logger import Logger, LogLevel
+
+from gorge.service import InFlight
+from gorge.worker.metrics import WorkerMetrics
+from gorge.worker.outcome import Outcome, classify
+from gorge.worker.queueclient import QueueClient, QueueError
+from gorge.worker.registry import LeasePlan, Registry
+
+log = Logger()
+
+REPORT_ATTEMPTS = 5
+REPORT_BACKOFF = 0.2
+SKIP_RETRY_WAIT = 60
+HANDBACK_YIELD = 5
+DEFAULT_LEASE_SECONDS = 7200
+FAILING_SUMMARY_INTERVAL = 60.0
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    lease_limit: int = 4
+    max_workers: int = 4
+    poll_interval: float = 1.0
+    idle_timeout: float = 180.0
+    hibernate: float = 0.0
+    drain_timeout: float = 30.0
+
+
+@dataclass
+class Counters:
+    processed: int = 0
+    failed: int = 0
+    yielded: int = 0
+    unreported: int = 0
+
+
+class _Run:
+    """One leased task between being accepted and its slot freeing."""
+
+    def __init__(self, task: dict) -> None:
+        self.task = task
+        self.id: int = task["id"]
+        self.task_class: str = task["taskClass"]
+        self.deadline = 0.0
+        self.current: Deferred | None = None  # handler, report or back-off wait
+        self.abandoned = False
+
+
+def _call_handler(handler: Callable, task: dict, payload: str | None) -> Deferred:
+    try:
+        result = handler(task, payload)
+    except Exception:
+        return fail()
+    if isinstance(result, Deferred):
+        return result
+    if inspect.iscoroutine(result):
+        return Deferred.fromCoroutine(result)
+    return succeed(result)
+
+
+class Consumer:
+    def __init__(
+        self,
+        *,
+        queue: QueueClient,
+        registry: Registry,
+        plan: LeasePlan,
+        clock: IReactorTime,
+        settings: LoopSettings,
+        metrics: WorkerMetrics,
+        on_progress: Callable[[], None] | None = None,
+    ) -> None:
+        self._queue = queue
+        self._registry = registry
+        self._plan = plan
+        self._clock = clock
+        self._settings = settings
+        self._metrics = metrics
+        self._on_progress = on_progress
+        self.counters = Counters()
+        self._runs: dict[int, _Run] = {}
+        self._inflight = InFlight()
+        self._timer: IDelayedCall | None = None
+        self._lease_d: Deferred | None = None
+        self._stopping = False
+        self._more_waiting = False
+        # Lease health, for /readyz and state-change logging (§6.5).
+        self.lease_attempted = False
+        self.lease_error: str | None = None
+        self._failing_since_count = 0
+        self._failing_summary_at = 0.0
+        # Idle tracking (§6.6).
+        self.idle = False
+        self._idle_since: float | None = None
+        self._hibernate_until: float | None = None
+        self.first_lease_done: Deferred = Deferred()
+
+    # -- state read by the API -------------------------------------------
+    @property
+    def active(self) -> int:
+        return len(self._runs)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def readiness_reason(self) -> str | None:
+        if self._stopping:
+            return "shutting down"
+        if not self.lease_attempted:
+            return "no lease attempt has completed yet"
+        if self.lease_error is not None:
+            return f"taskqueue: {self.lease_error}"
+        return None
+
+    # -- scheduling --------------------------------------------------------
+    def start(self) -> None:
+        """First lease after one poll interval, like the reference's ticker."""
+        self._schedule(self._settings.poll_interval)
+
+    def _schedule(self, delay: float) -> None:
+        if self._stopping:
+            return
+        if self._timer is not None and self._timer.active():
+            if self._timer.getTime() <= self._clock.seconds() + delay:
+                return
+            self._timer.cancel()
+        self._timer = self._clock.callLater(max(0.0, delay), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._lease_d is not None or self._stopping:
+            return
+        d = Deferred.fromCoroutine(self._lease_cycle())
+        if d.called:
+            d.addErrback(self._loop_crashed)
+            return
+        self._lease_d = d
+        d.addErrback(self._loop_crashed)
+        d.addBoth(self._lease_finished)
+
+    def _lease_finished(self, _: Any) -> None:
+        self._lease_d = None
+
+    def _loop_crashed(self, failure) -> None:
+        log.failure("WORKER_LOOP_FAILED", failure, level=LogLevel.error)
+        self._schedule(self._settings.poll_interval)
+
+    def _batch_threshold(self) -> int:
+        s = self._settings
+        return max(1, min(s.lease_limit, s.max_workers) // 2)
+
+    def _free(self) -> int:
+        return self._settings.max_workers - len(self._runs)
+
+    def _wake_for_capacity(self) -> None:
+        """A slot freed: lease now if the queue had more and a batch fits."""
+        if (
+            self._more_waiting
+            and not self._stopping
+            and self._lease_d is None
+            and self._hibernate_until is None
+            and self._free() >= self._batch_threshold()
+        ):
+            self._schedule(0)
+
+    # -- one lease ---------------------------------------------------------
+    async def _lease_cycle(self) -> None:
+        now = self._clock.seconds()
+        if self._hibernate_until is not None:
+            if now < self._hibernate_until:
+                self._schedule(self._hibernate_until - now)
+                return
+            self._hibernate_until = None
+            self._idle_since = None
+            log.info("WORKER_HIBERNATION_ENDED")
+        free = self._free()
+        if free <= 0:
+            # Not "empty": idle tracking is unchanged; a freed slot wakes us.
+            self._schedule(self._settings.poll_interval)
+            return
+        limit = min(self._settings.lease_limit, free)
+        try:
+            tasks = await self._queue.lease(limit, self._plan.task_classes)
+        except QueueError as exc:
+            self._lease_failed(str(exc))
+            self._schedule(self._settings.poll_interval)
+            return
+        except Exception as exc:
+            self._lease_failed(f"lease: {type(exc).__name__}: {exc}")
+            self._schedule(self._settings.poll_interval)
+            return
+        self._lease_succeeded(len(tasks))
+        if self._stopping:
+            for task in tasks:
+                self._start(task, hand_back=True)
+            return
+        for task in tasks:
+            self._start(task)
+        self._more_waiting = len(tasks) >= limit
+        if self._track_idle(len(tasks)):
+            return
+        if self._more_waiting and self._free() >= self._batch_threshold():
+            self._schedule(0)
+        else:
+            self._schedule(self._settings.poll_interval)
+
+    def _lease_failed(self, error: str) -> None:
+        now = self._clock.seconds()
+        self._metrics.lease_requests.labels(result="error").inc()
+        self.lease_attempted = True
+        self._more_waiting = False
+        if self.lease_error is None:
+            log.warn("LEASE_FAILED error={error}", error=error)
+            self._failing_since_count = 1
+            self._failing_summary_at = now
+        else:
+            self._failing_since_count += 1
+            if now - self._failing_summary_at >= FAILING_SUMMARY_INTERVAL:
+                log.warn("LEASE_STILL_FAILING failures={failures} error={error}",
+                         failures=self._failing_since_count, error=error)
+                self._failing_summary_at = now
+        self.lease_error = error
+        self._first_lease()
+
+    def _lease_succeeded(self, count: int) -> None:
+        self._metrics.lease_requests.labels(result="tasks" if count else "empty").inc()
+        if self.lease_error is not None:
+            log.info("LEASE_RECOVERED failures={failures}", failures=self._failing_since_count)
+        self.lease_error = None
+        self.lease_attempted = True
+        self._first_lease()
+        if self._on_progress is not None:
+            self._on_progress()
+
+    def _first_lease(self) -> None:
+        if not self.first_lease_done.called:
+            self.first_lease_done.callback(None)
+
+    def _track_idle(self, count: int) -> bool:
+        """Update idle state; True when hibernation took over scheduling."""
+        now = self._clock.seconds()
+        if count:
+            self._idle_since = None
+            if self.idle:
+                self.idle = False
+                self._metrics.idle.set(0)
+                log.info("WORKER_ACTIVE")
+            return False
+        if self._runs:
+            return False
+        if self._idle_since is None:
+            self._idle_since = now
+            return False
+        timeout = self._settings.idle_timeout
+        if timeout <= 0 or now - self._idle_since <= timeout:
+            return False
+        if not self.idle:
+            self.idle = True
+            self._metrics.idle.set(1)
+            log.info("WORKER_IDLE idle_seconds={idle_seconds}", idle_seconds=timeout)
+        if self._settings.hibernate > 0:
+            self._hibernate_until = now + self._settings.hibernate
+            log.info("WORKER_HIBERNATING seconds={seconds}", seconds=self._settings.hibernate)
+            self._schedule(self._settings.hibernate)
+            return True
+        return False
+
+    # -- one task ----------------------------------------------------------
+    def _start(self, task: dict, *, hand_back: bool = False) -> None:
+        task_id = task["id"]
+        if task_id in self._runs:
+            log.warn("TASK_DUPLICATE_LEASE task_id={task_id} task_class={task_class}",
+                     task_id=task_id, task_class=task["taskClass"])
+            return
+        run = _Run(task)
+        self._runs[task_id] = run
+        self._metrics.active.set(len(self._runs))
+        d = Deferred.fromCoroutine(self._process(run, hand_back))
+        self._inflight.track(d)
+        d.addErrback(
+            lambda f: log.failure("TASK_PROCESSING_FAILED task_id={task_id}", f,
+                                  level=LogLevel.error, task_id=task_id)
+        )
+        d.addBoth(lambda _: self._finished(run))
+
+    def _finished(self, run: _Run) -> None:
+        self._runs.pop(run.id, None)
+        self._metrics.active.set(len(self._runs))
+        self._wake_for_capacity()
+
+    async def _process(self, run: _Run, hand_back: bool) -> None:
+        task = run.task
+        now = self._clock.seconds()
+        expires = task.get("leaseExpires")
+        if isinstance(expires, int) and not isinstance(expires, bool):
+            run.deadline = float(expires)
+        else:
+            run.deadline = now + DEFAULT_LEASE_SECONDS
+            log.warn("TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
+                     task_id=run.id, task_class=run.task_class)
+        if hand_back:
+            await self._report(run, Outcome("yield", "worker shutting down",
+                                            yield_seconds=HANDBACK_YIELD), counted=False)
+            return
+        if not self._plan.runnable(run.task_class):
+            log.info("TASK_SKIPPED task_id={task_id} task_class={task_class}",
+                     task_id=run.id, task_class=run.task_class)
+            skipped = Outcome("temporary", "task class not runnable by this worker",
+                              retry_wait=SKIP_RETRY_WAIT)
+            if await self._report(run, skipped, counted=False):
+                self._metrics.tasks.labels(task_class=run.task_class, outcome="skipped").inc()
+            return
+        handler = self._registry.get(run.task_class)
+        data = task.get("data")
+        payload = data if isinstance(data, str) and data != "" else None
+        remaining = run.deadline - now
+        if remaining <= 0:
+            self._unreported(run, "lease expired before the task started", "none")
+            return
+        started = self._clock.seconds()
+        handler_d = _call_handler(handler, task, payload)
+        handler_d.addTimeout(remaining, self._clock)
+        run.current = handler_d
+        error: BaseException | None = None
+        try:
+            await handler_d
+        except TimeoutError as exc:
+            if self._clock.seconds() < run.deadline:
+                error = exc  # the handler's own timeout, not our deadline
+            else:
+                log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
+                          "reason={reason}", task_id=run.id, task_class=run.task_class,
+                          reason="handler outlived its lease")
+                self._unreported(run, "handler outlived its lease", "none", logged=True)
+                return
+        except CancelledError:
+            if run.abandoned:
+                return
+            error = CancelledError("handler cancelled")
+        except Exception as exc:
+            error = exc
+        finally:
+            run.current = None
+        elapsed = self._clock.seconds() - started
+        self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
+        outcome = classify(error)
+        if outcome.kind == "complete":
+            log.debug("TASK_SUCCEEDED task_id={task_id} task_class={task_class}",
+                      task_id=run.id, task_class=run.task_class)
+        else:
+            log.info("TASK_OUTCOME task_id={task_id} task_class={task_class} "
+                     "outcome={outcome} message={message}", task_id=run.id,
+                     task_class=run.task_class, outcome=outcome.kind, message=outcome.message)
+        await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
+
+    def _unreported(self, run: _Run, reason: str, intended: str, *, logged: bool = False,
+                    error: str = "") -> None:
+        self.counters.unreported += 1
+        self._metrics.tasks.labels(task_class=run.task_class, outcome="unreported").inc()
+        if not logged:
+            log.error("TASK_UNREPORTED task_id={task_id} task_class={task_class} "
+                      "outcome={outcome} reason={reason} error={error}",
+                      task_id=run.id, task_class=run.task_class, outcome=intended,
+                      reason=reason, error=error)
+
+    def _send(self, run: _Run, outcome: Outcome, duration_us: int, timeout: float) -> Deferred:
+        q = self._queue
+        if outcome.kind == "complete":
+            coro = q.complete(run.id, duration_us, timeout=timeout)
+        elif outcome.kind == "yield":
+            coro = q.yield_task(run.id, outcome.yield_seconds, timeout=timeout)
+        else:
+            coro = q.fail(run.id, outcome.kind == "permanent", retry_wait=outcome.retry_wait,
+                          message=outcome.message, timeout=timeout)
+        return Deferred.fromCoroutine(coro)
+
+    def _confirmed(self, run: _Run, outcome: Outcome) -> None:
+        self._metrics.tasks.labels(task_class=run.task_class,
+                                   outcome=outcome.metric_label).inc()
+        if outcome.kind == "complete":
+            self.counters.processed += 1
+        elif outcome.kind == "yield":
+            self.counters.yielded += 1
+        else:
+            self.counters.failed += 1
+
+    async def _report(self, run: _Run, outcome: Outcome, *, counted: bool,
+                      duration_us: int = 0) -> bool:
+        """Up to five attempts, never past the lease deadline (§8)."""
+        last_error = ""
+        reason = "retries exhausted"
+        for attempt in range(1, REPORT_ATTEMPTS + 1):
+            remaining = run.deadline - self._clock.seconds()
+            if remaining <= 0:
+                reason = "lease deadline reached"
+                break
+            if attempt > 1:
+                self._metrics.report_retries.inc()
+            try:
+                run.current = self._send(run, outcome, duration_us, remaining)
+                await run.current
+            except QueueError as exc:
+                last_error = str(exc)
+                self._metrics.report_attempts.labels(result="error").inc()
+                if not exc.retryable:
+                    reason = f"queue refused the report (HTTP {exc.status})"
+                    if exc.status == 404:
+                        reason += "; outcome may already be recorded"
+                    break
+            except CancelledError:
+                if run.abandoned:
+                    return False
+                raise
+            else:
+                self._metrics.report_attempts.labels(result="ok").inc()
+                if counted:
+                    self._confirmed(run, outcome)
+                return True
+            finally:
+                run.current = None
+            if attempt == REPORT_ATTEMPTS:
+                break
+            wait = REPORT_BACKOFF * attempt
+            if self._clock.seconds() + wait >= run.deadline:
+                reason = "lease deadline reached"
+                break
+            try:
+                run.current = deferLater(self._clock, wait)
+                await run.current
+            except CancelledError:
+                if run.abandoned:
+                    return False
+                raise
+            finally:
+                run.current = None
+        if counted:
+            self._unreported(run, reason, outcome.kind, error=last_error)
+        else:
+            log.warn("TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
+                     "outcome={outcome} reason={reason} error={error}", task_id=run.id,
+                     task_class=run.task_class, outcome=outcome.kind, reason=reason,
+                     error=last_error)
+        return False
+
+    # -- shutdown ------------------------------------------------------------
+    async def stop(self) -> None:
+        """Stop leasing, let running tasks finish and report within the drain
+        budget, then abandon what is left to its lease (§14)."""
+        self._stopping = True
+        self._hibernate_until = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self._lease_d is not None:
+            # Bounded by the queue client's own call timeout.
+            await self._lease_d
+        log.info("WORKER_DRAINING active={active} timeout={timeout}",
+                 active=len(self._runs), timeout=self._settings.drain_timeout)
+        drained = await self._inflight.drain(self._settings.drain_timeout, self._clock)
+        if drained:
+            return
+        for run in list(self._runs.values()):
+            run.abandoned = True
+            log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
+                      "reason={reason}", task_id=run.id, task_class=run.task_class,
+                      reason="drain budget expired at shutdown")
+            self._unreported(run, "drain budget expired", "none", logged=True)
+            if run.current is not None and not run.current.called:
+                run.current.cancel()
+        await self._inflight.drain(1.0, self._clock)

@@ -1,0 +1,187 @@
+"""Native FeedPublisherHTTPWorker (worker.md §11.3-11.4).
+
+Sends what Phorge sends: a form built like PHP's ``http_build_query`` from the
+story fields, in PHP's order, or a snapshot body that PHP precomputed. A task
+that only names the story key needs PHP to load the story, so it is delegated
+(or retried) and never sent from here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+from urllib.parse import quote_plus
+
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from gorge.logging import redact_uri
+from gorge.worker.outcome import PermanentFailure, RetryLater
+
+log = Logger()
+
+TASK_CLASS = "FeedPublisherHTTPWorker"
+DELIVERY_TIMEOUT = 30.0
+STORY_FIELDS = ("storyID", "storyType", "storyData", "storyAuthorPHID", "storyText", "epoch")
+RETRY_STEP = 60
+
+
+def php_urlencode(text: str) -> str:
+    """PHP ``urlencode``: space as ``+``, only ``A-Za-z0-9_.-`` left bare."""
+    return quote_plus(text, safe="").replace("~", "%7E")
+
+
+def _scalar(value: Any) -> str:
+    if value is True:
+        return "1"
+    if value is False:
+        return "0"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return repr(value)
+    return str(value)
+
+
+def _pairs(name: str, value: Any):
+    if value is None:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _pairs(f"{name}[{key}]", item)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _pairs(f"{name}[{index}]", item)
+    else:
+        yield name, _scalar(value)
+
+
+def http_build_query(fields: list[tuple[str, Any]]) -> bytes:
+    """PHP's ``http_build_query`` with ``&``: nested maps/lists flattened with
+    brackets, null members and empty containers dropped."""
+    parts = [
+        f"{php_urlencode(name)}={php_urlencode(text)}"
+        for top, value in fields
+        for name, text in _pairs(top, value)
+    ]
+    return "&".join(parts).encode("ascii")
+
+
+def _non_empty_str(value: Any) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+def _retry_wait(task: dict) -> int:
+    count = task.get("failureCount")
+    count = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return RETRY_STEP * (count + 1)
+
+
+def read_policy(path: str) -> tuple[bool, list[str]]:
+    """Read the feed policy file; any defect is a temporary failure.
+
+    A small local file, read on each delivery so an edit takes effect without
+    a restart; reading it synchronously is cheaper than a thread hop.
+    """
+    try:
+        with open(path, "rb") as handle:
+            doc = json.loads(handle.read())
+    except (OSError, ValueError) as exc:
+        raise RetryLater(f"feed policy file unusable: {type(exc).__name__}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("silent"), bool) or not (
+        isinstance(doc.get("uris"), list) and all(isinstance(u, str) for u in doc["uris"])
+    ):
+        raise RetryLater("feed policy file unusable: needs boolean silent and list uris")
+    return doc["silent"], doc["uris"]
+
+
+class FeedHttpHandler:
+    def __init__(
+        self,
+        http_client: Any,
+        clock: IReactorTime,
+        *,
+        delegate: Callable | None = None,
+        policy_file: str = "",
+        timeout: float = DELIVERY_TIMEOUT,
+    ) -> None:
+        self._http = http_client
+        self._clock = clock
+        self._delegate = delegate
+        self._policy_file = policy_file
+        self._timeout = timeout
+
+    async def __call__(self, task: dict, data: str | None):
+        try:
+            doc = json.loads(data) if data else None
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise PermanentFailure("invalid task data: not a JSON object")
+        uri = doc.get("uri")
+        story_id = doc.get("storyID")
+        if doc.get("deliveryVersion") == 1 and _non_empty_str(uri) and _non_empty_str(
+            doc.get("body")
+        ):
+            body = doc["body"].encode("utf-8")
+        elif (
+            isinstance(story_id, int)
+            and not isinstance(story_id, bool)
+            and story_id > 0
+            and _non_empty_str(uri)
+        ):
+            body = http_build_query([(name, doc[name]) for name in STORY_FIELDS if name in doc])
+        elif "key" in doc and "storyID" not in doc and "deliveryVersion" not in doc:
+            if self._delegate is not None:
+                return await self._delegate(task, data)
+            raise RetryLater(
+                "legacy feed task needs GORGE_WORKER_CONDUIT_URL", retry_wait=_retry_wait(task)
+            )
+        else:
+            raise PermanentFailure("invalid task data: not a deliverable feed task")
+        if self._policy_file:
+            silent, uris = read_policy(self._policy_file)
+            if silent:
+                return None
+            if uri not in uris:
+                raise PermanentFailure("feed hook is no longer configured")
+        await self._deliver(task, uri, body)
+        return None
+
+    async def _deliver(self, task: dict, uri: str, body: bytes) -> None:
+        shown = redact_uri(uri)
+
+        async def exchange() -> int:
+            response = await self._http.post(
+                uri,
+                data=body,
+                headers={
+                    b"Content-Type": [b"application/x-www-form-urlencoded"],
+                    b"Accept": [b"*/*"],
+                },
+                allow_redirects=False,
+            )
+            await response.content()
+            return response.code
+
+        try:
+            status = await Deferred.fromCoroutine(exchange()).addTimeout(
+                self._timeout, self._clock
+            )
+        except CancelledError:
+            raise  # the consumer gave up on this task (lease deadline, shutdown)
+        except TimeoutError:
+            raise RetryLater(
+                f"http request to {shown} failed: timed out after {self._timeout:g}s",
+                retry_wait=_retry_wait(task),
+            ) from None
+        except Exception as exc:
+            raise RetryLater(
+                f"http request to {shown} failed: {type(exc).__name__}",
+                retry_wait=_retry_wait(task),
+            ) from None
+        if not 200 <= status < 300:
+            raise RetryLater(
+                f"feed HTTP hook {shown} returned status {status}", retry_wait=_retry_wait(task)
+            )

@@ -1,0 +1,51 @@
+"""Native emulation of Phorge's PhabricatorTestWorker (worker.md §11.6), for
+the demo and benchmarks without PHP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
+
+from gorge.worker.outcome import PermanentFailure, RetryLater
+
+TASK_CLASS = "PhabricatorTestWorker"
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+class TestWorker:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+
+    async def __call__(self, task: dict, data: str | None) -> None:
+        try:
+            payload = json.loads(data) if data else {}
+        except ValueError:
+            raise PermanentFailure("invalid task data: not JSON") from None
+        if not isinstance(payload, dict):
+            payload = {}
+        maximum = _int(payload.get("getMaximumRetryCount"))
+        if maximum is not None and int(task.get("failureCount") or 0) > maximum:
+            raise PermanentFailure(f"task has exceeded its maximum retry count ({maximum})")
+        duration = _int(payload.get("duration"))
+        if duration and duration > 0:
+            await deferLater(self._clock, duration)
+        action = payload.get("doWork")
+        if action == "fail-temporary":
+            raise RetryLater("temporary failure requested",
+                             retry_wait=_int(payload.get("getWaitBeforeRetry")))
+        if action == "fail-permanent":
+            raise PermanentFailure("permanent failure requested")

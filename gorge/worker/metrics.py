@@ -1,0 +1,38 @@
+"""Prometheus series of the worker, on the service's own registry (§12.4)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.tasks = Counter(
+            "gorge_worker_tasks", "Tasks by class and final outcome",
+            ["task_class", "outcome"], registry=registry,
+        )
+        self.handler_seconds = Histogram(
+            "gorge_worker_handler_duration_seconds", "Handler run time by class",
+            ["task_class"], registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600, 3600, 7200),
+        )
+        self.active = Gauge("gorge_worker_active_tasks", "Tasks being run or reported",
+                            registry=registry)
+        self.lease_requests = Counter(
+            "gorge_worker_lease_requests", "Lease calls by result", ["result"],
+            registry=registry,
+        )
+        self.report_attempts = Counter(
+            "gorge_worker_report_attempts", "Report calls to the queue by result", ["result"],
+            registry=registry,
+        )
+        self.report_retries = Counter(
+            "gorge_worker_report_retries", "Report attempts after the first one",
+            registry=registry,
+        )
+        self.conduit_calls = Counter(
+            "gorge_worker_conduit_calls", "worker.execute calls by result", ["result"],
+            registry=registry,
+        )
+        self.idle = Gauge("gorge_worker_idle", "1 while the worker declares itself idle",
+                          registry=registry)

@@ -1,0 +1,205 @@
+"""HTTP client of gorge-taskqueue: lease, complete, fail, yield (worker.md §4).
+
+Every call is bounded for the whole exchange (headers and body) on the
+injected clock, never follows redirects, and succeeds only for a 2xx JSON
+object without an ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+log = Logger()
+
+CALL_TIMEOUT = 30.0
+OWNER_HOST_BYTES = 32
+
+
+class QueueError(Exception):
+    """A queue call that did not succeed; ``str()`` is the spec's description."""
+
+    def __init__(self, description: str, *, status: int | None = None, code: str | None = None):
+        super().__init__(description)
+        self.status = status
+        self.code = code
+
+    @property
+    def retryable(self) -> bool:
+        """worker.md §8: any 4xx except 408/429 will not get better by retrying."""
+        if self.status is None or not 400 <= self.status < 500:
+            return True
+        return self.status in (408, 429)
+
+
+def truncate_host(host: str, limit: int = OWNER_HOST_BYTES) -> str:
+    """The host part of the lease owner: at most ``limit`` UTF-8 bytes, cut on
+    a character boundary and marked with ``...`` when cut (worker.md §4.2)."""
+    raw = host.encode("utf-8")
+    if len(raw) <= limit:
+        return host
+    cut = raw[: limit - 3].decode("utf-8", errors="ignore")
+    while len(cut.encode("utf-8")) > limit - 3:
+        cut = cut[:-1]
+    return cut + "..."
+
+
+def lease_owner(hostname: str | None, pid: int, started: int) -> str:
+    host = hostname if hostname is not None else socket.gethostname()
+    return f"{truncate_host(host)}:{pid}:{started}:gorge-worker"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_lease_answer(data: Any, limit: int) -> list[dict]:
+    """Reject the whole answer unless it is a list of at most ``limit`` tasks,
+    each an object with a positive integer ``id`` and a non-empty ``taskClass``."""
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise QueueError("lease: answer data is not a list")
+    ids = [item.get("id") for item in data if isinstance(item, dict)]
+    if len(data) > limit:
+        raise QueueError(f"lease: answer has {len(data)} tasks, asked for {limit} (ids {ids})")
+    for item in data:
+        if not (
+            isinstance(item, dict)
+            and _is_int(item.get("id"))
+            and item["id"] > 0
+            and isinstance(item.get("taskClass"), str)
+            and item["taskClass"]
+        ):
+            raise QueueError(f"lease: malformed task in answer (ids {ids})")
+    return data
+
+
+@dataclass(frozen=True)
+class QueueEndpoint:
+    base_url: str
+    token: str = ""
+
+    def __repr__(self) -> str:
+        return f"QueueEndpoint(base_url={self.base_url!r})"
+
+
+class QueueClient:
+    """Speaks the taskqueue HTTP API with one stable lease owner."""
+
+    def __init__(
+        self,
+        http_client: Any,
+        clock: IReactorTime,
+        endpoint: QueueEndpoint,
+        owner: str,
+        *,
+        timeout: float = CALL_TIMEOUT,
+    ) -> None:
+        self._http = http_client
+        self._clock = clock
+        self._endpoint = endpoint
+        self.owner = owner
+        self._timeout = timeout
+
+    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
+        headers = {
+            b"Content-Type": [b"application/json"],
+            b"Accept": [b"application/json"],
+        }
+        if self._endpoint.token:
+            headers[b"X-Service-Token"] = [self._endpoint.token.encode()]
+        for name, value in (extra or {}).items():
+            headers[name] = [value]
+        return headers
+
+    async def _call(
+        self, path: str, body: dict, *, timeout: float | None = None, extra=None
+    ) -> Any:
+        url = self._endpoint.base_url + path
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        headers = self._headers(extra)
+
+        async def exchange() -> tuple[int, bytes]:
+            response = await self._http.post(
+                url, data=payload, headers=headers, allow_redirects=False
+            )
+            return response.code, await response.content()
+
+        limit = self._timeout if timeout is None else min(timeout, self._timeout)
+        try:
+            status, raw = await Deferred.fromCoroutine(exchange()).addTimeout(
+                limit, self._clock
+            )
+        except (TimeoutError, CancelledError):
+            raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
+        except Exception as exc:  # transport errors of every kind
+            raise QueueError(f"http: POST {path}: {type(exc).__name__}: {exc}") from None
+        return self._parse(path, status, raw)
+
+    @staticmethod
+    def _parse(path: str, status: int, raw: bytes) -> Any:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise QueueError(f"unmarshal (status {status}): {path} answered no JSON object",
+                             status=status)
+        error = doc.get("error")
+        if error is not None:
+            code = message = ""
+            if isinstance(error, dict):
+                code = str(error.get("code", ""))
+                message = str(error.get("message", ""))
+            raise QueueError(f"api error [{code}]: {message}", status=status, code=code)
+        if not 200 <= status < 300:
+            raise QueueError(f"http: POST {path}: unexpected status {status}", status=status)
+        return doc.get("data")
+
+    async def lease(self, limit: int, task_classes: list[str] | None) -> list[dict]:
+        body: dict[str, Any] = {"limit": limit}
+        if task_classes:
+            body["taskClasses"] = sorted(task_classes)
+        try:
+            data = await self._call(
+                "/api/queue/lease", body, extra={b"X-Lease-Owner": self.owner.encode()}
+            )
+        except QueueError as exc:
+            raise QueueError(f"lease: {exc}", status=exc.status, code=exc.code) from None
+        return validate_lease_answer(data, limit)
+
+    async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
+        await self._call(
+            "/api/queue/complete",
+            {"taskID": task_id, "duration": max(0, int(duration_us))},
+            timeout=timeout,
+        )
+
+    async def fail(
+        self,
+        task_id: int,
+        permanent: bool,
+        *,
+        retry_wait: int | None = None,
+        message: str = "",
+        timeout: float,
+    ) -> None:
+        body: dict[str, Any] = {"taskID": task_id, "permanent": permanent}
+        if retry_wait is not None:
+            body["retryWait"] = max(0, int(retry_wait))
+        if message:
+            body["message"] = message[:1000]
+        await self._call("/api/queue/fail", body, timeout=timeout)
+
+    async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
+        await self._call(
+            "/api/queue/yield", {"taskID": task_id, "duration": max(5, int(seconds))},
+            timeout=timeout,
+        )

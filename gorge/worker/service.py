@@ -1,0 +1,266 @@
+"""gorge-worker: the service tree and the twistd entry point.
+
+Start order: HTTP pool, listener, Conduit probe, consume loop. Stop runs in
+reverse: the loop stops leasing and drains first (while /readyz says
+"shutting down" and the listener still answers), then the probe, then the
+listener, and the HTTP connection pool is closed last (worker.md §14).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.application import service as tservice
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python import usage
+
+from gorge.config import ConfigError
+from gorge.service import FunctionService, OrderedService, Poller, listener, run_make_service
+from gorge.web import build_site
+from gorge.worker.api import WorkerApi
+from gorge.worker.conduit import ConduitClient
+from gorge.worker.consumer import Consumer, LoopSettings
+from gorge.worker.handlers import feed_http, test_worker
+from gorge.worker.handlers.conduit import ConduitDelegate
+from gorge.worker.handlers.feed_http import FeedHttpHandler
+from gorge.worker.handlers.test_worker import TestWorker
+from gorge.worker.metrics import WorkerMetrics
+from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
+from gorge.worker.registry import LeasePlan, Registry
+from gorge.worker.settings import WorkerSettings, load_worker_settings
+
+log = Logger()
+
+# worker.md §9.2: classes the reference delegates by name when Conduit is set.
+DELEGATED_BY_DEFAULT = (
+    "PhabricatorSearchWorker",
+    "PhabricatorMetaMTAWorker",
+    "PhabricatorApplicationTransactionPublishWorker",
+    "HeraldWebhookWorker",
+)
+API_PREFIX = "/api/worker/"
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["listen", None, None, "host:port to listen on, overrides GORGE_LISTEN_ADDR"],
+    ]
+
+
+def make_http_client(reactor, max_workers: int):
+    from treq.client import HTTPClient
+    from twisted.web.client import Agent, HTTPConnectionPool
+
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    # One connection per slot plus the lease call, so reports never queue
+    # behind each other for a connection.
+    pool.maxPersistentPerHost = max_workers + 2
+    pool.retryAutomatically = False
+    return HTTPClient(Agent(reactor, pool=pool, connectTimeout=10)), pool
+
+
+class ConduitProbe:
+    """The periodic delegation readiness probe (worker.md §12.2)."""
+
+    def __init__(self, client: ConduitClient, clock, period: float) -> None:
+        self._client = client
+        self.completed = False
+        self.reason: str | None = None
+        self._poller = Poller(self._tick, period, clock, "conduit-probe")
+
+    async def _tick(self) -> None:
+        reason = await self._client.probe()
+        if reason != self.reason or not self.completed:
+            if reason is None:
+                log.info("CONDUIT_PROBE_PASSED")
+            else:
+                log.warn("CONDUIT_PROBE_FAILED reason={reason}", reason=reason)
+        self.reason = reason
+        self.completed = True
+
+    def start(self) -> None:
+        self._poller.start(now=True)
+
+    def stop(self) -> Deferred:
+        return self._poller.stop()
+
+    def readiness_reason(self) -> str | None:
+        if not self.completed:
+            return "conduit: no probe has completed yet"
+        if self.reason is not None:
+            return f"conduit: {self.reason}"
+        return None
+
+
+class WorkerService(OrderedService):
+    """The worker's service tree, with its parts exposed for demos and tests."""
+
+    consumer: Consumer
+    registry: Registry
+    plan: LeasePlan
+    site: Any
+    metrics_registry: CollectorRegistry
+    probe: ConduitProbe | None
+
+
+def build_registry(
+    settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics
+) -> tuple[Registry, ConduitClient | None]:
+    registry = Registry()
+    conduit = None
+    delegate = None
+    if settings.conduit_url:
+        conduit = ConduitClient(http_client, clock, settings.conduit_url, settings.conduit_token)
+        delegate = ConduitDelegate(conduit, metrics)
+    allow = settings.delegate_classes
+    feed_delegate = delegate if delegate is not None and (
+        not allow or feed_http.TASK_CLASS in allow) else None
+    registry.register(
+        feed_http.TASK_CLASS,
+        FeedHttpHandler(http_client, clock, delegate=feed_delegate,
+                        policy_file=settings.feed_policy_file),
+    )
+    if settings.native_test_worker:
+        registry.register(test_worker.TASK_CLASS, TestWorker(clock))
+    if delegate is not None:
+        if allow:
+            native = set(registry.registered())
+            for name in allow:
+                if name not in native:
+                    registry.register(name, delegate)
+        else:
+            for name in DELEGATED_BY_DEFAULT:
+                registry.register(name, delegate)
+            registry.set_fallback(delegate)
+    return registry, conduit
+
+
+def build_worker_service(
+    settings: WorkerSettings, reactor, *, http_client=None, notifier=None,
+    registry: Registry | None = None,
+) -> WorkerService:
+    """The real constructor; ``registry`` lets a demo or benchmark add native
+    handlers (it replaces the one built from the settings)."""
+    clock = reactor
+    pool = None
+    if http_client is None:
+        http_client, pool = make_http_client(reactor, settings.max_workers)
+    metrics_registry = CollectorRegistry()
+    metrics = WorkerMetrics(metrics_registry)
+    built, conduit = build_registry(settings, http_client, clock, metrics)
+    registry = registry if registry is not None else built
+    plan = LeasePlan(registry, settings.class_filter)
+    if plan.empty:
+        raise ConfigError(
+            "GORGE_WORKER_TASK_CLASS_FILTER",
+            "leaves no task class this worker can run "
+            f"(runnable: {', '.join(registry.supported_classes()) or 'none'})",
+        )
+    started = int(clock.seconds())
+    owner = lease_owner(None, os.getpid(), started)
+    queue = QueueClient(
+        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner
+    )
+    consumer = Consumer(
+        queue=queue, registry=registry, plan=plan, clock=clock, metrics=metrics,
+        settings=LoopSettings(
+            lease_limit=settings.lease_limit,
+            max_workers=settings.max_workers,
+            poll_interval=settings.poll_interval_ms / 1000.0,
+            idle_timeout=float(settings.idle_timeout_sec),
+            hibernate=float(settings.hibernate_sec),
+            drain_timeout=float(settings.drain_timeout_sec),
+        ),
+        on_progress=notifier.progress if notifier is not None else None,
+    )
+    probe = None
+    if conduit is not None and settings.conduit_probe_sec > 0:
+        probe = ConduitProbe(conduit, clock, float(settings.conduit_probe_sec))
+
+    async def readiness() -> str | None:
+        reason = consumer.readiness_reason()
+        if reason is None and probe is not None:
+            reason = probe.readiness_reason()
+        return reason
+
+    def stats() -> dict:
+        c = consumer.counters
+        return {
+            "processed": c.processed,
+            "failed": c.failed,
+            "active": consumer.active,
+            "supported": registry.supported_classes(),
+            "yielded": c.yielded,
+            "unreported": c.unreported,
+            "idle": consumer.idle,
+            "startedAt": started,
+            "leaseOwner": owner,
+        }
+
+    site = build_site(
+        api_resource=WorkerApi(stats).resource(), prefix=API_PREFIX,
+        token=settings.http.token, body_limit=settings.http.body_limit,
+        readiness=readiness, registry=metrics_registry, clock=clock,
+    )
+
+    def start_loop() -> None:
+        for warning in settings.warnings:
+            log.warn("CONFIG_WARNING warning={warning}", warning=warning)
+        for name in plan.unrunnable_filter_entries:
+            log.warn("FILTER_CLASS_NOT_RUNNABLE task_class={task_class}", task_class=name)
+        log.info("WORKER_STARTING owner={owner} supported={supported} "
+                 "task_classes={task_classes} config={config}", owner=owner,
+                 supported=registry.supported_classes(), task_classes=plan.task_classes,
+                 config=settings.describe())
+        if notifier is not None:
+            consumer.first_lease_done.addCallback(lambda _: notifier.ready())
+        consumer.start()
+
+    async def stop_loop() -> None:
+        if notifier is not None:
+            notifier.stopping()
+        log.info("WORKER_STOPPING active={active}", active=consumer.active)
+        await consumer.stop()
+        log.info("WORKER_STOPPED processed={processed} failed={failed} "
+                 "unreported={unreported}", processed=consumer.counters.processed,
+                 failed=consumer.counters.failed, unreported=consumer.counters.unreported)
+
+    async def close_pool() -> None:
+        if pool is not None:
+            await pool.closeCachedConnections()
+
+    children: list[tservice.IService] = [
+        FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
+        listener(settings.http.endpoint, site),
+    ]
+    if probe is not None:
+        children.append(FunctionService(start=probe.start, stop=probe.stop, name="conduit-probe"))
+    children.append(
+        FunctionService(start=start_loop, stop=lambda: Deferred.fromCoroutine(stop_loop()),
+                        name="consumer")
+    )
+    svc = WorkerService(*children, name="gorge-worker")
+    svc.consumer = consumer
+    svc.registry = registry
+    svc.plan = plan
+    svc.site = site
+    svc.metrics_registry = metrics_registry
+    svc.probe = probe
+    return svc
+
+
+def makeService(options) -> tservice.IService:
+    def build() -> tservice.IService:
+        from twisted.internet import reactor
+
+        from gorge.service import SystemdNotifier
+
+        settings = load_worker_settings(os.environ, listen_override=options["listen"])
+        return build_worker_service(
+            settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
+        )
+
+    return run_make_service("gorge-worker", build)
