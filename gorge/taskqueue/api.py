@@ -1,0 +1,298 @@
+"""The ``/api/queue`` routes (spec taskqueue.md §6), over one TaskStore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger, LogLevel
+
+from gorge.service import InFlight
+from gorge.taskqueue.metrics import TaskQueueMetrics
+from gorge.taskqueue.model import (
+    DEFAULT_LIST_LIMIT,
+    MAX_LEASE_LIMIT,
+    MAX_LIST_LIMIT,
+    MAX_OWNER_CHARS,
+    MAX_PHID_BYTES,
+    MAX_TASK_CLASS_CHARS,
+    PRIORITY_DEFAULT,
+    UINT32_MAX,
+    UINT64_MAX,
+    ArchivedTask,
+    EnqueueRequest,
+    InvalidArgument,
+    Task,
+)
+from gorge.taskqueue.settings import TaskQueueSettings
+from gorge.taskqueue.store import TaskNotFound, TaskStore
+from gorge.web import ApiError, add_error_handlers, ok, read_json_object
+
+log = Logger()
+
+INT64_MAX = 2**63 - 1
+_MISSING = object()
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, "ERR_BAD_REQUEST", message)
+
+
+def _not_found() -> ApiError:
+    return ApiError(404, "ERR_NOT_FOUND", "task not found")
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass; JSON true must not pass as 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _opt(body: dict, key: str) -> Any:
+    value = body.get(key, _MISSING)
+    return _MISSING if value is None else value
+
+
+def _int_field(body: dict, key: str, default: Any, *, minimum: int | None = 0,
+               maximum: int = UINT32_MAX) -> Any:
+    value = _opt(body, key)
+    if value is _MISSING:
+        return default
+    if not _is_int(value):
+        raise _bad(f"{key} must be an integer")
+    if minimum is not None and value < minimum:
+        raise _bad(f"{key} must be >= {minimum}")
+    if value > maximum:
+        raise _bad(f"{key} must be <= {maximum}")
+    return value
+
+
+def _str_field(body: dict, key: str, default: Any) -> Any:
+    value = _opt(body, key)
+    if value is _MISSING:
+        return default
+    if not isinstance(value, str):
+        raise _bad(f"{key} must be a string")
+    return value
+
+
+def _task_id(body: dict) -> int:
+    value = _opt(body, "taskID")
+    if value is _MISSING:
+        raise _bad("taskID is required")
+    if not _is_int(value):
+        raise _bad("taskID must be an integer")
+    if value <= 0:
+        raise _bad("taskID is required")
+    if value > INT64_MAX:
+        raise _bad("invalid task ID")
+    return value
+
+
+def _phid(body: dict, key: str) -> str | None:
+    value = _str_field(body, key, "")
+    if len(value.encode("utf-8")) > MAX_PHID_BYTES:
+        raise _bad(f"{key} must be at most {MAX_PHID_BYTES} bytes")
+    return value or None
+
+
+def parse_enqueue(body: dict) -> EnqueueRequest:
+    task_class = _str_field(body, "taskClass", "")
+    if task_class == "":
+        raise _bad("taskClass is required")
+    if len(task_class) > MAX_TASK_CLASS_CHARS:
+        raise _bad(f"taskClass must be at most {MAX_TASK_CLASS_CHARS} characters")
+    data = _str_field(body, "data", "")
+    priority = _int_field(body, "priority", PRIORITY_DEFAULT)
+    object_phid = _phid(body, "objectPHID")
+    container_phid = _phid(body, "containerPHID")
+    delay = _int_field(body, "delayUntil", 0)
+    return EnqueueRequest(
+        task_class=task_class,
+        data=data,
+        priority=priority,
+        object_phid=object_phid,
+        container_phid=container_phid,
+        delay_until=delay if delay > 0 else None,
+    )
+
+
+def parse_task_classes(body: dict) -> list[str] | None:
+    value = _opt(body, "taskClasses")
+    if value is _MISSING:
+        return None
+    if not isinstance(value, list):
+        raise _bad("taskClasses must be a list of strings")
+    for item in value:
+        if not isinstance(item, str):
+            raise _bad("taskClasses must be a list of strings")
+    return value or None
+
+
+def _query_int(request, name: bytes) -> int | None:
+    values = request.args.get(name)
+    if not values:
+        return None
+    try:
+        return int(values[0].decode("ascii"), 10)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+class TaskQueueApi:
+    """Routes under ``/api/queue``; auth, body limit and probes are the Site's."""
+
+    app = Klein()
+
+    def __init__(self, store: TaskStore, settings: TaskQueueSettings, clock: IReactorTime,
+                 metrics: TaskQueueMetrics, *, inflight: InFlight | None = None) -> None:
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._metrics = metrics
+        self._inflight = inflight if inflight is not None else InFlight()
+
+    def resource(self):
+        return self.app.resource()
+
+    async def _call(self, operation: str, coro) -> Any:
+        """Run a store call: domain errors become 4xx, backend failures the opaque 500."""
+        # Tracked so that shutdown waits for store calls already under way.
+        d = self._inflight.track(Deferred.fromCoroutine(coro))
+        try:
+            return await d
+        except TaskNotFound:
+            raise _not_found() from None
+        except InvalidArgument as e:
+            raise _bad(e.message) from None
+        except ApiError:
+            raise
+        except Exception as e:
+            log.failure("TASKQUEUE_BACKEND_FAILED operation={operation} error={error}",
+                        operation=operation, error=type(e).__name__, level=LogLevel.error)
+            raise ApiError(500, "ERR_INTERNAL", "internal server error") from None
+
+    @app.route("/api/queue/enqueue", methods=["POST"])
+    async def enqueue(self, request):
+        enqueue = parse_enqueue(read_json_object(request))
+        task: Task = await self._call("enqueue", self._store.enqueue(enqueue))
+        self._metrics.enqueued.labels(task.task_class).inc()
+        log.debug("TASK_ENQUEUED task={task_id} class={task_class}", task_id=task.id,
+                  task_class=task.task_class)
+        return ok(request, task.to_json())
+
+    @app.route("/api/queue/lease", methods=["POST"])
+    async def lease(self, request):
+        body = read_json_object(request)
+        limit = _int_field(body, "limit", 1, minimum=None, maximum=2**63)
+        limit = min(max(limit, 1), MAX_LEASE_LIMIT)
+        classes = parse_task_classes(body)
+        owner = self._owner(request)
+        started = self._clock.seconds()
+        tasks: list[Task] = await self._call(
+            "lease", self._store.lease(owner, limit, self._settings.lease_duration, classes))
+        self._metrics.lease_seconds.observe(max(0.0, self._clock.seconds() - started))
+        for task in tasks:
+            self._metrics.leased.labels(task.task_class).inc()
+        return ok(request, [task.to_json() for task in tasks])
+
+    def _owner(self, request) -> str:
+        raw = request.getHeader(b"x-lease-owner")
+        owner = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
+        if owner == "":
+            host = getattr(request.getClientAddress(), "host", "") or "unknown"
+            owner = f"{host}:gorge-taskqueue"
+        # The column is VARCHAR(64): refuse rather than let the database cut it,
+        # which would strand the claimed rows (spec §10 item 6).
+        if len(owner) > MAX_OWNER_CHARS:
+            raise _bad(f"leaseOwner must be at most {MAX_OWNER_CHARS} characters")
+        return owner
+
+    @app.route("/api/queue/complete", methods=["POST"])
+    async def complete(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        duration = _int_field(body, "duration", 0, maximum=UINT64_MAX)
+        archived: ArchivedTask = await self._call(
+            "complete", self._store.complete(task_id, duration))
+        self._metrics.completed.labels(archived.task_class).inc()
+        return ok(request, archived.to_json())
+
+    @app.route("/api/queue/fail", methods=["POST"])
+    async def fail(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        permanent = _opt(body, "permanent")
+        if permanent is _MISSING:
+            permanent = False
+        elif not isinstance(permanent, bool):
+            raise _bad("permanent must be a boolean")
+        retry_wait = _int_field(body, "retryWait", self._settings.retry_wait)
+        _str_field(body, "message", "")
+        result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait))
+        task_class = getattr(result, "task_class", "")
+        self._metrics.failed.labels(task_class, "true" if permanent else "false").inc()
+        return ok(request, {"status": "ok"})
+
+    @app.route("/api/queue/yield", methods=["POST"])
+    async def yield_(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        # Below the 5 s minimum (negative included) is raised to it by the store.
+        duration = _int_field(body, "duration", 0, minimum=None)
+        await self._call("yield", self._store.yield_(task_id, duration))
+        return ok(request, {"status": "ok"})
+
+    @app.route("/api/queue/cancel", methods=["POST"])
+    async def cancel(self, request):
+        task_id = _task_id(read_json_object(request))
+        archived: ArchivedTask = await self._call("cancel", self._store.cancel(task_id))
+        self._metrics.cancelled.labels(archived.task_class).inc()
+        return ok(request, archived.to_json())
+
+    @app.route("/api/queue/awaken", methods=["POST"])
+    async def awaken(self, request):
+        body = read_json_object(request)
+        ids = _opt(body, "taskIDs")
+        if ids is _MISSING or ids == []:
+            raise _bad("taskIDs is required")
+        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+            raise _bad("taskIDs must be a list of integers")
+        # Ids outside the column's range cannot name a task; drop them here.
+        ids = [i for i in ids if 0 < i <= UINT32_MAX]
+        count = await self._call("awaken", self._store.awaken(ids)) if ids else 0
+        return ok(request, {"awakened": count})
+
+    @app.route("/api/queue/stats", methods=["GET"])
+    async def stats(self, request):
+        stats = await self._call("stats", self._store.stats())
+        self._metrics.observe_stats(stats)
+        return ok(request, stats.to_json())
+
+    @app.route("/api/queue/tasks", methods=["GET"])
+    async def list_tasks(self, request):
+        limit = _query_int(request, b"limit")
+        if limit is None or limit <= 0:
+            limit = DEFAULT_LIST_LIMIT
+        limit = min(limit, MAX_LIST_LIMIT)
+        offset = _query_int(request, b"offset")
+        offset = 0 if offset is None or offset < 0 else min(offset, INT64_MAX)
+        tasks = await self._call("list", self._store.list_tasks(limit, offset))
+        return ok(request, [task.without_data().to_json() for task in tasks])
+
+    @app.route("/api/queue/tasks/<string:task_id>", methods=["GET"])
+    async def get_task(self, request, task_id: str):
+        try:
+            parsed = int(task_id, 10)
+        except ValueError:
+            raise _bad("invalid task ID") from None
+        if not task_id.lstrip("-").isdigit() or not -(2**63) <= parsed <= INT64_MAX:
+            raise _bad("invalid task ID")
+        if not 0 < parsed <= UINT32_MAX:
+            raise _not_found()
+        task = await self._call("get", self._store.get_task(parsed))
+        return ok(request, task.to_json())
+
+    add_error_handlers(app)
+

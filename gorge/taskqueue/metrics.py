@@ -1,0 +1,37 @@
+"""Prometheus metrics of gorge-taskqueue, on the service's own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gorge.taskqueue.model import Stats
+
+
+class TaskQueueMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.enqueued = Counter("gorge_taskqueue_tasks_enqueued", "Tasks enqueued.",
+                                ["task_class"], registry=registry)
+        self.leased = Counter("gorge_taskqueue_tasks_leased", "Tasks handed out by lease.",
+                              ["task_class"], registry=registry)
+        self.completed = Counter("gorge_taskqueue_tasks_completed", "Tasks archived as success.",
+                                 ["task_class"], registry=registry)
+        self.failed = Counter("gorge_taskqueue_tasks_failed", "Failure reports.",
+                              ["task_class", "permanent"], registry=registry)
+        self.cancelled = Counter("gorge_taskqueue_tasks_cancelled", "Tasks archived as cancelled.",
+                                 ["task_class"], registry=registry)
+        self.depth = Gauge("gorge_taskqueue_queue_depth",
+                           "Tasks by state, as of the last stats read.", ["state"],
+                           registry=registry)
+        self.lease_seconds = Histogram("gorge_taskqueue_lease_seconds",
+                                       "Time to run one lease call against the backend.",
+                                       registry=registry,
+                                       buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5,
+                                                1, 2.5, 5, 10))
+
+    def observe_stats(self, stats: Stats) -> None:
+        self.depth.labels("active").set(stats.active)
+        self.depth.labels("leased").set(stats.leased)
+        self.depth.labels("waiting").set(stats.active - stats.leased)
+        self.depth.labels("failed").set(stats.failed)
+        self.depth.labels("archived").set(stats.archived)

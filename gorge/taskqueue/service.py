@@ -1,0 +1,139 @@
+"""gorge-taskqueue: the twistd entry point and the service tree."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry
+from twisted.application.service import IService
+from twisted.logger import Logger
+from twisted.python import usage
+
+from gorge.service import (
+    FunctionService,
+    InFlight,
+    OrderedService,
+    Poller,
+    SystemdNotifier,
+    listener,
+    run_make_service,
+)
+from gorge.taskqueue.api import TaskQueueApi
+from gorge.taskqueue.metrics import TaskQueueMetrics
+from gorge.taskqueue.settings import TaskQueueSettings, load_settings
+from gorge.taskqueue.store import TaskStore
+from gorge.web import build_site
+
+log = Logger()
+
+SERVICE_NAME = "gorge-taskqueue"
+API_PREFIX = "/api/queue/"
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["listen", None, None, "host:port to listen on, overrides GORGE_LISTEN_ADDR"],
+    ]
+
+
+def make_store(settings: TaskQueueSettings, reactor) -> TaskStore:
+    """The configured backend, connecting lazily (spec §2.2)."""
+    if settings.backend == "sqlite":
+        from gorge.taskqueue.sqlite import SQLiteTaskStore
+
+        return SQLiteTaskStore.open(settings.sqlite_path, reactor)
+    if settings.backend == "redis":
+        from gorge.taskqueue.redis import make_redis_task_store
+
+        return make_redis_task_store(settings.redis, reactor,
+                                     key_prefix=settings.redis_key_prefix)
+    from gorge.taskqueue.mysql import MySQLTaskStore
+
+    return MySQLTaskStore.from_settings(settings.mysql, reactor)
+
+
+class TaskQueueService(OrderedService):
+    """Stops in reverse: stats loop, listener, in-flight requests, backend."""
+
+    def __init__(self, *, settings: TaskQueueSettings, reactor, store: TaskStore,
+                 notifier: SystemdNotifier | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = CollectorRegistry()
+        self.metrics = TaskQueueMetrics(self.registry)
+        self.inflight = InFlight()
+        self.notifier = notifier
+        self._reactor = reactor
+        self.api = TaskQueueApi(store, settings, reactor, self.metrics, inflight=self.inflight)
+        self.site = build_site(
+            api_resource=self.api.resource(),
+            prefix=API_PREFIX,
+            token=settings.http.token,
+            body_limit=settings.http.body_limit,
+            readiness=store.ping,
+            registry=self.registry,
+            clock=reactor,
+        )
+        self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
+                                 "taskqueue_stats")
+        super().__init__(
+            FunctionService(stop=self._close_store, name="store"),
+            FunctionService(stop=self._drain, name="drain"),
+            listener(settings.http.endpoint, self.site),
+            FunctionService(start=self._start_loop, stop=self.stats_loop.stop, name="stats"),
+            name=SERVICE_NAME,
+        )
+
+    def startService(self) -> None:
+        log.info("TASKQUEUE_STARTING backend={backend} listen={listen}",
+                 backend=self.settings.backend, listen=self.settings.http.listen_addr)
+        super().startService()
+
+    def stopService(self):
+        if self.notifier is not None:
+            self.notifier.stopping()
+        return super().stopService()
+
+    def _start_loop(self) -> None:
+        self.stats_loop.start()
+
+    async def _refresh_depth(self) -> None:
+        try:
+            stats = await self.store.stats()
+            self.metrics.observe_stats(stats)
+        finally:
+            # Listening and the loop has run once: ready, whatever the backend says
+            # (readiness of the backend is /readyz's business).
+            if self.notifier is not None:
+                self.notifier.ready()
+                self.notifier.progress()
+
+    async def _drain(self) -> None:
+        if not await self.inflight.drain(self.settings.drain_timeout, self._reactor):
+            log.warn("TASKQUEUE_DRAIN_ABANDONED pending={pending}", pending=len(self.inflight))
+
+    async def _close_store(self) -> None:
+        await self.store.close()
+        log.info("TASKQUEUE_STOPPED")
+
+
+def build_taskqueue_service(settings: TaskQueueSettings, reactor, *, store: TaskStore | None = None,
+                            notifier: SystemdNotifier | None = None) -> TaskQueueService:
+    """The real constructor; ``makeService`` only wires in the reactor and environment."""
+    if store is None:
+        store = make_store(settings, reactor)
+    return TaskQueueService(settings=settings, reactor=reactor, store=store, notifier=notifier)
+
+
+def makeService(options: Options) -> IService:
+    def build() -> IService:
+        from twisted.internet import reactor  # the one place we touch it
+
+        warnings: list[str] = []
+        settings = load_settings(os.environ, listen=options["listen"], warnings=warnings)
+        for warning in warnings:
+            log.warn("CONFIG_WARNING {warning}", warning=warning)
+        return build_taskqueue_service(settings, reactor,
+                                       notifier=SystemdNotifier(os.environ, reactor))
+
+    return run_make_service(SERVICE_NAME, build)

@@ -1,0 +1,77 @@
+"""gorge-taskqueue configuration from the environment (spec taskqueue.md §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gorge.config import ConfigError, Env, HttpSettings, MySQLSettings, load_http_settings
+from gorge.redis import RedisSettings, parse_redis_addr
+from gorge.taskqueue.model import DEFAULT_LEASE_DURATION, DEFAULT_RETRY_WAIT, UINT32_MAX
+
+DEFAULT_LISTEN = ":8090"
+BACKENDS = ("mysql", "redis", "sqlite")
+
+
+@dataclass(frozen=True)
+class TaskQueueSettings:
+    http: HttpSettings
+    backend: str = "mysql"
+    mysql: MySQLSettings = MySQLSettings(database="phorge_worker")
+    redis: RedisSettings = RedisSettings()
+    redis_key_prefix: str = "gorge:tq:"
+    sqlite_path: str = "gorge-taskqueue.sqlite3"
+    lease_duration: int = DEFAULT_LEASE_DURATION
+    retry_wait: int = DEFAULT_RETRY_WAIT
+    drain_timeout: float = 10.0
+    stats_interval: float = 15.0
+
+
+def load_settings(environ: Mapping[str, str], *, listen: str | None = None,
+                  warnings: list[str] | None = None) -> TaskQueueSettings:
+    """Parse once; the first bad value raises :class:`ConfigError` naming it."""
+    env = Env(environ, "gorge-taskqueue")
+    http = load_http_settings(env, default_listen=DEFAULT_LISTEN, listen_override=listen)
+    backend = env.choice("GORGE_TASKQUEUE_BACKEND", "mysql", BACKENDS)
+    mysql = MySQLSettings(
+        host=env.str("GORGE_TASKQUEUE_MYSQL_HOST", "127.0.0.1"),
+        port=env.int("GORGE_TASKQUEUE_MYSQL_PORT", 3306, min=1, max=65535),
+        user=env.str("GORGE_TASKQUEUE_MYSQL_USER", "phorge"),
+        password=env.str("GORGE_TASKQUEUE_MYSQL_PASS", ""),
+        database=env.str("GORGE_TASKQUEUE_NAMESPACE", "phorge") + "_worker",
+        max_connections=25,
+    )
+    redis = RedisSettings()
+    prefix = "gorge:tq:"
+    if backend == "redis":
+        addr = env.str("GORGE_TASKQUEUE_REDIS_ADDR", "127.0.0.1:6379")
+        try:
+            host, port = parse_redis_addr(addr)
+        except ValueError as e:
+            raise ConfigError("GORGE_TASKQUEUE_REDIS_ADDR", str(e)) from None
+        redis = RedisSettings(
+            host=host,
+            port=port,
+            db=env.int("GORGE_TASKQUEUE_REDIS_DB", 0, min=0),
+            password=env.str("GORGE_TASKQUEUE_REDIS_PASSWORD", ""),
+            poolsize=25,
+        )
+        prefix = env.str("GORGE_TASKQUEUE_REDIS_KEY_PREFIX", prefix)
+    sqlite_path = "gorge-taskqueue.sqlite3"
+    if backend == "sqlite":
+        sqlite_path = env.str("GORGE_TASKQUEUE_SQLITE_PATH", sqlite_path)
+    settings = TaskQueueSettings(
+        http=http,
+        backend=backend,
+        mysql=mysql,
+        redis=redis,
+        redis_key_prefix=prefix,
+        sqlite_path=sqlite_path,
+        lease_duration=env.int("GORGE_TASKQUEUE_LEASE_DURATION", DEFAULT_LEASE_DURATION,
+                               min=1, max=UINT32_MAX),
+        retry_wait=env.int("GORGE_TASKQUEUE_RETRY_WAIT", DEFAULT_RETRY_WAIT,
+                           min=0, max=UINT32_MAX),
+    )
+    if warnings is not None:
+        warnings.extend(env.warnings)
+    return settings
