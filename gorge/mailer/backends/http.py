@@ -1,0 +1,427 @@
+"""What the four HTTP provider backends share (spec/mailer.md §10.0, §15).
+
+* :func:`endpoint_url` -- the optional ``endpoint`` option (base URL; plain
+  ``http`` for loopback hosts only).
+* :func:`post` -- one bounded POST through the service's ``HTTPClient``:
+  never follows redirects, reads at most 64 KiB of answer, and raises
+  :class:`PostFailed` with ``submitted`` telling whether the whole request
+  had been handed to the transport when it failed.
+* :func:`classify_status` / :func:`failure_outcome` -- the generic tables
+  that turn an HTTP status or a transport failure into an :class:`Outcome`.
+
+Where the line between "not submitted" and "may have been accepted" runs:
+the request body is written by :class:`_OneShotBody` in a single call, after
+the connection (and, for ``http``, nothing else) is up, so "the body producer
+ran" is the moment the complete request was handed over. A failure before it
+(DNS, refused, connect timeout, our deadline while connecting) provably
+delivered nothing -> ``TRANSIENT``. TLS buffers that write until its
+handshake is done, so a handshake failure reported afterwards still means
+nothing readable reached the server -> ``TRANSIENT`` as well. Anything else
+after the hand-over without a status line -> ``UNKNOWN``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+from urllib.parse import urlsplit
+
+from twisted.internet import defer, error
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    RequestGenerationFailed,
+    RequestNotSent,
+    RequestTransmissionFailed,
+    ResponseDone,
+    ResponseFailed,
+)
+from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import IBodyProducer
+from zope.interface import implementer
+
+from gorge.logging import scrub
+
+from ..outcome import Outcome, parse_retry_after
+from .base import BackendEntry
+
+#: Whole exchange, body read included (always clipped to the dispatch deadline).
+REQUEST_CAP = 20.0
+#: Connect + TLS handshake + response headers (treq's ``timeout=``).
+HEADERS_TIMEOUT = 10.0
+#: TCP connect cap; the service's ``Agent(connectTimeout=...)`` enforces it.
+CONNECT_TIMEOUT = 5.0
+#: Response bytes we read; one more and the body counts as unavailable.
+RESPONSE_LIMIT = 65536
+#: Characters of a provider's error body quoted in a cause.
+EXCERPT = 200
+
+
+class PostFailed(Exception):
+    """No status line came back. ``submitted`` is False only when the
+    request provably did not reach the server in full."""
+
+    def __init__(self, submitted: bool, reason: str) -> None:
+        super().__init__(reason)
+        self.submitted = submitted
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """A status line was received. ``body`` is ``None`` when it could not be
+    read in full (reset, deadline, over :data:`RESPONSE_LIMIT`)."""
+
+    status: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+# ---------------------------------------------------------------- config
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def endpoint_url(
+    entry: BackendEntry, default: str, *, name: str = "endpoint", bare_host: bool = False
+) -> str:
+    """The base URL from option ``name`` (or ``default``), without a trailing
+    slash. ``bare_host`` lets ``email.us-west-2.amazonaws.com`` mean
+    ``https://email.us-west-2.amazonaws.com`` (Phorge's documented SES form)."""
+    raw = entry.str(name, "").strip()
+    if not raw:
+        return default.rstrip("/")
+    if bare_host and "://" not in raw:
+        raw = "https://" + raw
+    parts = urlsplit(raw)
+    scheme = parts.scheme.lower()
+    # Reasons never echo the value: a URL may carry userinfo.
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise entry.error(name, "must be an http(s) URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise entry.error(name, "must not contain credentials")
+    if parts.query or parts.fragment:
+        raise entry.error(name, "must not contain a query or fragment")
+    try:
+        parts.port
+    except ValueError:
+        raise entry.error(name, "has an invalid port") from None
+    if scheme == "http" and not _is_loopback(parts.hostname):
+        raise entry.error(name, "plain http is allowed for loopback hosts only; use https")
+    return raw.rstrip("/")
+
+
+# ---------------------------------------------------------------- the POST
+
+
+@implementer(IBodyProducer)
+class _OneShotBody:
+    """Writes the whole request body in one call and remembers that it did."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body)
+        self.handed_over = False
+
+    def startProducing(self, consumer: Any) -> defer.Deferred:
+        consumer.write(self._body)
+        self.handed_over = True
+        return defer.succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _LimitedCollector(Protocol):
+    """Collects a response body up to ``limit`` bytes; beyond that (or on any
+    failure) the result is ``None`` and the connection is dropped."""
+
+    def __init__(self, limit: int, done: defer.Deferred) -> None:
+        self._limit = limit
+        self._done = done
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._done.called:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self._done.callback(None)
+            self.transport.stopProducing()
+            return
+        self._parts.append(data)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        if self._done.called:
+            return
+        if reason is not None and reason.check(ResponseDone, PotentialDataLoss):
+            self._done.callback(b"".join(self._parts))
+        else:
+            self._done.callback(None)
+
+
+def _read_limited(response: Any, limit: int) -> defer.Deferred:
+    collector: _LimitedCollector | None = None
+
+    def cancel(_: defer.Deferred) -> None:
+        if collector is not None and collector.transport is not None:
+            collector.transport.stopProducing()
+
+    done: defer.Deferred = defer.Deferred(cancel)
+    collector = _LimitedCollector(limit, done)
+    response.deliverBody(collector)
+    return done
+
+
+def _flat_reasons(exc: BaseException) -> list[BaseException]:
+    """The exception and every reason wrapped in Twisted's client errors."""
+    out = [exc]
+    for reason in getattr(exc, "reasons", None) or ():
+        value = reason.value if isinstance(reason, Failure) else reason
+        if isinstance(value, BaseException):
+            out.extend(_flat_reasons(value))
+    return out
+
+
+def _is_tls_failure(exc: BaseException) -> bool:
+    try:
+        from OpenSSL import SSL
+    except ImportError:  # pragma: no cover - twisted[tls] is a dependency
+        return False
+    module = type(exc).__module__
+    return isinstance(exc, SSL.Error) or module.startswith("service_identity")
+
+
+_DESCRIPTIONS: tuple[tuple[type, str], ...] = (
+    (error.DNSLookupError, "DNS lookup failed"),
+    (error.ConnectionRefusedError, "connection refused"),
+    (error.TCPTimedOutError, "connect timed out"),
+    (error.ConnectingCancelledError, "cancelled while connecting"),
+    (defer.TimeoutError, "timed out"),
+    (error.TimeoutError, "timed out"),
+    (defer.CancelledError, "cancelled"),
+    (error.ConnectError, "connect failed"),
+    (RequestNotSent, "request not sent"),
+    (RequestGenerationFailed, "request not sent"),
+    (RequestTransmissionFailed, "connection failed while sending the request"),
+    (error.ConnectionLost, "connection lost"),
+    (error.ConnectionDone, "connection closed"),
+)
+
+
+def _describe(reasons: list[BaseException]) -> str:
+    for typ, text in _DESCRIPTIONS:
+        if any(isinstance(r, typ) for r in reasons):
+            return text
+    return type(reasons[-1]).__name__
+
+
+def transport_failure(exc: BaseException, *, handed_over: bool, deadline_fired: bool) -> PostFailed:
+    """Classify an exception from the request phase (no status line yet)."""
+    reasons = _flat_reasons(exc)
+    if any(_is_tls_failure(r) for r in reasons):
+        return PostFailed(False, "TLS handshake failed")
+    what = "deadline reached" if deadline_fired else _describe(reasons)
+    if not handed_over:
+        return PostFailed(False, f"{what} before the request was sent")
+    if isinstance(exc, ResponseFailed) or deadline_fired:
+        return PostFailed(True, f"{what} after the request was sent, no response")
+    return PostFailed(True, f"{what} after the request was sent")
+
+
+async def post(
+    client: Any,
+    clock: IReactorTime,
+    url: str,
+    *,
+    body: bytes,
+    headers: Mapping[str, str],
+    deadline: float,
+    limit: int = RESPONSE_LIMIT,
+) -> HttpReply:
+    """POST ``body`` to ``url`` and return the answer; every phase bounded.
+
+    ``deadline`` is absolute on ``clock``; the exchange also stops after
+    :data:`REQUEST_CAP` seconds and waits at most :data:`HEADERS_TIMEOUT`
+    for the status line. Raises :class:`PostFailed` when no status line was
+    received (cancellation of the awaiting Deferred included).
+    """
+    started = clock.seconds()
+    budget = min(REQUEST_CAP, deadline - started)
+    if budget <= 0:
+        raise PostFailed(False, "deadline reached before start")
+    producer = _OneShotBody(body)
+    fired: list[bool] = []
+
+    def on_timeout(result: Any, _timeout: float) -> Any:
+        fired.append(True)
+        return result
+
+    try:
+        request = client.request(
+            "POST",
+            url,
+            headers={k: [v] for k, v in headers.items()},
+            data=producer,
+            allow_redirects=False,
+            unbuffered=True,
+            timeout=min(HEADERS_TIMEOUT, budget),
+            reactor=clock,
+        )
+        request.addTimeout(budget, clock, onTimeoutCancel=on_timeout)
+        response = await request
+    except Exception as exc:
+        raise transport_failure(
+            exc, handed_over=producer.handed_over, deadline_fired=bool(fired)
+        ) from None
+
+    status = int(response.code)
+    reply_headers = {
+        name.decode("latin-1").lower(): values[-1].decode("latin-1")
+        for name, values in response.headers.getAllRawHeaders()
+        if values
+    }
+    remaining = max(0.0, started + budget - clock.seconds())
+    try:
+        content = await _read_limited(response, limit).addTimeout(remaining, clock)
+    except Exception:
+        # The status line is the verdict; the body is only a receipt or a
+        # diagnostic, and each provider says what a missing one means.
+        content = None
+    return HttpReply(status=status, headers=reply_headers, body=content)
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def excerpt(body: bytes | None, secrets: Iterable[str] = (), size: int = EXCERPT) -> str:
+    """The first ``size`` characters of a body, whitespace collapsed, secrets removed."""
+    if not body:
+        return ""
+    text = " ".join(body[: size * 4].decode("utf-8", errors="replace").split())
+    return scrub(text, secrets)[:size]
+
+
+def error_text(provider: str, reply: HttpReply, secrets: Iterable[str] = ()) -> str:
+    """``<provider>: HTTP <status>: <first part of body>`` (§10.0)."""
+    text = f"{provider}: HTTP {reply.status}"
+    quoted = excerpt(reply.body, secrets)
+    if reply.body is None and not 200 <= reply.status < 300:
+        quoted = "(body unreadable)"
+    return f"{text}: {quoted}" if quoted else text
+
+
+def classify_status(
+    provider: str, reply: HttpReply, now: float, secrets: Iterable[str] = ()
+) -> Outcome | None:
+    """The generic status table (§10.0); ``None`` for 2xx (the provider's
+    receipt rule decides)."""
+    status = reply.status
+    if 200 <= status < 300:
+        return None
+    cause = error_text(provider, reply, secrets)
+    if status in (401, 403, 404, 407):
+        return Outcome.rejected_backend(cause)
+    if status in (408, 425, 429, 503):
+        return Outcome.transient(cause, retry_after=parse_retry_after(reply.header("retry-after"), now))
+    if 400 <= status < 500:
+        return Outcome.rejected_unscoped(cause)
+    # 1xx leftovers, 3xx (never followed) and the other 5xx: the request
+    # may have been processed.
+    return Outcome.unknown(cause)
+
+
+def failure_outcome(provider: str, failure: PostFailed) -> Outcome:
+    cause = f"{provider}: {failure.reason}"
+    if failure.submitted:
+        return Outcome.unknown(cause)
+    return Outcome.transient(cause)
+
+
+# ---------------------------------------------------------------- backends
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    """One fully built provider request. Credentials live in ``headers``,
+    which never shows in ``repr``."""
+
+    url: str
+    body: bytes = field(repr=False)
+    headers: Mapping[str, str] = field(repr=False)
+
+
+class HttpBackend:
+    """Common ``send`` for the provider backends: deadline check, one bounded
+    POST, classification. Subclasses set ``type`` and implement the two pure
+    halves: :meth:`build_request` and :meth:`classify`."""
+
+    type = ""
+
+    def __init__(self, entry: BackendEntry, *, clock: IReactorTime, client: Any) -> None:
+        self.key = entry.key
+        self.priority = entry.priority
+        self._clock = clock
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} key={self.key!r} priority={self.priority}>"
+
+    def secrets(self) -> tuple[str, ...]:
+        """Credential values to scrub from anything quoted back."""
+        return ()
+
+    def build_request(self, message: Any) -> ProviderRequest:
+        raise NotImplementedError
+
+    def classify(self, reply: HttpReply, now: float) -> Outcome:
+        raise NotImplementedError
+
+    async def send(self, message: Any, *, deadline: float) -> Outcome:
+        if deadline - self._clock.seconds() <= 0:
+            return Outcome.transient(f"{self.type}: deadline reached before start")
+        request = self.build_request(message)
+        try:
+            reply = await post(self._client, self._clock, request.url, body=request.body,
+                               headers=request.headers, deadline=deadline)
+        except PostFailed as failed:
+            return failure_outcome(self.type, failed)
+        return self.classify(reply, self._clock.seconds())
+
+
+__all__ = [
+    "HttpBackend",
+    "ProviderRequest",
+    "CONNECT_TIMEOUT",
+    "HEADERS_TIMEOUT",
+    "REQUEST_CAP",
+    "RESPONSE_LIMIT",
+    "HttpReply",
+    "PostFailed",
+    "classify_status",
+    "endpoint_url",
+    "error_text",
+    "excerpt",
+    "failure_outcome",
+    "post",
+    "transport_failure",
+]
