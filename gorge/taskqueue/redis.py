@@ -1,0 +1,602 @@
+"""The Redis TaskStore (spec taskqueue.md §8): hashes, sorted sets and Lua.
+
+Every change that touches more than one key runs as one Lua script, so a
+concurrent caller never sees half of it.  "now" comes from the injected clock
+and is passed to the scripts; Redis' own clock is never read.
+
+Key layout (§8.1), ``B`` being the key base derived from the prefix
+(:func:`key_base`):
+
+* ``B task:{id}`` hash, ``B data:{dataID}`` string, ``B archived:{id}`` hash;
+* ``B idx:active`` / ``B idx:unleased`` (score = priority),
+  ``B idx:leased`` (score = leaseExpires), ``B idx:archived``
+  (score = archivedEpoch);
+* ``B next_task_id``, ``B next_data_id``, ``B counter:archived``,
+  ``B counter:failed``.
+
+Two deliberate departures from the reference layout:
+
+* All keys of one queue carry one hash tag, so a Redis Cluster routes every
+  script to one slot.  A prefix that already contains a tag (``{gorge:tq}:``)
+  is used verbatim; otherwise ``{q}:`` is appended (``gorge:tq:{q}:task:17``).
+* Index members are ids zero-padded to 20 digits and the score of
+  ``idx:active``/``idx:unleased`` is the bare priority: Redis orders equal
+  scores by member, so ``priority ASC, id ASC`` holds exactly for every
+  unsigned 32-bit priority, where the reference's ``priority * 10^12 + id``
+  double loses FIFO order above priority ~9000 (§8.12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from gorge import redis as gredis
+from gorge.taskqueue.model import (
+    ARCHIVE_COLUMNS,
+    AWAKEN_WINDOW,
+    MIN_YIELD,
+    RESULT_CANCELLED,
+    RESULT_FAILURE,
+    RESULT_SUCCESS,
+    YIELD_OWNER,
+    ArchivedTask,
+    EnqueueRequest,
+    Stats,
+    Task,
+    archived_from_columns,
+    check_u32,
+    sort_key,
+    task_from_columns,
+)
+from gorge.taskqueue.store import TaskNotFound
+
+log = Logger()
+
+DEFAULT_KEY_PREFIX = "gorge:tq:"
+DEFAULT_OP_TIMEOUT = 10.0
+MEMBER_WIDTH = 20
+# A filtered phase 1 reads the unleased index in pages of this many ids.
+SCAN_BATCH = 200
+
+
+def hash_tag(key: str) -> str | None:
+    """The part of ``key`` Redis Cluster hashes when it has a tag, else None.
+
+    Redis' rule: the text between the first ``{`` and the first ``}`` after it,
+    when that text is non-empty.
+    """
+    start = key.find("{")
+    if start < 0:
+        return None
+    end = key.find("}", start + 1)
+    if end <= start + 1:
+        return None
+    return key[start + 1 : end]
+
+
+def key_base(prefix: str) -> str:
+    """The string every key of this queue starts with; it always holds the tag.
+
+    Raises ValueError for a prefix whose first ``{`` does not open a non-empty
+    tag closed inside the prefix: the keys' slot would then depend on the
+    suffix and a script's keys could land on different Cluster nodes.
+    """
+    if "{" not in prefix:
+        return prefix + "{q}:"
+    if hash_tag(prefix) is None:
+        raise ValueError("the first '{' must open a non-empty hash tag closed by '}'")
+    return prefix
+
+
+def member(task_id: int) -> str:
+    """Sorted-set member for an id: fixed width so equal scores sort by id."""
+    return f"{task_id:0{MEMBER_WIDTH}d}"
+
+
+class Keys:
+    """Names of one queue's keys."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.base = key_base(prefix)
+        b = self.base
+        self.active = b + "idx:active"
+        self.unleased = b + "idx:unleased"
+        self.leased = b + "idx:leased"
+        self.archived_idx = b + "idx:archived"
+        self.next_task_id = b + "next_task_id"
+        self.next_data_id = b + "next_data_id"
+        self.counter_archived = b + "counter:archived"
+        self.counter_failed = b + "counter:failed"
+
+    def task(self, task_id: int) -> str:
+        return f"{self.base}task:{task_id}"
+
+    def data(self, data_id: int) -> str:
+        return f"{self.base}data:{data_id}"
+
+    def archived(self, task_id: int) -> str:
+        return f"{self.base}archived:{task_id}"
+
+
+# Shared Lua helpers.  Index members are zero-padded ids; hash keys use the
+# plain id, recovered by stripping the padding (never via tonumber/tostring,
+# which would switch to exponent notation for large numbers).
+_LUA_PRELUDE = """
+local base = ARGV[1]
+local function id_of(m)
+  return (string.match(m, '^0*(%d+)$'))
+end
+local function task_key(m)
+  return base .. 'task:' .. id_of(m)
+end
+"""
+
+# KEYS: next_data_id, next_task_id, active, unleased, leased
+# ARGV: base, taskClass, data, priority, objectPHID, containerPHID,
+#       delayUntil ('' = runnable now), now
+ENQUEUE = (
+    _LUA_PRELUDE
+    + """
+local data_id = redis.call('INCR', KEYS[1])
+local task_id = redis.call('INCR', KEYS[2])
+local m = string.format('%020d', task_id)
+redis.call('SET', base .. 'data:' .. data_id, ARGV[3])
+redis.call('HSET', task_key(m),
+  'id', id_of(m), 'taskClass', ARGV[2], 'leaseOwner', '', 'leaseExpires', ARGV[7],
+  'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', ARGV[4],
+  'objectPHID', ARGV[5], 'containerPHID', ARGV[6],
+  'dateCreated', ARGV[8], 'dateModified', ARGV[8])
+redis.call('ZADD', KEYS[3], ARGV[4], m)
+if ARGV[7] == '' then
+  redis.call('ZADD', KEYS[4], ARGV[4], m)
+else
+  redis.call('ZADD', KEYS[5], ARGV[7], m)
+end
+return {task_id, data_id}
+"""
+)
+
+# KEYS: unleased, leased
+# ARGV: base, limit, owner, exp, now, batch, class...
+# Returns one {HGETALL..., payload} pair per claimed task.
+LEASE = (
+    _LUA_PRELUDE
+    + """
+local limit, owner, exp, now = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local batch = tonumber(ARGV[6])
+local allowed = nil
+if #ARGV > 6 then
+  allowed = {}
+  for i = 7, #ARGV do allowed[ARGV[i]] = true end
+end
+local picked, seen = {}, {}
+
+-- Phase 1: never leased, in index order.  Read first, write after, so the
+-- rank-based paging is not shifted by our own removals.
+local start = 0
+while #picked < limit do
+  local page = redis.call('ZRANGE', KEYS[1], start, start + batch - 1)
+  if #page == 0 then break end
+  for _, m in ipairs(page) do
+    local f = redis.call('HMGET', task_key(m), 'taskClass', 'leaseOwner', 'leaseExpires')
+    if f[1] and (allowed == nil or allowed[f[1]]) and f[2] == '' and f[3] == '' then
+      picked[#picked + 1] = m
+      seen[m] = true
+      if #picked >= limit then break end
+    end
+  end
+  start = start + batch
+end
+for _, m in ipairs(picked) do
+  redis.call('ZREM', KEYS[1], m)
+end
+
+-- Phase 2: expired strictly before now, by priority then id.
+if #picked < limit then
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+  local cands = {}
+  for _, m in ipairs(expired) do
+    if not seen[m] then
+      local f = redis.call('HMGET', task_key(m), 'taskClass', 'priority', 'leaseExpires')
+      if f[1] and (allowed == nil or allowed[f[1]]) and f[3] ~= ''
+          and tonumber(f[3]) < tonumber(now) then
+        cands[#cands + 1] = {tonumber(f[2]), m}
+      end
+    end
+  end
+  -- Padded members compare as strings in id order.
+  table.sort(cands, function(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end)
+  for i = 1, math.min(#cands, limit - #picked) do
+    picked[#picked + 1] = cands[i][2]
+  end
+end
+
+local out = {}
+for _, m in ipairs(picked) do
+  local key = task_key(m)
+  redis.call('HSET', key, 'leaseOwner', owner, 'leaseExpires', exp)
+  redis.call('ZADD', KEYS[2], exp, m)
+  local row = redis.call('HGETALL', key)
+  local payload = redis.call('GET', base .. 'data:' .. redis.call('HGET', key, 'dataID'))
+  out[#out + 1] = {row, payload}
+end
+return out
+"""
+)
+
+# KEYS: task, archived, active, unleased, leased, idx:archived,
+#       counter:archived, counter:failed
+# ARGV: base, member, result, duration, now, replay ('1' = complete)
+# Returns {'archived'|'replay', flat archive fields} or nil when not active.
+ARCHIVE = (
+    _LUA_PRELUDE
+    + """
+local m, result, duration, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if ARGV[6] == '1' and redis.call('HGET', KEYS[2], 'result') == '0' then
+    local row, fields = redis.call('HGETALL', KEYS[2]), {}
+    for i = 1, #row, 2 do
+      if row[i] ~= 'data' then
+        fields[#fields + 1] = row[i]
+        fields[#fields + 1] = row[i + 1]
+      end
+    end
+    return {'replay', fields}
+  end
+  return false
+end
+local row = redis.call('HGETALL', KEYS[1])
+local fields, failures, data_id = {}, 0, nil
+for i = 1, #row, 2 do
+  local name, value = row[i], row[i + 1]
+  if name == 'failureCount' then failures = tonumber(value) end
+  if name == 'dataID' then data_id = value end
+  -- The archive has no failureTime (§5.2); dateModified is the archive time.
+  if name ~= 'failureTime' and name ~= 'dateModified' then
+    fields[#fields + 1] = name
+    fields[#fields + 1] = value
+  end
+end
+for _, kv in ipairs({{'dateModified', now}, {'result', result},
+                     {'duration', duration}, {'archivedEpoch', now}}) do
+  fields[#fields + 1] = kv[1]
+  fields[#fields + 1] = kv[2]
+end
+local data_key = base .. 'data:' .. (data_id or '')
+local payload = redis.call('GET', data_key) or ''
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'data', payload, unpack(fields))
+redis.call('ZREM', KEYS[3], m)
+redis.call('ZREM', KEYS[4], m)
+redis.call('ZREM', KEYS[5], m)
+redis.call('DEL', KEYS[1])
+-- The archive record keeps the payload copy (§8.6); the string would
+-- otherwise live forever (§8.11).
+redis.call('DEL', data_key)
+redis.call('ZADD', KEYS[6], now, m)
+redis.call('INCR', KEYS[7])
+if failures > 0 then redis.call('DECR', KEYS[8]) end
+return {'archived', fields}
+"""
+)
+
+# KEYS: task, unleased, leased, counter:failed
+# ARGV: base, member, now, expires
+# Returns the updated hash (HGETALL) or nil when not active.
+FAIL_TEMPORARY = (
+    _LUA_PRELUDE
+    + """
+local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local failures = tonumber(redis.call('HGET', KEYS[1], 'failureCount')) or 0
+redis.call('HSET', KEYS[1], 'failureCount', failures + 1, 'failureTime', now,
+  'leaseOwner', '', 'leaseExpires', expires, 'dateModified', now)
+redis.call('ZREM', KEYS[2], m)
+redis.call('ZADD', KEYS[3], expires, m)
+if failures == 0 then redis.call('INCR', KEYS[4]) end
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# KEYS: task, unleased, leased
+# ARGV: base, member, now, expires, yield owner
+YIELD = (
+    _LUA_PRELUDE
+    + """
+local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'leaseOwner', ARGV[5], 'leaseExpires', expires,
+  'dateModified', now)
+redis.call('ZREM', KEYS[2], m)
+redis.call('ZADD', KEYS[3], expires, m)
+return 1
+"""
+)
+
+# KEYS: leased, task...  (one task key per distinct id, in ARGV order)
+# ARGV: base, ago, yield owner, member...
+AWAKEN = (
+    _LUA_PRELUDE
+    + """
+local ago = ARGV[2]
+local changed = 0
+for i = 2, #KEYS do
+  local f = redis.call('HMGET', KEYS[i], 'leaseOwner', 'leaseExpires', 'failureCount')
+  if f[1] == ARGV[3] and f[2] and f[2] ~= '' and tonumber(f[2]) > tonumber(ago)
+      and tonumber(f[3]) == 0 then
+    redis.call('HSET', KEYS[i], 'leaseExpires', ago)
+    -- Stays in the leased index: an awakened yield is taken in phase 2,
+    -- exactly as in MySQL (§8.9).
+    redis.call('ZADD', KEYS[1], ago, ARGV[i + 2])
+    changed = changed + 1
+  end
+end
+return changed
+"""
+)
+
+# KEYS: active, leased, idx:archived, counter:failed
+# ARGV: base, now
+STATS = (
+    _LUA_PRELUDE
+    + """
+local held = 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[2], '+inf')) do
+  local owner = redis.call('HGET', task_key(m), 'leaseOwner')
+  if owner and owner ~= '' then held = held + 1 end
+end
+return {redis.call('ZCARD', KEYS[1]), held, redis.call('ZCARD', KEYS[3]),
+        tonumber(redis.call('GET', KEYS[4]) or '0')}
+"""
+)
+
+# KEYS: active
+# ARGV: base, first rank, last rank
+LIST = (
+    _LUA_PRELUDE
+    + """
+local out = {}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3])) do
+  local row = redis.call('HGETALL', task_key(m))
+  if #row > 0 then out[#out + 1] = row end
+end
+return out
+"""
+)
+
+# KEYS: task
+# ARGV: base
+GET = (
+    _LUA_PRELUDE
+    + """
+local row = redis.call('HGETALL', KEYS[1])
+if #row == 0 then return false end
+local payload = redis.call('GET', base .. 'data:' .. redis.call('HGET', KEYS[1], 'dataID'))
+return {row, payload}
+"""
+)
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    """A flat [field, value, ...] reply (HGETALL) as a dict."""
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+class RedisTaskStore:
+    """Implements :class:`gorge.taskqueue.store.TaskStore` on Redis.
+
+    ``conn`` is a txredisapi connection (normally the lazy pool from
+    :func:`gorge.redis.make_redis`); every call is bounded by ``op_timeout``
+    seconds on ``clock`` because a lazy pool waits while the server is down.
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        *,
+        clock: IReactorTime,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        op_timeout: float = DEFAULT_OP_TIMEOUT,
+        ping_timeout: float = 5.0,
+    ) -> None:
+        self._conn = conn
+        self._clock = clock
+        self._op_timeout = op_timeout
+        self._ping_timeout = ping_timeout
+        self.keys = Keys(key_prefix)
+        self._enqueue = gredis.LuaScript(ENQUEUE)
+        self._lease = gredis.LuaScript(LEASE)
+        self._archive = gredis.LuaScript(ARCHIVE)
+        self._fail = gredis.LuaScript(FAIL_TEMPORARY)
+        self._yield = gredis.LuaScript(YIELD)
+        self._awaken = gredis.LuaScript(AWAKEN)
+        self._stats = gredis.LuaScript(STATS)
+        self._list = gredis.LuaScript(LIST)
+        self._get = gredis.LuaScript(GET)
+
+    def _now(self) -> int:
+        return int(self._clock.seconds())
+
+    async def _bounded(self, d: Any) -> Any:
+        """Await a Deferred or coroutine for at most ``op_timeout`` seconds."""
+        if not isinstance(d, Deferred):
+            d = Deferred.fromCoroutine(d)
+        return await d.addTimeout(self._op_timeout, self._clock)
+
+    async def _run(self, script: gredis.LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return await self._bounded(
+            script.run(self._conn, keys=keys, args=[self.keys.base, *args])
+        )
+
+    async def enqueue(self, request: EnqueueRequest) -> Task:
+        now = self._now()
+        k = self.keys
+        delay = "" if request.delay_until is None else str(request.delay_until)
+        task_id, data_id = await self._run(
+            self._enqueue,
+            [k.next_data_id, k.next_task_id, k.active, k.unleased, k.leased],
+            [
+                request.task_class,
+                request.data,
+                request.priority,
+                request.object_phid or "",
+                request.container_phid or "",
+                delay,
+                now,
+            ],
+        )
+        return Task(
+            id=int(task_id),
+            task_class=request.task_class,
+            lease_owner=None,
+            lease_expires=request.delay_until,
+            failure_count=0,
+            data_id=int(data_id),
+            failure_time=None,
+            priority=request.priority,
+            object_phid=request.object_phid or None,
+            container_phid=request.container_phid or None,
+            date_created=now,
+            date_modified=now,
+        )
+
+    async def lease(
+        self,
+        owner: str,
+        limit: int,
+        lease_duration: int,
+        task_classes: Sequence[str] | None = None,
+    ) -> list[Task]:
+        now = self._now()
+        exp = check_u32("leaseExpires", now + lease_duration)
+        classes = list(dict.fromkeys(task_classes or ()))
+        # Unfiltered, the first `limit` unleased ids are all claimable: one page.
+        batch = SCAN_BATCH if classes else max(limit, 1)
+        k = self.keys
+        rows = await self._run(
+            self._lease, [k.unleased, k.leased], [limit, owner, exp, now, batch, *classes]
+        )
+        tasks = [task_from_columns(_pairs(row), payload or "") for row, payload in rows or ()]
+        return sorted(tasks, key=sort_key)
+
+    async def _archive_task(
+        self, task_id: int, result: int, duration: int, replay: bool
+    ) -> ArchivedTask:
+        k = self.keys
+        reply = await self._run(
+            self._archive,
+            [
+                k.task(task_id),
+                k.archived(task_id),
+                k.active,
+                k.unleased,
+                k.leased,
+                k.archived_idx,
+                k.counter_archived,
+                k.counter_failed,
+            ],
+            [member(task_id), result, duration, self._now(), "1" if replay else "0"],
+        )
+        if not reply:
+            raise TaskNotFound(task_id)
+        _outcome, flat = reply
+        return archived_from_columns(_pairs(flat))
+
+    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+        return await self._archive_task(task_id, RESULT_SUCCESS, duration, replay=True)
+
+    async def fail(
+        self, task_id: int, permanent: bool, retry_wait: int
+    ) -> ArchivedTask | Task | None:
+        if permanent:
+            return await self._archive_task(task_id, RESULT_FAILURE, 0, replay=False)
+        now = self._now()
+        expires = check_u32("retryWait", now + retry_wait)
+        k = self.keys
+        row = await self._run(
+            self._fail,
+            [k.task(task_id), k.unleased, k.leased, k.counter_failed],
+            [member(task_id), now, expires],
+        )
+        if not row:
+            raise TaskNotFound(task_id)
+        return task_from_columns(_pairs(row))
+
+    async def yield_(self, task_id: int, duration: int) -> None:
+        now = self._now()
+        expires = check_u32("duration", now + max(duration, MIN_YIELD))
+        k = self.keys
+        found = await self._run(
+            self._yield,
+            [k.task(task_id), k.unleased, k.leased],
+            [member(task_id), now, expires, YIELD_OWNER],
+        )
+        if not found:
+            raise TaskNotFound(task_id)
+
+    async def cancel(self, task_id: int) -> ArchivedTask:
+        return await self._archive_task(task_id, RESULT_CANCELLED, 0, replay=False)
+
+    async def awaken(self, task_ids: Sequence[int]) -> int:
+        ids = list(dict.fromkeys(task_ids))
+        if not ids:
+            return 0
+        ago = self._now() - AWAKEN_WINDOW
+        k = self.keys
+        changed = await self._run(
+            self._awaken,
+            [k.leased, *(k.task(i) for i in ids)],
+            [ago, YIELD_OWNER, *(member(i) for i in ids)],
+        )
+        return int(changed)
+
+    async def stats(self) -> Stats:
+        k = self.keys
+        active, held, archived, failed = await self._run(
+            self._stats, [k.active, k.leased, k.archived_idx, k.counter_failed], [self._now()]
+        )
+        return Stats(active=int(active), leased=int(held), archived=int(archived), failed=int(failed))
+
+    async def list_tasks(self, limit: int, offset: int) -> list[Task]:
+        rows = await self._run(self._list, [self.keys.active], [offset, offset + limit - 1])
+        return [task_from_columns(_pairs(row)) for row in rows or ()]
+
+    async def get_task(self, task_id: int) -> Task:
+        reply = await self._run(self._get, [self.keys.task(task_id)], [])
+        if not reply:
+            raise TaskNotFound(task_id)
+        row, payload = reply
+        return task_from_columns(_pairs(row), payload or "")
+
+    async def get_archived(self, task_id: int) -> ArchivedTask | None:
+        # Named fields only: the record also holds the payload copy.
+        values = await self._bounded(self._conn.hmget(self.keys.archived(task_id), list(ARCHIVE_COLUMNS)))
+        cols: Mapping[str, Any] = dict(zip(ARCHIVE_COLUMNS, values))
+        if cols.get("id") in (None, ""):
+            return None
+        return archived_from_columns(cols)
+
+    async def ping(self) -> str | None:
+        return await gredis.ping(self._conn, self._clock, self._ping_timeout)
+
+    async def close(self) -> None:
+        await self._bounded(self._conn.disconnect())
+
+
+def make_redis_task_store(
+    settings: gredis.RedisSettings,
+    reactor: Any,
+    *,
+    key_prefix: str = DEFAULT_KEY_PREFIX,
+) -> RedisTaskStore:
+    """A store on a lazy pool: nothing connects until the first call (§2.2)."""
+    return RedisTaskStore(gredis.make_redis(settings, reactor), clock=reactor, key_prefix=key_prefix)
