@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Make this machine ready to run gorge and its tests, on Debian (as root):
+#   - the MariaDB and Redis server binaries (the tests start throwaway
+#     instances of their own on random loopback ports; the system services
+#     that the packages ship are never used),
+#   - a Python >= 3.11 with venv support,
+#   - .venv with gorge installed editable (compat mode, so twistd sees
+#     twisted/plugins) plus the [test] extra, and a fresh twistd plugin cache.
+# Idempotent: when everything is in place it only checks and returns.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${GORGE_VENV:-$ROOT/.venv}"
+STAMP="$VENV/.gorge-install-stamp"
+
+say() { echo "install-deps: $*" >&2; }
+
+have_cmd() {
+    command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/local/sbin/$1" ]
+}
+
+# A Python >= 3.11 that can create a venv with pip in it.
+find_python() {
+    local py
+    for py in python3 python3.13 python3.12 python3.11; do
+        if command -v "$py" >/dev/null 2>&1 &&
+            "$py" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then
+            command -v "$py"
+            return 0
+        fi
+    done
+    return 1
+}
+
+venv_works() {
+    [ -x "$VENV/bin/python" ] &&
+        "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
+}
+
+# --- Debian packages ----------------------------------------------------------
+
+packages=()
+have_cmd mariadbd && have_cmd mariadb-install-db || packages+=(mariadb-server)
+have_cmd redis-server || packages+=(redis-server)
+if ! venv_works && ! find_python >/dev/null; then
+    packages+=(python3 python3-venv)
+fi
+
+if [ "${#packages[@]}" -gt 0 ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        say "missing ${packages[*]} and no apt-get here; install them by hand"
+        exit 1
+    fi
+    SUDO=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { say "need root to install ${packages[*]}"; exit 1; }
+        SUDO=(sudo)
+    fi
+    # Keep apt from starting the packaged mariadb/redis services: we never use
+    # them, and on a small machine they only take memory. Debian's
+    # policy-rc.d convention (exit 101 = "do not start") does exactly that;
+    # an existing policy is left as it is.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | "${SUDO[@]}" tee "$policy" >/dev/null
+        "${SUDO[@]}" chmod 755 "$policy"
+        trap '"${SUDO[@]}" rm -f "$policy"' EXIT
+    fi
+    say "installing ${packages[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${SUDO[@]}" apt-get update -qq
+    "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+# --- virtualenv and the package -----------------------------------------------
+
+if ! venv_works; then
+    python="$(find_python)" || { say "no Python >= 3.11 with venv support found"; exit 1; }
+    say "creating $VENV with $python"
+    rm -rf "$VENV"
+    "$python" -m venv "$VENV"
+fi
+
+# Reinstall only when the dependency declaration or the checkout moved.
+wanted="$(cd "$ROOT" && sha256sum pyproject.toml | cut -d' ' -f1) $ROOT"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$wanted" ] ||
+    ! (cd / && "$VENV/bin/python" -c 'import gorge, pytest, pytest_twisted, hypothesis') >/dev/null 2>&1; then
+    say "installing gorge (editable) and its test dependencies into $VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        -e "$ROOT[test]" --config-settings editable_mode=compat
+    echo "$wanted" >"$STAMP"
+fi
+
+# twistd reads its plugin list from dropin.cache files; rebuild them so a new
+# or changed plugin module is seen (and the cache is writable now, as root).
+(cd "$ROOT" && "$VENV/bin/python" -c \
+    'from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))')

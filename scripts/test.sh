@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test command: ./scripts/test.sh [pytest arguments]
+# Installs what is missing (see install-deps.sh), then runs the suite with
+# pytest. MariaDB and Redis are started by the test fixtures themselves, on
+# random loopback ports, and stopped at the end. Exits with pytest's status;
+# "no tests collected" (5) counts as a failure like any other non-zero status.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${GORGE_VENV:-$ROOT/.venv}"
+
+bash "$ROOT/scripts/install-deps.sh"
+
+shared="${GORGE_SHARED_DIR:-$ROOT/../shared}"
+if [ ! -d "$shared/schema" ]; then
+    echo "test.sh: warning: no shared material at $shared (set GORGE_SHARED_DIR)" >&2
+fi
+
+cd "$ROOT"
+status=0
+"$VENV/bin/python" -m pytest "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests" >&2
+fi
+exit "$status"
