@@ -1,0 +1,103 @@
+"""HTTP API of gorge-mailer (spec/mailer.md §4, §5): the Klein resource that
+``gorge.web.build_site`` mounts under ``/api/mailer/`` behind the token gate
+and the 10 MiB body limit."""
+
+from __future__ import annotations
+
+from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
+
+from gorge.service import InFlight
+from gorge.web import ApiError, add_error_handlers, fail, ok
+
+from .dispatcher import Answer, Dispatch, Dispatcher
+from .message import MessageError, parse_send_body
+from .metrics import MailerMetrics
+
+log = Logger()
+
+
+class MailerApi:
+    app = Klein()
+
+    def __init__(self, dispatcher: Dispatcher, *, metrics: MailerMetrics, body_limit: int,
+                 inflight: InFlight | None = None) -> None:
+        self._dispatcher = dispatcher
+        self._metrics = metrics
+        self._body_limit = body_limit
+        self.inflight = inflight if inflight is not None else InFlight()
+        #: Running dispatches, so shutdown can cancel what outlives the drain.
+        self.running: set[Dispatch] = set()
+
+    def resource(self):
+        return self.app.resource()
+
+    @app.route("/api/mailer/mailers", methods=["GET"])
+    def mailers(self, request):
+        return ok(request, [{"key": b.key, "type": b.type, "priority": b.priority}
+                            for b in self._dispatcher.backends])
+
+    @app.route("/api/mailer/send", methods=["POST"])
+    async def send(self, request):
+        raw = request.content.read() if request.content is not None else b""
+        try:
+            parsed = parse_send_body(raw)
+        except MessageError as e:
+            self._metrics.requests.labels("ERR_BAD_REQUEST").inc()
+            raise ApiError(400, "ERR_BAD_REQUEST", str(e)) from None
+        message, truncated = parsed.message.truncated(self._body_limit)
+        if truncated:
+            self._metrics.truncations.inc(truncated)
+            log.info("MAILER_BODY_TRUNCATED bodies={bodies} limit={limit}",
+                     bodies=truncated, limit=self._body_limit)
+        started = self._dispatcher.start(message, parsed.mailer_keys)
+        if isinstance(started, Answer):
+            answer = started
+        else:
+            answer = await self._await_dispatch(request, started)
+        return self._render(request, answer)
+
+    async def _await_dispatch(self, request, dispatch: Dispatch) -> Answer:
+        def disconnected(failure: Failure) -> None:
+            dispatch.cancel("client disconnected")
+
+        # notifyFinish errbacks only when the connection is lost before we
+        # answer; a normal finish fires its callback, which we ignore.
+        request.notifyFinish().addErrback(disconnected)
+        self.running.add(dispatch)
+        self.inflight.track(_observed(dispatch.result))
+        try:
+            return await dispatch.result
+        finally:
+            self.running.discard(dispatch)
+
+    def _render(self, request, answer: Answer) -> bytes:
+        self._metrics.requests.labels(answer.code or "OK").inc()
+        if answer.code is None:
+            data = {"mailerKey": answer.mailer_key}
+            if answer.message_id:
+                data["messageId"] = answer.message_id
+            return ok(request, data)
+        return fail(request, answer.status, answer.code, answer.message)
+
+    def cancel_all(self, reason: str) -> None:
+        """Cancel every running dispatch (end of the shutdown drain)."""
+        for dispatch in list(self.running):
+            dispatch.cancel(reason)
+
+    add_error_handlers(app)
+
+
+def _observed(d: Deferred) -> Deferred:
+    """A Deferred that fires when ``d`` does, leaving ``d``'s result alone."""
+    observer: Deferred = Deferred()
+
+    def passthrough(result):
+        observer.callback(None)
+        return result
+
+    d.addBoth(passthrough)
+    observer.addErrback(lambda f: log.failure("MAILER_TRACK_FAILED", f, level=LogLevel.error))
+    return observer

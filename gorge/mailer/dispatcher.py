@@ -1,0 +1,219 @@
+"""Walk the backends in priority order until one answers (spec/mailer.md §8).
+
+``Dispatcher.start(message, mailer_keys)`` returns a :class:`Dispatch`
+whose ``result`` fires with an :class:`Answer` (never errbacks) and whose
+``cancel(reason)`` stops it: the dispatch deadline, a client disconnect and
+the shutdown drain all come through there. A cancelled attempt is
+classified by the backend (§8.3), so cancellation still yields a
+classified answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
+from twisted.logger import Logger, LogLevel
+
+from .backends.base import Backend
+from .message import Message
+from .metrics import MailerMetrics
+from .outcome import Kind, Outcome
+
+log = Logger()
+
+MESSAGE_LIMIT = 2048
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The final answer of a send (§7.3): HTTP status, error code (``None``
+    on success), text, and on success the accepting key and message id."""
+
+    status: int
+    code: str | None
+    message: str = ""
+    mailer_key: str = ""
+    message_id: str = ""
+
+    @property
+    def result(self) -> str:
+        """The ``result`` label of ``gorge_mailer_sends_total``."""
+        return {
+            None: "accepted",
+            "ERR_PERMANENT_FAILURE": "permanent",
+            "ERR_OUTCOME_UNKNOWN": "unknown",
+        }.get(self.code, "send_failed")
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+def order_backends(backends: Sequence[Backend]) -> list[Backend]:
+    """Descending effective priority; ties keep declaration order (§8.1)."""
+    return sorted(backends, key=lambda b: -b.priority)
+
+
+def send_failed(message: str) -> Answer:
+    return Answer(502, "ERR_SEND_FAILED", _cap(message))
+
+
+class Dispatch:
+    """One running send; see the module docstring."""
+
+    def __init__(self, dispatcher: Dispatcher, message: Message,
+                 candidates: list[Backend]) -> None:
+        self._dispatcher = dispatcher
+        self._message = message
+        self._candidates = candidates
+        self._current: Deferred | None = None
+        self.cancelled: str | None = None
+        clock = dispatcher.clock
+        self.deadline = clock.seconds() + dispatcher.send_timeout
+        self._timer = clock.callLater(dispatcher.send_timeout, self.cancel, "deadline reached")
+        self.result: Deferred = Deferred.fromCoroutine(self._run())
+
+    def cancel(self, reason: str) -> None:
+        """Stop the dispatch; the first reason wins. Idempotent."""
+        if self.cancelled is not None or self.result.called:
+            return
+        self.cancelled = reason
+        if self._current is not None and not self._current.called:
+            self._current.cancel()
+
+    async def _run(self) -> Answer:
+        try:
+            answer = await self._walk()
+        except Exception:
+            # A bug here must still produce an answer the client can act on
+            # safely; we cannot tell whether a backend accepted the message.
+            log.failure("MAILER_DISPATCH_FAILED", level=LogLevel.error)
+            answer = Answer(502, "ERR_OUTCOME_UNKNOWN", "dispatch failed unexpectedly")
+        finally:
+            if self._timer.active():
+                self._timer.cancel()
+        metrics = self._dispatcher.metrics
+        metrics.sends.labels(answer.mailer_key or "none", answer.result).inc()
+        return answer
+
+    async def _walk(self) -> Answer:
+        d = self._dispatcher
+        clock = d.clock
+        last: tuple[Backend, Outcome] | None = None
+        unanimous_unscoped = True
+        for index, backend in enumerate(self._candidates):
+            if index > 0:
+                d.metrics.failovers.inc()
+            attempt = 0
+            while True:
+                if self.cancelled is not None:
+                    return self._stopped(last)
+                attempt += 1
+                outcome = await self._attempt(backend, attempt)
+                last = (backend, outcome)
+                kind = outcome.kind
+                if kind is Kind.ACCEPTED:
+                    log.info("MAILER_SENT mailer={mailer} type={type} attempt={attempt}",
+                             mailer=backend.key, type=backend.type, attempt=attempt)
+                    return Answer(200, None, mailer_key=backend.key,
+                                  message_id=outcome.message_id)
+                if kind is Kind.REJECTED_MESSAGE:
+                    return Answer(422, "ERR_PERMANENT_FAILURE",
+                                  _cap(f"{backend.key} ({backend.type}): {outcome.cause}"),
+                                  mailer_key=backend.key)
+                if kind is Kind.UNKNOWN:
+                    return Answer(502, "ERR_OUTCOME_UNKNOWN",
+                                  _cap(f"{backend.key} ({backend.type}): outcome unknown: "
+                                       f"{outcome.cause}"),
+                                  mailer_key=backend.key)
+                if self.cancelled is not None:
+                    return self._stopped(last)
+                if kind is not Kind.REJECTED_UNSCOPED:
+                    unanimous_unscoped = False
+                if kind is not Kind.TRANSIENT or attempt > d.max_retries:
+                    break
+                wait = d.retry_wait
+                if outcome.retry_after is not None:
+                    wait = max(wait, outcome.retry_after)
+                    if clock.seconds() + wait > self.deadline:
+                        break  # §8.4: fail over instead of waiting past the deadline
+                if wait > 0:
+                    self._current = deferLater(clock, wait)
+                    try:
+                        await self._current
+                    except CancelledError:
+                        return self._stopped(last)
+                    finally:
+                        self._current = None
+        assert last is not None
+        backend, outcome = last
+        text = f"all mailers failed, last error: {backend.key} ({backend.type}): {outcome.cause}"
+        if unanimous_unscoped:
+            return Answer(422, "ERR_PERMANENT_FAILURE", _cap(text))
+        return send_failed(text)
+
+    def _stopped(self, last: tuple[Backend, Outcome] | None) -> Answer:
+        text = f"send stopped: {self.cancelled}"
+        if last is not None:
+            backend, outcome = last
+            text += f", last error: {backend.key} ({backend.type}): {outcome.cause}"
+        log.warn("MAILER_SEND_STOPPED reason={reason}", reason=self.cancelled)
+        return send_failed(text)
+
+    async def _attempt(self, backend: Backend, attempt: int) -> Outcome:
+        d = self._dispatcher
+        started = d.clock.seconds()
+        self._current = Deferred.fromCoroutine(backend.send(self._message, deadline=self.deadline))
+        try:
+            outcome = await self._current
+        except CancelledError:
+            outcome = Outcome.unknown(f"{backend.type}: attempt cancelled ({self.cancelled})")
+        except Exception as e:
+            log.failure("MAILER_BACKEND_CRASHED mailer={mailer} type={type}",
+                        level=LogLevel.error, mailer=backend.key, type=backend.type)
+            outcome = Outcome.unknown(f"{backend.type}: internal error ({type(e).__name__})")
+        finally:
+            self._current = None
+        if not isinstance(outcome, Outcome):
+            outcome = Outcome.unknown(f"{backend.type}: backend returned no outcome")
+        d.metrics.attempts.labels(backend.key, outcome.label).inc()
+        d.metrics.duration.labels(backend.key).observe(max(0.0, d.clock.seconds() - started))
+        if not outcome.is_accepted:
+            log.warn("MAILER_SEND_FAILED mailer={mailer} type={type} attempt={attempt} "
+                     "outcome={outcome} cause={cause}", mailer=backend.key, type=backend.type,
+                     attempt=attempt, outcome=outcome.label, cause=outcome.cause)
+        return outcome
+
+
+class Dispatcher:
+    def __init__(self, backends: Sequence[Backend], *, clock: IReactorTime,
+                 metrics: MailerMetrics, max_retries: int = 2, retry_wait: float = 2.0,
+                 send_timeout: float = 25.0) -> None:
+        self.backends = order_backends(backends)
+        self.clock = clock
+        self.metrics = metrics
+        self.max_retries = max_retries
+        self.retry_wait = retry_wait
+        self.send_timeout = send_timeout
+
+    def candidates(self, mailer_keys: Sequence[str] | None) -> list[Backend]:
+        """The backends to try, in priority order, narrowed by exact key."""
+        if not mailer_keys:
+            return list(self.backends)
+        wanted = set(mailer_keys)
+        return [b for b in self.backends if b.key in wanted]
+
+    def start(self, message: Message, mailer_keys: Sequence[str] | None = None) -> Dispatch | Answer:
+        """A running :class:`Dispatch`, or an immediate :class:`Answer` when
+        there is nothing to try (§7.3, §8.1)."""
+        if not self.backends:
+            return send_failed("no mailers configured")
+        candidates = self.candidates(mailer_keys)
+        if not candidates:
+            shown = ", ".join(k[:64] for k in list(mailer_keys or ())[:20])
+            return send_failed(f"no matching mailers for keys: [{shown}]")
+        return Dispatch(self, message, candidates)

@@ -1,0 +1,138 @@
+"""gorge-mailer's service tree: HTTP listener, send drain, HTTP client pool.
+
+``makeService`` is the twistd entry point; ``build_mailer_service`` is the
+real constructor (tests and the demo call it with their own reactor).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.application.service import IService
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.web.client import Agent, HTTPConnectionPool
+
+from gorge.service import FunctionService, OrderedService, SystemdNotifier, listener, run_make_service
+from gorge.web import build_site
+
+from .api import MailerApi
+from .backends import build_backend
+from .dispatcher import Dispatcher
+from .metrics import MailerMetrics
+from .settings import MailerSettings, load_mailer_settings
+
+log = Logger()
+
+PREFIX = "/api/mailer/"
+CONNECT_TIMEOUT = 5
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["listen", None, None, "listen address host:port, overrides GORGE_LISTEN_ADDR"],
+        ["config", "c", None, "JSON config file, overrides GORGE_MAILER_CONFIG_FILE"],
+    ]
+
+
+def makeService(options: Options) -> IService:
+    def build() -> IService:
+        from twisted.internet import reactor  # the one place we touch it
+
+        settings = load_mailer_settings(os.environ, listen=options["listen"],
+                                        config_file=options["config"])
+        notifier = SystemdNotifier(os.environ, reactor)
+        return build_mailer_service(settings, reactor, notifier=notifier)
+
+    return run_make_service("gorge-mailer", build)
+
+
+class MailerService(OrderedService):
+    """The tree, with handles on the parts tests and the demo look at."""
+
+    site: Any
+    api: MailerApi
+    dispatcher: Dispatcher
+    registry: CollectorRegistry
+
+
+def build_mailer_service(settings: MailerSettings, reactor: Any, *,
+                         notifier: SystemdNotifier | None = None,
+                         listen: bool = True) -> MailerService:
+    """Build every backend (a ``ConfigError`` here stops start-up) and wire
+    the tree. ``listen=False`` leaves out the TCP listener (in-process use
+    through ``gorge.web.stub_client(service.site)``)."""
+    from treq.client import HTTPClient
+
+    for warning in settings.warnings:
+        log.warn("MAILER_CONFIG_WARNING {warning}", warning=warning)
+    if settings.config_problem:
+        log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
+
+    # One pool per service (style.md §7); providers share it.
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = 16
+    http_client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=CONNECT_TIMEOUT))
+    backends = [build_backend(entry, reactor=reactor, http_client=http_client)
+                for entry in settings.entries]
+
+    registry = CollectorRegistry()
+    metrics = MailerMetrics(registry)
+    dispatcher = Dispatcher(backends, clock=reactor, metrics=metrics,
+                            max_retries=settings.max_retries, retry_wait=settings.retry_wait,
+                            send_timeout=settings.send_timeout)
+    api = MailerApi(dispatcher, metrics=metrics, body_limit=settings.body_limit)
+
+    async def readiness() -> str | None:
+        # Never dials out (§2): a 200 only says an attempt can be made.
+        if backends:
+            return None
+        return settings.config_problem or "no mailers configured"
+
+    site = build_site(api_resource=api.resource(), prefix=PREFIX, token=settings.http.token,
+                      body_limit=settings.http.body_limit, readiness=readiness,
+                      registry=registry, clock=reactor)
+
+    async def drain() -> None:
+        budget = settings.drain_budget
+        if len(api.inflight):
+            log.info("MAILER_DRAINING sends={sends} budget={budget}",
+                     sends=len(api.inflight), budget=budget)
+        finished = await api.inflight.drain(budget, reactor)
+        if not finished:
+            log.warn("MAILER_DRAIN_TIMEOUT cancelled={count}", count=len(api.running))
+            api.cancel_all("shutdown drain budget exhausted")
+            # Cancelled attempts classify themselves promptly; wait briefly
+            # so their answers are written before the process goes away.
+            await api.inflight.drain(5.0, reactor)
+
+    def close_pool():
+        return pool.closeCachedConnections()
+
+    def started() -> None:
+        log.info("MAILER_STARTED listen={listen} mailers={mailers}",
+                 listen=settings.http.listen_addr, mailers=len(backends))
+        if notifier is not None:
+            notifier.ready()
+
+    def stopping() -> None:
+        if notifier is not None:
+            notifier.stopping()
+
+    from twisted.internet.defer import Deferred
+
+    children: list[IService] = [
+        FunctionService(stop=close_pool, name="mailer-http-pool"),
+        FunctionService(stop=lambda: Deferred.fromCoroutine(drain()), name="mailer-drain"),
+    ]
+    if listen:
+        children.append(listener(settings.http.endpoint, site))
+    children.append(FunctionService(start=started, stop=stopping, name="mailer-ready"))
+    service = MailerService(*children)
+    service.site = site
+    service.api = api
+    service.dispatcher = dispatcher
+    service.registry = registry
+    return service

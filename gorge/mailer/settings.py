@@ -1,0 +1,285 @@
+"""Mailer configuration from the environment or a JSON file (spec/mailer.md §9).
+
+``load_mailer_settings(environ, listen=..., config_file=...)`` returns a
+frozen :class:`MailerSettings` or raises ``ConfigError`` for anything that
+stops start-up (§9.6). It only shape-checks the backend list; building each
+entry (unknown type, missing credential, bad port) happens in the service
+builder, also before listening.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from gorge.config import ConfigError, Env, HttpSettings, load_http_settings, parse_listen_addr
+
+from .backends.base import BackendEntry
+
+SERVICE = "gorge-mailer"
+DEFAULT_LISTEN = ":8110"
+TRANSPORT_BODY_LIMIT = 10 * 1024 * 1024
+
+# Flat single-backend variables (§9.2) -> option keys; only these are mapped.
+FLAT_OPTIONS = {
+    "SMTP_HOST": "host",
+    "SMTP_PORT": "port",
+    "SMTP_USER": "user",
+    "SMTP_PASSWORD": "password",
+    "SMTP_PROTOCOL": "protocol",
+    "MAILER_ACCESS_KEY": "access-key",
+    "MAILER_SECRET_KEY": "secret-key",
+    "MAILER_REGION": "region",
+    "MAILER_ENDPOINT": "endpoint",
+    "MAILER_API_KEY": "api-key",
+    "MAILER_DOMAIN": "domain",
+    "MAILER_API_HOSTNAME": "api-hostname",
+    "MAILER_ACCESS_TOKEN": "access-token",
+}
+_FILE_KEYS = {
+    "listenAddr", "serviceToken", "mailers", "maxRetries", "retryWaitSec",
+    "bodyLimit", "sendTimeoutSec",
+}
+_ENV_ONLY = (
+    "GORGE_LISTEN_ADDR", "GORGE_MAILER_CONFIG", "GORGE_MAILER_MAX_RETRIES",
+    "GORGE_MAILER_RETRY_WAIT", "GORGE_MAILER_BODY_LIMIT", "GORGE_MAILER_SEND_TIMEOUT",
+    "GORGE_MAILER_TYPE",
+)
+
+
+class MalformedList(ValueError):
+    """The backend list is not a well-formed JSON array of entries. The text
+    is a short cause without option values (it reaches ``/readyz``)."""
+
+
+@dataclass(frozen=True)
+class MailerSettings:
+    http: HttpSettings
+    entries: tuple[BackendEntry, ...] = ()
+    max_retries: int = 2
+    retry_wait: float = 2.0
+    body_limit: int = 524288
+    send_timeout: float = 25.0
+    strict: bool = False
+    #: Lenient mode only: why the list was ignored (reported by /readyz).
+    config_problem: str | None = None
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def drain_budget(self) -> float:
+        """Shutdown waits this long for in-flight sends (§2)."""
+        return self.send_timeout + 5.0
+
+
+def parse_backend_list(text: str, source: str) -> list[BackendEntry] | None:
+    """Entries of a JSON backend list, with effective priorities (§9.3).
+
+    Returns ``None`` for JSON ``null`` (= unset). Raises
+    :class:`MalformedList` for syntax/shape errors and ``ConfigError`` for
+    semantic ones (empty or duplicate key)."""
+    try:
+        doc = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise MalformedList(f"invalid JSON at line {e.lineno} column {e.colno}") from None
+    except ValueError:
+        raise MalformedList("invalid JSON") from None
+    if doc is None:
+        return None
+    return entries_from_json(doc, source)
+
+
+def entries_from_json(doc: Any, source: str) -> list[BackendEntry]:
+    if not isinstance(doc, list):
+        raise MalformedList("the mailer list must be a JSON array")
+    raw_entries = []
+    for i, item in enumerate(doc):
+        where = f"element {i}"
+        if not isinstance(item, dict):
+            raise MalformedList(f"{where} is not an object")
+        key, typ = item.get("key"), item.get("type")
+        if not isinstance(key, str) or not isinstance(typ, str):
+            raise MalformedList(f"{where}: key and type must be strings")
+        priority = item.get("priority")
+        if priority is None:
+            priority = 0
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            if isinstance(priority, float) and priority.is_integer():
+                priority = int(priority)
+            else:
+                raise MalformedList(f"{where}: priority must be an integer")
+        options = item.get("options")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise MalformedList(f"{where}: options must be an object")
+        coerced = {}
+        for name, value in options.items():
+            if isinstance(value, (dict, list)):
+                raise MalformedList(f"{where}: option {name[:40]!r} must be a scalar")
+            coerced[name] = _scalar(value)
+        raw_entries.append((key, typ, priority, coerced))
+
+    seen: set[str] = set()
+    entries = []
+    auto = 0
+    for i, (key, typ, priority, options) in enumerate(raw_entries):
+        if key.strip() == "":
+            raise ConfigError(f"{source} [element {i}].key", "key must not be empty")
+        if key in seen:
+            raise ConfigError(f"{source} [{key}].key", "duplicate mailer key")
+        seen.add(key)
+        if priority == 0:
+            auto -= 1
+            priority = auto
+        entries.append(BackendEntry(key=key, type=typ, priority=priority,
+                                    options=options, source=source))
+    return entries
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return ""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def load_mailer_settings(environ: Mapping[str, str], *, listen: str | None = None,
+                         config_file: str | None = None) -> MailerSettings:
+    env = Env(environ, SERVICE)
+    strict = env.bool(("GORGE_MAILER_STRICT", "GORGE_STRICT_CONFIG"), False)
+    path = config_file or env.str(("GORGE_MAILER_CONFIG_FILE", "MAILER_CONFIG_FILE"), "")
+    if path:
+        settings = _from_file(env, environ, path, listen, strict, config_file is not None)
+    else:
+        settings = _from_env(env, environ, listen, strict)
+    warnings = list(settings.warnings) + env.warnings
+    if settings.max_retries * settings.retry_wait > 10:
+        warnings.append(
+            f"max retries x retry wait = {settings.max_retries * settings.retry_wait:g} s "
+            "exceeds 10 s; the send deadline still bounds each request")
+    if settings.send_timeout >= 30:
+        warnings.append(
+            f"send timeout {settings.send_timeout:g} s is not below the PHP client's 30 s")
+    if strict and not settings.entries:
+        setting = "GORGE_MAILER_CONFIG_FILE" if path else "GORGE_MAILER_CONFIG"
+        reason = settings.config_problem or "no mailers configured"
+        raise ConfigError(setting, f"{reason} (strict mode)")
+    return _replace(settings, warnings=tuple(warnings))
+
+
+def _replace(settings: MailerSettings, **changes: Any) -> MailerSettings:
+    from dataclasses import replace
+
+    return replace(settings, **changes)
+
+
+def _from_env(env: Env, environ: Mapping[str, str], listen: str | None,
+              strict: bool) -> MailerSettings:
+    http = load_http_settings(env, default_listen=DEFAULT_LISTEN,
+                              body_limit=TRANSPORT_BODY_LIMIT, listen_override=listen,
+                              legacy_names=True)
+    max_retries = env.int(("GORGE_MAILER_MAX_RETRIES", "MAX_RETRIES"), 2, min=0)
+    retry_wait = env.int(("GORGE_MAILER_RETRY_WAIT", "RETRY_WAIT"), 2, min=0)
+    body_limit = env.int(("GORGE_MAILER_BODY_LIMIT", "BODY_LIMIT"), 524288)
+    send_timeout = env.int("GORGE_MAILER_SEND_TIMEOUT", 25, min=1)
+    warnings: list[str] = []
+    problem = None
+    entries: list[BackendEntry] | None = None
+    names = ("GORGE_MAILER_CONFIG", "MAILER_CONFIG")
+    text = env.str(names, "")
+    if text:
+        try:
+            entries = parse_backend_list(text, "GORGE_MAILER_CONFIG")
+        except MalformedList as e:
+            if strict:
+                raise ConfigError("GORGE_MAILER_CONFIG", f"malformed mailer list: {e}") from None
+            problem = f"mailer configuration invalid: {e}"
+            warnings.append(f"GORGE_MAILER_CONFIG ignored: {e}")
+    if entries is None:
+        typ = env.str(("GORGE_MAILER_TYPE", "MAILER_TYPE"), "")
+        if typ:
+            key = env.str(("GORGE_MAILER_KEY", "MAILER_KEY"), "default")
+            options = {opt: environ[var] for var, opt in FLAT_OPTIONS.items()
+                       if environ.get(var, "")}
+            entries = [BackendEntry(key=key, type=typ, priority=-1, options=options,
+                                    source="GORGE_MAILER_TYPE")]
+            problem = None
+    return MailerSettings(
+        http=http, entries=tuple(entries or ()), max_retries=max_retries,
+        retry_wait=float(retry_wait), body_limit=body_limit, send_timeout=float(send_timeout),
+        strict=strict, config_problem=problem, warnings=tuple(warnings))
+
+
+def _from_file(env: Env, environ: Mapping[str, str], path: str, listen: str | None,
+               strict: bool, from_option: bool) -> MailerSettings:
+    setting = "--config" if from_option else "GORGE_MAILER_CONFIG_FILE"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(setting, f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(setting, f"invalid JSON at line {e.lineno} column {e.colno}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError(setting, "invalid JSON") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(setting, "the config file must hold a JSON object")
+    warnings = [f"{name} is ignored because a config file is used"
+                for name in _ENV_ONLY if environ.get(name, "")]
+    unknown = sorted(set(doc) - _FILE_KEYS)
+    if unknown:
+        warnings.append(f"unknown config file keys ignored: {', '.join(k[:40] for k in unknown)}")
+
+    def number(key: str, default: int, minimum: int | None) -> int:
+        value = doc.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{setting} {key}", "must be an integer")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{setting} {key}", f"must be >= {minimum}")
+        return int(value)
+
+    def string(key: str, default: str) -> str:
+        value = doc.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ConfigError(f"{setting} {key}", "must be a string")
+        return value
+
+    listen_addr = listen or string("listenAddr", "") or DEFAULT_LISTEN
+    try:
+        endpoint = parse_listen_addr(listen_addr)
+    except ValueError as e:
+        raise ConfigError("--listen" if listen else f"{setting} listenAddr", str(e)) from None
+    token = env.str(("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN"), "")
+    if "serviceToken" in doc:
+        token = string("serviceToken", "")
+    http = HttpSettings(listen_addr=listen_addr, endpoint=endpoint, token=token,
+                        body_limit=TRANSPORT_BODY_LIMIT)
+    entries: list[BackendEntry] = []
+    if doc.get("mailers") is not None:
+        try:
+            entries = entries_from_json(doc["mailers"], "GORGE_MAILER_CONFIG_FILE")
+        except MalformedList as e:
+            raise ConfigError(f"{setting} mailers", str(e)) from None
+    return MailerSettings(
+        http=http, entries=tuple(entries), max_retries=number("maxRetries", 2, 0),
+        retry_wait=float(number("retryWaitSec", 2, 0)),
+        body_limit=number("bodyLimit", 524288, None),
+        send_timeout=float(number("sendTimeoutSec", 25, 1)), strict=strict,
+        warnings=tuple(warnings))
