@@ -1,0 +1,92 @@
+"""Per-hook circuit breaker (spec §3.7, §9 item 2).
+
+The database decides: a hook is open while it has ``threshold`` failed
+attempts within the last ``window`` seconds. This object only remembers which
+hooks were found open, so the candidate query can leave them out, they are
+re-evaluated at least every ``recheck`` seconds, and the log gets one line
+per transition instead of one per row and tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from gorge.webhook.metrics import WebhookMetrics
+
+log = Logger()
+
+RECHECK_SECONDS = 30.0
+
+
+class FailureCounter(Protocol):
+    async def recent_failures(self, hook_phid: str, window: int) -> int: ...
+
+    async def queued_for_hook(self, hook_phid: str) -> int: ...
+
+
+@dataclass
+class _Open:
+    checked_at: float
+    queued: int
+
+
+class Breaker:
+    def __init__(self, store: FailureCounter, *, threshold: int, window: int,
+                 clock: IReactorTime, metrics: WebhookMetrics,
+                 recheck: float = RECHECK_SECONDS) -> None:
+        self._store = store
+        self._threshold = threshold
+        self._window = window
+        self._clock = clock
+        self._metrics = metrics
+        self._recheck = recheck
+        self._open: dict[str, _Open] = {}
+
+    def excluded(self) -> list[str]:
+        """Hooks found open within the recheck interval: no candidate of theirs is read."""
+        now = self._clock.seconds()
+        return sorted(hook for hook, state in self._open.items()
+                      if now - state.checked_at < self._recheck)
+
+    def is_known_open(self, hook_phid: str) -> bool:
+        return hook_phid in self._open
+
+    async def is_open(self, hook_phid: str) -> bool:
+        """Count the hook's recent failures; raises when the count fails (caller skips the row)."""
+        failures = await self._store.recent_failures(hook_phid, self._window)
+        is_open = failures >= self._threshold
+        if is_open:
+            queued = await self._store.queued_for_hook(hook_phid)
+            if hook_phid not in self._open:
+                log.warn("WEBHOOK_HOOK_IN_ERROR_BACKOFF hook={hook} failures={failures}"
+                         " threshold={threshold} window={window}",
+                         hook=hook_phid, failures=failures, threshold=self._threshold,
+                         window=self._window)
+                self._metrics.breaker_transitions.labels(state="open").inc()
+            self._open[hook_phid] = _Open(checked_at=self._clock.seconds(), queued=queued)
+        elif hook_phid in self._open:
+            del self._open[hook_phid]
+            log.info("WEBHOOK_HOOK_BACKOFF_CLEARED hook={hook} failures={failures}"
+                     " threshold={threshold} window={window}",
+                     hook=hook_phid, failures=failures, threshold=self._threshold,
+                     window=self._window)
+            self._metrics.breaker_transitions.labels(state="closed").inc()
+        self._metrics.open_breaker_rows.set(sum(s.queued for s in self._open.values()))
+        return is_open
+
+    async def recheck_due(self) -> None:
+        """Re-evaluate open hooks whose last look is older than the recheck interval.
+
+        Done from the tick, not through candidates, so an open hook's backlog
+        never takes the place of another hook's new row in the candidate batch.
+        """
+        now = self._clock.seconds()
+        for hook in [h for h, s in self._open.items() if now - s.checked_at >= self._recheck]:
+            try:
+                await self.is_open(hook)
+            except Exception:
+                log.debug("WEBHOOK_BACKOFF_CHECK_FAILED hook={hook}", hook=hook)

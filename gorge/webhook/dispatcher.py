@@ -1,0 +1,387 @@
+"""The delivery loop: candidates -> per-hook lines -> slots -> claim -> POST -> write-back.
+
+Scheduling (spec §3.6): a slot only starts a candidate whose hook is idle,
+so a slow or broken hook never holds more than one slot; when a delivery
+ends its slot goes on with the next row of the same hook, else with the
+oldest row of any idle hook. Each tick replaces the lines with fresh
+candidates; rows not started by then are simply read again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Protocol
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
+from twisted.logger import Logger, LogLevel
+
+from gorge import mysql as platform_mysql
+from gorge.service import InFlight
+from gorge.webhook import payload
+from gorge.webhook.breaker import Breaker
+from gorge.webhook.metrics import WebhookMetrics
+from gorge.webhook.outbound import (
+    CODE_UNRESOLVED, Attempt, Transport, Unresolvable, UriPolicy, UriRefused)
+from gorge.webhook.settings import WebhookSettings
+from gorge.webhook.store import FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, WebhookStore
+
+log = Logger()
+
+BATCH_PER_SLOT = 8
+SUMMARY_EVERY = 60.0
+OUTAGE_LOG_EVERY = 60.0
+WRITE_ATTEMPTS = 3
+WRITE_RETRY_DELAY = 0.5
+ABORT_GRACE = 5.0
+
+
+class _Summary:
+    """Counters behind the once-a-minute summary line (§9 item 3)."""
+
+    FIELDS = ("claims_won", "claims_lost", "breaker_skips", "delivered", "failed",
+              "config_failures")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        for name in self.FIELDS:
+            setattr(self, name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+class Dispatcher:
+    def __init__(self, *, store: WebhookStore, transport: Transport, policy: UriPolicy,
+                 breaker: Breaker, settings: WebhookSettings, clock: IReactorTime,
+                 metrics: WebhookMetrics, wake: Callable[[], None] | None = None) -> None:
+        self._store = store
+        self._transport = transport
+        self._policy = policy
+        self._breaker = breaker
+        self._settings = settings
+        self._clock = clock
+        self._metrics = metrics
+        self._wake = wake
+        self._cap = settings.max_concurrent
+        self._batch = settings.max_concurrent * BATCH_PER_SLOT
+        self._lines: dict[str, deque[Candidate]] = {}
+        self._busy: set[str] = set()
+        self._in_process: set[int] = set()
+        self._active = 0
+        self._inflight = InFlight()
+        self._stopping = False
+        self._more_waiting = False
+        self._summary = _Summary()
+        self._summary_at = clock.seconds()
+        self._outage_since: float | None = None
+        self._outage_logged_at = 0.0
+
+    def set_wake(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    # -- the tick ---------------------------------------------------------
+
+    async def tick(self) -> None:
+        """One poll; never waits for the deliveries it starts (§3.1)."""
+        if self._stopping:
+            return
+        self._maybe_summary()
+        if self._active >= self._cap:
+            return
+        try:
+            await self._breaker.recheck_due()
+            limit = self._batch + self._active
+            _now, rows = await self._store.candidates(
+                limit=limit, lease=self._settings.effective_lease,
+                backoff=self._settings.retry_backoff, exclude_hooks=self._breaker.excluded())
+        except Exception as e:
+            self._poll_failed(e)
+            return
+        self._poll_recovered()
+        if self._stopping:
+            return
+        self._more_waiting = len(rows) >= limit
+        lines: dict[str, deque[Candidate]] = {}
+        for candidate in rows:
+            if candidate.id not in self._in_process:
+                lines.setdefault(candidate.hook_phid, deque()).append(candidate)
+        self._lines = lines
+        self._fill()
+
+    def _poll_failed(self, exc: Exception) -> None:
+        self._metrics.poll_failures.inc()
+        now = self._clock.seconds()
+        reason = platform_mysql.error_reason(exc)
+        if self._outage_since is None:
+            self._outage_since = now
+            self._outage_logged_at = now
+            log.error("WEBHOOK_POLL_FAILED error={error} reason={reason}",
+                      error=type(exc).__name__, reason=reason)
+        elif now - self._outage_logged_at >= OUTAGE_LOG_EVERY:
+            self._outage_logged_at = now
+            log.error("WEBHOOK_POLL_FAILED error={error} reason={reason} since={since}",
+                      error=type(exc).__name__, reason=reason, since=self._outage_since)
+
+    def _poll_recovered(self) -> None:
+        if self._outage_since is not None:
+            log.info("WEBHOOK_POLL_RECOVERED down_seconds={seconds}",
+                     seconds=round(self._clock.seconds() - self._outage_since, 3))
+            self._outage_since = None
+
+    def _maybe_summary(self) -> None:
+        now = self._clock.seconds()
+        if now - self._summary_at < SUMMARY_EVERY:
+            return
+        self._summary_at = now
+        counts = self._summary.snapshot()
+        if any(counts.values()):
+            log.info("WEBHOOK_SUMMARY claims_won={claims_won} claims_lost={claims_lost}"
+                     " breaker_skips={breaker_skips} delivered={delivered} failed={failed}"
+                     " config_failures={config_failures}", **counts)
+        self._summary.reset()
+
+    # -- scheduling -------------------------------------------------------
+
+    def _next_idle(self) -> Candidate | None:
+        """The oldest waiting candidate of any hook with no delivery running."""
+        best_hook = None
+        best_id = None
+        for hook, line in list(self._lines.items()):
+            while line and line[0].id in self._in_process:
+                line.popleft()
+            if not line:
+                del self._lines[hook]
+                continue
+            if hook in self._busy:
+                continue
+            if best_id is None or line[0].id < best_id:
+                best_hook, best_id = hook, line[0].id
+        if best_hook is None:
+            return None
+        return self._lines[best_hook].popleft()
+
+    def _next_of_hook(self, hook: str) -> Candidate | None:
+        line = self._lines.get(hook)
+        while line:
+            candidate = line.popleft()
+            if candidate.id not in self._in_process:
+                return candidate
+        return None
+
+    def _fill(self) -> None:
+        while self._active < self._cap and not self._stopping:
+            candidate = self._next_idle()
+            if candidate is None:
+                return
+            self._active += 1
+            self._metrics.in_flight.set(self._active)
+            self._busy.add(candidate.hook_phid)
+            self._in_process.add(candidate.id)
+            d = Deferred.fromCoroutine(self._slot(candidate))
+            d.addErrback(lambda f: log.failure("WEBHOOK_SLOT_FAILED", f, level=LogLevel.error))
+            self._inflight.track(d)
+
+    async def _slot(self, candidate: Candidate) -> None:
+        current: Candidate | None = candidate
+        while current is not None:
+            try:
+                await self._process(current)
+            except Exception:
+                log.failure("WEBHOOK_PROCESS_FAILED request={request}", level=LogLevel.error,
+                            request=current.phid)
+            finally:
+                self._in_process.discard(current.id)
+            hook = current.hook_phid
+            current = None if self._stopping else self._next_of_hook(hook)
+            if current is None:
+                self._busy.discard(hook)
+                if not self._stopping:
+                    current = self._next_idle()
+                if current is not None:
+                    self._busy.add(current.hook_phid)
+            if current is not None:
+                self._in_process.add(current.id)
+        self._active -= 1
+        self._metrics.in_flight.set(self._active)
+        if not self._lines and self._more_waiting and not self._stopping and self._wake:
+            # The last batch was full: more rows are due, read them now.
+            self._more_waiting = False
+            self._wake()
+
+    # -- one candidate (spec §3.5) ----------------------------------------
+
+    async def _process(self, candidate: Candidate) -> None:
+        try:
+            props = payload.parse_properties(candidate.properties)
+        except payload.InvalidProperties as e:
+            log.warn("WEBHOOK_PROPERTIES_INVALID request={request} hook={hook} reason={reason}",
+                     request=candidate.phid, hook=candidate.hook_phid, reason=e.reason)
+            await self._retire(candidate, e.document, payload.CODE_INVALID_PROPERTIES)
+            return
+        try:
+            hook = await self._store.load_hook(candidate.hook_phid)
+        except Exception as e:
+            log.error("WEBHOOK_HOOK_LOOKUP_FAILED request={request} hook={hook} error={error}",
+                      request=candidate.phid, hook=candidate.hook_phid,
+                      error=platform_mysql.error_reason(e))
+            return
+        if hook is None:
+            log.warn("WEBHOOK_HOOK_MISSING request={request} hook={hook}",
+                     request=candidate.phid, hook=candidate.hook_phid)
+            await self._retire(candidate, props.document, payload.CODE_NOT_FOUND)
+            return
+        if hook.disabled:
+            log.info("WEBHOOK_HOOK_DISABLED request={request} hook={hook}",
+                     request=candidate.phid, hook=hook.phid)
+            await self._retire(candidate, props.document, payload.CODE_DISABLED)
+            return
+        try:
+            is_open = await self._breaker.is_open(hook.phid)
+        except Exception as e:
+            log.error("WEBHOOK_BACKOFF_CHECK_FAILED request={request} hook={hook} error={error}",
+                      request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
+            return
+        if is_open:
+            self._metrics.breaker_skips.inc()
+            self._summary.breaker_skips += 1
+            log.debug("WEBHOOK_HOOK_IN_ERROR_BACKOFF request={request} hook={hook}",
+                      request=candidate.phid, hook=hook.phid)
+            return
+        target = None
+        unresolved = ""
+        try:
+            target = await self._policy.check(hook.uri)
+        except UriRefused as e:
+            log.warn("WEBHOOK_URI_REFUSED request={request} hook={hook} check={check}"
+                     " host={host}", request=candidate.phid, hook=hook.phid, check=e.check,
+                     host=e.host)
+            await self._retire(candidate, props.document, payload.CODE_URI)
+            return
+        except Unresolvable as e:
+            unresolved = f"{e.host}: {e.reason}"
+        if self._stopping:
+            return  # shutdown before the claim: abandon without a write
+        try:
+            won = await self._store.claim(candidate)
+        except Exception as e:
+            self._metrics.claims.labels(result="error").inc()
+            log.error("WEBHOOK_CLAIM_FAILED request={request} hook={hook} error={error}",
+                      request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
+            return
+        if not won:
+            self._metrics.claims.labels(result="lost").inc()
+            self._summary.claims_lost += 1
+            log.debug("WEBHOOK_CLAIM_LOST request={request} hook={hook}",
+                      request=candidate.phid, hook=hook.phid)
+            return
+        self._metrics.claims.labels(result="won").inc()
+        self._summary.claims_won += 1
+        if target is None:
+            attempt = Attempt(code=CODE_UNRESOLVED, detail=f"unresolved {unresolved}")
+        elif not hook.hmac_key:
+            log.error("WEBHOOK_REQUEST_BUILD_FAILED request={request} hook={hook}"
+                      " reason={reason}", request=candidate.phid, hook=hook.phid,
+                      reason="empty hmac key")
+            attempt = Attempt(error_type=payload.ERROR_TYPE_HOOK,
+                              code=payload.CODE_REQUEST_BUILD)
+        else:
+            body = payload.build_body(candidate.object_phid, candidate.date_created, props)
+            headers = {
+                "Content-Type": "application/json",
+                payload.SIGNATURE_HEADER: payload.sign(hook.hmac_key, body),
+            }
+            started = self._clock.seconds()
+            attempt = await self._transport.attempt(target, body, headers)
+            duration = self._clock.seconds() - started
+            self._metrics.delivery_seconds.observe(max(duration, 0.0))
+        if attempt.aborted:
+            self._metrics.deliveries.labels(outcome="abandoned").inc()
+            log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
+                     request=candidate.phid, hook=hook.phid)
+            return
+        await self._record(candidate, hook.phid, props, attempt)
+
+    async def _record(self, candidate: Candidate, hook_phid: str,
+                      props: payload.Properties, attempt: Attempt) -> None:
+        if attempt.ok:
+            status, result, outcome = SENT, RESULT_OKAY, "sent"
+        else:
+            status = QUEUED if props.retry_forever else FAILED
+            result = RESULT_FAIL
+            outcome = "retry" if props.retry_forever else "failed"
+        properties = payload.with_outcome(props.document, attempt.error_type, attempt.code)
+        changed = await self._write(candidate, lambda: self._store.finish(
+            candidate, status, result, properties))
+        if changed is None:
+            return
+        self._metrics.deliveries.labels(outcome=outcome).inc()
+        if attempt.ok:
+            self._summary.delivered += 1
+            log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}",
+                     request=candidate.phid, hook=hook_phid, status=attempt.code)
+        elif _rejected(attempt):
+            self._summary.failed += 1
+            log.warn("WEBHOOK_DELIVERY_REJECTED request={request} hook={hook} status={status}"
+                     " row_status={row_status}", request=candidate.phid, hook=hook_phid,
+                     status=attempt.code, row_status=status)
+        else:
+            self._summary.failed += 1
+            log.warn("WEBHOOK_DELIVERY_FAILED request={request} hook={hook}"
+                     " error_type={error_type} code={code} error={error} row_status={row_status}",
+                     request=candidate.phid, hook=hook_phid, error_type=attempt.error_type,
+                     code=attempt.code, error=attempt.detail, row_status=status)
+        if changed == 0:
+            log.info("WEBHOOK_RESULT_ROW_GONE request={request} hook={hook}",
+                     request=candidate.phid, hook=hook_phid)
+
+    async def _retire(self, candidate: Candidate, document: dict | None, code: str) -> None:
+        if self._stopping:
+            return
+        properties = payload.with_outcome(document, payload.ERROR_TYPE_HOOK, code)
+        changed = await self._write(candidate, lambda: self._store.retire(candidate, properties))
+        if changed:
+            self._summary.config_failures += 1
+            self._metrics.deliveries.labels(outcome="config_failure").inc()
+        elif changed == 0:
+            log.debug("WEBHOOK_RETIRE_SKIPPED request={request} code={code}",
+                      request=candidate.phid, code=code)
+
+    async def _write(self, candidate: Candidate, write) -> int | None:
+        """A result write, retried briefly: losing it means a duplicate after the lease."""
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                return await write()
+            except Exception as e:
+                if attempt == WRITE_ATTEMPTS:
+                    log.error("WEBHOOK_RESULT_WRITE_FAILED request={request} error={error}",
+                              request=candidate.phid, error=platform_mysql.error_reason(e))
+                    return None
+                await deferLater(self._clock, WRITE_RETRY_DELAY * attempt)
+        return None
+
+    # -- shutdown (spec §8.2 steps 2-3) -----------------------------------
+
+    async def drain(self, budget: float) -> None:
+        """No new work; in-flight deliveries finish and write; past the budget, abort."""
+        self._stopping = True
+        self._lines.clear()
+        if await self._inflight.drain(budget, self._clock):
+            return
+        log.warn("WEBHOOK_SHUTDOWN_ABANDONED deliveries={count} budget={budget}",
+                 count=len(self._inflight), budget=budget)
+        self._transport.abort_all()
+        await self._inflight.drain(ABORT_GRACE, self._clock)
+
+
+def _rejected(attempt: Attempt) -> bool:
+    """The receiver answered with a status that is not success (vs. a transport failure)."""
+    return (attempt.error_type == payload.ERROR_TYPE_HTTP and isinstance(attempt.code, int)
+            and attempt.code >= 100)

@@ -1,0 +1,41 @@
+"""Prometheus metrics of one gorge-webhook process, on the service's own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+OUTCOMES = ("sent", "retry", "failed", "config_failure", "abandoned")
+
+
+class WebhookMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.deliveries = Counter(
+            "gorge_webhook_deliveries", "Delivery outcomes written back, by outcome",
+            ["outcome"], registry=registry)
+        self.claims = Counter(
+            "gorge_webhook_claims", "Claim attempts by result (lost: another process or task won first)", ["result"], registry=registry)
+        self.breaker_transitions = Counter(
+            "gorge_webhook_breaker_transitions", "Per-hook breaker state changes",
+            ["state"], registry=registry)
+        self.breaker_skips = Counter(
+            "gorge_webhook_breaker_skips", "Candidates left queued because their hook is open",
+            registry=registry)
+        self.open_breaker_rows = Gauge(
+            "gorge_webhook_open_breaker_rows", "Queued rows of hooks whose breaker is open",
+            registry=registry)
+        self.in_flight = Gauge(
+            "gorge_webhook_in_flight", "Candidates being processed now", registry=registry)
+        self.delivery_seconds = Histogram(
+            "gorge_webhook_delivery_seconds", "POST duration, redirects included",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30),
+            registry=registry)
+        self.poll_failures = Counter(
+            "gorge_webhook_poll_failures", "Polls that failed (database errors)",
+            registry=registry)
+        for outcome in OUTCOMES:
+            self.deliveries.labels(outcome=outcome)
+        for state in ("open", "closed"):
+            self.breaker_transitions.labels(state=state)
+        for result in ("won", "lost", "error"):
+            self.claims.labels(result=result)

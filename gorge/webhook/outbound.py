@@ -1,0 +1,310 @@
+"""Outbound delivery: the URI policy (spec §4.6), one bounded POST (§4.4), its code (§4.5).
+
+The host is resolved once and checked against the blacklist; the connection
+goes to a checked address (never a second lookup), while ``Host``, SNI and
+certificate checks still use the hook's host name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+from urllib.parse import urljoin, urlsplit
+
+from twisted.internet import error as net_error
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout, succeed
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.ssl import optionsForClientTLS
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, UNKNOWN_LENGTH
+from zope.interface import implementer
+
+from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
+
+USER_AGENT = "gorge-webhook"
+MAX_REDIRECTS = 10
+
+CODE_TIMEOUT = 28  # cURL's codes, as Phorge's worker records them
+CODE_UNRESOLVED = 6
+CODE_CONNECT = 7
+CODE_PARTIAL = 18
+CODE_TLS = 35
+CODE_EMPTY_REPLY = 52
+CODE_RESET = 56
+CODE_CERTIFICATE = 60
+CODE_OTHER = 0
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+class UriRefused(Exception):
+    """The outbound policy refuses this URI (a configuration failure, ``uri``)."""
+
+    def __init__(self, check: str, host: str) -> None:
+        super().__init__(f"{check}: {host}")
+        self.check = check
+        self.host = host
+
+
+class Unresolvable(Exception):
+    """The host has no address right now: a failed attempt (code 6), not a refusal."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        super().__init__(f"{host}: {reason}")
+        self.host = host
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Target:
+    uri: str = field(repr=False)
+    scheme: str
+    host: str
+    port: int
+    addresses: tuple[str, ...]
+
+
+def system_resolver(reactor) -> Resolver:
+    """getaddrinfo (IPv4 and IPv6) in the reactor's thread pool."""
+
+    async def resolve(host: str, port: int) -> list[str]:
+        infos = await deferToThreadPool(reactor, reactor.getThreadPool(), socket.getaddrinfo,
+                                        host, port, 0, socket.SOCK_STREAM)
+        addresses: list[str] = []
+        for _family, _type, _proto, _name, sockaddr in infos:
+            if sockaddr[0] not in addresses:
+                addresses.append(sockaddr[0])
+        return addresses
+
+    return resolve
+
+
+class UriPolicy:
+    def __init__(self, blacklist: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
+                 resolve: Resolver, clock: IReactorTime, timeout: float) -> None:
+        self._blacklist = tuple(blacklist)
+        self._resolve = resolve
+        self._clock = clock
+        self._timeout = timeout
+
+    def blocked(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        forms = [ip]
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            forms.append(ip.ipv4_mapped)
+        return any(form in network for form in forms for network in self._blacklist
+                   if form.version == network.version)
+
+    async def check(self, uri: str) -> Target:
+        """Raise UriRefused or Unresolvable, else the target with its checked addresses."""
+        scheme = uri.split(":", 1)[0] if ":" in uri else ""
+        if scheme not in ("http", "https"):
+            raise UriRefused("scheme", "")
+        try:
+            parts = urlsplit(uri)
+            host = parts.hostname or ""
+            port = parts.port or (443 if scheme == "https" else 80)
+        except ValueError:
+            raise UriRefused("host", "") from None
+        if not host:
+            raise UriRefused("host", "")
+        try:
+            addresses = [str(ipaddress.ip_address(host))]
+        except ValueError:
+            try:
+                d = Deferred.fromCoroutine(self._resolve(host, port))
+                addresses = await d.addTimeout(self._timeout, self._clock)
+            except Exception as e:
+                raise Unresolvable(host, type(e).__name__) from None
+            if not addresses:
+                raise Unresolvable(host, "no address")
+        for address in addresses:
+            if self.blocked(address):
+                raise UriRefused("blacklisted address", host)
+        return Target(uri=uri, scheme=scheme, host=host, port=port, addresses=tuple(addresses))
+
+
+@implementer(IBodyProducer)
+class _BytesProducer:
+    """A known-length body: sent with Content-Length, never chunked."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body) if body is not None else UNKNOWN_LENGTH
+
+    def startProducing(self, consumer) -> Deferred:
+        consumer.write(self._body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+@implementer(IAgentEndpointFactory)
+class _CheckedEndpointFactory:
+    """Connect to the address the policy checked, keep the name for Host/SNI/certificate."""
+
+    def __init__(self, reactor, target: Target, connect_timeout: float) -> None:
+        self._reactor = reactor
+        self._target = target
+        self._timeout = connect_timeout
+
+    def endpointForURI(self, uri):
+        address = self._target.addresses[0]
+        port = uri.port
+        if ipaddress.ip_address(address.split("%", 1)[0]).version == 6:
+            endpoint = TCP6ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
+        else:
+            endpoint = TCP4ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
+        if uri.scheme == b"https":
+            endpoint = wrapClientTLS(optionsForClientTLS(self._target.host), endpoint)
+        return endpoint
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The outcome of one delivery attempt; ``aborted`` means nothing may be written."""
+
+    ok: bool = False
+    error_type: str = ERROR_TYPE_HTTP
+    code: int | str = CODE_OTHER
+    detail: str = ""
+    aborted: bool = False
+
+
+def _reasons(exc: BaseException) -> list[BaseException]:
+    found = []
+    for reason in getattr(exc, "reasons", None) or []:
+        inner = reason.value if isinstance(reason, Failure) else reason
+        found.extend(_reasons(inner) or [inner])
+    return found
+
+
+def transport_code(exc: BaseException) -> int:
+    """cURL's code for a transport failure (spec §4.5); our own deadline is decided elsewhere."""
+    from twisted.web._newclient import ResponseFailed, ResponseNeverReceived, _DataLoss
+
+    if isinstance(exc, net_error.TimeoutError):
+        return CODE_TIMEOUT
+    if isinstance(exc, net_error.ConnectError):
+        return CODE_CONNECT
+    if isinstance(exc, PartialDownloadError):
+        return CODE_PARTIAL
+    reasons = _reasons(exc)
+    for reason in reasons:
+        if isinstance(reason, net_error.TimeoutError):
+            return CODE_TIMEOUT
+        if isinstance(reason, net_error.ConnectError):
+            return CODE_CONNECT
+        if isinstance(reason, _DataLoss):
+            return CODE_PARTIAL
+        name = type(reason).__name__
+        text = str(reason)
+        if name == "VerificationError" or "certificate verify failed" in text:
+            return CODE_CERTIFICATE
+        if type(reason).__module__.startswith("OpenSSL"):
+            return CODE_TLS
+    if isinstance(exc, ResponseNeverReceived):
+        if any(isinstance(r, net_error.ConnectionDone) for r in reasons):
+            return CODE_EMPTY_REPLY
+        if any(isinstance(r, net_error.ConnectionLost) for r in reasons):
+            return CODE_RESET
+    if isinstance(exc, ResponseFailed):
+        return CODE_PARTIAL if reasons else CODE_OTHER
+    return CODE_OTHER
+
+
+class Transport:
+    """POSTs over one shared connection pool, each exchange under one deadline."""
+
+    def __init__(self, reactor, policy: UriPolicy, timeout: float, *,
+                 pool: HTTPConnectionPool | None = None, max_per_host: int = 8) -> None:
+        self._reactor = reactor
+        self._policy = policy
+        self._timeout = timeout
+        if pool is None:
+            pool = HTTPConnectionPool(reactor, persistent=True)
+            pool.maxPersistentPerHost = max(max_per_host, 2)
+            pool.retryAutomatically = False  # a silent re-POST could deliver twice
+        self._pool = pool
+        self._running: set[Deferred] = set()
+        self._aborting = False
+
+    async def attempt(self, target: Target, body: bytes, headers: dict[str, str]) -> Attempt:
+        """One delivery: redirects (307/308 only) and the body read share the deadline."""
+        deadline_fired = []
+        exchange = Deferred.fromCoroutine(self._exchange(target, body, headers))
+        self._running.add(exchange)
+
+        def expire() -> None:
+            deadline_fired.append(True)
+            exchange.cancel()
+
+        timer = self._reactor.callLater(self._timeout, expire)
+        try:
+            status = await exchange
+        except Exception as e:
+            if self._aborting:
+                return Attempt(aborted=True, detail="shutdown")
+            if deadline_fired:
+                return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
+            if isinstance(e, (CancelledError, DeferredTimeout)):
+                return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT,
+                               detail=type(e).__name__)
+            code = transport_code(e)
+            error_type = ERROR_TYPE_TIMEOUT if code == CODE_TIMEOUT else ERROR_TYPE_HTTP
+            return Attempt(error_type=error_type, code=code, detail=_describe(e))
+        finally:
+            self._running.discard(exchange)
+            if timer.active():
+                timer.cancel()
+        return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status)
+
+    async def _exchange(self, target: Target, body: bytes, headers: dict[str, str]) -> int:
+        send_headers = Headers({name.encode("ascii"): [value.encode("ascii")]
+                                for name, value in headers.items()})
+        send_headers.setRawHeaders(b"user-agent", [USER_AGENT.encode("ascii")])
+        for _ in range(MAX_REDIRECTS + 1):
+            agent = Agent.usingEndpointFactory(
+                self._reactor, _CheckedEndpointFactory(self._reactor, target, self._timeout),
+                pool=self._pool)
+            response = await agent.request(b"POST", target.uri.encode("utf-8"), send_headers,
+                                           _BytesProducer(body))
+            # Read the body to the end so the connection can be reused.
+            await readBody(response)
+            location = response.headers.getRawHeaders(b"location") or []
+            if response.code not in (307, 308) or not location:
+                return response.code
+            try:
+                target = await self._policy.check(
+                    urljoin(target.uri, location[0].decode("latin-1")))
+            except (UriRefused, Unresolvable):
+                return response.code
+        return response.code
+
+    def abort_all(self) -> None:
+        """Shutdown budget spent: cut the exchanges still open; their rows get no write."""
+        self._aborting = True
+        for exchange in list(self._running):
+            exchange.cancel()
+
+    async def close(self) -> None:
+        await self._pool.closeCachedConnections()
+
+
+def _describe(exc: BaseException) -> str:
+    reasons = _reasons(exc)
+    inner = reasons[0] if reasons else exc
+    return f"{type(inner).__name__}: {inner}"[:200]

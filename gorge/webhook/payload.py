@@ -1,0 +1,155 @@
+"""The request document: reading ``properties``, the signed body, the write-back.
+
+Pure functions only; the byte formats here are contracts (spec §2.5, §4, §5.3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+ERROR_TYPE_HTTP = "http"
+ERROR_TYPE_TIMEOUT = "timeout"
+ERROR_TYPE_HOOK = "hook"
+
+CODE_INVALID_PROPERTIES = "invalid-properties"
+CODE_NOT_FOUND = "not-found"
+CODE_DISABLED = "disabled"
+CODE_URI = "uri"
+CODE_REQUEST_BUILD = "request-build-error"
+
+SIGNATURE_HEADER = "X-Phabricator-Webhook-Signature"
+
+# PHP array keys that are integers encode as canonical decimal strings only.
+_INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)
+
+
+class InvalidProperties(ValueError):
+    """The stored document breaks a read rule of spec §2.5.
+
+    ``document`` is the parsed object when the text was a JSON object that
+    only failed a type rule (its keys are then preserved on write), else None.
+    """
+
+    def __init__(self, reason: str, document: dict | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.document = document
+
+
+@dataclass(frozen=True)
+class Properties:
+    """What we read from a row's ``properties``; ``document`` is kept for the write-back."""
+
+    document: dict
+    retry_forever: bool
+    transactions: Any  # list or dict as stored: its shape decides the body order
+    triggers: tuple[str, ...]
+    silent: bool
+    secure: bool
+    test: bool
+
+
+def _phid_values(document: dict, key: str) -> Any:
+    value = document.get(key)
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise InvalidProperties(f"{key} is not a list or object", document)
+    if not all(isinstance(item, str) for item in items):
+        raise InvalidProperties(f"{key} holds a non-string element", document)
+    return value
+
+
+def _flag(document: dict, key: str) -> bool:
+    value = document.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidProperties(f"{key} is not a boolean", document)
+    return value
+
+
+def parse_properties(text: str | bytes | None) -> Properties:
+    """Apply the read rules of spec §2.5; raise InvalidProperties otherwise."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    try:
+        document = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        raise InvalidProperties("not JSON") from None
+    if document is None or document == []:
+        document = {}
+    if not isinstance(document, dict):
+        raise InvalidProperties("not a JSON object")
+    transactions = _phid_values(document, "transactionPHIDs")
+    triggers = _phid_values(document, "triggerPHIDs")
+    return Properties(
+        document=document,
+        retry_forever=document.get("retry") == "forever",
+        transactions=transactions,
+        triggers=tuple(triggers.values() if isinstance(triggers, dict) else triggers),
+        silent=_flag(document, "silent"),
+        secure=_flag(document, "secure"),
+        test=_flag(document, "test"),
+    )
+
+
+def newest_first(transactions: Any) -> list[str]:
+    """Transaction PHIDs in the order Phorge sends them (spec §4.2).
+
+    An id-keyed object (test page, ``bin/webhook call``) sorts by id,
+    descending; anything else is stored oldest first, so it is reversed.
+    """
+    if isinstance(transactions, dict):
+        keys = list(transactions)
+        if keys and all(_INT_KEY.fullmatch(k) for k in keys):
+            return [transactions[k] for k in sorted(keys, key=int, reverse=True)]
+        return list(reversed(list(transactions.values())))
+    return list(reversed(transactions))
+
+
+def phid_type(phid: str) -> str:
+    parts = phid.split("-")
+    return parts[1] if len(parts) >= 2 else ""
+
+
+def build_body(object_phid: str, date_created: int, props: Properties) -> bytes:
+    """PhutilJSON::encodeFormatted() bytes of the payload, trailing newline included."""
+    payload = {
+        "object": {"type": phid_type(object_phid), "phid": object_phid},
+        "triggers": [{"phid": phid} for phid in props.triggers],
+        "action": {
+            "test": props.test,
+            "silent": props.silent,
+            "secure": props.secure,
+            "epoch": int(date_created),
+        },
+        "transactions": [{"phid": phid} for phid in newest_first(props.transactions)],
+    }
+    # With indent, Python's separators are "," and ": " and ensure_ascii
+    # matches PHP's \uXXXX escapes: byte-identical to PhutilJSON here.
+    return (json.dumps(payload, indent=2) + "\n").encode("ascii")
+
+
+def sign(key: str, body: bytes) -> str:
+    return hmac.new(key.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
+def with_outcome(document: dict | None, error_type: str, error_code: int | str) -> str:
+    """The ``properties`` column after an outcome, compact as PHP's json_encode (§5.3)."""
+    updated = dict(document) if document is not None else {}
+    # Assigning to an existing key keeps its position; new keys append.
+    updated["errorType"] = error_type
+    updated["errorCode"] = error_code
+    text = json.dumps(updated, separators=(",", ":"))
+    # json.dumps never emits "/" outside strings, and PHP escapes it inside them.
+    return text.replace("/", "\\/")

@@ -1,0 +1,115 @@
+"""gorge-webhook settings: environment (spec §7) -> one frozen dataclass."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from gorge.config import ConfigError, Env, HttpSettings, MySQLSettings, load_http_settings
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Phorge's default security.outbound-blacklist (spec §4.6), in its order.
+DEFAULT_OUTBOUND_BLACKLIST = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
+    "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    "255.255.255.255/32", "::/128", "::1/128", "::ffff:0:0/96", "100::/64", "64:ff9b::/96",
+    "2001::/32", "2001:10::/28", "2001:20::/28", "2001:db8::/32", "2002::/16", "fc00::/7",
+    "fe80::/10", "ff00::/8",
+)
+
+BLACKLIST_VAR = "GORGE_WEBHOOK_OUTBOUND_BLACKLIST"
+
+
+def parse_blacklist(text: str | None) -> tuple[IPNetwork, ...]:
+    """CIDR list; None (unset or empty) is Phorge's default, ``none`` is empty."""
+    if text is None:
+        items = list(DEFAULT_OUTBOUND_BLACKLIST)
+    elif text.strip().lower() == "none":
+        return ()
+    else:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+    networks = []
+    for item in items:
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(BLACKLIST_VAR, f"not a network: {item!r}") from None
+    return tuple(networks)
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    http: HttpSettings
+    mysql: MySQLSettings
+    poll_interval: float = 1.0
+    delivery_timeout: int = 15
+    max_concurrent: int = 8
+    breaker_window: int = 300
+    breaker_threshold: int = 10
+    retry_backoff: int = 60
+    claim_lease: int = 30
+    outbound_blacklist: tuple[IPNetwork, ...] = field(default=(), repr=False)
+
+    @property
+    def effective_lease(self) -> int:
+        """A lease shorter than one delivery would let a poller re-claim a row in flight."""
+        return max(self.claim_lease, self.delivery_timeout)
+
+    @property
+    def effective_retry(self) -> int:
+        """A failure write refreshes both the lease and the backoff clock (§3.3)."""
+        return max(self.effective_lease, self.retry_backoff)
+
+    @property
+    def shutdown_budget(self) -> float:
+        return self.delivery_timeout + 10.0
+
+    def startup_warnings(self) -> list[str]:
+        warnings = []
+        if self.claim_lease < self.delivery_timeout:
+            warnings.append(
+                f"GORGE_WEBHOOK_CLAIM_LEASE_SEC={self.claim_lease} raised to the delivery "
+                f"timeout: the effective lease is {self.effective_lease}s")
+        if self.retry_backoff < self.effective_lease:
+            warnings.append(
+                f"GORGE_WEBHOOK_RETRY_BACKOFF_SEC={self.retry_backoff} is below the lease: "
+                f"failed requests are retried every {self.effective_retry}s")
+        if self.effective_lease < self.delivery_timeout + 2:
+            warnings.append(
+                f"effective lease {self.effective_lease}s leaves under 2s of margin over the "
+                f"delivery timeout {self.delivery_timeout}s")
+        return warnings
+
+
+def load_webhook_settings(environ: Mapping[str, str], *, listen: str | None = None,
+                          env: Env | None = None) -> WebhookSettings:
+    env = env if env is not None else Env(environ, "gorge-webhook")
+
+    def name(setting: str) -> tuple[str, str]:
+        return (f"GORGE_WEBHOOK_{setting}", setting)
+
+    http = load_http_settings(env, default_listen=":8160", listen_override=listen,
+                              legacy_names=True)
+    namespace = env.str(("GORGE_WEBHOOK_NAMESPACE", "STORAGE_NAMESPACE"), "phorge")
+    mysql = MySQLSettings(
+        host=env.str(name("MYSQL_HOST"), "127.0.0.1"),
+        port=env.int(name("MYSQL_PORT"), 3306, min=1, max=65535),
+        user=env.str(name("MYSQL_USER"), "phorge"),
+        password=env.str(name("MYSQL_PASS"), ""),
+        database=f"{namespace}_herald",
+    )
+    return WebhookSettings(
+        http=http,
+        mysql=mysql,
+        poll_interval=env.int(name("POLL_INTERVAL_MS"), 1000, min=1) / 1000.0,
+        delivery_timeout=env.int(name("DELIVERY_TIMEOUT"), 15, min=1),
+        max_concurrent=env.int(name("MAX_CONCURRENT"), 8, min=1),
+        breaker_window=env.int(name("ERROR_BACKOFF_SEC"), 300, min=0),
+        breaker_threshold=env.int(name("ERROR_THRESHOLD"), 10, min=1),
+        retry_backoff=env.int("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", 60, min=0),
+        claim_lease=env.int("GORGE_WEBHOOK_CLAIM_LEASE_SEC", 30, min=0),
+        outbound_blacklist=parse_blacklist(env.raw(BLACKLIST_VAR)),
+    )
