@@ -36,6 +36,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from gorge import redis as gredis
+from gorge.config import ConfigError
 from gorge.taskqueue.model import (
     ARCHIVE_COLUMNS,
     AWAKEN_WINDOW,
@@ -598,5 +599,12 @@ def make_redis_task_store(
     *,
     key_prefix: str = DEFAULT_KEY_PREFIX,
 ) -> RedisTaskStore:
-    """A store on a lazy pool: nothing connects until the first call (§2.2)."""
+    """A store on a lazy pool: nothing connects until the first call (§2.2).
+
+    Raises ConfigError for a key prefix whose hash tag is malformed.
+    """
+    try:
+        key_base(key_prefix)
+    except ValueError as e:
+        raise ConfigError("GORGE_TASKQUEUE_REDIS_KEY_PREFIX", str(e)) from None
     return RedisTaskStore(gredis.make_redis(settings, reactor), clock=reactor, key_prefix=key_prefix)
