@@ -1,0 +1,132 @@
+"""In-process stand-ins for what lies outside the worker: the queue's HTTP API
+seen through the client interface, and an event capture for log assertions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
+from twisted.logger import globalLogPublisher
+
+from gorge.worker.consumer import Consumer, LoopSettings
+from gorge.worker.metrics import WorkerMetrics
+from gorge.worker.queueclient import QueueError
+from gorge.worker.registry import LeasePlan, Registry
+
+
+def make_task(task_id: int, task_class: str = "NoopWorker", *, expires: int | None = 7200,
+              data: str | None = "{}", failure_count: int = 0) -> dict:
+    task = {"id": task_id, "taskClass": task_class, "failureCount": failure_count,
+            "dataID": task_id, "priority": 2000}
+    if expires is not None:
+        task["leaseExpires"] = expires
+    if data is not None:
+        task["data"] = data
+    return task
+
+
+@dataclass
+class Report:
+    kind: str
+    task_id: int
+    args: dict = field(default_factory=dict)
+
+
+class FakeQueue:
+    """Records every call; tasks are handed out from ``waiting`` in order.
+
+    ``lease_errors`` / ``report_errors`` are consumed one per call (an entry
+    of ``"hang"`` answers with a Deferred that never fires unless cancelled).
+    """
+
+    owner = "test-host:1:0:gorge-worker"
+
+    def __init__(self) -> None:
+        self.waiting: list[dict] = []
+        self.leases: list[tuple[int, list[str] | None]] = []
+        self.reports: list[Report] = []
+        self.attempts: list[Report] = []
+        self.lease_errors: list[Any] = []
+        self.report_errors: list[Any] = []
+        self.lease_hold: Deferred | None = None
+        self.report_waiters: list[tuple[int, Deferred]] = []
+
+    async def lease(self, limit: int, task_classes):
+        self.leases.append((limit, task_classes))
+        if self.lease_hold is not None:
+            hold, self.lease_hold = self.lease_hold, None
+            await hold
+        if self.lease_errors:
+            error = self.lease_errors.pop(0)
+            if error == "hang":
+                await Deferred()
+            raise error
+        batch, self.waiting = self.waiting[:limit], self.waiting[limit:]
+        return batch
+
+    async def _report(self, report: Report) -> None:
+        self.attempts.append(report)
+        if self.report_errors:
+            error = self.report_errors.pop(0)
+            if error == "hang":
+                await Deferred()
+            if error is not None:
+                raise error
+        self.reports.append(report)
+        for count, waiter in list(self.report_waiters):
+            if len(self.reports) >= count and not waiter.called:
+                waiter.callback(None)
+
+    def reported(self, count: int) -> Deferred:
+        d: Deferred = Deferred()
+        self.report_waiters.append((count, d))
+        if len(self.reports) >= count:
+            d.callback(None)
+        return d
+
+    async def complete(self, task_id, duration_us, *, timeout):
+        await self._report(Report("complete", task_id, {"duration": duration_us,
+                                                        "timeout": timeout}))
+
+    async def fail(self, task_id, permanent, *, retry_wait=None, message="", timeout):
+        await self._report(Report("fail", task_id, {"permanent": permanent,
+                                                    "retryWait": retry_wait,
+                                                    "message": message, "timeout": timeout}))
+
+    async def yield_task(self, task_id, seconds, *, timeout):
+        await self._report(Report("yield", task_id, {"duration": seconds, "timeout": timeout}))
+
+
+def server_error() -> QueueError:
+    return QueueError("api error [ERR_INTERNAL]: internal server error", status=500,
+                      code="ERR_INTERNAL")
+
+
+def make_consumer(queue: FakeQueue, registry: Registry, clock, *, class_filter=(),
+                  **loop) -> tuple[Consumer, CollectorRegistry]:
+    metrics_registry = CollectorRegistry()
+    consumer = Consumer(queue=queue, registry=registry, plan=LeasePlan(registry, class_filter),
+                        clock=clock, settings=LoopSettings(**loop),
+                        metrics=WorkerMetrics(metrics_registry))
+    return consumer, metrics_registry
+
+
+class CapturedEvents:
+    """Log events emitted while the context is open (names and fields)."""
+
+    def __enter__(self) -> "CapturedEvents":
+        self.events: list[dict] = []
+        globalLogPublisher.addObserver(self.events.append)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        globalLogPublisher.removeObserver(self.events.append)
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if (e.get("log_format") or "").startswith(name)]
+
+    def failures(self) -> list[dict]:
+        return [e for e in self.events
+                if "log_failure" in e or (e.get("log_format") or "").startswith("PANIC")]

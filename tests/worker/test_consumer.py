@@ -1,0 +1,374 @@
+"""The consume loop on an injected clock (worker.md §6-8, §14)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
+from gorge.worker.queueclient import QueueError
+from gorge.worker.registry import Registry
+
+from .fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
+
+
+class Gate:
+    """A handler whose runs finish when the test says so."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, Deferred] = {}
+        self.started: list[int] = []
+        self.max_concurrent = 0
+        self.cancelled: list[int] = []
+
+    def __call__(self, task, data):
+        d = Deferred(lambda _: self.cancelled.append(task["id"]))
+        self.running[task["id"]] = d
+        self.started.append(task["id"])
+        self.max_concurrent = max(self.max_concurrent, len(self.running))
+        d.addBoth(self._done, task["id"])
+        return d
+
+    def _done(self, result, task_id):
+        self.running.pop(task_id, None)
+        return result
+
+    def finish(self, task_id, result=None):
+        self.running[task_id].callback(result)
+
+
+def registry_with(handler, task_class="NoopWorker") -> Registry:
+    registry = Registry()
+    registry.register(task_class, handler)
+    return registry
+
+
+def succeed_handler(task, data):
+    return None
+
+
+def test_first_lease_after_one_poll_interval_and_batches_within_free_capacity():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(i) for i in range(1, 11)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock, lease_limit=10,
+                                max_workers=3, poll_interval=1.0)
+    consumer.start()
+    clock.advance(0.5)
+    assert queue.leases == []
+    clock.advance(0.5)
+    assert queue.leases == [(3, ["NoopWorker"])]
+    assert gate.started == [1, 2, 3]
+    clock.pump([1.0] * 5)
+    assert len(queue.leases) == 1  # no free slot: no lease call at all
+    gate.finish(2)
+    clock.advance(0)
+    assert queue.leases[-1] == (1, ["NoopWorker"])
+    assert gate.started == [1, 2, 3, 4]
+    assert gate.max_concurrent == 3
+    assert [r.kind for r in queue.reports] == ["complete"]
+    assert consumer.counters.processed == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    max_workers=st.integers(1, 6),
+    lease_limit=st.integers(1, 8),
+    tasks=st.integers(0, 25),
+    steps=st.lists(st.one_of(st.just("tick"), st.integers(0, 30)), max_size=60),
+)
+def test_lease_never_exceeds_free_capacity_and_cap_holds(max_workers, lease_limit, tasks, steps):
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(i) for i in range(1, tasks + 1)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock, lease_limit=lease_limit,
+                                max_workers=max_workers, poll_interval=1.0)
+    original = queue.lease
+
+    async def checked_lease(limit, classes):
+        assert 1 <= limit <= min(lease_limit, max_workers - len(gate.running))
+        return await original(limit, classes)
+
+    queue.lease = checked_lease
+    consumer.start()
+    for step in steps:
+        if step == "tick":
+            clock.advance(1.0)
+        elif gate.running:
+            gate.finish(sorted(gate.running)[step % len(gate.running)])
+            clock.advance(0)
+        assert len(gate.running) <= max_workers
+        assert consumer.active <= max_workers
+    assert gate.max_concurrent <= max_workers
+    assert len(set(gate.started)) == len(gate.started)
+
+
+def test_class_filter_is_sent_sorted_and_only_runnable_classes_leased():
+    clock, queue = Clock(), FakeQueue()
+    registry = Registry()
+    registry.register("B", succeed_handler)
+    registry.register("A", succeed_handler)
+    registry.register("C", succeed_handler)
+    consumer, _ = make_consumer(queue, registry, clock, class_filter=("C", "A", "Z"))
+    consumer.start()
+    clock.advance(1.0)
+    assert queue.leases == [(4, ["A", "C"])]
+
+
+def test_fallback_without_filter_omits_task_classes():
+    clock, queue = Clock(), FakeQueue()
+    registry = Registry()
+    registry.register("B", succeed_handler)
+    registry.set_fallback(succeed_handler)
+    consumer, _ = make_consumer(queue, registry, clock)
+    consumer.start()
+    clock.advance(1.0)
+    assert queue.leases == [(4, None)]
+
+
+def test_idle_worker_keeps_polling_and_picks_up_new_work_within_one_interval():
+    clock, queue = Clock(), FakeQueue()
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
+                                idle_timeout=180, poll_interval=1.0)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.pump([1.0] * 400)
+        assert consumer.idle is True
+        assert len(captured.named("WORKER_IDLE")) == 1
+        leases_before = len(queue.leases)
+        queue.waiting = [make_task(1, expires=10_000)]
+        clock.advance(1.0)
+        assert len(queue.leases) == leases_before + 1
+        assert [r.task_id for r in queue.reports] == [1]
+        assert consumer.idle is False
+        assert len(captured.named("WORKER_ACTIVE")) == 1
+
+
+def test_hibernation_when_configured_makes_no_lease_calls_for_its_window():
+    clock, queue = Clock(), FakeQueue()
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
+                                idle_timeout=10, hibernate=100, poll_interval=1.0)
+    consumer.start()
+    clock.pump([1.0] * 12)  # idle clock starts at t=1, passes 10 s at t=12
+    assert consumer.idle is True
+    count = len(queue.leases)
+    clock.pump([1.0] * 99)
+    assert len(queue.leases) == count
+    clock.pump([1.0])  # hibernation ends at t=112
+    assert len(queue.leases) == count + 1
+
+
+def test_lease_errors_set_readiness_and_log_by_state_change():
+    clock, queue = Clock(), FakeQueue()
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    assert consumer.readiness_reason() == "no lease attempt has completed yet"
+    queue.lease_errors = [QueueError("lease: http: POST /api/queue/lease: ConnectionRefusedError")
+                          for _ in range(150)]
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.pump([1.0] * 150)
+        assert consumer.readiness_reason().startswith("taskqueue: lease: http:")
+        assert len(captured.named("LEASE_FAILED")) == 1
+        assert 1 <= len(captured.named("LEASE_STILL_FAILING")) <= 3
+        clock.advance(1.0)
+        assert consumer.readiness_reason() is None
+        assert len(captured.named("LEASE_RECOVERED")) == 1
+    assert len(queue.leases) == 151
+
+
+def test_report_retries_five_times_with_growing_waits_then_keeps_the_lease():
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(7)]
+    queue.report_errors = [server_error() for _ in range(5)]
+    consumer, metrics = make_consumer(queue, registry_with(succeed_handler), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        clock.pump([0.05] * 60)
+        gaps = [b.args["timeout"] - a.args["timeout"] for a, b in
+                zip(queue.attempts, queue.attempts[1:])]
+        # the per-attempt timeout is the time left until the lease deadline
+        assert gaps == pytest.approx([-0.2, -0.4, -0.6, -0.8], abs=0.051)
+        assert len(queue.attempts) == 5
+        clock.advance(60)
+        assert len(queue.attempts) == 5
+        unreported = captured.named("TASK_UNREPORTED")
+    assert len(unreported) == 1 and unreported[0]["task_id"] == 7
+    assert consumer.counters.unreported == 1 and consumer.counters.processed == 0
+    assert metrics.get_sample_value("gorge_worker_report_retries_total") == 4
+
+
+def test_report_retries_stop_at_the_lease_deadline():
+    clock, queue = Clock(), FakeQueue()
+    clock.advance(100)
+    queue.waiting = [make_task(8, expires=102)]  # leased at 101, one second left
+    queue.report_errors = [server_error() for _ in range(5)]
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    consumer.start()
+    clock.pump([1.0] + [0.1] * 30)
+    # attempts at 101.0, 101.2, 101.6; the next wait would end at 102.2
+    assert len(queue.attempts) == 3
+    assert all(a.args["timeout"] <= 1.0 for a in queue.attempts)
+    assert consumer.counters.unreported == 1
+
+
+def test_a_refused_report_is_not_retried():
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(9)]
+    queue.report_errors = [QueueError("api error [ERR_NOT_FOUND]: task not found", status=404,
+                                      code="ERR_NOT_FOUND")]
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.pump([1.0] * 3)
+        assert len(queue.attempts) == 1
+        assert "may already be recorded" in captured.named("TASK_UNREPORTED")[0]["reason"]
+
+
+def test_handler_outliving_its_lease_is_abandoned_not_reported():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(3, expires=31)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        assert gate.started == [3]
+        clock.advance(29.9)
+        assert gate.cancelled == []
+        clock.advance(0.1)
+        assert gate.cancelled == [3]
+        clock.advance(10)
+        assert len(captured.named("TASK_ABANDONED")) == 1
+    assert queue.attempts == []
+    assert consumer.counters.unreported == 1 and consumer.active == 0
+
+
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (None, ("complete", {})),
+        (PermanentFailure("bad data"), ("fail", {"permanent": True, "retryWait": None})),
+        (RetryLater("later", retry_wait=42), ("fail", {"permanent": False, "retryWait": 42})),
+        (ValueError("boom"), ("fail", {"permanent": False, "retryWait": None})),
+        (Yield(2), ("yield", {"duration": 5})),
+        (Yield(90), ("yield", {"duration": 90})),
+    ],
+)
+def test_outcomes_map_to_reports_and_counters(raised, expected):
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(5)]
+
+    def handler(task, data):
+        clock.advance(0.25)
+        if raised is not None:
+            raise RuntimeError("wrapped") from raised
+
+    consumer, _ = make_consumer(queue, registry_with(handler), clock)
+    consumer.start()
+    clock.advance(1.0)
+    (report,) = queue.reports
+    kind, args = expected
+    assert report.kind == kind and report.task_id == 5
+    for key, value in args.items():
+        assert report.args[key] == value
+    if kind == "complete":
+        assert report.args["duration"] == 250_000
+        assert consumer.counters.processed == 1
+    elif kind == "fail":
+        assert consumer.counters.failed == 1
+    else:
+        assert consumer.counters.yielded == 1
+
+
+def test_unsupported_class_is_failed_temporarily_without_counting():
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(11, "SomethingElse")]
+    consumer, metrics = make_consumer(queue, registry_with(succeed_handler), clock)
+    consumer.start()
+    clock.advance(1.0)
+    (report,) = queue.reports
+    assert (report.kind, report.args["permanent"], report.args["retryWait"]) == ("fail", False, 60)
+    assert consumer.counters.failed == 0 and consumer.counters.processed == 0
+    assert metrics.get_sample_value(
+        "gorge_worker_tasks_total", {"task_class": "SomethingElse", "outcome": "skipped"}) == 1
+
+
+def test_a_task_already_running_is_neither_run_nor_reported_again():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(4)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        queue.waiting = [make_task(4)]
+        clock.advance(1.0)
+        assert gate.started == [4]
+        assert len(captured.named("TASK_DUPLICATE_LEASE")) == 1
+    gate.finish(4)
+    assert [r.kind for r in queue.reports] == ["complete"]
+
+
+def test_task_without_lease_expiry_gets_two_hours():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(6, expires=None)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        assert len(captured.named("TASK_WITHOUT_LEASE_EXPIRY")) == 1
+    clock.advance(7199)
+    assert gate.cancelled == []
+    clock.advance(1)
+    assert gate.cancelled == [6]
+
+
+def test_shutdown_stops_leasing_lets_running_tasks_finish_and_report():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(1), make_task(2)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock, drain_timeout=30)
+    consumer.start()
+    clock.advance(1.0)
+    stopped = Deferred.fromCoroutine(consumer.stop())
+    assert consumer.readiness_reason() == "shutting down"
+    leases = len(queue.leases)
+    clock.advance(10)
+    assert len(queue.leases) == leases
+    assert not stopped.called
+    gate.finish(1)
+    gate.finish(2, None)
+    assert stopped.called
+    assert sorted(r.task_id for r in queue.reports) == [1, 2]
+    assert consumer.counters.processed == 2
+
+
+def test_shutdown_hands_back_tasks_of_a_lease_in_flight():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(1), make_task(2)]
+    hold = queue.lease_hold = Deferred()
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    consumer.start()
+    clock.advance(1.0)
+    stopped = Deferred.fromCoroutine(consumer.stop())
+    assert not stopped.called
+    hold.callback(None)
+    assert stopped.called
+    assert gate.started == []
+    assert [(r.kind, r.task_id, r.args["duration"]) for r in queue.reports] == [
+        ("yield", 1, 5), ("yield", 2, 5)]
+    assert consumer.counters.yielded == 0
+
+
+def test_drain_budget_expiry_abandons_running_tasks_unreported():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(1)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock, drain_timeout=5)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        stopped = Deferred.fromCoroutine(consumer.stop())
+        clock.advance(5)
+        assert stopped.called
+        assert [e["task_id"] for e in captured.named("TASK_ABANDONED")] == [1]
+    assert gate.cancelled == [1]
+    assert queue.attempts == []
+    assert consumer.counters.unreported == 1
