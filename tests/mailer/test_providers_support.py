@@ -1,0 +1,194 @@
+"""Helpers for the HTTP provider tests (no tests of its own).
+
+* :func:`message` -- a validated :class:`Message` from the wire shape.
+* :func:`entry` -- a backend list element.
+* :class:`MemoryHttp` -- a real ``Agent``/``HTTPClient`` on a
+  ``MemoryReactorClock``: the test decides when the TCP connection comes up,
+  reads the exact bytes the client wrote and scripts the server's answer,
+  so deadlines before and after submission are deterministic.
+* :class:`LoopbackServer` -- a real HTTP server on 127.0.0.1 (free port)
+  that records each request and answers from a script, for end-to-end
+  sends through the real reactor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from treq.client import HTTPClient
+from twisted.internet import defer
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.message import Message, parse_send_request
+
+
+def wire_message(**overrides: Any) -> dict:
+    doc = {
+        "from": {"name": "Phorge", "address": "noreply@example.com"},
+        "to": [{"name": "Alice", "address": "alice@example.com"}],
+        "subject": "[Differential] D123: Fix the thing",
+        "textBody": "plain text",
+    }
+    doc.update(overrides)
+    return doc
+
+
+def message(**overrides: Any) -> Message:
+    return parse_send_request({"message": wire_message(**overrides)}).message
+
+
+def full_message() -> Message:
+    """Every field a provider maps, with names that need quoting."""
+    return message(
+        **{
+            "from": {"name": "Phorge", "address": "noreply@example.com"},
+            "replyTo": {"name": "", "address": "reply@example.com"},
+            "to": [
+                {"name": "Alice", "address": "alice@example.com"},
+                {"name": "", "address": "carol@example.com"},
+            ],
+            "cc": [{"name": "Doe, John", "address": "bob@example.com"}],
+            "bcc": [{"name": "", "address": "hidden@example.com"}],
+            "textBody": "plain text",
+            "htmlBody": "<p>html</p>",
+            "headers": [
+                {"name": "X-Phabricator-Sent-This-Message", "value": "Yes"},
+                {"name": "In-Reply-To", "value": "<thread@example.com>"},
+            ],
+            "attachments": [
+                {"filename": "note.txt", "mimeType": "text/plain", "data": "SGVsbG8sIGdvcmdlIQ=="},
+                {"filename": "blob.bin", "mimeType": None, "data": "AAEC"},
+            ],
+        }
+    )
+
+
+def entry(type_: str, key: str = "p", priority: int = 10, **options: str) -> BackendEntry:
+    return BackendEntry(key=key, type=type_, priority=priority,
+                        options={k.replace("_", "-"): v for k, v in options.items()})
+
+
+class MemoryHttp:
+    """An ``HTTPClient`` whose network is a ``MemoryReactorClock``."""
+
+    def __init__(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.client = HTTPClient(Agent(self.reactor, connectTimeout=5))
+        self.transport: StringTransport | None = None
+        self.protocol: Any = None
+
+    @property
+    def attempts(self) -> int:
+        return len(self.reactor.tcpClients)
+
+    def connect(self) -> StringTransport:
+        """Complete the last TCP connection; the client then writes its request."""
+        _host, _port, factory, _timeout, _bind = self.reactor.tcpClients[-1]
+        self.protocol = factory.buildProtocol(None)
+        self.transport = StringTransport()
+        self.protocol.makeConnection(self.transport)
+        return self.transport
+
+    def refuse(self, reason: Exception) -> None:
+        connector = self.reactor.connectors[-1]
+        _host, _port, factory, _timeout, _bind = self.reactor.tcpClients[-1]
+        factory.clientConnectionFailed(connector, Failure(reason))
+        # HostnameEndpoint gives up once its next-address timer (0.3 s) ran out.
+        self.reactor.advance(0.5)
+
+    def respond(self, raw: bytes) -> None:
+        self.protocol.dataReceived(raw)
+
+    def lose(self, reason: Exception) -> None:
+        self.protocol.connectionLost(Failure(reason))
+
+    def request_bytes(self) -> bytes:
+        assert self.transport is not None
+        return self.transport.value()
+
+
+def split_request(raw: bytes) -> tuple[str, dict[str, str], bytes]:
+    """(request line, lower-cased headers, body) of a raw HTTP/1.1 request."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return lines[0], headers, body
+
+
+def response(status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"HTTP/1.1 {status} X", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+@dataclass
+class Recorded:
+    method: bytes
+    path: bytes
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Scripted:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class _Recorder(Resource):
+    isLeaf = True
+
+    def __init__(self, server: LoopbackServer) -> None:
+        super().__init__()
+        self._server = server
+
+    def render(self, request: Any) -> bytes:
+        self._server.requests.append(
+            Recorded(
+                method=request.method,
+                path=request.uri,
+                headers={k.decode().lower(): v[-1].decode("latin-1")
+                         for k, v in request.requestHeaders.getAllRawHeaders()},
+                body=request.content.read(),
+            )
+        )
+        answer = self._server.answer
+        request.setResponseCode(answer.status)
+        for name, value in answer.headers.items():
+            request.setHeader(name, value)
+        return answer.body
+
+
+class LoopbackServer:
+    """A real HTTP server on 127.0.0.1 and a real client to reach it."""
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.requests: list[Recorded] = []
+        self.answer = Scripted()
+        self.port: Any = None
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.client = HTTPClient(Agent(reactor, pool=self.pool, connectTimeout=5))
+
+    def start(self) -> None:
+        site = Site(_Recorder(self))
+        site.noisy = False
+        self.port = self.reactor.listenTCP(0, site, interface="127.0.0.1")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port.getHost().port}"
+
+    async def stop(self) -> None:
+        await self.pool.closeCachedConnections()
+        await defer.maybeDeferred(self.port.stopListening)
