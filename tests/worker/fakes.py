@@ -130,3 +130,20 @@ class CapturedEvents:
     def failures(self) -> list[dict]:
         return [e for e in self.events
                 if "log_failure" in e or (e.get("log_format") or "").startswith("PANIC")]
+
+
+async def run_through_consumer(reactor, registry: Registry, task: dict, *,
+                               class_filter=()) -> tuple[Report, Consumer]:
+    """Lease ``task`` from a fake queue on the real reactor and return the
+    report the worker sent for it."""
+    queue = FakeQueue()
+    task.setdefault("leaseExpires", int(reactor.seconds()) + 3600)
+    queue.waiting = [task]
+    consumer, _ = make_consumer(queue, registry, reactor, poll_interval=0.01,
+                                class_filter=class_filter)
+    consumer.start()
+    try:
+        await queue.reported(1).addTimeout(10, reactor)
+    finally:
+        await Deferred.fromCoroutine(consumer.stop())
+    return queue.reports[0], consumer
