@@ -87,6 +87,10 @@ class Dispatcher:
     def active(self) -> int:
         return self._active
 
+    def wait_idle(self, timeout: float, clock: IReactorTime) -> Deferred:
+        """Fires True once every started candidate has finished (False on timeout)."""
+        return self._inflight.drain(timeout, clock)
+
     # -- the tick ---------------------------------------------------------
 
     async def tick(self) -> None:

@@ -20,7 +20,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, readBody
+from twisted.internet.protocol import Protocol
+from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, UNKNOWN_LENGTH
 from zope.interface import implementer
@@ -184,6 +186,37 @@ class Attempt:
     aborted: bool = False
 
 
+class _Discard(Protocol):
+    """Reads a response body to its end and keeps none of it."""
+
+    def __init__(self, done: Deferred) -> None:
+        self._done = done
+
+    def dataReceived(self, data: bytes) -> None:
+        pass
+
+    def connectionLost(self, reason: Failure) -> None:
+        if self._done.called:
+            return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self._done.callback(None)
+        else:
+            self._done.errback(reason)
+
+
+def _discard_body(response) -> Deferred:
+    protocol: _Discard
+
+    def cancel(d: Deferred) -> None:
+        if protocol.transport is not None:
+            protocol.transport.stopProducing()
+
+    done: Deferred = Deferred(cancel)
+    protocol = _Discard(done)
+    response.deliverBody(protocol)
+    return done
+
+
 def _reasons(exc: BaseException) -> list[BaseException]:
     found = []
     for reason in getattr(exc, "reasons", None) or []:
@@ -283,7 +316,7 @@ class Transport:
             response = await agent.request(b"POST", target.uri.encode("utf-8"), send_headers,
                                            _BytesProducer(body))
             # Read the body to the end so the connection can be reused.
-            await readBody(response)
+            await _discard_body(response)
             location = response.headers.getRawHeaders(b"location") or []
             if response.code not in (307, 308) or not location:
                 return response.code

@@ -26,6 +26,7 @@ SIGNATURE_HEADER = "X-Phabricator-Webhook-Signature"
 
 # PHP array keys that are integers encode as canonical decimal strings only.
 _INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)
+_ESCAPED_DEL = re.compile(r"(\\+)u007f")
 
 
 class InvalidProperties(ValueError):
@@ -136,8 +137,18 @@ def build_body(object_phid: str, date_created: int, props: Properties) -> bytes:
         "transactions": [{"phid": phid} for phid in newest_first(props.transactions)],
     }
     # With indent, Python's separators are "," and ": " and ensure_ascii
-    # matches PHP's \uXXXX escapes: byte-identical to PhutilJSON here.
-    return (json.dumps(payload, indent=2) + "\n").encode("ascii")
+    # matches PHP's \uXXXX escapes: byte-identical to PhutilJSON here,
+    # except that PHP leaves DEL (0x7f) as it is.
+    text = json.dumps(payload, indent=2) + "\n"
+    if "u007f" in text:
+        text = _ESCAPED_DEL.sub(_unescape_del, text)
+    return text.encode("ascii")
+
+
+def _unescape_del(match: re.Match) -> str:
+    slashes = match.group(1)
+    # An even run of backslashes is escaped backslashes followed by literal "u007f".
+    return slashes[:-1] + "\x7f" if len(slashes) % 2 else match.group(0)
 
 
 def sign(key: str, body: bytes) -> str:
