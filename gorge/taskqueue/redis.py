@@ -47,6 +47,7 @@ from gorge.taskqueue.model import (
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
+    InvalidArgument,
     Stats,
     Task,
     archived_from_columns,
@@ -512,6 +513,16 @@ class RedisTaskStore:
         _outcome, flat = reply
         return archived_from_columns(_pairs(flat))
 
+    async def _checked_expiry(self, task_id: int, field: str, expires: int) -> int:
+        """``expires`` if it fits the column; else the error the model gives:
+        not found for an unknown id, InvalidArgument for a known one."""
+        try:
+            return check_u32(field, expires)
+        except InvalidArgument:
+            if not await self._bounded(self._conn.exists(self.keys.task(task_id))):
+                raise TaskNotFound(task_id) from None
+            raise
+
     async def complete(self, task_id: int, duration: int) -> ArchivedTask:
         return await self._archive_task(task_id, RESULT_SUCCESS, duration, replay=True)
 
@@ -521,7 +532,7 @@ class RedisTaskStore:
         if permanent:
             return await self._archive_task(task_id, RESULT_FAILURE, 0, replay=False)
         now = self._now()
-        expires = check_u32("retryWait", now + retry_wait)
+        expires = await self._checked_expiry(task_id, "retryWait", now + retry_wait)
         k = self.keys
         row = await self._run(
             self._fail,
@@ -534,7 +545,7 @@ class RedisTaskStore:
 
     async def yield_(self, task_id: int, duration: int) -> None:
         now = self._now()
-        expires = check_u32("duration", now + max(duration, MIN_YIELD))
+        expires = await self._checked_expiry(task_id, "duration", now + max(duration, MIN_YIELD))
         k = self.keys
         found = await self._run(
             self._yield,

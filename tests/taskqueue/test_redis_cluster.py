@@ -4,6 +4,8 @@ with MONITOR and computing the slots here (CRC16/XMODEM mod 16384)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import re
 import socket
 
@@ -130,7 +132,7 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
     prefix = prefix.replace(":", "}:") if tagged else prefix
     clock = task.Clock()
     clock.advance(T0)
-    conn = make_redis(redis_server.settings())
+    conn = make_redis(replace(redis_server.settings(), poolsize=1))
     store = RedisTaskStore(conn, clock=clock, key_prefix=prefix)
     monitor = Monitor(redis_server.host, redis_server.port)
     try:

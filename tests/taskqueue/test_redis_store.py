@@ -6,6 +6,8 @@ realistic epoch, so expiry is decided by advancing it, never by sleeping.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import pytest_twisted
 from twisted.internet import task
@@ -39,7 +41,7 @@ def clock() -> task.Clock:
 
 @pytest.fixture
 def conn(redis_server):
-    c = make_redis(redis_server.settings())
+    c = make_redis(replace(redis_server.settings(), poolsize=1))
     yield c
     pytest_twisted.blockon(c.disconnect())
 
