@@ -17,6 +17,8 @@ from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from gorge.worker.deadline import within
+
 log = Logger()
 
 PROBE_TIMEOUT = 10.0
@@ -112,9 +114,8 @@ class ConduitClient:
         does for an empty class; otherwise the reason."""
         body = build_execute_body(self._token, None, "", None)
         try:
-            status, raw = await Deferred.fromCoroutine(self._post(body)).addTimeout(
-                timeout, self._clock
-            )
+            status, raw = await within(Deferred.fromCoroutine(self._post(body)), timeout,
+                                       self._clock)
         except (TimeoutError, CancelledError):
             return f"probe timed out after {timeout:g}s"
         except Exception as exc:

@@ -20,6 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger, LogLevel
 
 from gorge.service import InFlight
+from gorge.worker.deadline import within
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.outcome import Outcome, classify
 from gorge.worker.queueclient import QueueClient, QueueError
@@ -339,7 +340,7 @@ class Consumer:
             return
         started = self._clock.seconds()
         handler_d = _call_handler(handler, task, payload)
-        handler_d.addTimeout(remaining, self._clock)
+        within(handler_d, remaining, self._clock)
         run.current = handler_d
         error: BaseException | None = None
         try:
@@ -353,14 +354,12 @@ class Consumer:
                           reason="handler outlived its lease")
                 self._unreported(run, "handler outlived its lease", "none", logged=True)
                 return
-        except CancelledError:
-            if run.abandoned:
-                return
-            error = CancelledError("handler cancelled")
         except Exception as exc:
             error = exc
         finally:
             run.current = None
+        if run.abandoned:
+            return  # shutdown gave up on it; its outcome must not be reported
         elapsed = self._clock.seconds() - started
         self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
         outcome = classify(error)
@@ -420,6 +419,8 @@ class Consumer:
                 run.current = self._send(run, outcome, duration_us, remaining)
                 await run.current
             except QueueError as exc:
+                if run.abandoned:
+                    return False
                 last_error = str(exc)
                 self._metrics.report_attempts.labels(result="error").inc()
                 if not exc.retryable:

@@ -16,6 +16,8 @@ from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from gorge.worker.deadline import within
+
 log = Logger()
 
 CALL_TIMEOUT = 30.0
@@ -134,9 +136,7 @@ class QueueClient:
 
         limit = self._timeout if timeout is None else min(timeout, self._timeout)
         try:
-            status, raw = await Deferred.fromCoroutine(exchange()).addTimeout(
-                limit, self._clock
-            )
+            status, raw = await within(Deferred.fromCoroutine(exchange()), limit, self._clock)
         except (TimeoutError, CancelledError):
             raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
         except Exception as exc:  # transport errors of every kind

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 
 from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
@@ -370,5 +370,25 @@ def test_drain_budget_expiry_abandons_running_tasks_unreported():
         assert stopped.called
         assert [e["task_id"] for e in captured.named("TASK_ABANDONED")] == [1]
     assert gate.cancelled == [1]
+    assert queue.attempts == []
+    assert consumer.counters.unreported == 1
+
+
+def test_abandoned_handler_that_turns_cancellation_into_a_failure_is_still_not_reported():
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(3, expires=11)]
+
+    def handler(task, data):
+        async def run():
+            try:
+                await Deferred()
+            except CancelledError:
+                raise RetryLater("request aborted")  # what an HTTP client may do
+
+        return Deferred.fromCoroutine(run())
+
+    consumer, _ = make_consumer(queue, registry_with(handler), clock)
+    consumer.start()
+    clock.pump([1.0] * 15)
     assert queue.attempts == []
     assert consumer.counters.unreported == 1

@@ -17,6 +17,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from gorge.logging import redact_uri
+from gorge.worker.deadline import within
 from gorge.worker.outcome import PermanentFailure, RetryLater
 
 log = Logger()
@@ -166,9 +167,7 @@ class FeedHttpHandler:
             return response.code
 
         try:
-            status = await Deferred.fromCoroutine(exchange()).addTimeout(
-                self._timeout, self._clock
-            )
+            status = await within(Deferred.fromCoroutine(exchange()), self._timeout, self._clock)
         except CancelledError:
             raise  # the consumer gave up on this task (lease deadline, shutdown)
         except TimeoutError:

@@ -1,0 +1,170 @@
+"""Conduit delegation against a loopback server that checks the exact wire
+format of worker.md §10.1, and how each answer becomes a queue report."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qsl
+
+import pytest
+import pytest_twisted
+from hypothesis import given, strategies as st
+from twisted.internet.defer import Deferred
+
+from gorge.worker.conduit import ConduitClient, snippet
+from gorge.worker.handlers.conduit import ConduitDelegate
+from gorge.worker.registry import Registry
+
+from .fakes import CapturedEvents, run_through_consumer
+from .rawhttp import Answer
+
+TOKEN = "conduit-secret"
+DATA = '{"documentPHID":"PHID-TASK-abc","context":{"x":"\\u00e9"}}'
+
+
+def envelope(result=None, code=None, info=None) -> bytes:
+    return json.dumps({"result": result, "error_code": code, "error_info": info}).encode()
+
+
+def assert_wire_format(request, *, task_id=12, task_class="PhabricatorSearchWorker",
+                       data=DATA):
+    assert request.request_line == "POST /api/worker.execute HTTP/1.1"
+    assert request.header("Content-Type") == "application/x-www-form-urlencoded"
+    assert request.header("Accept") == "application/json"
+    assert request.header("X-Service-Token") == TOKEN
+    fields = parse_qsl(request.body.decode("ascii"), keep_blank_values=True)
+    assert [name for name, _ in fields] == ["params", "output"]
+    assert fields[1] == ("output", "json")
+    params = json.loads(fields[0][1])
+    expected = {"taskClass": task_class, "__conduit__": {"token": TOKEN}}
+    if task_id is not None:
+        expected.update(taskID=task_id, data=data)
+    assert params == expected
+    if task_id is not None:
+        assert type(params["taskID"]) is int and type(params["data"]) is str
+
+
+CASES = [
+    ("success", Answer(body=envelope({"result": "success", "duration": 99})),
+     "complete", {}),
+    ("yield", Answer(body=envelope({"result": "yield", "duration": 3, "retry": 120})),
+     "yield", {"duration": 120}),
+    ("yield-floor", Answer(body=envelope({"result": "yield", "retry": 1})), "yield",
+     {"duration": 5}),
+    ("yield-no-retry", Answer(body=envelope({"result": "yield", "duration": 700})), "yield",
+     {"duration": 5}),
+    ("permanent", Answer(body=envelope({"result": "permanent-failure",
+                                        "failureType": "permanent",
+                                        "failureReason": "no such object"})),
+     "fail", {"permanent": True, "retryWait": None,
+              "message": "PhabricatorSearchWorker permanently failed: no such object"}),
+    ("failure", Answer(body=envelope({"result": "failure", "failureReason": "db down"})),
+     "fail", {"permanent": False, "retryWait": None,
+              "message": "PhabricatorSearchWorker failed: db down"}),
+    ("failure-retry", Answer(body=envelope({"result": "failure", "retry": 30})),
+     "fail", {"permanent": False, "retryWait": 30}),
+    ("conduit-error-200", Answer(body=envelope(code="ERR-CONDUIT-CORE", info="boom")),
+     "fail", {"permanent": False, "retryWait": None,
+              "message": "conduit worker.execute for PhabricatorSearchWorker (id=12): "
+                         "conduit error [ERR-CONDUIT-CORE]: boom"}),
+    ("gateway-401", Answer(status=401, body=envelope(
+        code="ERR-CONDUIT-AUTH", info="Missing or invalid service token.")),
+     "fail", {"permanent": False}),
+    ("unexpected", Answer(body=envelope({"result": "maybe"})), "fail",
+     {"permanent": False, "message": 'worker.execute for PhabricatorSearchWorker (id=12) '
+                                     'returned unexpected result "maybe"'}),
+    ("null-result", Answer(body=envelope(None)), "fail", {"permanent": False}),
+    ("not-an-object", Answer(body=envelope("done")), "fail", {"permanent": False}),
+]
+
+
+@pytest.mark.parametrize("name, answer, kind, args", CASES, ids=[c[0] for c in CASES])
+@pytest_twisted.ensureDeferred
+async def test_each_answer_maps_to_the_right_report(name, answer, kind, args, reactor,
+                                                   http_client, raw_server):
+    server, base = raw_server(answer)
+    registry = Registry()
+    registry.register("PhabricatorSearchWorker",
+                      ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN)))
+    task = {"id": 12, "taskClass": "PhabricatorSearchWorker", "failureCount": 0, "data": DATA}
+    report, consumer = await run_through_consumer(reactor, registry, task)
+    (request,) = server.requests
+    assert_wire_format(request)
+    assert (report.kind, report.task_id) == (kind, 12)
+    for key, value in args.items():
+        assert report.args[key] == value
+    if name == "not-an-object":
+        assert report.args["message"].startswith(
+            "decode worker.execute result for PhabricatorSearchWorker (id=12)")
+
+
+@pytest_twisted.ensureDeferred
+async def test_html_answer_fails_temporarily_with_status_and_snippet_in_the_log(
+        reactor, http_client, raw_server):
+    page = b"<html>\r\n<head><title>Site Not Found</title></head>\n" + b"x" * 400 + b"</html>"
+    server, base = raw_server(Answer(status=502, body=page, content_type="text/html"))
+    registry = Registry()
+    registry.set_fallback(ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN)))
+    task = {"id": 77, "taskClass": "SomeWorker", "failureCount": 0}
+    with CapturedEvents() as captured:
+        report, _ = await run_through_consumer(reactor, registry, task)
+        (line,) = [e for e in captured.named("TASK_OUTCOME") if e["task_id"] == 77]
+    assert_wire_format(server.requests[0], task_id=77, task_class="SomeWorker", data="")
+    assert report.kind == "fail" and report.args["permanent"] is False
+    expected = ("conduit worker.execute for SomeWorker (id=77): conduit worker.execute "
+                "returned non-JSON (HTTP 502): " + snippet(page))
+    assert line["message"] == expected
+    assert "<html> <head><title>Site Not Found</title></head> xxx" in line["message"]
+    assert line["message"].endswith("\u2026")
+
+
+@pytest_twisted.ensureDeferred
+async def test_invalid_class_name_fails_permanently_without_a_call(reactor, http_client,
+                                                                   raw_server):
+    server, base = raw_server(Answer(body=envelope({"result": "success"})))
+    registry = Registry()
+    registry.set_fallback(ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN)))
+    task = {"id": 5, "taskClass": "Evil;Class", "failureCount": 0}
+    report, _ = await run_through_consumer(reactor, registry, task)
+    assert report.kind == "fail" and report.args["permanent"] is True
+    assert report.args["message"] == "invalid task class"
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (Answer(body=envelope(code="ERR-NO-TASK-CLASS", info="No task class")), None),
+    (Answer(body=envelope(code="ERR-WORKER-AUTH", info="nope")),
+     "conduit error [ERR-WORKER-AUTH]: nope"),
+    (Answer(status=200, body=b"<html>Site Not Found</html>", content_type="text/html"),
+     "conduit worker.execute returned non-JSON (HTTP 200): <html>Site Not Found</html>"),
+    (Answer(body=envelope({"result": "success"})),
+     "conduit worker.execute ran a task without a class"),
+])
+@pytest_twisted.ensureDeferred
+async def test_probe(answer, reason, reactor, http_client, raw_server):
+    server, base = raw_server(answer)
+    client = ConduitClient(http_client, reactor, base, TOKEN)
+    assert await Deferred.fromCoroutine(client.probe()) == reason
+    assert_wire_format(server.requests[0], task_id=None, task_class="")
+
+
+@pytest_twisted.ensureDeferred
+async def test_probe_is_bounded(reactor, http_client, raw_server):
+    server, base = raw_server(Answer(hang=True))
+    client = ConduitClient(http_client, reactor, base, TOKEN)
+    reason = await Deferred.fromCoroutine(client.probe(timeout=0.2))
+    assert reason == "probe timed out after 0.2s"
+
+
+def test_snippet_rules():
+    assert snippet(b"") == ""
+    assert snippet(b"  a\r\nb\nc\rd  ") == "a b c d"
+    assert snippet(b"y" * 200) == "y" * 200
+    assert snippet(b"y" * 201) == "y" * 200 + "\u2026"
+
+
+@given(st.binary(max_size=600))
+def test_snippet_is_one_bounded_line(raw):
+    text = snippet(raw)
+    assert "\n" not in text and "\r" not in text
+    assert len(text) <= 201
