@@ -1,0 +1,177 @@
+"""The taskqueue client: request shape, answer validation, failure
+descriptions, bounded calls (worker.md §4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from gorge.worker.queueclient import (
+    QueueClient, QueueEndpoint, QueueError, lease_owner, truncate_host, validate_lease_answer,
+)
+
+
+class ScriptedQueue(Resource):
+    isLeaf = True
+
+    def __init__(self, status=200, body=b'{"data":[]}', headers=None, hang=False):
+        super().__init__()
+        self.status, self.body, self.hang = status, body, hang
+        self.extra = headers or {}
+        self.requests = []
+
+    def render(self, request):
+        self.requests.append({
+            "method": request.method, "path": request.path,
+            "headers": {k.lower(): v[0] for k, v in request.requestHeaders.getAllRawHeaders()},
+            "body": request.content.read(),
+        })
+        if self.hang:
+            return NOT_DONE_YET
+        request.setResponseCode(self.status)
+        for name, value in self.extra.items():
+            request.setHeader(name, value)
+        return self.body
+
+
+def client_for(resource, token="queue-token", clock=None):
+    clock = clock or Clock()
+    stub = StubTreq(resource)
+    return QueueClient(stub, clock, QueueEndpoint("http://queue:8090", token),
+                       "host:1:2:gorge-worker"), stub, clock
+
+
+def result_of(coro):
+    d = Deferred.fromCoroutine(coro)
+    results = []
+    d.addBoth(results.append)
+    return results[0] if results else None
+
+
+def test_lease_request_shape():
+    resource = ScriptedQueue(body=json.dumps({"data": [
+        {"id": 3, "taskClass": "A", "data": "{}"}]}).encode())
+    client, _, _ = client_for(resource)
+    tasks = result_of(client.lease(2, ["B", "A"]))
+    assert tasks == [{"id": 3, "taskClass": "A", "data": "{}"}]
+    (req,) = resource.requests
+    assert (req["method"], req["path"]) == (b"POST", b"/api/queue/lease")
+    assert req["headers"][b"content-type"] == b"application/json"
+    assert req["headers"][b"accept"] == b"application/json"
+    assert req["headers"][b"x-service-token"] == b"queue-token"
+    assert req["headers"][b"x-lease-owner"] == b"host:1:2:gorge-worker"
+    assert json.loads(req["body"]) == {"limit": 2, "taskClasses": ["A", "B"]}
+
+
+def test_no_token_no_header_and_classes_omitted_when_all():
+    resource = ScriptedQueue()
+    client, _, _ = client_for(resource, token="")
+    assert result_of(client.lease(4, None)) == []
+    (req,) = resource.requests
+    assert b"x-service-token" not in req["headers"]
+    assert json.loads(req["body"]) == {"limit": 4}
+
+
+def test_report_bodies():
+    resource = ScriptedQueue(body=b'{"data":{"status":"ok"}}')
+    client, _, _ = client_for(resource)
+    result_of(client.complete(5, 1234, timeout=10))
+    result_of(client.fail(6, True, timeout=10))
+    result_of(client.fail(7, False, retry_wait=60, message="m" * 2000, timeout=10))
+    result_of(client.yield_task(8, 2, timeout=10))
+    bodies = [(r["path"], json.loads(r["body"])) for r in resource.requests]
+    assert bodies == [
+        (b"/api/queue/complete", {"taskID": 5, "duration": 1234}),
+        (b"/api/queue/fail", {"taskID": 6, "permanent": True}),
+        (b"/api/queue/fail", {"taskID": 7, "permanent": False, "retryWait": 60,
+                              "message": "m" * 1000}),
+        (b"/api/queue/yield", {"taskID": 8, "duration": 5}),
+    ]
+
+
+@pytest.mark.parametrize("status, body, fragment, retryable", [
+    (200, b"<html>oops</html>", "unmarshal (status 200)", True),
+    (500, b'{"error":{"code":"ERR_INTERNAL","message":"internal server error"}}',
+     "api error [ERR_INTERNAL]: internal server error", True),
+    (200, b'{"error":{"code":"ERR_X","message":"m"}}', "api error [ERR_X]: m", True),
+    (404, b'{"error":{"code":"ERR_NOT_FOUND","message":"task not found"}}',
+     "api error [ERR_NOT_FOUND]: task not found", False),
+    (401, b'{"error":{"code":"ERR_UNAUTHORIZED","message":"x"}}', "ERR_UNAUTHORIZED", False),
+    (429, b'{"error":{"code":"ERR_BAD_REQUEST","message":"slow"}}', "slow", True),
+    (503, b'{"status":"unavailable"}', "unexpected status 503", True),
+    (303, b'{"data":[]}', "unexpected status 303", True),
+])
+def test_failures_are_described_and_classified(status, body, fragment, retryable):
+    resource = ScriptedQueue(status=status, body=body, headers={b"location": b"/elsewhere"})
+    client, _, _ = client_for(resource)
+    failure = result_of(client.complete(1, 0, timeout=10))
+    assert failure.check(QueueError)
+    assert fragment in str(failure.value)
+    assert failure.value.retryable is retryable
+    assert len(resource.requests) == 1  # a redirect is not followed
+    lease_failure = result_of(client.lease(1, None))
+    assert str(lease_failure.value).startswith("lease: ")
+
+
+def test_a_hanging_queue_is_cut_at_the_timeout():
+    resource = ScriptedQueue(hang=True)
+    clock = Clock()
+    client, stub, _ = client_for(resource, clock=clock)
+    d = Deferred.fromCoroutine(client.complete(1, 0, timeout=2.5))
+    stub.flush()
+    assert not d.called
+    clock.advance(2.5)
+    failure = []
+    d.addErrback(failure.append)
+    assert failure and "http: POST /api/queue/complete: timed out after 2.5s" in str(
+        failure[0].value)
+    assert failure[0].value.retryable
+
+
+def test_transport_error_is_an_http_error():
+    class Broken:
+        def post(self, *args, **kwargs):
+            from twisted.internet.error import ConnectionRefusedError
+            raise ConnectionRefusedError()
+
+    client = QueueClient(Broken(), Clock(), QueueEndpoint("http://q"), "o")
+    failure = result_of(client.lease(1, None))
+    assert str(failure.value).startswith("lease: http: POST /api/queue/lease")
+
+
+@pytest.mark.parametrize("data", [
+    {"x": 1},
+    [{"id": 1, "taskClass": "A"}, {"id": 2, "taskClass": "A"}, {"id": 3, "taskClass": "A"}],
+    [{"id": 0, "taskClass": "A"}],
+    [{"id": True, "taskClass": "A"}],
+    [{"id": "1", "taskClass": "A"}],
+    [{"id": 1, "taskClass": ""}],
+    [{"id": 1}],
+    ["task"],
+])
+def test_malformed_lease_answers_are_rejected_whole(data):
+    with pytest.raises(QueueError, match="^lease: "):
+        validate_lease_answer(data, 2)
+
+
+def test_null_lease_data_is_empty():
+    assert validate_lease_answer(None, 3) == []
+
+
+@given(st.text(min_size=0, max_size=80))
+def test_owner_host_fits_32_bytes_on_a_character_boundary(host):
+    cut = truncate_host(host)
+    assert len(cut.encode("utf-8")) <= 32
+    if len(host.encode("utf-8")) <= 32:
+        assert cut == host
+    else:
+        assert cut.endswith("...") and host.startswith(cut[:-3])
+    owner = lease_owner(host, 4_194_304, 1_795_946_970)
+    assert len(owner) <= 64 and owner.endswith(":4194304:1795946970:gorge-worker")
