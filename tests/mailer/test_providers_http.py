@@ -7,17 +7,27 @@ from email.utils import format_datetime
 from datetime import datetime, timezone
 
 import pytest
+import pytest_twisted
 from hypothesis import given, strategies as st
 from OpenSSL import SSL
-from twisted.internet import defer, error
+from treq.client import HTTPClient
+from twisted.internet import defer, error, ssl
+from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
+from twisted.web.client import (
+    Agent,
+    BrowserLikePolicyForHTTPS,
+    HTTPConnectionPool,
+    ResponseNeverReceived,
+)
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Site
 
 from gorge.config import ConfigError
 from gorge.mailer.backends import http
 from gorge.mailer.outcome import Kind
 
-from .test_providers_support import MemoryHttp, entry, response, split_request
+from .test_providers_support import MemoryHttp, entry, response, self_signed, split_request
 
 URL = "http://127.0.0.1:8025/v3/mail/send"
 
@@ -294,3 +304,112 @@ def test_provider_request_repr_hides_credentials():
     request = http.ProviderRequest(url=URL, body=b"secret body", headers={"Authorization": "Bearer k"})
     assert "Bearer" not in repr(request) and "secret body" not in repr(request)
     assert URL in repr(request)
+
+
+# ---------------------------------------------------------------- real TLS on loopback
+
+
+class _Silent(Protocol):
+    """Accepts TCP and never speaks: a TLS handshake against it stalls."""
+
+    def __init__(self, heard: defer.Deferred) -> None:
+        self._heard = heard
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._heard.called:
+            self._heard.callback(data)
+
+
+class _Stalling(Resource):
+    """Takes the whole request, then never answers."""
+
+    isLeaf = True
+
+    def __init__(self, got: defer.Deferred) -> None:
+        super().__init__()
+        self._got = got
+
+    def render_POST(self, request):
+        if not self._got.called:
+            self._got.callback(request.content.read())
+        return NOT_DONE_YET
+
+
+def _trusting_client(reactor, pool, cert_pem: bytes) -> HTTPClient:
+    policy = BrowserLikePolicyForHTTPS(trustRoot=ssl.Certificate.loadPEM(cert_pem))
+    return HTTPClient(Agent(reactor, contextFactory=policy, pool=pool, connectTimeout=5))
+
+
+@pytest_twisted.ensureDeferred
+async def test_real_tls_stalled_handshake_then_cancel_is_not_submitted():
+    from twisted.internet import reactor
+
+    heard: defer.Deferred = defer.Deferred()
+    factory = Factory.forProtocol(lambda: _Silent(heard))
+    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    try:
+        _key, cert = self_signed()
+        client = _trusting_client(reactor, pool, cert)
+        url = f"https://127.0.0.1:{port.getHost().port}/email"
+        d = defer.Deferred.fromCoroutine(http.post(
+            client, reactor, url, body=b"secret body", headers={}, deadline=reactor.seconds() + 30))
+        hello = await heard.addTimeout(10, reactor)
+        assert hello[:1] == b"\x16" and b"secret body" not in hello
+        d.cancel()
+        with pytest.raises(http.PostFailed) as caught:
+            await d
+        assert caught.value.submitted is False
+    finally:
+        await pool.closeCachedConnections()
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_real_tls_request_delivered_then_cancel_is_unknown():
+    from twisted.internet import reactor
+
+    got: defer.Deferred = defer.Deferred()
+    key, cert = self_signed()
+    server_cert = ssl.PrivateCertificate.loadPEM(key + cert)
+    site = Site(_Stalling(got))
+    port = reactor.listenSSL(0, site, server_cert.options(), interface="127.0.0.1")
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    try:
+        client = _trusting_client(reactor, pool, cert)
+        url = f"https://127.0.0.1:{port.getHost().port}/email"
+        d = defer.Deferred.fromCoroutine(http.post(
+            client, reactor, url, body=b"the message", headers={}, deadline=reactor.seconds() + 30))
+        assert await got.addTimeout(10, reactor) == b"the message"
+        d.cancel()
+        with pytest.raises(http.PostFailed) as caught:
+            await d
+        assert caught.value.submitted is True
+    finally:
+        await pool.closeCachedConnections()
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_real_tls_untrusted_certificate_is_not_submitted():
+    from twisted.internet import reactor
+
+    got: defer.Deferred = defer.Deferred()
+    key, cert = self_signed()
+    port = reactor.listenSSL(0, Site(_Stalling(got)),
+                             ssl.PrivateCertificate.loadPEM(key + cert).options(),
+                             interface="127.0.0.1")
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    try:
+        _other_key, other_cert = self_signed()  # trusts a different certificate
+        client = _trusting_client(reactor, pool, other_cert)
+        url = f"https://127.0.0.1:{port.getHost().port}/email"
+        with pytest.raises(http.PostFailed) as caught:
+            await defer.Deferred.fromCoroutine(http.post(
+                client, reactor, url, body=b"x", headers={}, deadline=reactor.seconds() + 30))
+        assert caught.value.submitted is False
+        assert caught.value.reason == "TLS handshake failed"
+        assert not got.called
+    finally:
+        await pool.closeCachedConnections()
+        await port.stopListening()

@@ -74,6 +74,16 @@ def entry(type_: str, key: str = "p", priority: int = 10, **options: str) -> Bac
                         options={k.replace("_", "-"): v for k, v in options.items()})
 
 
+class _TcpStringTransport(StringTransport):
+    """What the HTTP client protocol expects of a TCP transport."""
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        pass
+
+    def setTcpKeepAlive(self, enabled: bool) -> None:
+        pass
+
+
 class MemoryHttp:
     """An ``HTTPClient`` whose network is a ``MemoryReactorClock``."""
 
@@ -91,7 +101,7 @@ class MemoryHttp:
         """Complete the last TCP connection; the client then writes its request."""
         _host, _port, factory, _timeout, _bind = self.reactor.tcpClients[-1]
         self.protocol = factory.buildProtocol(None)
-        self.transport = StringTransport()
+        self.transport = _TcpStringTransport()
         self.protocol.makeConnection(self.transport)
         return self.transport
 
@@ -192,3 +202,33 @@ class LoopbackServer:
     async def stop(self) -> None:
         await self.pool.closeCachedConnections()
         await defer.maybeDeferred(self.port.stopListening)
+
+
+def self_signed(ip: str = "127.0.0.1") -> tuple[bytes, bytes]:
+    """(key PEM, certificate PEM) for ``ip`` (as an IP SAN), valid for a day."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ip)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return key_pem, cert.public_bytes(serialization.Encoding.PEM)

@@ -10,14 +10,14 @@
   that turn an HTTP status or a transport failure into an :class:`Outcome`.
 
 Where the line between "not submitted" and "may have been accepted" runs:
-the request body is written by :class:`_OneShotBody` in a single call, after
-the connection (and, for ``http``, nothing else) is up, so "the body producer
-ran" is the moment the complete request was handed over. A failure before it
-(DNS, refused, connect timeout, our deadline while connecting) provably
-delivered nothing -> ``TRANSIENT``. TLS buffers that write until its
-handshake is done, so a handshake failure reported afterwards still means
-nothing readable reached the server -> ``TRANSIENT`` as well. Anything else
-after the hand-over without a status line -> ``UNKNOWN``.
+the request body is written by :class:`_OneShotBody` in a single call once
+the connection is up, so "the body producer ran" is the moment the complete
+request was handed over -- for ``https`` only once the TLS handshake has
+also completed, because TLS buffers application bytes until then. A failure
+before that point (DNS, refused, connect timeout, a stalled or failed
+handshake, our deadline or a cancel meanwhile) provably delivered nothing
+-> ``TRANSIENT``. Anything else after the hand-over without a status line ->
+``UNKNOWN``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
     RequestGenerationFailed,
@@ -133,12 +134,26 @@ class _OneShotBody:
     def __init__(self, body: bytes) -> None:
         self._body = body
         self.length = len(body)
-        self.handed_over = False
+        self._transport: Any = None
+        self._written = False
 
     def startProducing(self, consumer: Any) -> defer.Deferred:
+        # The Agent wraps the connection's transport in a length-enforcing
+        # consumer; keep the transport to ask it about TLS later.
+        self._transport = getattr(consumer, "_consumer", consumer)
         consumer.write(self._body)
-        self.handed_over = True
+        self._written = True
         return defer.succeed(None)
+
+    @property
+    def handed_over(self) -> bool:
+        """The whole request went to the transport, and if that is TLS, its
+        handshake had completed (before that, TLS only buffers the bytes)."""
+        if not self._written:
+            return False
+        if isinstance(self._transport, TLSMemoryBIOProtocol):
+            return bool(getattr(self._transport, "_handshakeDone", True))
+        return True
 
     def pauseProducing(self) -> None:
         pass
