@@ -1,0 +1,230 @@
+"""Settings, registry wiring, /readyz, /api/worker/stats and /metrics of the
+assembled service (worker.md §2, §9, §12)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from treq.testing import StubTreq
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.web.resource import Resource
+
+from gorge.config import ConfigError
+from gorge.web import stub_client
+from gorge.worker import service as worker_service
+from gorge.worker.service import build_worker_service
+from gorge.worker.settings import load_worker_settings
+
+BASE_ENV = {"GORGE_WORKER_TASK_QUEUE_URL": "http://queue:8090/",
+            "GORGE_LISTEN_ADDR": "127.0.0.1:0"}
+
+
+def settings_of(**env):
+    return load_worker_settings({**BASE_ENV, **env})
+
+
+def test_defaults():
+    s = load_worker_settings({})
+    assert (s.queue_url, s.lease_limit, s.poll_interval_ms, s.max_workers) == (
+        "http://gorge-taskqueue:8090", 4, 1000, 4)
+    assert (s.idle_timeout_sec, s.hibernate_sec, s.drain_timeout_sec) == (180, 0, 30)
+    assert s.http.listen_addr == ":8170" and s.conduit_url == "" and s.class_filter == ()
+    assert s.conduit_probe_sec == 60 and s.native_test_worker is False
+
+
+def test_legacy_names_are_read_and_warned_about():
+    s = load_worker_settings({"TASK_QUEUE_URL": "http://task-queue:8090", "LEASE_LIMIT": "9",
+                              "TASK_CLASS_FILTER": " B, ,A ,B", "SERVICE_TOKEN": "t"})
+    assert s.queue_url == "http://task-queue:8090" and s.lease_limit == 9
+    assert s.class_filter == ("B", "A") and s.http.token == "t"
+    assert any("LEASE_LIMIT is deprecated" in w for w in s.warnings)
+    assert "token=" not in repr(s)
+
+
+@pytest.mark.parametrize("env, setting", [
+    ({"GORGE_WORKER_LEASE_LIMIT": "x"}, "GORGE_WORKER_LEASE_LIMIT"),
+    ({"GORGE_WORKER_POLL_INTERVAL_MS": "0"}, "GORGE_WORKER_POLL_INTERVAL_MS"),
+    ({"GORGE_WORKER_MAX_WORKERS": "0"}, "GORGE_WORKER_MAX_WORKERS"),
+    ({"GORGE_WORKER_IDLE_TIMEOUT_SEC": "-1"}, "GORGE_WORKER_IDLE_TIMEOUT_SEC"),
+    ({"GORGE_WORKER_DRAIN_TIMEOUT_SEC": "3601"}, "GORGE_WORKER_DRAIN_TIMEOUT_SEC"),
+    ({"GORGE_WORKER_TASK_QUEUE_URL": "ftp://queue"}, "GORGE_WORKER_TASK_QUEUE_URL"),
+    ({"GORGE_WORKER_TASK_QUEUE_URL": "queue:8090"}, "GORGE_WORKER_TASK_QUEUE_URL"),
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150"}, "GORGE_WORKER_CONDUIT_TOKEN"),
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:99999", "GORGE_WORKER_CONDUIT_TOKEN": "t"},
+     "GORGE_WORKER_CONDUIT_URL"),
+    ({"GORGE_WORKER_NATIVE_TEST_WORKER": "maybe"}, "GORGE_WORKER_NATIVE_TEST_WORKER"),
+])
+def test_bad_settings_name_the_variable(env, setting):
+    with pytest.raises(ConfigError) as info:
+        settings_of(**env)
+    assert info.value.setting == setting
+
+
+def test_drain_zero_means_default_and_trailing_slash_removed():
+    s = settings_of(GORGE_WORKER_DRAIN_TIMEOUT_SEC="0",
+                    GORGE_WORKER_CONDUIT_URL="https://gw.example:8150/",
+                    GORGE_WORKER_CONDUIT_TOKEN="secret")
+    assert s.drain_timeout_sec == 30 and s.conduit_url == "https://gw.example:8150"
+    assert "secret" not in repr(s)
+
+
+def test_make_service_turns_bad_config_into_exit_2(monkeypatch, capsys):
+    monkeypatch.setenv("GORGE_WORKER_CONDUIT_URL", "http://gw:8150")
+    monkeypatch.delenv("GORGE_WORKER_CONDUIT_TOKEN", raising=False)
+    monkeypatch.delenv("CONDUIT_TOKEN", raising=False)
+    options = worker_service.Options()
+    options.parseOptions([])
+    with pytest.raises(SystemExit) as info:
+        worker_service.makeService(options)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gorge-worker: GORGE_WORKER_CONDUIT_TOKEN: ")
+
+
+def test_filter_that_leaves_nothing_refuses_to_start():
+    with pytest.raises(ConfigError) as info:
+        build_worker_service(settings_of(GORGE_WORKER_TASK_CLASS_FILTER="Other"), Clock(),
+                             http_client=object())
+    assert info.value.setting == "GORGE_WORKER_TASK_CLASS_FILTER"
+
+
+@pytest.mark.parametrize("env, supported, classes", [
+    ({}, ["FeedPublisherHTTPWorker"], ["FeedPublisherHTTPWorker"]),
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150", "GORGE_WORKER_CONDUIT_TOKEN": "t"},
+     ["FeedPublisherHTTPWorker", "HeraldWebhookWorker",
+      "PhabricatorApplicationTransactionPublishWorker", "PhabricatorMetaMTAWorker",
+      "PhabricatorSearchWorker", "*"], None),
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150", "GORGE_WORKER_CONDUIT_TOKEN": "t",
+      "GORGE_WORKER_TASK_CLASS_FILTER": "PhabricatorSearchWorker,Custom"},
+     ["FeedPublisherHTTPWorker", "HeraldWebhookWorker",
+      "PhabricatorApplicationTransactionPublishWorker", "PhabricatorMetaMTAWorker",
+      "PhabricatorSearchWorker", "*"], ["Custom", "PhabricatorSearchWorker"]),
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150", "GORGE_WORKER_CONDUIT_TOKEN": "t",
+      "GORGE_WORKER_DELEGATE_CLASSES": "PhabricatorSearchWorker, FeedPublisherHTTPWorker,X"},
+     ["FeedPublisherHTTPWorker", "PhabricatorSearchWorker", "X"],
+     ["FeedPublisherHTTPWorker", "PhabricatorSearchWorker", "X"]),
+    ({"GORGE_WORKER_DELEGATE_CLASSES": "X", "GORGE_WORKER_NATIVE_TEST_WORKER": "1"},
+     ["FeedPublisherHTTPWorker", "PhabricatorTestWorker"],
+     ["FeedPublisherHTTPWorker", "PhabricatorTestWorker"]),
+])
+def test_registry_and_lease_classes(env, supported, classes):
+    svc = build_worker_service(settings_of(**env), Clock(), http_client=object())
+    assert svc.registry.supported_classes() == supported
+    assert svc.plan.task_classes == classes
+
+
+def test_allow_list_without_conduit_warns():
+    s = settings_of(GORGE_WORKER_DELEGATE_CLASSES="X")
+    assert any("no effect without GORGE_WORKER_CONDUIT_URL" in w for w in s.warnings)
+
+
+class FakeQueueResource(Resource):
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.status = 200
+        self.answers = {
+            b"/api/queue/lease": b'{"data":[]}',
+            b"/api/worker.execute": json.dumps(
+                {"result": None, "error_code": "ERR-NO-TASK-CLASS", "error_info": "x"}
+            ).encode(),
+        }
+
+    def render(self, request):
+        request.setResponseCode(self.status)
+        return self.answers.get(request.path, b'{"data":{"status":"ok"}}')
+
+
+def flushed(stub, d):
+    stub.flush()
+    results = []
+    d.addBoth(results.append)
+    return results[0]
+
+
+def readyz(site):
+    client = stub_client(site)
+    response = flushed(client, client.get("http://worker/readyz"))
+    body = flushed(client, response.json())
+    return response.code, body
+
+
+def test_readiness_follows_the_last_lease_and_shutdown():
+    clock, queue = Clock(), FakeQueueResource()
+    stub = StubTreq(queue)
+    svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), clock, http_client=stub)
+    svc.consumer.start()
+    assert readyz(svc.site) == (503, {"status": "unavailable",
+                                      "reason": "no lease attempt has completed yet"})
+    clock.advance(1.0)
+    stub.flush()
+    assert readyz(svc.site) == (200, {"status": "ok"})
+    queue.status = 500
+    queue.answers[b"/api/queue/lease"] = (
+        b'{"error":{"code":"ERR_INTERNAL","message":"internal server error"}}')
+    clock.advance(1.0)
+    stub.flush()
+    assert readyz(svc.site) == (503, {
+        "status": "unavailable",
+        "reason": "taskqueue: lease: api error [ERR_INTERNAL]: internal server error"})
+    Deferred.fromCoroutine(svc.consumer.stop())
+    assert readyz(svc.site)[1]["reason"] == "shutting down"
+
+
+def test_readiness_with_delegation_needs_a_passing_probe():
+    clock, queue = Clock(), FakeQueueResource()
+    stub = StubTreq(queue)
+    svc = build_worker_service(settings_of(GORGE_WORKER_CONDUIT_URL="http://gw:8150",
+                                           GORGE_WORKER_CONDUIT_TOKEN="t"),
+                               clock, http_client=stub)
+    svc.consumer.start()
+    clock.advance(1.0)
+    stub.flush()
+    assert readyz(svc.site)[1]["reason"] == "conduit: no probe has completed yet"
+    svc.probe.start()
+    stub.flush()
+    assert readyz(svc.site) == (200, {"status": "ok"})
+    queue.answers[b"/api/worker.execute"] = b'{"result":null,"error_code":"ERR-WORKER-AUTH",' \
+                                            b'"error_info":"denied"}'
+    clock.advance(60)
+    stub.flush()
+    assert readyz(svc.site)[1]["reason"] == "conduit: conduit error [ERR-WORKER-AUTH]: denied"
+    svc.probe.stop()
+
+
+def test_stats_contract_and_auth():
+    clock = Clock()
+    svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), clock,
+                               http_client=object())
+    client = stub_client(svc.site)
+    denied = flushed(client, client.get("http://worker/api/worker/stats"))
+    assert denied.code == 401
+    assert flushed(client, denied.json()) == {
+        "error": {"code": "ERR_UNAUTHORIZED", "message": "missing or invalid service token"}}
+    unknown = flushed(client, client.get("http://worker/api/worker/nope?token=svc"))
+    assert unknown.code == 404
+    response = flushed(client, client.get("http://worker/api/worker/stats",
+                                          headers={"X-Service-Token": "svc"}))
+    data = flushed(client, response.json())["data"]
+    assert {k: data[k] for k in ("processed", "failed", "active", "supported")} == {
+        "processed": 0, "failed": 0, "active": 0, "supported": ["FeedPublisherHTTPWorker"]}
+    assert data["yielded"] == 0 and data["unreported"] == 0 and data["idle"] is False
+    assert isinstance(data["startedAt"], int)
+    assert data["leaseOwner"].endswith(":gorge-worker")
+
+
+def test_metrics_are_served_from_the_service_registry():
+    clock, queue = Clock(), FakeQueueResource()
+    stub = StubTreq(queue)
+    svc = build_worker_service(settings_of(), clock, http_client=stub)
+    svc.consumer.start()
+    clock.advance(1.0)
+    stub.flush()
+    client = stub_client(svc.site)
+    response = flushed(client, client.get("http://worker/metrics"))
+    text = flushed(client, response.text())
+    assert 'gorge_worker_lease_requests_total{result="empty"} 1.0' in text
+    assert "gorge_worker_active_tasks 0.0" in text
