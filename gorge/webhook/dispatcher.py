@@ -254,10 +254,12 @@ class Dispatcher:
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
             return
         if is_open:
-            self._metrics.breaker_skips.inc()
-            self._summary.breaker_skips += 1
-            log.debug("WEBHOOK_HOOK_IN_ERROR_BACKOFF request={request} hook={hook}",
-                      request=candidate.phid, hook=hook.phid)
+            # The rest of this hook's line would only find it open again.
+            skipped = 1 + len(self._lines.pop(hook.phid, ()))
+            self._metrics.breaker_skips.inc(skipped)
+            self._summary.breaker_skips += skipped
+            log.debug("WEBHOOK_HOOK_BACKOFF_SKIPPED request={request} hook={hook} rows={rows}",
+                      request=candidate.phid, hook=hook.phid, rows=skipped)
             return
         target = None
         unresolved = ""

@@ -41,9 +41,10 @@ class WebhookService(Service):
     """
 
     def __init__(self, *, settings: WebhookSettings, reactor, store: WebhookStore,
-                 transport: Transport, dispatcher: Dispatcher, http_service: IService,
+                 transport: Transport, dispatcher: Dispatcher, site, http_service: IService,
                  notifier: SystemdNotifier | None, clock) -> None:
         self.setName("gorge-webhook")
+        self.site = site
         self.settings = settings
         self.store = store
         self.transport = transport
@@ -156,7 +157,8 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
                       readiness=readiness, registry=registry, clock=reactor)
     log_effective_settings(settings, store.dialect, config_warnings or [])
     return WebhookService(settings=settings, reactor=reactor, store=store, transport=transport,
-                          dispatcher=dispatcher, http_service=listener(settings.http.endpoint, site),
+                          dispatcher=dispatcher, site=site,
+                          http_service=listener(settings.http.endpoint, site),
                           notifier=notifier, clock=clock)
 
 

@@ -233,3 +233,29 @@ def make_harness(mariadb, herald_db):
     yield make
     for harness in made:
         pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
+
+
+class CapturedLog(list):
+    """Every log event emitted while the fixture is active."""
+
+    def names(self) -> list[str]:
+        return [(e.get("log_format") or "").split(" ", 1)[0] for e in self]
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e, n in zip(self, self.names()) if n == name]
+
+    def rendered(self) -> str:
+        from twisted.logger import formatEvent
+
+        return "\n".join(formatEvent(e) + " " + repr(sorted(
+            (k, v) for k, v in e.items() if not k.startswith("log_"))) for e in self)
+
+
+@pytest.fixture
+def captured_log():
+    from twisted.logger import globalLogPublisher
+
+    events = CapturedLog()
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)

@@ -1,0 +1,84 @@
+"""Issue point 3 (in-process part): the claim protocol on a real MariaDB."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, gatherResults
+
+from gorge.webhook import store as store_module
+from gorge.webhook.store import WebhookStore
+from tests.webhook.conftest import T0
+
+pytestmark = pytest.mark.integration
+
+
+def test_protocol_statements_are_the_specified_ones():
+    # These statements decide who may act (DESIGN.md): changing them is a protocol change.
+    assert store_module.SQL_CLAIM == (
+        "UPDATE herald_webhookrequest"
+        " SET dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
+        " WHERE id = %s AND status = 'queued' AND dateModified = %s")
+    assert " WHERE status = 'queued'" in store_module.SQL_CANDIDATES
+    assert "AND (dateModified = dateCreated OR dateModified <= %s)" in store_module.SQL_CANDIDATES
+    assert ("AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s)"
+            in store_module.SQL_CANDIDATES)
+    assert store_module.SQL_CANDIDATES.endswith(" ORDER BY id ASC LIMIT %s")
+    assert "dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())" in store_module.SQL_FINISH
+    assert "AND dateModified = %s" in store_module.SQL_RETIRE
+
+
+async def test_same_second_claim_changes_the_version(mariadb, herald, make_harness):
+    harness = make_harness()
+    hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
+    request_id = herald.insert_request(hook=hook, created=T0)
+    harness.clock.advance(T0 - harness.clock.seconds())  # the insert's own second
+    _now, (candidate,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    assert candidate.version == T0
+
+    assert await harness.store.claim(candidate) is True
+    assert herald.request(request_id)["dateModified"] == T0 + 1
+    # A second claimant holding the same old version must lose, in the same second.
+    assert await harness.store.claim(candidate) is False
+    # And the claimed row is no longer a fresh-row candidate.
+    _now, rows = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    assert rows == []
+
+
+async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, herald, make_harness):
+    hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
+    ids = [herald.insert_request(hook=hook, created=T0) for _ in range(20)]
+    first = make_harness()
+    second = WebhookStore.mysql(mariadb.settings(herald_db), reactor, db_clock=first.clock)
+    try:
+        _now, a = await first.store.candidates(limit=50, lease=30, backoff=60)
+        _now, b = await second.candidates(limit=50, lease=30, backoff=60)
+        assert [c.id for c in a] == [c.id for c in b] == ids
+        results = await gatherResults(
+            [Deferred.fromCoroutine(s.claim(c)) for c in a for s in (first.store, second)])
+    finally:
+        second.close()
+    won = [results[i] + results[i + 1] for i in range(0, len(results), 2)]
+    assert won == [1] * len(ids)
+
+
+async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiver,
+                                                                   make_harness):
+    hooks = [herald.insert_hook(uri=f"{receiver.base}/h{i}") for i in range(3)]
+    for n in range(30):
+        herald.insert_request(hook=hooks[n % 3], object_phid=f"PHID-TASK-{n:020d}")
+    one = make_harness()
+    two = make_harness(clock=one.clock)
+    await gatherResults([Deferred.fromCoroutine(one.dispatcher.tick()),
+                         Deferred.fromCoroutine(two.dispatcher.tick())])
+    for harness in (one, two):
+        assert await harness.dispatcher.wait_idle(20, reactor)
+    for _ in range(3):  # whatever either left over
+        await one.run_tick()
+        await two.run_tick()
+
+    objects = sorted(r.body.split(b'"phid": "', 1)[1].split(b'"', 1)[0] for r in receiver.requests)
+    assert objects == sorted(f"PHID-TASK-{n:020d}".encode() for n in range(30))
+    assert herald.status_counts() == {"sent": 30}
+    won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
+    assert won == 30
