@@ -28,6 +28,7 @@ Two deliberate departures from the reference layout:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -128,7 +129,10 @@ class Keys:
 
 # Shared Lua helpers.  Index members are zero-padded ids; hash keys use the
 # plain id, recovered by stripping the padding (never via tonumber/tostring,
-# which would switch to exponent notation for large numbers).
+# which would switch to exponent notation for large numbers).  Rows travel
+# back as one JSON string: the client parses RESP in pure Python, and one
+# bulk string per reply instead of one per field makes a 100-task lease
+# several times cheaper.
 _LUA_PRELUDE = """
 local base = ARGV[1]
 local function id_of(m)
@@ -136,6 +140,16 @@ local function id_of(m)
 end
 local function task_key(m)
   return base .. 'task:' .. id_of(m)
+end
+local function row_of(key)
+  local flat, row = redis.call('HGETALL', key), {}
+  for i = 1, #flat, 2 do row[flat[i]] = flat[i + 1] end
+  return row, #flat > 0
+end
+local function with_payload(key)
+  local row = row_of(key)
+  row['data'] = redis.call('GET', base .. 'data:' .. (row['dataID'] or '')) or ''
+  return row
 end
 """
 
@@ -166,7 +180,7 @@ return {task_id, data_id}
 
 # KEYS: unleased, leased
 # ARGV: base, limit, owner, exp, now, batch, class...
-# Returns one {HGETALL..., payload} pair per claimed task.
+# Returns a JSON array of the claimed rows, each with its payload as `data`.
 LEASE = (
     _LUA_PRELUDE
     + """
@@ -227,32 +241,27 @@ for _, m in ipairs(picked) do
   local key = task_key(m)
   redis.call('HSET', key, 'leaseOwner', owner, 'leaseExpires', exp)
   redis.call('ZADD', KEYS[2], exp, m)
-  local row = redis.call('HGETALL', key)
-  local payload = redis.call('GET', base .. 'data:' .. redis.call('HGET', key, 'dataID'))
-  out[#out + 1] = {row, payload}
+  out[#out + 1] = with_payload(key)
 end
-return out
+if #out == 0 then return '[]' end
+return cjson.encode(out)
 """
 )
 
 # KEYS: task, archived, active, unleased, leased, idx:archived,
 #       counter:archived, counter:failed
 # ARGV: base, member, result, duration, now, replay ('1' = complete)
-# Returns {'archived'|'replay', flat archive fields} or nil when not active.
+# Returns the archive row as JSON (without the payload copy), or nil when
+# the task is not active and no replay applies.
 ARCHIVE = (
     _LUA_PRELUDE
     + """
 local m, result, duration, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if redis.call('EXISTS', KEYS[1]) == 0 then
   if ARGV[6] == '1' and redis.call('HGET', KEYS[2], 'result') == '0' then
-    local row, fields = redis.call('HGETALL', KEYS[2]), {}
-    for i = 1, #row, 2 do
-      if row[i] ~= 'data' then
-        fields[#fields + 1] = row[i]
-        fields[#fields + 1] = row[i + 1]
-      end
-    end
-    return {'replay', fields}
+    local row = row_of(KEYS[2])
+    row['data'] = nil
+    return cjson.encode(row)
   end
   return false
 end
@@ -287,13 +296,15 @@ redis.call('DEL', data_key)
 redis.call('ZADD', KEYS[6], now, m)
 redis.call('INCR', KEYS[7])
 if failures > 0 then redis.call('DECR', KEYS[8]) end
-return {'archived', fields}
+local row = {}
+for i = 1, #fields, 2 do row[fields[i]] = fields[i + 1] end
+return cjson.encode(row)
 """
 )
 
 # KEYS: task, unleased, leased, counter:failed
 # ARGV: base, member, now, expires
-# Returns the updated hash (HGETALL) or nil when not active.
+# Returns the updated row as JSON, or nil when not active.
 FAIL_TEMPORARY = (
     _LUA_PRELUDE
     + """
@@ -305,7 +316,7 @@ redis.call('HSET', KEYS[1], 'failureCount', failures + 1, 'failureTime', now,
 redis.call('ZREM', KEYS[2], m)
 redis.call('ZADD', KEYS[3], expires, m)
 if failures == 0 then redis.call('INCR', KEYS[4]) end
-return redis.call('HGETALL', KEYS[1])
+return cjson.encode((row_of(KEYS[1])))
 """
 )
 
@@ -368,10 +379,11 @@ LIST = (
     + """
 local out = {}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3])) do
-  local row = redis.call('HGETALL', task_key(m))
-  if #row > 0 then out[#out + 1] = row end
+  local row, found = row_of(task_key(m))
+  if found then out[#out + 1] = row end
 end
-return out
+if #out == 0 then return '[]' end
+return cjson.encode(out)
 """
 )
 
@@ -380,17 +392,16 @@ return out
 GET = (
     _LUA_PRELUDE
     + """
-local row = redis.call('HGETALL', KEYS[1])
-if #row == 0 then return false end
-local payload = redis.call('GET', base .. 'data:' .. redis.call('HGET', KEYS[1], 'dataID'))
-return {row, payload}
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+return cjson.encode(with_payload(KEYS[1]))
 """
 )
 
 
-def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
-    """A flat [field, value, ...] reply (HGETALL) as a dict."""
-    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+def _row(doc: dict[str, Any]) -> Task:
+    """A task row decoded from a script's JSON, ``data`` being the payload if loaded."""
+    payload = doc.pop("data", None)
+    return task_from_columns(doc, payload)
 
 
 class RedisTaskStore:
@@ -487,8 +498,7 @@ class RedisTaskStore:
         rows = await self._run(
             self._lease, [k.unleased, k.leased], [limit, owner, exp, now, batch, *classes]
         )
-        tasks = [task_from_columns(_pairs(row), payload or "") for row, payload in rows or ()]
-        return sorted(tasks, key=sort_key)
+        return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
 
     async def _archive_task(
         self, task_id: int, result: int, duration: int, replay: bool
@@ -510,8 +520,7 @@ class RedisTaskStore:
         )
         if not reply:
             raise TaskNotFound(task_id)
-        _outcome, flat = reply
-        return archived_from_columns(_pairs(flat))
+        return archived_from_columns(json.loads(reply))
 
     async def _checked_expiry(self, task_id: int, field: str, expires: int) -> int:
         """``expires`` if it fits the column; else the error the model gives:
@@ -541,7 +550,7 @@ class RedisTaskStore:
         )
         if not row:
             raise TaskNotFound(task_id)
-        return task_from_columns(_pairs(row))
+        return _row(json.loads(row))
 
     async def yield_(self, task_id: int, duration: int) -> None:
         now = self._now()
@@ -580,14 +589,13 @@ class RedisTaskStore:
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
         rows = await self._run(self._list, [self.keys.active], [offset, offset + limit - 1])
-        return [task_from_columns(_pairs(row)) for row in rows or ()]
+        return [_row(doc) for doc in json.loads(rows)]
 
     async def get_task(self, task_id: int) -> Task:
         reply = await self._run(self._get, [self.keys.task(task_id)], [])
         if not reply:
             raise TaskNotFound(task_id)
-        row, payload = reply
-        return task_from_columns(_pairs(row), payload or "")
+        return _row(json.loads(reply))
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         # Named fields only: the record also holds the payload copy.
