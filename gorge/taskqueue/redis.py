@@ -250,7 +250,8 @@ return cjson.encode(out)
 
 # KEYS: task, archived, active, unleased, leased, idx:archived,
 #       counter:archived, counter:failed
-# ARGV: base, member, result, duration, now, replay ('1' = complete)
+# ARGV: base, member, result, duration, now, replay ('1' = complete),
+#       prune cutoff ('' = keep archive records forever)
 # Returns the archive row as JSON (without the payload copy), or nil when
 # the task is not active and no replay applies.
 ARCHIVE = (
@@ -296,9 +297,19 @@ redis.call('DEL', data_key)
 redis.call('ZADD', KEYS[6], now, m)
 redis.call('INCR', KEYS[7])
 if failures > 0 then redis.call('DECR', KEYS[8]) end
-local row = {}
-for i = 1, #fields, 2 do row[fields[i]] = fields[i + 1] end
-return cjson.encode(row)
+-- Bounded retention (§8.11): each archive call removes a few records older
+-- than the cutoff, which keeps up with any archive rate.
+if ARGV[7] ~= '' then
+  local old = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[7], 'LIMIT', 0, 100)
+  for _, o in ipairs(old) do
+    redis.call('DEL', base .. 'archived:' .. id_of(o))
+    redis.call('ZREM', KEYS[6], o)
+  end
+  if #old > 0 then redis.call('DECRBY', KEYS[7], #old) end
+end
+local archived = {}
+for i = 1, #fields, 2 do archived[fields[i]] = fields[i + 1] end
+return cjson.encode(archived)
 """
 )
 
@@ -410,6 +421,8 @@ class RedisTaskStore:
     ``conn`` is a txredisapi connection (normally the lazy pool from
     :func:`gorge.redis.make_redis`); every call is bounded by ``op_timeout``
     seconds on ``clock`` because a lazy pool waits while the server is down.
+    ``archive_retention`` (seconds, None = forever, the reference behaviour)
+    bounds how long archive records, and so complete replays, are kept.
     """
 
     def __init__(
@@ -420,11 +433,13 @@ class RedisTaskStore:
         key_prefix: str = DEFAULT_KEY_PREFIX,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         ping_timeout: float = 5.0,
+        archive_retention: int | None = None,
     ) -> None:
         self._conn = conn
         self._clock = clock
         self._op_timeout = op_timeout
         self._ping_timeout = ping_timeout
+        self._archive_retention = archive_retention
         self.keys = Keys(key_prefix)
         self._enqueue = gredis.LuaScript(ENQUEUE)
         self._lease = gredis.LuaScript(LEASE)
@@ -503,6 +518,8 @@ class RedisTaskStore:
     async def _archive_task(
         self, task_id: int, result: int, duration: int, replay: bool
     ) -> ArchivedTask:
+        now = self._now()
+        cutoff = "" if self._archive_retention is None else now - self._archive_retention
         k = self.keys
         reply = await self._run(
             self._archive,
@@ -516,7 +533,7 @@ class RedisTaskStore:
                 k.counter_archived,
                 k.counter_failed,
             ],
-            [member(task_id), result, duration, self._now(), "1" if replay else "0"],
+            [member(task_id), result, duration, now, "1" if replay else "0", cutoff],
         )
         if not reply:
             raise TaskNotFound(task_id)
@@ -617,6 +634,7 @@ def make_redis_task_store(
     reactor: Any,
     *,
     key_prefix: str = DEFAULT_KEY_PREFIX,
+    archive_retention: int | None = None,
 ) -> RedisTaskStore:
     """A store on a lazy pool: nothing connects until the first call (§2.2).
 
@@ -626,4 +644,9 @@ def make_redis_task_store(
         key_base(key_prefix)
     except ValueError as e:
         raise ConfigError("GORGE_TASKQUEUE_REDIS_KEY_PREFIX", str(e)) from None
-    return RedisTaskStore(gredis.make_redis(settings, reactor), clock=reactor, key_prefix=key_prefix)
+    return RedisTaskStore(
+        gredis.make_redis(settings, reactor),
+        clock=reactor,
+        key_prefix=key_prefix,
+        archive_retention=archive_retention,
+    )

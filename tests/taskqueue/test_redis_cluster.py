@@ -79,7 +79,7 @@ def test_every_key_of_one_queue_shares_one_slot(prefix, ids):
 
 # Commands the store (or its scripts) may send, and which arguments are keys.
 _FIRST_ARG_IS_KEY = {
-    "GET", "SET", "DEL", "EXISTS", "INCR", "DECR", "HSET", "HGET", "HMGET", "HGETALL",
+    "GET", "SET", "DEL", "EXISTS", "INCR", "DECR", "DECRBY", "HSET", "HGET", "HMGET", "HGETALL",
     "ZADD", "ZREM", "ZRANGE", "ZRANGEBYSCORE", "ZCARD", "ZSCORE",
 }
 _ARG = re.compile(r'"((?:\\.|[^"\\])*)"')
@@ -133,7 +133,7 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
     clock = task.Clock()
     clock.advance(T0)
     conn = make_redis(replace(redis_server.settings(), poolsize=1))
-    store = RedisTaskStore(conn, clock=clock, key_prefix=prefix)
+    store = RedisTaskStore(conn, clock=clock, key_prefix=prefix, archive_retention=10)
     monitor = Monitor(redis_server.host, redis_server.port)
     try:
         a = await store.enqueue(EnqueueRequest("A", data="x", priority=1000))
@@ -152,7 +152,8 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
         await store.complete(b.id, 5)
         await store.complete(b.id, 5)  # replay
         await store.cancel(c.id)
-        await store.fail(a.id, True, 0)
+        clock.advance(20)
+        await store.fail(a.id, True, 0)  # prunes the two older archive records
         await store.get_archived(a.id)
         with redis_server.client() as sync:
             sync.execute("ECHO", "end-of-workload")
@@ -167,5 +168,6 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
                if source == "lua" or args[0] in ("EVALSHA", "EVAL", "HMGET")
                for key in _keys_of(args)]
     assert any(k.startswith(store.keys.base + "data:") for k in touched)
+    assert any(source == "lua" and args[0].upper() == "DECRBY" for source, args in seen)
     assert all(k.startswith(store.keys.base) for k in touched), touched
     assert {slot(k) for k in touched} == {slot(store.keys.active)}

@@ -379,3 +379,24 @@ async def test_fifo_order_is_exact_for_every_unsigned_32_bit_priority(store):
     expected = [ids[4], ids[5], ids[2], ids[0], ids[1], ids[3]]
     assert [t.id for t in await store.list_tasks(10, 0)] == expected
     assert [t.id for t in await store.lease("w", 10, LEASE)] == expected
+
+
+@pytest_twisted.ensureDeferred
+async def test_archive_retention_prunes_old_records_and_their_replays(conn, clock, redis_prefix, sync):
+    store = RedisTaskStore(conn, clock=clock, key_prefix=redis_prefix, archive_retention=100)
+    old = await store.enqueue(req())
+    new = await store.enqueue(req())
+    await store.complete(old.id, 1)
+    clock.advance(100)
+    await store.cancel(new.id)  # old is exactly at the cutoff: kept
+    assert (await store.stats()).archived == 2
+    third = await store.enqueue(req())
+    clock.advance(1)
+    await store.complete(third.id, 1)
+    assert await store.stats() == Stats(active=0, leased=0, archived=2, failed=0)
+    assert sync.execute("EXISTS", store.keys.archived(old.id)) == 0
+    assert sync.execute("GET", store.keys.counter_archived) == b"2"
+    assert await store.get_archived(old.id) is None
+    with pytest.raises(TaskNotFound):
+        await store.complete(old.id, 1)  # too old to replay
+    assert (await store.complete(third.id, 7)).duration == 1
