@@ -47,10 +47,16 @@ class _ReceiverResource(resource.Resource):
         if "/status/" in path:
             status = int(path.rsplit("/status/", 1)[1].split("/")[0])
         request.setResponseCode(status)
-        if self._owner.delay <= 0:
+        owner = self._owner
+        owner.active[path] = owner.active.get(path, 0) + 1
+        owner.peak_total = max(owner.peak_total, sum(owner.active.values()))
+        owner.peak_per_path = max(owner.peak_per_path, owner.active[path])
+        if owner.delay <= 0:
+            owner.active[path] -= 1
             return b"ok"
 
         def answer(_):
+            owner.active[path] -= 1
             if not request.finished and not getattr(request, "_disconnected", False):
                 request.write(b"ok")
                 request.finish()
@@ -65,6 +71,9 @@ class Receiver:
     def __init__(self) -> None:
         self.requests: list[Received] = []
         self.delay = 0.0
+        self.active: dict[str, int] = {}
+        self.peak_total = 0
+        self.peak_per_path = 0
         site = server.Site(_ReceiverResource(self))
         site.noisy = False
         self.port = reactor.listenTCP(0, site, interface="127.0.0.1")

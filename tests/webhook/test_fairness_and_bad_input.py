@@ -1,0 +1,183 @@
+"""Issue point 5 (fairness) and the bad-input outcomes of spec §5.1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+
+from gorge.webhook.settings import parse_blacklist
+from tests.webhook.conftest import T0
+
+pytestmark = pytest.mark.integration
+
+
+async def test_per_hook_serialisation_under_the_global_cap(herald, receiver, make_harness):
+    harness = make_harness(max_concurrent=3)
+    receiver.delay = 0.05
+    hooks = [herald.insert_hook(uri=f"{receiver.base}/h{i}") for i in range(5)]
+    for n in range(20):
+        herald.insert_request(hook=hooks[n % 5], object_phid=f"PHID-TASK-{n:020d}")
+
+    await harness.run_tick()
+    assert herald.status_counts() == {"sent": 20}
+    assert receiver.peak_per_path == 1
+    assert 1 < receiver.peak_total <= 3
+
+
+async def test_open_breaker_backlog_does_not_delay_another_hooks_new_row(
+        herald, receiver, make_harness):
+    harness = make_harness(max_concurrent=2)
+    broken = herald.insert_hook(uri=f"{receiver.base}/status/500")
+    now = int(harness.clock.seconds())
+    for _ in range(10):  # ten recent failures: the hook is open
+        herald.insert_request(hook=broken, status="failed", result="fail", epoch=now,
+                              created=now - 10, modified=now)
+    for _ in range(100):  # a backlog deeper than one candidate batch
+        herald.insert_request(hook=broken, created=now - 5,
+                              properties={"retry": "forever", "transactionPHIDs": []})
+    healthy = herald.insert_hook(uri=f"{receiver.base}/ok")
+    await harness.run_tick()  # finds the breaker open
+    new_row = herald.insert_request(hook=healthy, created=now)
+
+    await harness.run_tick()  # the very next tick delivers the new row
+    assert herald.request(new_row)["status"] == "sent"
+    assert receiver.count("/status/500") == 0
+    # And it stays that way, tick after tick, while the backlog waits.
+    for _ in range(3):
+        harness.clock.advance(1)
+        newer = herald.insert_request(hook=healthy, created=int(harness.clock.seconds()))
+        await harness.run_tick()
+        assert herald.request(newer)["status"] == "sent"
+    assert receiver.count("/status/500") == 0
+
+
+def _props(row: dict) -> dict:
+    return json.loads(row["properties"])
+
+
+@pytest.mark.parametrize("properties,kept", [
+    ("{nope", None),
+    ('{"retry":"forever","transactionPHIDs":"PHID-XACT-x","extra":1}',
+     {"retry": "forever", "transactionPHIDs": "PHID-XACT-x", "extra": 1}),
+    ('{"silent":"yes"}', {"silent": "yes"}),
+    ("[1,2]", None),
+])
+async def test_invalid_properties_fail_without_a_request(herald, receiver, make_harness,
+                                                         properties, kept):
+    harness = make_harness()
+    hook = herald.insert_hook(uri=f"{receiver.base}/ok")
+    bad = herald.insert_request(hook=hook, properties=properties)
+    good = herald.insert_request(hook=hook)
+    await harness.run_tick()
+    row = herald.request(bad)
+    assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == ("failed", "none", 0)
+    expected = dict(kept or {}, errorType="hook", errorCode="invalid-properties")
+    assert _props(row) == expected and list(_props(row)) == list(expected)
+    assert herald.request(good)["status"] == "sent"  # the daemon keeps going
+    assert receiver.count() == 1
+
+
+@pytest.mark.parametrize("case", ["missing", "disabled", "scheme", "no-host", "refused"])
+async def test_configuration_failures(herald, receiver, make_harness, case):
+    # "refused": the default blacklist covers the loopback receiver.
+    harness = make_harness(outbound_blacklist=parse_blacklist(None if case == "refused" else "none"))
+    uri = {"scheme": "ftp://example.com/x", "no-host": "http:///x"}.get(case, f"{receiver.base}/x")
+    hook = "PHID-HWBH-missingmissingmissing" if case == "missing" else herald.insert_hook(
+        uri=uri, status="disabled" if case == "disabled" else "enabled")
+    other_hook = herald.insert_hook(uri=f"{receiver.base}/ok")
+    props = {"retry": "forever", "transactionPHIDs": {"2": "b"}, "triggerPHIDs": [],
+             "silent": False, "keep": [1, "x"]}
+    bad = herald.insert_request(hook=hook, properties=props)
+    bystander = herald.insert_request(hook=other_hook, status="failed", result="fail",
+                                      epoch=T0 - 5)
+    before = herald.request(bystander)
+    await harness.run_tick()
+    row = herald.request(bad)
+    code = {"missing": "not-found", "disabled": "disabled"}.get(case, "uri")
+    assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == ("failed", "none", 0)
+    assert row["properties"] == json.dumps(
+        dict(props, errorType="hook", errorCode=code), separators=(",", ":"))
+    assert receiver.count() == 0
+    assert herald.request(bystander) == before  # nothing else touched
+    assert harness.metric("gorge_webhook_breaker_transitions_total", state="open") == 0
+
+
+async def test_empty_key_is_a_failed_attempt_after_the_claim(herald, receiver, make_harness):
+    harness = make_harness()
+    hook = herald.insert_hook(uri=f"{receiver.base}/x", key="")
+    bad = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    row = herald.request(bad)
+    assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
+    assert row["lastRequestEpoch"] == int(harness.clock.seconds())
+    assert _props(row) == {"retry": "never", "errorType": "hook", "errorCode": "request-build-error"}
+    assert receiver.count() == 0
+
+
+async def test_unresolvable_host_is_a_failed_attempt_with_code_6(herald, receiver, make_harness):
+    async def nxdomain(host, port):
+        raise OSError("Name or service not known")
+
+    harness = make_harness(resolver=nxdomain)
+    hook = herald.insert_hook(uri="http://hook.invalid/x")
+    forever = herald.insert_request(hook=hook, properties={"retry": "forever"})
+    never = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    assert herald.request(forever)["status"] == "queued"
+    assert herald.request(never)["status"] == "failed"
+    for request_id in (forever, never):
+        row = herald.request(request_id)
+        assert row["lastRequestResult"] == "fail"
+        assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == 6
+
+
+async def test_receiver_timeout_is_code_28(herald, receiver, make_harness):
+    harness = make_harness(delivery_timeout=1, claim_lease=30)
+    receiver.delay = 3
+    hook = herald.insert_hook(uri=f"{receiver.base}/slow")
+    request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    row = herald.request(request_id)
+    assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
+    assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
+
+
+async def test_connection_refused_is_code_7(herald, receiver, make_harness):
+    harness = make_harness()
+    port = receiver.port.getHost().port
+    await receiver.port.stopListening()
+    hook = herald.insert_hook(uri=f"http://127.0.0.1:{port}/gone")
+    request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    row = herald.request(request_id)
+    assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == 7
+    receiver.port = reactor.listenTCP(0, receiver.port.factory, interface="127.0.0.1")
+
+
+async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_harness,
+                                                                captured_log):
+    from gorge.webhook.store import WebhookStore
+    from tests.webhook.conftest import webhook_settings
+    from gorge.webhook.service import build_webhook_service
+    from prometheus_client import CollectorRegistry
+    from twisted.internet import task
+
+    clock = task.Clock()
+    settings = webhook_settings(mariadb.settings("nothere_herald"))
+    store = WebhookStore.mysql(settings.mysql, reactor)
+    service = build_webhook_service(settings, reactor, store=store, clock=clock,
+                                    registry=CollectorRegistry())
+    try:
+        for _ in range(5):
+            await Deferred.fromCoroutine(service.dispatcher.tick())
+            clock.advance(1)
+        assert len(captured_log.named("WEBHOOK_POLL_FAILED")) == 1
+        assert captured_log.named("WEBHOOK_POLL_FAILED")[0]["reason"] == "unknown database"
+        mariadb.create_database("herald", "nothere_herald")
+        await Deferred.fromCoroutine(service.dispatcher.tick())
+        assert len(captured_log.named("WEBHOOK_POLL_RECOVERED")) == 1
+    finally:
+        store.close()
