@@ -9,7 +9,7 @@ listener, and the HTTP connection pool is closed last (worker.md §14).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
@@ -29,7 +29,7 @@ from gorge.worker.handlers.feed_http import FeedHttpHandler
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
-from gorge.worker.registry import LeasePlan, Registry
+from gorge.worker.registry import Handler, LeasePlan, Registry
 from gorge.worker.settings import WorkerSettings, load_worker_settings
 
 log = Logger()
@@ -140,18 +140,19 @@ def build_registry(
 
 def build_worker_service(
     settings: WorkerSettings, reactor, *, http_client=None, notifier=None,
-    registry: Registry | None = None,
+    extra_handlers: Mapping[str, Handler] | None = None,
 ) -> WorkerService:
-    """The real constructor; ``registry`` lets a demo or benchmark add native
-    handlers (it replaces the one built from the settings)."""
+    """The real constructor; ``extra_handlers`` lets a demo or benchmark add
+    native handlers by class name."""
     clock = reactor
     pool = None
     if http_client is None:
         http_client, pool = make_http_client(reactor, settings.max_workers)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
-    built, conduit = build_registry(settings, http_client, clock, metrics)
-    registry = registry if registry is not None else built
+    registry, conduit = build_registry(settings, http_client, clock, metrics)
+    for task_class, handler in (extra_handlers or {}).items():
+        registry.register(task_class, handler)
     plan = LeasePlan(registry, settings.class_filter)
     if plan.empty:
         raise ConfigError(

@@ -1,0 +1,162 @@
+"""End to end: the real gorge-taskqueue (its site on a loopback port, MySQL
+store on the throwaway MariaDB) and the real worker service, talking HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+
+from gorge.config import HttpSettings
+from gorge.taskqueue.mysql import MySQLTaskStore
+from gorge.taskqueue.service import build_taskqueue_service
+from gorge.taskqueue.settings import TaskQueueSettings
+from gorge.worker.outcome import Yield
+from gorge.worker.service import build_worker_service
+from gorge.worker.settings import load_worker_settings
+
+pytestmark = pytest.mark.integration
+
+QUEUE_TOKEN = "queue-token"
+BOUND = 30.0
+
+
+class Stack:
+    def __init__(self, reactor, mariadb, database):
+        self.reactor, self.mariadb, self.database = reactor, mariadb, database
+
+    async def start(self, *, worker_env=None, extra_handlers=None):
+        settings = TaskQueueSettings(
+            http=HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1",
+                              token=QUEUE_TOKEN),
+            mysql=self.mariadb.settings(self.database),
+        )
+        self.store = MySQLTaskStore.from_settings(settings.mysql, self.reactor)
+        self.queue = build_taskqueue_service(settings, self.reactor, store=self.store)
+        self.port = self.reactor.listenTCP(0, self.queue.site, interface="127.0.0.1")
+        self.queue_url = f"http://127.0.0.1:{self.port.getHost().port}"
+        env = {
+            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+            "GORGE_WORKER_TASK_QUEUE_URL": self.queue_url,
+            "GORGE_WORKER_TASK_QUEUE_TOKEN": QUEUE_TOKEN,
+            "GORGE_WORKER_POLL_INTERVAL_MS": "50",
+            "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
+            **(worker_env or {}),
+        }
+        self.worker = build_worker_service(load_worker_settings(env), self.reactor,
+                                           extra_handlers=extra_handlers)
+        self.worker.startService()
+
+    async def stop(self):
+        await self.worker.stopService()
+        await self.port.stopListening()
+        await self.store.close()
+
+    async def enqueue(self, task_class, data="{}"):
+        import treq
+        response = await treq.post(
+            self.queue_url + "/api/queue/enqueue",
+            json.dumps({"taskClass": task_class, "data": data}).encode(),
+            headers={"X-Service-Token": QUEUE_TOKEN, "Content-Type": "application/json"},
+            reactor=self.reactor)
+        body = json.loads(await response.content())
+        assert response.code == 200, body
+        return body["data"]["id"]
+
+    def row(self, table, task_id):
+        conn = self.mariadb.connect(self.database)
+        try:
+            with conn.cursor(__import__("pymysql").cursors.DictCursor) as cur:
+                cur.execute(f"SELECT * FROM {table} WHERE id = %s", (task_id,))
+                return cur.fetchone()
+        finally:
+            conn.close()
+
+    async def until(self, check, bound=BOUND):
+        """Poll ``check`` on the reactor until it returns something truthy."""
+        deadline = self.reactor.seconds() + bound
+        while True:
+            value = check()
+            if value:
+                return value
+            if self.reactor.seconds() > deadline:
+                raise AssertionError("condition not reached within the bound")
+            await deferLater(self.reactor, 0.05)
+
+    def archived(self, task_id):
+        return lambda: self.row("worker_archivetask", task_id)
+
+
+@pytest.fixture
+def stack(reactor, mariadb, worker_db):
+    s = Stack(reactor, mariadb, worker_db)
+    yield s
+    if hasattr(s, "worker"):
+        pytest_twisted.blockon(Deferred.fromCoroutine(s.stop()))
+
+
+@pytest_twisted.ensureDeferred
+async def test_tasks_are_leased_run_and_archived(stack):
+    await stack.start()
+    ok = await stack.enqueue("PhabricatorTestWorker", '{"doWork":"nothing"}')
+    permanent = await stack.enqueue("PhabricatorTestWorker", '{"doWork":"fail-permanent"}')
+    done = await stack.until(stack.archived(ok))
+    assert done["result"] == 0 and done["duration"] >= 0
+    failed = await stack.until(stack.archived(permanent))
+    assert failed["result"] == 1
+    assert stack.worker.consumer.counters.processed == 1
+    assert stack.worker.consumer.counters.failed == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_temporary_failure_is_retried_after_its_wait(stack):
+    await stack.start()
+    task_id = await stack.enqueue(
+        "PhabricatorTestWorker",
+        '{"doWork":"fail-temporary","getWaitBeforeRetry":1,"getMaximumRetryCount":1}')
+    row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
+                            and r["failureCount"] == 1 and r)
+    assert row["leaseOwner"] is None and row["leaseExpires"] <= row["failureTime"] + 1
+    # second run fails again (count 2), third run is over the cap -> permanent
+    archived = await stack.until(stack.archived(task_id))
+    assert archived["result"] == 1 and archived["failureCount"] == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_yielded_task_comes_back_after_its_window(stack):
+    runs = []
+
+    def yield_once(task, data):
+        runs.append(stack.reactor.seconds())
+        if len(runs) == 1:
+            raise Yield(5)
+
+    await stack.start(extra_handlers={"YieldOnceWorker": yield_once})
+    task_id = await stack.enqueue("YieldOnceWorker")
+    row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
+                            and r["leaseOwner"] == "(yield)" and r)
+    assert row["failureCount"] == 0
+    archived = await stack.until(stack.archived(task_id))
+    assert archived["result"] == 0 and len(runs) == 2
+    assert runs[1] - runs[0] >= 5
+    assert stack.worker.consumer.counters.yielded == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_unsupported_class_is_not_leased_or_is_failed_temporarily(stack):
+    await stack.start()
+    task_id = await stack.enqueue("UnknownWorker")
+    control = await stack.enqueue("PhabricatorTestWorker")
+    await stack.until(stack.archived(control))
+    untouched = stack.row("worker_activetask", task_id)
+    assert untouched["leaseOwner"] is None and untouched["failureCount"] == 0
+    # A queue that ignored the class filter would hand it out anyway.
+    stack.worker.plan.task_classes = None
+    row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
+                            and r["failureCount"] == 1 and r)
+    assert row["leaseOwner"] is None
+    assert row["leaseExpires"] - row["failureTime"] == 60
+    assert stack.worker.consumer.counters.failed == 0
