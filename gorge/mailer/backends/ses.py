@@ -59,6 +59,26 @@ def form_body(message: Message, raw_message: bytes) -> bytes:
     return "&".join(pairs).encode("ascii")
 
 
+def signed_headers(
+    credentials: sigv4.Credentials,
+    *,
+    region: str,
+    host: str,
+    path: str,
+    body: bytes,
+    stamp: str,
+    service: str = SERVICE,
+) -> dict[str, str]:
+    """The request headers, ``Authorization`` included: SigV4 over exactly
+    ``content-type;host;x-amz-date`` and the body bytes (§10.4)."""
+    headers = {"Content-Type": CONTENT_TYPE, "Host": host, "X-Amz-Date": stamp}
+    headers["Authorization"] = sigv4.authorization(
+        credentials, method="POST", path=path or "/", headers=headers, body=body,
+        region=region, service=service, stamp=stamp,
+    )
+    return headers
+
+
 def _local(tag: str) -> str:
     return tag.rpartition("}")[2]
 
@@ -144,17 +164,8 @@ class SesBackend(HttpBackend):
         raw = build_mime(message, now=now, token_hex=self._token_hex)
         body = form_body(message, raw)
         stamp, _ = sigv4.amz_date_from_posix(now)
-        headers = {"Content-Type": CONTENT_TYPE, "Host": self.host, "X-Amz-Date": stamp}
-        headers["Authorization"] = sigv4.authorization(
-            self._credentials,
-            method="POST",
-            path=self.path,
-            headers=headers,
-            body=body,
-            region=self.region,
-            service=SERVICE,
-            stamp=stamp,
-        )
+        headers = signed_headers(self._credentials, region=self.region, host=self.host,
+                                 path=self.path, body=body, stamp=stamp)
         return ProviderRequest(url=self.url, body=body, headers=headers)
 
     def classify(self, reply: HttpReply, now: float) -> Outcome:
