@@ -54,6 +54,8 @@ class WebhookService(Service):
         self._clock = clock
         self._notifier = notifier
         self._first_tick_done = False
+        # Deliveries are bounded by the timeout; the extra 10 s cover their writes.
+        self.drain_budget = settings.shutdown_budget
         self.poller = Poller(self._tick, settings.poll_interval, clock, "webhook",
                              on_progress=notifier.progress if notifier is not None else None)
         dispatcher.set_wake(self.poller.wake)
@@ -84,14 +86,14 @@ class WebhookService(Service):
     async def _stop(self) -> None:
         if self._notifier is not None:
             self._notifier.stopping()
-        log.info("shutting down budget={budget}", budget=self.settings.shutdown_budget)
+        log.info("shutting down budget={budget}", budget=self.drain_budget)
         try:
             await maybeDeferred(self.http_service.stopService).addTimeout(
                 LISTENER_STOP_BUDGET, self._reactor)
         except Exception:
             log.failure("STOP_FAILED step=listener", level=LogLevel.error)
-        # The budget covers the last tick, the running deliveries and their writes.
-        budget = self.settings.shutdown_budget
+        # One budget for the last tick, the running deliveries and their writes.
+        budget = self.drain_budget
         started = self._clock.seconds()
         try:
             await self.poller.stop().addTimeout(budget, self._clock)
