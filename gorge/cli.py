@@ -1,0 +1,53 @@
+"""The ``gorge`` console command.
+
+The daemons themselves run under twistd (``twistd -n gorge-webhook`` ...);
+this command holds what is not a daemon: ``gorge demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gorge", description="Phorge background work on Twisted: tools around the daemons.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo", help="run all four services on SQLite in one process and show them at work",
+        description="Start gorge-webhook, gorge-mailer, gorge-taskqueue and gorge-worker on "
+                    "SQLite in a temporary directory, with a webhook receiver and an SMTP sink "
+                    "in the same process; seed hooks, tasks and mails; narrate; and exit 0 once "
+                    "every item reached its expected final state.")
+    demo.add_argument("--serve", action="store_true",
+                      help="keep everything running afterwards and print the service URLs")
+    demo.add_argument("--timeout", type=_positive, default=60.0, metavar="SECONDS",
+                      help="give up (exit 1) if the items have not settled by then (default 60)")
+    demo.add_argument("--workdir", default="", metavar="DIR",
+                      help="directory for the SQLite files and the service log "
+                           "(default: a new temporary directory)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "demo":
+        from gorge.demo import DemoOptions, main as demo_main
+
+        demo_main(DemoOptions(serve=args.serve, timeout=args.timeout, workdir=args.workdir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""What the demo seeds, what each item must end as, and the seeding itself.
+
+Webhook rows are inserted into the herald tables the way Phorge inserts them
+(``queued`` / ``none`` / epoch 0); tasks go through the taskqueue's HTTP API
+and mails through the mailer's, as Phorge would send them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+from gorge.demo_handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
+from gorge.taskqueue.model import (
+    PRIORITY_ALERTS,
+    PRIORITY_BULK,
+    PRIORITY_DEFAULT,
+    PRIORITY_IMPORT,
+)
+from gorge.worker.handlers.test_worker import TASK_CLASS as TEST_WORKER_CLASS
+
+HTTP_TIMEOUT = 10.0  # every call to a demo service is on loopback
+
+
+@dataclass(frozen=True)
+class DemoHook:
+    name: str  # also the receiver path
+    phid: str
+    hmac_key: str
+    answers: int  # the status the receiver answers with
+
+
+@dataclass(frozen=True)
+class DemoRequest:
+    phid: str
+    hook: str  # DemoHook.name
+    object_phid: str
+    retry_forever: bool
+    expect: str  # "sent", "failed" or "retrying"
+    # Inserted only once the hook's receiver has answered this many times (0: at start).
+    after_hits: int = 0
+
+
+@dataclass(frozen=True)
+class DemoTask:
+    label: str
+    task_class: str
+    priority: int
+    data: dict
+    expect: str  # "success" or "failure" (the archive result)
+    failures: int = 0  # failureCount the archived row must show
+
+
+@dataclass(frozen=True)
+class DemoMail:
+    label: str
+    to: tuple[str, ...]
+    subject: str
+    expect: str  # "accepted" or "rejected"
+
+
+HOOKS = (
+    DemoHook("team-chat", "PHID-HWBH-demoteamchat00000000", "k3y-team-chat-0123456789abcdefgh", 200),
+    DemoHook("ci-bridge", "PHID-HWBH-democibridge0000000", "k3y-ci-bridge-0123456789abcdefgh", 200),
+    DemoHook("broken", "PHID-HWBH-demobroken0000000000", "k3y-broken-0123456789abcdefghijk", 500),
+)
+
+REQUESTS = (
+    DemoRequest("PHID-HWBR-demo000000000000001", "team-chat", "PHID-TASK-demo0000000000001",
+                False, "sent"),
+    DemoRequest("PHID-HWBR-demo000000000000002", "ci-bridge", "PHID-DREV-demo0000000000002",
+                True, "sent"),
+    DemoRequest("PHID-HWBR-demo000000000000003", "team-chat", "PHID-TASK-demo0000000000003",
+                True, "sent"),
+    # retry=forever at a receiver that always answers 500: retried, then held by the
+    # breaker once a second request of the same hook has failed too.
+    DemoRequest("PHID-HWBR-demo000000000000004", "broken", "PHID-TASK-demo0000000000004",
+                True, "retrying"),
+    DemoRequest("PHID-HWBR-demo000000000000005", "broken", "PHID-TASK-demo0000000000005",
+                False, "failed", after_hits=2),
+)
+
+TASKS = (
+    DemoTask("bulk import", TEST_WORKER_CLASS, PRIORITY_IMPORT, {"note": "import"}, "success"),
+    DemoTask("alert", TEST_WORKER_CLASS, PRIORITY_ALERTS, {"note": "alert"}, "success"),
+    DemoTask("default", TEST_WORKER_CLASS, PRIORITY_DEFAULT, {"note": "default"}, "success"),
+    DemoTask("fails once", FAIL_ONCE_CLASS, PRIORITY_DEFAULT, {}, "success", failures=1),
+    DemoTask("yields once", YIELD_ONCE_CLASS, PRIORITY_BULK, {}, "success"),
+    DemoTask("permanent failure", TEST_WORKER_CLASS, PRIORITY_BULK,
+             {"doWork": "fail-permanent"}, "failure"),
+)
+
+MAILS = (
+    DemoMail("welcome", ("alice@demo.test",), "Welcome to gorge", "accepted"),
+    DemoMail("digest", ("bob@demo.test", "carol@demo.test"), "[Maniphest] T1: digest",
+             "accepted"),
+    DemoMail("bounce", ("nobody@bounce.demo.test",), "This one bounces", "rejected"),
+)
+
+REJECTED_ADDRESSES = frozenset(
+    address for mail in MAILS if mail.expect == "rejected" for address in mail.to)
+
+SQL_INSERT_HOOK = (
+    "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status,"
+    " hmacKey, dateCreated, dateModified) VALUES (?, ?, ?, 'users', 'admin', 'enabled', ?, ?, ?)"
+)
+SQL_INSERT_REQUEST = (
+    "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,"
+    " lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
+    " VALUES (?, ?, ?, 'queued', ?, 'none', 0, ?, ?)"
+)
+
+
+def hook_named(name: str) -> DemoHook:
+    return next(hook for hook in HOOKS if hook.name == name)
+
+
+def request_properties(request: DemoRequest) -> str:
+    """The document Phorge's editor writes (spec webhook.md §2.5)."""
+    return json.dumps({
+        "retry": "forever" if request.retry_forever else "never",
+        "transactionPHIDs": [request.object_phid.replace("PHID-", "PHID-XACT-", 1)],
+        "triggerPHIDs": ["PHID-HRUL-demorule0000000001"],
+        "silent": False,
+        "secure": False,
+        "test": False,
+    }, separators=(",", ":"))
+
+
+def insert_webhook_rows(pool, hooks: tuple[DemoHook, ...], requests: tuple[DemoRequest, ...],
+                        receiver_url: str, now: int) -> Deferred:
+    """Insert hooks and queued requests in one transaction (through the store's pool)."""
+
+    def insert(txn) -> None:
+        for hook in hooks:
+            txn.execute(SQL_INSERT_HOOK, (hook.phid.encode(), hook.name,
+                                          f"{receiver_url}/hooks/{hook.name}",
+                                          hook.hmac_key, now, now))
+        for request in requests:
+            txn.execute(SQL_INSERT_REQUEST, (request.phid.encode(),
+                                             hook_named(request.hook).phid.encode(),
+                                             request.object_phid.encode(),
+                                             request_properties(request), now, now))
+
+    return pool.runInteraction(insert)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    token: str
+
+
+async def call_api(client, clock: IReactorTime, endpoint: Endpoint, method: str, path: str,
+                   body: dict | None = None) -> tuple[int, Any]:
+    """One bounded JSON call to a demo service: (status, decoded body or None)."""
+
+    async def exchange() -> tuple[int, Any]:
+        kwargs: dict[str, Any] = {"headers": {b"X-Service-Token": endpoint.token.encode()}}
+        if body is not None:
+            kwargs["data"] = json.dumps(body).encode()
+            kwargs["headers"][b"Content-Type"] = b"application/json"
+        response = await client.request(method, endpoint.base_url + path, **kwargs)
+        content = await response.content()
+        try:
+            decoded = json.loads(content) if content else None
+        except ValueError:
+            decoded = None
+        return response.code, decoded
+
+    return await Deferred.fromCoroutine(exchange()).addTimeout(HTTP_TIMEOUT, clock)
+
+
+async def enqueue_task(client, clock: IReactorTime, queue: Endpoint, task: DemoTask) -> int:
+    status, answer = await call_api(client, clock, queue, "POST", "/api/queue/enqueue", {
+        "taskClass": task.task_class,
+        "data": json.dumps(task.data),
+        "priority": task.priority,
+    })
+    if status != 200:
+        raise RuntimeError(f"enqueue of {task.label!r} answered HTTP {status}: {answer}")
+    return int(answer["data"]["id"])
+
+
+def mail_request(mail: DemoMail) -> dict:
+    return {
+        "message": {
+            "from": {"name": "Phorge", "address": "noreply@phorge.demo.test"},
+            "to": [{"name": "", "address": address} for address in mail.to],
+            "subject": mail.subject,
+            "textBody": f"This is the demo mail {mail.label!r}.\n",
+            "headers": [{"name": "X-Phabricator-Sent-This-Message", "value": "Yes"}],
+        },
+    }
+
+
+async def send_mail(client, clock: IReactorTime, mailer: Endpoint,
+                    mail: DemoMail) -> tuple[int, str]:
+    """(HTTP status, the accepting backend's key or the error code)."""
+    status, answer = await call_api(client, clock, mailer, "POST", "/api/mailer/send",
+                                    mail_request(mail))
+    answer = answer if isinstance(answer, dict) else {}
+    if status == 200:
+        return status, str(answer.get("data", {}).get("mailerKey", ""))
+    return status, str(answer.get("error", {}).get("code", ""))
