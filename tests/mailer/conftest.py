@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from twisted.internet import task
+from twisted.internet.task import LoopingCall
 from twisted.internet.testing import EventLoggingObserver
 from twisted.logger import globalLogPublisher
 
@@ -43,6 +44,20 @@ class Harness:
     service: Any
     client: Any
     clock: Any
+    #: With the real reactor, responses that finish later need the stub's
+    #: in-memory connections pumped while we wait.
+    real: bool = False
+
+    async def _pumped(self, d):
+        if not self.real:
+            return await d
+        loop = LoopingCall(self.client.flush)
+        loop.clock = self.clock
+        loop.start(0.002)
+        try:
+            return await d.addTimeout(30, self.clock)
+        finally:
+            loop.stop()
 
     @property
     def backends(self) -> dict:
@@ -56,14 +71,15 @@ class Harness:
             hdrs["X-Service-Token"] = [token]
         for k, v in (headers or {}).items():
             hdrs[k] = [v]
-        response = await self.client.post("http://mailer" + path, data=data, headers=hdrs)
-        raw = await response.content()
+        response = await self._pumped(
+            self.client.post("http://mailer" + path, data=data, headers=hdrs))
+        raw = await self._pumped(response.content())
         return response.code, _json(raw), raw
 
     async def get(self, path: str, *, token: str | None = TOKEN) -> tuple[int, Any, bytes]:
         hdrs = {"X-Service-Token": [token]} if token else {}
-        response = await self.client.get("http://mailer" + path, headers=hdrs)
-        raw = await response.content()
+        response = await self._pumped(self.client.get("http://mailer" + path, headers=hdrs))
+        raw = await self._pumped(response.content())
         return response.code, _json(raw), raw
 
     async def send(self, message: dict | None = None, **extra: Any) -> tuple[int, Any]:
@@ -80,10 +96,11 @@ def _json(raw: bytes) -> Any:
 
 
 def make_harness(env: dict[str, str], clock: Any = None) -> Harness:
+    real = clock is not None and not isinstance(clock, task.Clock)
     clock = clock if clock is not None else task.Clock()
     settings = load_mailer_settings(env)
     service = build_mailer_service(settings, clock, listen=False)
-    return Harness(service, stub_client(service.site), clock)
+    return Harness(service, stub_client(service.site), clock, real)
 
 
 def contract_env(**extra: str) -> dict[str, str]:
