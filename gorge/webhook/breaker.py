@@ -20,6 +20,7 @@ from gorge.webhook.metrics import WebhookMetrics
 log = Logger()
 
 RECHECK_SECONDS = 30.0
+CLOSED_TRUST_SECONDS = 1.0
 
 
 class FailureCounter(Protocol):
@@ -37,7 +38,7 @@ class _Open:
 class Breaker:
     def __init__(self, store: FailureCounter, *, threshold: int, window: int,
                  clock: IReactorTime, metrics: WebhookMetrics,
-                 recheck: float = RECHECK_SECONDS) -> None:
+                 recheck: float = RECHECK_SECONDS, trust: float = CLOSED_TRUST_SECONDS) -> None:
         self._store = store
         self._threshold = threshold
         self._window = window
@@ -45,6 +46,12 @@ class Breaker:
         self._metrics = metrics
         self._recheck = recheck
         self._open: dict[str, _Open] = {}
+        # Hooks counted closed, and when, with no failure of ours since: their
+        # next rows within ``trust`` seconds need no new count. Our own
+        # failures always force a count; another instance's failures are seen
+        # within ``trust``.
+        self._closed: dict[str, float] = {}
+        self._trust = trust
 
     def excluded(self) -> list[str]:
         """Hooks found open within the recheck interval: no candidate of theirs is read."""
@@ -55,8 +62,16 @@ class Breaker:
     def is_known_open(self, hook_phid: str) -> bool:
         return hook_phid in self._open
 
+    def failed(self, hook_phid: str) -> None:
+        """A failed attempt of ours: the hook's next row counts again."""
+        self._closed.pop(hook_phid, None)
+
     async def is_open(self, hook_phid: str) -> bool:
         """Count the hook's recent failures; raises when the count fails (caller skips the row)."""
+        now = self._clock.seconds()
+        counted_at = self._closed.get(hook_phid)
+        if counted_at is not None and now - counted_at < self._trust:
+            return False
         failures = await self._store.recent_failures(hook_phid, self._window)
         is_open = failures >= self._threshold
         if is_open:
@@ -68,7 +83,9 @@ class Breaker:
                          window=self._window)
                 self._metrics.breaker_transitions.labels(state="open").inc()
             self._open[hook_phid] = _Open(checked_at=self._clock.seconds(), queued=queued)
-        elif hook_phid in self._open:
+        else:
+            self._closed[hook_phid] = now
+        if not is_open and hook_phid in self._open:
             del self._open[hook_phid]
             log.info("WEBHOOK_HOOK_BACKOFF_CLEARED hook={hook} failures={failures}"
                      " threshold={threshold} window={window}",
@@ -85,6 +102,9 @@ class Breaker:
         never takes the place of another hook's new row in the candidate batch.
         """
         now = self._clock.seconds()
+        # Forget stale closed verdicts so the map does not grow with every hook ever seen.
+        for hook in [h for h, at in self._closed.items() if now - at >= self._trust]:
+            del self._closed[hook]
         for hook in [h for h, s in self._open.items() if now - s.checked_at >= self._recheck]:
             try:
                 await self.is_open(hook)

@@ -25,7 +25,8 @@ from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.outbound import (
     CODE_UNRESOLVED, Attempt, Transport, Unresolvable, UriPolicy, UriRefused)
 from gorge.webhook.settings import WebhookSettings
-from gorge.webhook.store import FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, WebhookStore
+from gorge.webhook.store import (
+    FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, Hook, WebhookStore)
 
 log = Logger()
 
@@ -69,6 +70,7 @@ class Dispatcher:
         self._cap = settings.max_concurrent
         self._batch = settings.max_concurrent * BATCH_PER_SLOT
         self._lines: dict[str, deque[Candidate]] = {}
+        self._hooks: dict[str, Hook] = {}
         self._busy: set[str] = set()
         self._in_process: set[int] = set()
         self._active = 0
@@ -110,8 +112,16 @@ class Dispatcher:
             self._poll_failed(e)
             return
         self._poll_recovered()
+        try:
+            # One lookup per tick for every hook of the batch (spec §3.5 step 2).
+            hooks = await self._store.load_hooks(sorted({c.hook_phid for c in rows}))
+        except Exception as e:
+            log.error("WEBHOOK_HOOK_LOOKUP_FAILED error={error}",
+                      error=platform_mysql.error_reason(e))
+            return
         if self._stopping:
             return
+        self._hooks = hooks
         self._more_waiting = len(rows) >= limit
         lines: dict[str, deque[Candidate]] = {}
         for candidate in rows:
@@ -230,13 +240,7 @@ class Dispatcher:
                      request=candidate.phid, hook=candidate.hook_phid, reason=e.reason)
             await self._retire(candidate, e.document, payload.CODE_INVALID_PROPERTIES)
             return
-        try:
-            hook = await self._store.load_hook(candidate.hook_phid)
-        except Exception as e:
-            log.error("WEBHOOK_HOOK_LOOKUP_FAILED request={request} hook={hook} error={error}",
-                      request=candidate.phid, hook=candidate.hook_phid,
-                      error=platform_mysql.error_reason(e))
-            return
+        hook = self._hooks.get(candidate.hook_phid)
         if hook is None:
             log.warn("WEBHOOK_HOOK_MISSING request={request} hook={hook}",
                      request=candidate.phid, hook=candidate.hook_phid)
@@ -329,6 +333,8 @@ class Dispatcher:
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()
+        if not attempt.ok:
+            self._breaker.failed(hook_phid)
         if attempt.ok:
             self._summary.delivered += 1
             log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}",

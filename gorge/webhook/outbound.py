@@ -21,7 +21,8 @@ from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 from twisted.internet.protocol import Protocol
-from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone
+from twisted.web.client import (
+    Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone, _HTTP11ClientFactory)
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, UNKNOWN_LENGTH
@@ -175,6 +176,12 @@ class _CheckedEndpointFactory:
         return endpoint
 
 
+class _QuietClientFactory(_HTTP11ClientFactory):
+    """No "Starting factory" line per new receiver connection."""
+
+    noisy = False
+
+
 @dataclass(frozen=True)
 class Attempt:
     """The outcome of one delivery attempt; ``aborted`` means nothing may be written."""
@@ -269,6 +276,7 @@ class Transport:
         self._timeout = timeout
         if pool is None:
             pool = HTTPConnectionPool(reactor, persistent=True)
+            pool._factory = _QuietClientFactory
             pool.maxPersistentPerHost = max(max_per_host, 2)
             pool.retryAutomatically = False  # a silent re-POST could deliver twice
         self._pool = pool

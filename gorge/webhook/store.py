@@ -68,7 +68,7 @@ SQL_RETIRE = (
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
 
-SQL_HOOK = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid = %s"
+SQL_HOOKS = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
 
 # Spec §3.7: every row of the hook counts, whatever its status.
 SQL_BREAKER_COUNT = (
@@ -290,14 +290,18 @@ class WebhookStore:
         """Configuration failure: failed / none / 0, only over the version read."""
         return await self._rowcount(SQL_RETIRE, (properties, candidate.id, candidate.version))
 
-    async def load_hook(self, phid: str) -> Hook | None:
-        def select(txn) -> Hook | None:
-            self._execute(txn, SQL_HOOK, (phid.encode("utf-8"),))
-            row = txn.fetchone()
-            if row is None:
-                return None
-            return Hook(id=int(row[0]), phid=_text(row[1]), name=_text(row[2]),
-                        uri=_text(row[3]), status=_text(row[4]), hmac_key=_text(row[5]))
+    async def load_hooks(self, phids: Sequence[str]) -> dict[str, Hook]:
+        """The hooks of one batch of candidates, by PHID; a missing hook is absent."""
+        if not phids:
+            return {}
+
+        def select(txn) -> dict[str, Hook]:
+            statement = SQL_HOOKS.format(marks=", ".join(["%s"] * len(phids)))
+            self._execute(txn, statement, [phid.encode("utf-8") for phid in phids])
+            hooks = (Hook(id=int(row[0]), phid=_text(row[1]), name=_text(row[2]),
+                          uri=_text(row[3]), status=_text(row[4]), hmac_key=_text(row[5]))
+                     for row in txn.fetchall())
+            return {hook.phid: hook for hook in hooks}
 
         return await self._run(select)
 
