@@ -1,0 +1,238 @@
+"""systemd ``Type=notify`` end to end: each daemon as a real ``twistd -n`` process.
+
+The test binds the unix datagram socket systemd would hand over in
+``NOTIFY_SOCKET``, sets ``WATCHDOG_USEC``, and checks the sequence a unit
+relies on: ``READY=1`` once listening and the main loop ran, ``WATCHDOG=1``
+pings while the loop makes progress, ``STOPPING=1`` on SIGTERM, a clean exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+from tests.support.procs import free_port
+
+pytestmark = pytest.mark.slow
+
+TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+WATCHDOG_USEC = 1_000_000  # pings are due every 0.5 s
+START_BOUND = 30.0
+STOP_BOUND = 30.0
+
+
+class NotifySocket:
+    """The receiving end of ``NOTIFY_SOCKET``; every wait is bounded."""
+
+    def __init__(self) -> None:
+        # sun_path is limited to 108 bytes: keep the directory short.
+        self._dir = tempfile.mkdtemp(prefix="gn-", dir="/tmp")
+        self.path = os.path.join(self._dir, "notify")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(self.path)
+        self.messages: list[tuple[float, str]] = []
+
+    def receive(self, until: float) -> str | None:
+        """One datagram, or None once ``until`` (a monotonic time) has passed."""
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return None
+        self._sock.settimeout(remaining)
+        try:
+            data = self._sock.recv(4096)
+        except socket.timeout:
+            return None
+        for line in data.decode("utf-8", "replace").splitlines():
+            self.messages.append((time.monotonic(), line))
+        return data.decode("utf-8", "replace")
+
+    def wait_until(self, predicate, timeout: float) -> bool:
+        """True once ``predicate()`` holds, False when ``timeout`` passed first."""
+        until = time.monotonic() + timeout
+        while not predicate():
+            if self.receive(until) is None:
+                return predicate()
+        return True
+
+    def wait_for(self, message: str, timeout: float) -> bool:
+        return self.wait_until(lambda: message in self.names(), timeout)
+
+    def names(self) -> list[str]:
+        return [m for _, m in self.messages]
+
+    def count_after(self, message: str, moment: float) -> int:
+        return sum(1 for at, m in self.messages if m == message and at >= moment)
+
+    def first(self, message: str) -> float:
+        return next(at for at, m in self.messages if m == message)
+
+    def close(self) -> None:
+        self._sock.close()
+        os.unlink(self.path)
+        os.rmdir(self._dir)
+
+
+class Daemon:
+    def __init__(self, tapname: str, env: dict[str, str], notify: NotifySocket,
+                 log_path: Path) -> None:
+        environ = {key: value for key, value in os.environ.items()
+                   if not key.startswith(("GORGE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+        environ.update({
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                        os.environ.get("PYTHONPATH")])),
+            "NOTIFY_SOCKET": notify.path,
+            "WATCHDOG_USEC": str(WATCHDOG_USEC),
+            "GORGE_LOG_LEVEL": "info",
+        })
+        environ.update(env)
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [*TWISTD, "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env",
+             tapname],
+            cwd=REPO_ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self) -> str:
+        return self.log_text()[-3000:]
+
+    def terminate(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_BOUND)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if not self._log.closed:
+            self._log.close()
+
+
+@pytest.fixture
+def notify() -> Iterator[NotifySocket]:
+    sock = NotifySocket()
+    yield sock
+    sock.close()
+
+
+@pytest.fixture
+def start(tmp_path) -> Iterator:
+    started: list[Daemon] = []
+
+    def start_daemon(tapname: str, env: dict[str, str], notify: NotifySocket) -> Daemon:
+        daemon = Daemon(tapname, env, notify, tmp_path / f"{tapname}-{len(started)}.log")
+        started.append(daemon)
+        return daemon
+
+    yield start_daemon
+    for daemon in started:
+        daemon.kill()
+
+
+def _taskqueue_env(tmp_path: Path, port: int | None = None) -> dict[str, str]:
+    return {
+        "GORGE_LISTEN_ADDR": f"127.0.0.1:{port or 0}",
+        "GORGE_TASKQUEUE_BACKEND": "sqlite",
+        "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "taskqueue.sqlite3"),
+    }
+
+
+def _env_for(tapname: str, request, tmp_path: Path, start) -> dict[str, str]:
+    """Settings pointing at a backend that is there (or need not be)."""
+    if tapname == "gorge-taskqueue":
+        return _taskqueue_env(tmp_path)
+    if tapname == "gorge-mailer":
+        return {"GORGE_LISTEN_ADDR": "127.0.0.1:0", "GORGE_MAILER_TYPE": "test"}
+    if tapname == "gorge-webhook":
+        mariadb = request.getfixturevalue("mariadb")
+        namespace = f"sd{os.getpid()}"
+        mariadb.create_database("herald", f"{namespace}_herald")
+        return {
+            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+            "GORGE_WEBHOOK_MYSQL_HOST": mariadb.host,
+            "GORGE_WEBHOOK_MYSQL_PORT": str(mariadb.port),
+            "GORGE_WEBHOOK_MYSQL_USER": mariadb.user,
+            "GORGE_WEBHOOK_MYSQL_PASS": mariadb.password,
+            "GORGE_WEBHOOK_NAMESPACE": namespace,
+            "GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
+        }
+    # gorge-worker: a real taskqueue to lease from, started first.
+    port = free_port()
+    queue_notify = NotifySocket()
+    request.addfinalizer(queue_notify.close)
+    queue = start("gorge-taskqueue", _taskqueue_env(tmp_path, port), queue_notify)
+    assert queue_notify.wait_for("READY=1", START_BOUND), queue.log_tail()
+    return {
+        "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+        "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{port}",
+        "GORGE_WORKER_POLL_INTERVAL_MS": "100",
+    }
+
+
+# How long the second WATCHDOG=1 may take: one ping per main-loop tick at
+# most every WATCHDOG_USEC/2, and the taskqueue's loop is its 15 s stats refresh.
+PING_BOUND = {"gorge-taskqueue": 20.0}
+
+MAILER_NO_LOOP = (
+    "gorge-mailer has no main loop that calls notifier.progress(): it sends one "
+    "WATCHDOG=1 together with READY=1 and never again, so a unit with WatchdogSec= "
+    "would be killed after one period")
+
+
+@pytest.mark.parametrize("tapname", [
+    pytest.param("gorge-webhook", marks=pytest.mark.integration),
+    pytest.param("gorge-mailer", marks=pytest.mark.xfail(reason=MAILER_NO_LOOP, strict=True)),
+    "gorge-taskqueue",
+    "gorge-worker",
+])
+def test_ready_then_watchdog_pings_then_stopping_and_a_clean_exit(
+        tapname, request, tmp_path, notify, start):
+    daemon = start(tapname, _env_for(tapname, request, tmp_path, start), notify)
+    assert notify.wait_for("READY=1", START_BOUND), daemon.log_tail()
+    ready_at = notify.first("READY=1")
+    # The ping sent together with READY=1 proves nothing about the loop: want two.
+    assert notify.wait_until(lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2,
+                             PING_BOUND.get(tapname, 10.0)), (
+        f"messages: {notify.names()}\n{daemon.log_tail()}")
+    assert "STOPPING=1" not in notify.names()
+    status = daemon.terminate()
+    assert notify.wait_for("STOPPING=1", 5.0), notify.names()
+    # twistd re-raises the signal that stopped it: both count as clean (platform.md §10).
+    assert status in (0, -signal.SIGTERM), daemon.log_tail()
+    order = [m for m in notify.names() if m in ("READY=1", "STOPPING=1")]
+    assert order == ["READY=1", "STOPPING=1"]
+
+
+def test_worker_whose_queue_is_unreachable_is_ready_but_never_pings(
+        tmp_path, notify, start):
+    """A loop that makes no progress must not feed the watchdog."""
+    daemon = start("gorge-worker", {
+        "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+        "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{free_port()}",
+        "GORGE_WORKER_POLL_INTERVAL_MS": "100",
+    }, notify)
+    assert notify.wait_for("READY=1", START_BOUND), daemon.log_tail()
+    ready_at = notify.first("READY=1")
+    # READY=1 may come with one ping; over three due periods no other may follow.
+    assert not notify.wait_until(lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2,
+                                 3 * WATCHDOG_USEC / 1e6), notify.names()
+    assert "LEASE_FAILED" in daemon.log_text()
+    assert daemon.terminate() in (0, -signal.SIGTERM)
+    assert "STOPPING=1" in notify.names() or notify.wait_for("STOPPING=1", 5.0)
