@@ -194,6 +194,13 @@ SQLITE_SCHEMA = (
 )
 
 
+class _AutocommitConnection(adbapi.Connection):
+    """adbapi commits after every interaction; in autocommit mode that is a wasted round trip."""
+
+    def commit(self) -> None:
+        pass
+
+
 class WebhookStore:
     """The herald tables behind one adbapi pool.
 
@@ -213,7 +220,19 @@ class WebhookStore:
     @classmethod
     def mysql(cls, settings: MySQLSettings, reactor, *,
               db_clock: IReactorTime | None = None) -> "WebhookStore":
-        return cls(platform_mysql.make_pool(settings, reactor), reactor, db_clock=db_clock)
+        pool = platform_mysql.make_pool(settings, reactor)
+        # Every statement stands alone (spec §2.1): run them in autocommit
+        # mode and skip the COMMIT round trip adbapi would add after each.
+        session = pool.openfun
+
+        def open_connection(connection) -> None:
+            if session is not None:
+                session(connection)
+            connection.autocommit(True)
+
+        pool.openfun = open_connection
+        pool.connectionFactory = _AutocommitConnection
+        return cls(pool, reactor, db_clock=db_clock)
 
     @classmethod
     def sqlite(cls, path: str, reactor, *, db_clock: IReactorTime | None = None,
