@@ -30,7 +30,6 @@ import binascii
 import json
 import re
 from dataclasses import dataclass, replace
-from email.header import Header as _EncodedHeader
 from typing import Any
 
 DEFAULT_MIME_TYPE = "application/octet-stream"
@@ -124,12 +123,28 @@ def format_address(addr: Address) -> str:
     if not name:
         return addr.address
     if not name.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        encoded = _EncodedHeader(name, "utf-8").encode(maxlinelen=10_000)
-        return f"{encoded} <{addr.address}>"
+        return f"{' '.join(encode_words(name))} <{addr.address}>"
     if any(c in _SPECIALS for c in name):
         quoted = name.replace("\\", "\\\\").replace('"', '\\"')
         return f'"{quoted}" <{addr.address}>'
     return f"{name} <{addr.address}>"
+
+
+def encode_words(text: str) -> list[str]:
+    """RFC 2047 ``=?utf-8?b?...?=`` words, each at most 75 characters and
+    never splitting a code point. Join them with a space (or a fold): a
+    reader concatenates adjacent encoded words without the whitespace."""
+    words: list[str] = []
+    chunk = b""
+    for char in text:
+        encoded = char.encode("utf-8", "surrogatepass")
+        if len(chunk) + len(encoded) > 45:  # 45 bytes -> 60 base64 chars
+            words.append(chunk)
+            chunk = b""
+        chunk += encoded
+    if chunk or not words:
+        words.append(chunk)
+    return ["=?utf-8?b?" + base64.b64encode(w).decode("ascii") + "?=" for w in words]
 
 
 def parse_send_body(raw: bytes) -> SendRequest:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import base64
 import secrets
 from datetime import datetime, timezone
-from email.header import Header as _EncodedHeader
 from email.utils import format_datetime
 from typing import Callable
 from urllib.parse import quote
 
 from twisted.logger import Logger
 
-from .message import Attachment, Message, format_address
+from .message import Attachment, Message, encode_words, format_address
 
 log = Logger()
 
@@ -163,27 +162,24 @@ def _text_header(name: str, value: str) -> str:
         folded = _fold(name, value)
         if max(len(line) for line in folded.split("\r\n")) <= 998:
             return folded
-    encoded = _EncodedHeader(value, "utf-8", header_name=name).encode(linesep="\r\n")
-    return f"{name}: {encoded}"
+    return _fold(name, " ".join(encode_words(value)))
 
 
 def _fold(name: str, value: str) -> str:
     """``Name: value`` folded before whitespace so lines stay near 78
-    octets; a run without whitespace is never split (a Message-ID or a long
-    token must stay intact), which bounds lines well below 998 for any input
-    the API accepts except a single absurd token."""
+    octets (unfolding restores the value exactly); a run without whitespace
+    is never split, so a Message-ID or other token stays intact."""
     line = f"{name}: {value}"
     if len(line) <= _FOLD_AT:
         return line
     out: list[str] = []
     current = f"{name}:"
-    for word in value.split(" "):
-        if word == "":
-            continue
-        if len(current) + 1 + len(word) > _FOLD_AT and current != f"{name}:":
+    for index, word in enumerate(value.split(" ")):
+        candidate = f"{current} {word}"
+        if word and index and len(candidate) > _FOLD_AT and current.strip(" "):
             out.append(current)
             current = " " + word
         else:
-            current = f"{current} {word}"
+            current = candidate
     out.append(current)
     return "\r\n".join(out)

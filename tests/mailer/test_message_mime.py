@@ -1,0 +1,120 @@
+"""Message rules and MIME output that must hold for all inputs."""
+
+from __future__ import annotations
+
+import base64
+import email
+import email.policy
+from email.header import decode_header, make_header
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gorge.mailer.message import Address, format_address, parse_send_request, truncate_utf8
+from gorge.mailer.mime import build_mime
+from gorge.mailer.outcome import Outcome, parse_retry_after
+from tests.mailer.conftest import valid_message
+
+
+def build(**overrides) -> bytes:
+    message = parse_send_request({"message": valid_message(**overrides)}).message
+    return build_mime(message, now=1_790_000_000, token_hex=lambda n: "ab" * n)
+
+
+@given(st.text(), st.integers(-2, 40))
+def test_truncation_never_splits_a_code_point(text, limit):
+    out = truncate_utf8(text, limit)
+    if limit <= 0:
+        assert out == text
+    else:
+        raw = out.encode()
+        assert len(raw) <= limit and text.encode().startswith(raw)
+        assert len(raw) > limit - 4 or raw == text.encode()
+
+
+def test_truncation_examples():
+    assert truncate_utf8("Hello, 世界", 10) == "Hello, 世"
+    assert truncate_utf8("Hello, 世界", 9) == "Hello, "
+    assert truncate_utf8("Hello, 世界", 8) == "Hello, "
+
+
+@settings(max_examples=60, deadline=None)
+@given(payloads=st.lists(st.binary(max_size=3000), min_size=1, max_size=3),
+       names=st.lists(st.text(min_size=1, max_size=30), min_size=3, max_size=3),
+       mime=st.text(max_size=30))
+def test_attachments_decode_to_the_callers_bytes(payloads, names, mime):
+    names = [n if n.replace("\r", "").replace("\n", "").replace("\x00", "") else "x" for n in names]
+    raw = build(attachments=[{"filename": n, "mimeType": mime,
+                              "data": base64.b64encode(p).decode()}
+                             for n, p in zip(names, payloads)])
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    parts = list(parsed.iter_parts())[1:]
+    assert [p.get_payload(decode=True) for p in parts] == payloads
+    for part in parts:
+        assert "\n" not in part["Content-Type"].replace("\r\n ", "")
+
+
+@settings(max_examples=100, deadline=None)
+@given(value=st.text(max_size=200), subject=st.text(min_size=1, max_size=200),
+       name=st.text(max_size=40))
+def test_no_caller_string_starts_a_header(value, subject, name):
+    raw = build(subject=subject, to=[{"name": name, "address": "a@example.com"}],
+                headers=[{"name": "X-Custom", "value": value}])
+    head = raw.split(b"\r\n\r\n", 1)[0]
+    names = [line.split(b":", 1)[0] for line in head.split(b"\r\n")
+             if line and not line.startswith((b" ", b"\t"))]
+    assert names == [b"From", b"To", b"Subject", b"Date", b"Message-ID", b"X-Custom",
+                     b"MIME-Version", b"Content-Type", b"Content-Transfer-Encoding"]
+    assert all(len(line) <= 998 for line in head.split(b"\r\n"))
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    raw_subject = next(h for h in head.split(b"\r\n\r\n")[0].decode().split("\r\nSubject: ")[1:])
+    raw_subject = raw_subject.split("\r\nDate: ")[0].replace("\r\n", "")
+    decoded = str(make_header(decode_header(raw_subject)))
+    assert decoded == subject or subject.isascii() and decoded.split() == subject.split()
+    assert parsed["To"].addresses[0].addr_spec == "a@example.com"
+
+
+def test_reserved_custom_headers_are_dropped():
+    raw = build(headers=[{"name": "bcc", "value": "x@y"}, {"name": "Content-Type", "value": "x"},
+                         {"name": "Message-ID", "value": "<a@b>"},
+                         {"name": "Message-ID", "value": "<second@b>"}])
+    assert b"x@y" not in raw and b"<second@b>" not in raw
+    assert raw.count(b"Content-Type:") == 1 and b"Message-ID: <a@b>\r\n" in raw
+
+
+def test_single_part_text_when_no_html_and_no_attachments():
+    raw = build(textBody="")
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    assert parsed.get_content_type() == "text/plain" and parsed["Content-Transfer-Encoding"] == "base64"
+    assert b"\r\nDate: " in raw and b"Message-ID: <" + b"ab" * 16 + b"@example.com>" in raw
+
+
+def test_alternative_order_text_then_html():
+    parsed = email.message_from_bytes(build(textBody="", htmlBody="<b>x</b>"),
+                                      policy=email.policy.default)
+    assert [p.get_content_type() for p in parsed.iter_parts()] == ["text/plain", "text/html"]
+
+
+def test_address_formatting():
+    assert format_address(Address("a@b")) == "a@b"
+    assert format_address(Address("a@b", "Doe, John")) == '"Doe, John" <a@b>'
+    assert format_address(Address("a@b", 'x "y" (z)')) == '"x \\"y\\" (z)" <a@b>'
+    assert format_address(Address("a@b", "Jörg")).startswith("=?utf-8?")
+
+
+def test_retry_after():
+    assert parse_retry_after("120", 0) == 120
+    assert parse_retry_after(b"7", 0) == 7
+    assert parse_retry_after("soon", 0) is None
+    assert parse_retry_after(None, 0) is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 1445412400) == 80
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", 1445412500) == 0
+
+
+def test_outcome_scopes_and_cap():
+    assert Outcome.rejected_message("x").scope == "message"
+    assert Outcome.rejected_backend("x").scope == "backend"
+    assert Outcome.rejected_unscoped("x").scope == "unscoped"
+    assert Outcome.transient("x").retryable and Outcome.unknown("x").scope is None
+    assert len(Outcome.unknown("y" * 5000).cause) == 512
