@@ -104,7 +104,7 @@ class Dispatch:
         d = self._dispatcher
         clock = d.clock
         last: tuple[Backend, Outcome] | None = None
-        unanimous_unscoped = True
+        finals: list[Kind] = []  # the last outcome of each finished backend
         for index, backend in enumerate(self._candidates):
             if index > 0:
                 d.metrics.failovers.inc()
@@ -132,15 +132,16 @@ class Dispatch:
                                   mailer_key=backend.key)
                 if self.cancelled is not None:
                     return self._stopped(last)
-                if kind is not Kind.REJECTED_UNSCOPED:
-                    unanimous_unscoped = False
                 if kind is not Kind.TRANSIENT or attempt > d.max_retries:
+                    finals.append(kind)
                     break
                 wait = d.retry_wait
                 if outcome.retry_after is not None:
                     wait = max(wait, outcome.retry_after)
                     if clock.seconds() + wait > self.deadline:
-                        break  # §8.4: fail over instead of waiting past the deadline
+                        # §8.4: fail over instead of waiting past the deadline.
+                        finals.append(kind)
+                        break
                 if wait > 0:
                     self._current = deferLater(clock, wait)
                     try:
@@ -152,7 +153,7 @@ class Dispatch:
         assert last is not None
         backend, outcome = last
         text = f"all mailers failed, last error: {backend.key} ({backend.type}): {outcome.cause}"
-        if unanimous_unscoped:
+        if finals and all(k is Kind.REJECTED_UNSCOPED for k in finals):
             return Answer(422, "ERR_PERMANENT_FAILURE", _cap(text))
         return send_failed(text)
 

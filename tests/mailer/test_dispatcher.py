@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from twisted.internet import task
@@ -266,6 +266,8 @@ def model(scripts: list[list[Kind]], max_retries: int) -> tuple[int, str | None,
 
 
 @settings(max_examples=300, deadline=None)
+@example(scripts=[[Kind.TRANSIENT, Kind.REJECTED_UNSCOPED]], max_retries=1)
+@example(scripts=[[Kind.REJECTED_UNSCOPED], [Kind.TRANSIENT]], max_retries=0)
 @given(
     scripts=st.lists(st.lists(st.sampled_from(KINDS), max_size=4), min_size=1, max_size=4),
     max_retries=st.integers(0, 3),
