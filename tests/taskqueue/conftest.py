@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 import pytest_twisted
 from twisted.internet import task
+from twisted.internet.defer import Deferred
 
 from gorge.taskqueue.memory import MemoryTaskStore
 
@@ -60,7 +61,7 @@ def open_redis_store(redis_server, prefix, clock):
 def sqlite_store(tmp_path, clock):
     store = open_sqlite_store(tmp_path / "queue.sqlite3", clock)
     yield store
-    pytest_twisted.blockon(store.close())
+    pytest_twisted.blockon(Deferred.fromCoroutine(store.close()))
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def mysql_store(mariadb, worker_db, clock):
     store = open_mysql_store(mariadb, worker_db, clock)
     store.database = worker_db
     yield store
-    pytest_twisted.blockon(store.close())
+    pytest_twisted.blockon(Deferred.fromCoroutine(store.close()))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -86,4 +87,4 @@ def backend_store(request, clock, tmp_path):
         store = open_redis_store(redis_server, redis_server.unique_prefix("tq"), clock)
     store.backend = request.param
     yield store
-    pytest_twisted.blockon(store.close())
+    pytest_twisted.blockon(Deferred.fromCoroutine(store.close()))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+
 from gorge.config import HttpSettings
 from gorge.taskqueue.service import build_taskqueue_service
 from gorge.taskqueue.settings import TaskQueueSettings
@@ -36,14 +39,34 @@ class Client:
         for k, v in (headers or {}).items():
             hdrs[k.encode()] = [v.encode()]
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        response = await self.stub.request(method, "http://queue.test" + path, data=data,
-                                           headers=hdrs)
-        content = await response.content()
+
+        async def exchange():
+            response = await self.stub.request(method, "http://queue.test" + path, data=data,
+                                               headers=hdrs)
+            return response, await response.content()
+
+        response, content = await self._pumped(Deferred.fromCoroutine(exchange()))
         self.last_body = content
         ctype = response.headers.getRawHeaders(b"content-type", [b""])[0]
         if ctype.startswith(b"application/json") and content:
             return response.code, json.loads(content)
         return response.code, content.decode("utf-8")
+
+    async def _pumped(self, d: Deferred, bound: float = 30.0):
+        """StubTreq moves bytes only when flushed; a real backend answers from
+        a pool thread, so flush on the real reactor until ``d`` fires (bounded)."""
+        from twisted.internet import reactor
+
+        waited = 0.0
+        while not d.called:
+            self.stub.flush()
+            if d.called:
+                break
+            if waited > bound:
+                raise AssertionError("no response within the bound")
+            await deferLater(reactor, 0.002)
+            waited += 0.002
+        return await d
 
     async def post(self, path: str, body: Any = None, **kw) -> tuple[int, Any]:
         return await self.call("POST", "/api/queue/" + path, body, **kw)
