@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pymysql
 import pytest
 import pytest_twisted
+import treq
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
@@ -29,15 +31,7 @@ class Stack:
         self.reactor, self.mariadb, self.database = reactor, mariadb, database
 
     async def start(self, *, worker_env=None, extra_handlers=None):
-        settings = TaskQueueSettings(
-            http=HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1",
-                              token=QUEUE_TOKEN),
-            mysql=self.mariadb.settings(self.database),
-        )
-        self.store = MySQLTaskStore.from_settings(settings.mysql, self.reactor)
-        self.queue = build_taskqueue_service(settings, self.reactor, store=self.store)
-        self.port = self.reactor.listenTCP(0, self.queue.site, interface="127.0.0.1")
-        self.queue_url = f"http://127.0.0.1:{self.port.getHost().port}"
+        await self.start_queue()
         env = {
             "GORGE_LISTEN_ADDR": "127.0.0.1:0",
             "GORGE_WORKER_TASK_QUEUE_URL": self.queue_url,
@@ -50,13 +44,24 @@ class Stack:
                                            extra_handlers=extra_handlers)
         self.worker.startService()
 
+    async def start_queue(self):
+        settings = TaskQueueSettings(
+            http=HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1",
+                              token=QUEUE_TOKEN),
+            mysql=self.mariadb.settings(self.database),
+        )
+        self.store = MySQLTaskStore.from_settings(settings.mysql, self.reactor)
+        self.queue = build_taskqueue_service(settings, self.reactor, store=self.store)
+        self.port = self.reactor.listenTCP(0, self.queue.site, interface="127.0.0.1")
+        self.queue_url = f"http://127.0.0.1:{self.port.getHost().port}"
+
     async def stop(self):
-        await self.worker.stopService()
+        if hasattr(self, "worker"):
+            await self.worker.stopService()
         await self.port.stopListening()
         await self.store.close()
 
     async def enqueue(self, task_class, data="{}"):
-        import treq
         response = await treq.post(
             self.queue_url + "/api/queue/enqueue",
             json.dumps({"taskClass": task_class, "data": data}).encode(),
@@ -69,7 +74,7 @@ class Stack:
     def row(self, table, task_id):
         conn = self.mariadb.connect(self.database)
         try:
-            with conn.cursor(__import__("pymysql").cursors.DictCursor) as cur:
+            with conn.cursor(pymysql.cursors.DictCursor) as cur:
                 cur.execute(f"SELECT * FROM {table} WHERE id = %s", (task_id,))
                 return cur.fetchone()
         finally:
@@ -94,7 +99,7 @@ class Stack:
 def stack(reactor, mariadb, worker_db):
     s = Stack(reactor, mariadb, worker_db)
     yield s
-    if hasattr(s, "worker"):
+    if hasattr(s, "port"):
         pytest_twisted.blockon(Deferred.fromCoroutine(s.stop()))
 
 
@@ -160,3 +165,20 @@ async def test_unsupported_class_is_not_leased_or_is_failed_temporarily(stack):
     assert row["leaseOwner"] is None
     assert row["leaseExpires"] - row["failureTime"] == 60
     assert stack.worker.consumer.counters.failed == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_stop_lets_the_running_task_finish_and_report(stack):
+    await stack.start()
+    task_id = await stack.enqueue("PhabricatorTestWorker", '{"duration":1}')
+    await stack.until(lambda: stack.worker.consumer.active == 1)
+    leases_seen = []
+    stack.worker.consumer._queue.lease = lambda *a: leases_seen.append(a)  # must not be called
+    stopping = stack.worker.stopService()
+    assert stack.worker.consumer.readiness_reason() == "shutting down"
+    await stopping
+    archived = stack.row("worker_archivetask", task_id)
+    assert archived is not None and archived["result"] == 0
+    assert archived["duration"] >= 1_000_000
+    assert leases_seen == []
+    assert stack.worker.consumer.counters.processed == 1

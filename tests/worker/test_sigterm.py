@@ -1,0 +1,74 @@
+"""A real ``twistd gorge-worker`` process: SIGTERM stops leasing, lets the
+running task finish and report, then the process ends on the signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ProcessProtocol
+
+from tests.support.paths import REPO_ROOT
+from tests.support.procs import free_port
+
+from .test_e2e import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+class Watch(ProcessProtocol):
+    def __init__(self) -> None:
+        self.ended: Deferred = Deferred()
+        self.output = b""
+
+    def outReceived(self, data: bytes) -> None:
+        self.output += data
+
+    errReceived = outReceived
+
+    def processEnded(self, reason) -> None:
+        self.ended.callback(reason.value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_sigterm_drains_and_reports_then_exits(reactor, mariadb, worker_db):
+    stack = Stack(reactor, mariadb, worker_db)
+    await stack.start_queue()
+    watch = Watch()
+    process = None
+    try:
+        task_id = await stack.enqueue("PhabricatorTestWorker", '{"duration":2}')
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT),
+            "GORGE_LISTEN_ADDR": f"127.0.0.1:{free_port()}",
+            "GORGE_WORKER_TASK_QUEUE_URL": stack.queue_url,
+            "GORGE_WORKER_TASK_QUEUE_TOKEN": "queue-token",
+            "GORGE_WORKER_POLL_INTERVAL_MS": "50",
+            "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
+            "GORGE_LOG_LEVEL": "info",
+        }
+        argv = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env",
+                "gorge-worker"]
+        process = reactor.spawnProcess(watch, sys.executable, argv, env=env,
+                                       path=str(REPO_ROOT))
+        await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
+                          and r["leaseOwner"], bound=60)
+        process.signalProcess("TERM")
+        ended = await watch.ended.addTimeout(60, reactor)
+        process = None
+        archived = stack.row("worker_archivetask", task_id)
+        assert archived is not None and archived["result"] == 0, watch.output.decode()
+        assert archived["duration"] >= 2_000_000
+        assert getattr(ended, "signal", None) == signal.SIGTERM or ended.exitCode == 0
+        assert b"WORKER_STOPPED" in watch.output
+    finally:
+        if process is not None:
+            process.signalProcess("KILL")
+            await watch.ended
+        await stack.stop()
