@@ -4,6 +4,7 @@ assembled service (worker.md §2, §9, §12)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from treq.testing import StubTreq
@@ -228,3 +229,15 @@ def test_metrics_are_served_from_the_service_registry():
     text = flushed(client, response.text())
     assert 'gorge_worker_lease_requests_total{result="empty"} 1.0' in text
     assert "gorge_worker_active_tasks 0.0" in text
+
+
+def test_env_example_lists_every_setting_with_its_default():
+    from tests.support.paths import REPO_ROOT
+
+    text = (REPO_ROOT / "conf" / "worker.env.example").read_text()
+    env = dict(line.split("=", 1) for line in text.splitlines()
+               if line and not line.startswith("#"))
+    source = (REPO_ROOT / "gorge" / "worker" / "settings.py").read_text()
+    read = set(re.findall(r'"(GORGE_WORKER_[A-Z_]+)"', source))
+    assert read <= set(env), read - set(env)
+    assert load_worker_settings(env) == load_worker_settings({})
