@@ -203,7 +203,7 @@ class Bench:
                         (f"{self.base}/pickup", "k" * 32))
         latencies = []
         for n in range(self.args.latency_samples):
-            await deferLater(self.reactor, random.uniform(0.05, 1.0))
+            await deferLater(self.reactor, random.uniform(0.0, 1.0))
             now = int(time.time())
             with conn.cursor() as cur:
                 cur.execute(
@@ -266,6 +266,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--hooks", type=int, default=50)
-    parser.add_argument("--latency-samples", type=int, default=30)
+    parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--log-level", default="info")
     react(main, (parser.parse_args(),))
