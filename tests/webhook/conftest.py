@@ -46,6 +46,13 @@ class _ReceiverResource(resource.Resource):
         status = 200
         if "/status/" in path:
             status = int(path.rsplit("/status/", 1)[1].split("/")[0])
+        if path.startswith("/redirect/"):
+            # /redirect/<code>/<location, URL-quoted>
+            from urllib.parse import unquote
+
+            _, _, code, location = path.split("/", 3)
+            status = int(code)
+            request.setHeader(b"location", unquote(location).encode())
         request.setResponseCode(status)
         owner = self._owner
         owner.active[path] = owner.active.get(path, 0) + 1

@@ -181,3 +181,28 @@ async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_ha
         assert len(captured_log.named("WEBHOOK_POLL_RECOVERED")) == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("code,location,final,landed", [
+    (307, "/landed", 200, True),
+    (308, "/landed", 200, True),
+    (302, "/landed", 302, False),
+    (303, "/landed", 303, False),
+    (307, "http://10.1.2.3/elsewhere", 307, False),  # refused by the policy: not followed
+])
+async def test_redirects(herald, receiver, make_harness, code, location, final, landed):
+    from urllib.parse import quote
+
+    harness = make_harness(outbound_blacklist=parse_blacklist("10.0.0.0/8"))
+    hook = herald.insert_hook(uri=f"{receiver.base}/redirect/{code}/{quote(location, safe='')}")
+    request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    row = herald.request(request_id)
+    assert json.loads(row["properties"])["errorCode"] == final
+    assert row["status"] == ("sent" if final == 200 else "failed")
+    assert (receiver.count("/landed") == 1) is landed
+    if landed:
+        first, second = receiver.requests
+        assert first.body == second.body
+        assert (first.headers["x-phabricator-webhook-signature"]
+                == second.headers["x-phabricator-webhook-signature"])
