@@ -1,0 +1,203 @@
+"""One behaviour, all backends: random operation sequences applied to the
+in-memory reference model and to a real backend must agree after every step
+(task fields, stats, list, and every answer or error).
+
+pytest-twisted runs tests inside the reactor, and hypothesis rules are
+synchronous, so the state machine runs in a worker thread and hands each
+backend call to the reactor with ``blockingCallFromThread``."""
+
+from __future__ import annotations
+
+import pytest
+import pytest_twisted
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from twisted.internet import task, threads
+from twisted.internet.defer import Deferred
+
+from gorge.taskqueue.memory import MemoryTaskStore
+from gorge.taskqueue.model import EnqueueRequest, InvalidArgument
+from gorge.taskqueue.store import TaskNotFound
+from tests.taskqueue.conftest import T0, redis_backend_available
+
+pytestmark = pytest.mark.integration
+
+LEASE = 600
+IDS = st.integers(min_value=1, max_value=10)
+SETTINGS = settings(max_examples=12, stateful_step_count=20, deadline=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+def _model(coro):
+    """The memory store never waits: drive its coroutine to the end at once."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("the memory store awaited something")
+
+
+def _outcome(call):
+    try:
+        return ("ok", call())
+    except (TaskNotFound, InvalidArgument) as e:
+        return ("error", type(e).__name__)
+
+
+def _shape(value):
+    if isinstance(value, list):
+        return [_shape(v) for v in value]
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    return value
+
+
+def _in_reactor(make_deferred):
+    from twisted.internet import reactor
+
+    return threads.blockingCallFromThread(reactor, make_deferred)
+
+
+class _Reset:
+    """Per-backend: a fresh, empty store sharing the long-lived connection."""
+
+    def __init__(self, backend: str, request) -> None:
+        from twisted.internet import reactor
+
+        self.backend = backend
+        self._request = request
+        if backend == "mysql":
+            from gorge.mysql import make_pool
+
+            mariadb = request.getfixturevalue("mariadb")
+            self._pool = make_pool(mariadb.settings(mariadb.create_database("worker")), reactor)
+        elif backend == "sqlite":
+            from gorge.taskqueue.sqlite import make_sqlite_pool
+
+            path = request.getfixturevalue("tmp_path") / "stateful.sqlite3"
+            self._pool = make_sqlite_pool(str(path), reactor)
+        else:
+            from gorge.redis import make_redis
+
+            self._redis_server = request.getfixturevalue("redis_server")
+            self._conn = make_redis(self._redis_server.settings())
+
+    def fresh(self, clock):
+        if self.backend == "mysql":
+            from gorge.taskqueue.mysql import MySQLTaskStore
+
+            def wipe(txn):
+                for table in ("worker_activetask", "worker_archivetask", "worker_taskdata",
+                              "lisk_counter"):
+                    txn.execute(f"TRUNCATE TABLE {table}")
+
+            _in_reactor(lambda: self._pool.runInteraction(wipe))
+            return MySQLTaskStore(self._pool, clock)
+        if self.backend == "sqlite":
+            from gorge.taskqueue.sqlite import SQLiteTaskStore
+
+            def wipe(txn):
+                for table in ("worker_activetask", "worker_archivetask", "worker_taskdata",
+                              "lisk_counter", "sqlite_sequence"):
+                    txn.execute(f"DELETE FROM {table}")
+
+            _in_reactor(lambda: self._pool.runInteraction(wipe))
+            return SQLiteTaskStore(self._pool, clock)
+        from gorge.taskqueue.redis import RedisTaskStore
+
+        return RedisTaskStore(self._conn, clock=clock,
+                              key_prefix=self._redis_server.unique_prefix("sm"))
+
+    async def close(self) -> None:
+        if self.backend == "redis":
+            await self._conn.disconnect()
+        else:
+            self._pool.close()
+
+
+def _machine(reset: _Reset):
+    class QueueMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = task.Clock()
+            self.clock.advance(T0)
+            self.model = MemoryTaskStore(self.clock)
+            self.real = reset.fresh(self.clock)
+
+        def both(self, method: str, *args):
+            expected = _outcome(lambda: _model(getattr(self.model, method)(*args)))
+            actual = _outcome(lambda: _in_reactor(
+                lambda: Deferred.fromCoroutine(getattr(self.real, method)(*args))))
+            return _shape(expected[1]), _shape(actual[1]), expected[0], actual[0]
+
+        def check(self, method: str, *args, drop_data: bool = False):
+            expected, actual, ek, ak = self.both(method, *args)
+            if drop_data and ek == ak == "ok":
+                expected = {k: v for k, v in expected.items() if k != "data"}
+                actual = {k: v for k, v in actual.items() if k != "data"}
+            assert (ak, actual) == (ek, expected), f"{reset.backend}: {method}{args}"
+
+        @rule(task_class=st.sampled_from(["A", "B"]),
+              data=st.sampled_from(["{}", '{"t":"é ✓ 😀"}', "[]", ""]),
+              priority=st.sampled_from([1000, 2000, 3000]),
+              delay=st.sampled_from([None, None, 30, 900]),
+              phid=st.sampled_from([None, "PHID-TASK-tzdxqbs3s4qsrzbtcoun"]))
+        def enqueue(self, task_class, data, priority, delay, phid):
+            delay_until = None if delay is None else int(self.clock.seconds()) + delay
+            request = EnqueueRequest(task_class, data, priority, phid, None, delay_until)
+            self.check("enqueue", request, drop_data=True)
+
+        @rule(owner=st.sampled_from(["w1", "22413:1795947021:vm:1"]),
+              limit=st.integers(1, 4),
+              classes=st.sampled_from([None, ["A"], ["B"], ["A", "B"]]))
+        def lease(self, owner, limit, classes):
+            self.check("lease", owner, limit, LEASE, classes)
+
+        @rule(task_id=IDS, duration=st.integers(0, 10**7))
+        def complete(self, task_id, duration):
+            self.check("complete", task_id, duration)
+
+        @rule(task_id=IDS, permanent=st.booleans(), retry_wait=st.sampled_from([0, 5, 300]))
+        def fail(self, task_id, permanent, retry_wait):
+            self.check("fail", task_id, permanent, retry_wait)
+
+        @rule(task_id=IDS, duration=st.sampled_from([-3, 0, 5, 60, 4000]))
+        def yield_(self, task_id, duration):
+            self.check("yield_", task_id, duration)
+
+        @rule(task_id=IDS)
+        def cancel(self, task_id):
+            self.check("cancel", task_id)
+
+        @rule(task_ids=st.lists(IDS, min_size=1, max_size=4))
+        def awaken(self, task_ids):
+            self.check("awaken", task_ids)
+
+        @rule(task_id=IDS)
+        def get(self, task_id):
+            self.check("get_task", task_id)
+            self.check("get_archived", task_id)
+
+        @rule(seconds=st.sampled_from([1, 4, 6, 31, 301, LEASE + 1, 3601]))
+        def tick(self, seconds):
+            self.clock.advance(seconds)
+
+        @invariant()
+        def same_observable_state(self):
+            self.check("stats")
+            self.check("list_tasks", 1000, 0)
+
+    return QueueMachine
+
+
+@pytest.mark.parametrize("backend", ["mysql", "sqlite", "redis"])
+@pytest_twisted.ensureDeferred
+async def test_backend_behaves_like_the_model(backend, request):
+    if backend == "redis" and not redis_backend_available():
+        pytest.skip("gorge.taskqueue.redis is not there yet")
+    reset = _Reset(backend, request)
+    try:
+        await threads.deferToThread(run_state_machine_as_test, _machine(reset), settings=SETTINGS)
+    finally:
+        await reset.close()
