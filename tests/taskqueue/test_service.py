@@ -1,0 +1,144 @@
+"""Start-up configuration, lazy connections and readiness (spec taskqueue.md §2, §4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import pytest_twisted
+import treq
+
+from gorge.config import ConfigError
+from gorge.taskqueue.service import Options, build_taskqueue_service, makeService
+from gorge.taskqueue.settings import load_settings
+from tests.taskqueue.helpers import Client, make_settings
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("", "mysql"), ("mysql", "mysql"), ("redis", "redis"), ("sqlite", "sqlite")])
+def test_backend_names(value, expected):
+    assert load_settings({"GORGE_TASKQUEUE_BACKEND": value}).backend == expected
+
+
+@pytest.mark.parametrize("env,setting", [
+    ({"GORGE_TASKQUEUE_BACKEND": "redsi"}, "GORGE_TASKQUEUE_BACKEND"),
+    ({"GORGE_TASKQUEUE_BACKEND": "MySQL"}, "GORGE_TASKQUEUE_BACKEND"),
+    ({"GORGE_TASKQUEUE_LEASE_DURATION": "0"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
+    ({"GORGE_TASKQUEUE_LEASE_DURATION": "2h"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
+    ({"GORGE_TASKQUEUE_RETRY_WAIT": "-1"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
+    ({"GORGE_TASKQUEUE_MYSQL_PORT": "x"}, "GORGE_TASKQUEUE_MYSQL_PORT"),
+    ({"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_ADDR": "nohost"},
+     "GORGE_TASKQUEUE_REDIS_ADDR"),
+    ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
+])
+def test_bad_settings_name_the_variable(env, setting):
+    with pytest.raises(ConfigError) as info:
+        load_settings(env)
+    assert info.value.setting == setting
+
+
+def test_defaults():
+    s = load_settings({})
+    assert (s.backend, s.http.listen_addr, s.lease_duration, s.retry_wait) == (
+        "mysql", ":8090", 7200, 300)
+    assert s.mysql.database == "phorge_worker" and s.mysql.user == "phorge"
+    s = load_settings({"GORGE_TASKQUEUE_NAMESPACE": "phabricator",
+                       "GORGE_TASKQUEUE_BACKEND": "sqlite",
+                       "GORGE_TASKQUEUE_SQLITE_PATH": "/tmp/q.db"})
+    assert (s.mysql.database, s.sqlite_path) == ("phabricator_worker", "/tmp/q.db")
+    assert "secret" not in repr(load_settings({"GORGE_TASKQUEUE_MYSQL_PASS": "secret",
+                                               "GORGE_SERVICE_TOKEN": "secret"}))
+
+
+def test_make_service_exits_2_with_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("GORGE_TASKQUEUE_BACKEND", "redsi")
+    options = Options()
+    options.parseOptions([])
+    with pytest.raises(SystemExit) as info:
+        makeService(options)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("gorge-taskqueue: GORGE_TASKQUEUE_BACKEND: ") and "redsi" in err
+
+
+@pytest_twisted.ensureDeferred
+async def test_make_service_connects_nowhere(monkeypatch):
+    monkeypatch.setenv("GORGE_TASKQUEUE_MYSQL_HOST", "127.0.0.1")
+    monkeypatch.setenv("GORGE_TASKQUEUE_MYSQL_PORT", "1")  # nothing listens there
+    options = Options()
+    options.parseOptions(["--listen", "127.0.0.1:0"])
+    service = makeService(options)
+    assert service.settings.backend == "mysql" and not service.running
+    await service.store.close()
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_readyz_is_503_until_the_database_exists_then_200(mariadb):
+    from twisted.internet import reactor
+
+    from gorge.mysql import make_pool
+    from gorge.taskqueue.mysql import MySQLTaskStore
+
+    name = f"t_late_{id(reactor) % 100000}_worker"
+    store = MySQLTaskStore(make_pool(mariadb.settings(name), reactor), reactor)
+    client = Client(store, reactor, backend="mysql")
+    try:
+        assert await client.get("/healthz", token=None) == (200, {"status": "ok"})
+        code, answer = await client.get("/readyz", token=None)
+        assert (code, answer) == (503, {"status": "unavailable",
+                                        "reason": "ping database: unknown database"})
+        code, answer = await client.get("stats")
+        assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
+                                                  "message": "internal server error"}})
+        assert name.encode() not in client.last_body
+        mariadb.create_database("worker", name)     # Phorge's storage upgrade, later
+        assert await client.get("/readyz", token=None) == (200, {"status": "ok"})
+        assert (await client.get("stats"))[0] == 200
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_sqlite_readyz_follows_the_file(tmp_path):
+    from twisted.internet import reactor
+
+    from gorge.taskqueue.sqlite import SQLiteTaskStore
+
+    directory = tmp_path / "later"
+    store = SQLiteTaskStore.open(str(directory / "queue.sqlite3"), reactor)
+    client = Client(store, reactor)
+    try:
+        code, answer = await client.get("/readyz", token=None)
+        assert code == 503 and answer["reason"].startswith("open database:")
+        directory.mkdir()
+        assert await client.get("/readyz", token=None) == (200, {"status": "ok"})
+        code, answer = await client.post("enqueue", {"taskClass": "X"})
+        assert (code, answer["data"]["id"]) == (200, 1)
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_service_listens_serves_and_stops_in_order(tmp_path):
+    from twisted.internet import reactor
+
+    settings = make_settings(backend="sqlite", sqlite_path=str(tmp_path / "q.sqlite3"))
+    service = build_taskqueue_service(settings, reactor)
+    service.startService()
+    try:
+        listening = service._children[2]
+        port = await listening._waitingForPort
+        base = f"http://127.0.0.1:{port.getHost().port}"
+        headers = {"X-Service-Token": "contract-token", "Content-Type": "application/json"}
+        response = await treq.post(base + "/api/queue/enqueue", headers=headers,
+                                   data=json.dumps({"taskClass": "X"}).encode()).addTimeout(10, reactor)
+        body = json.loads(await response.content())
+        assert (response.code, body["data"]["id"]) == (200, 1)
+        response = await treq.get(base + "/metrics").addTimeout(10, reactor)
+        assert b'gorge_taskqueue_tasks_enqueued_total{task_class="X"} 1.0' in await response.content()
+    finally:
+        await service.stopService()
+    assert not service.running
+    assert service.store.pool.running is False
