@@ -198,7 +198,9 @@ def test_headers_wait_is_capped_at_ten_seconds_and_total_at_twenty():
     mem.reactor.advance(http.HEADERS_TIMEOUT - 0.5)
     assert not d.called
     mem.reactor.advance(0.5)
-    assert failure_of(d).submitted is True
+    failed = failure_of(d)
+    assert failed.submitted is True
+    assert failed.reason == "deadline reached after the request was sent, no response"
 
     mem = MemoryHttp()
     d = run_post(mem, deadline=600.0)

@@ -50,7 +50,7 @@ from .base import BackendEntry
 
 #: Whole exchange, body read included (always clipped to the dispatch deadline).
 REQUEST_CAP = 20.0
-#: Connect + TLS handshake + response headers (treq's ``timeout=``).
+#: Connect + TLS handshake + response headers.
 HEADERS_TIMEOUT = 10.0
 #: TCP connect cap; the service's ``Agent(connectTimeout=...)`` enforces it.
 CONNECT_TIMEOUT = 5.0
@@ -299,10 +299,10 @@ async def post(
             data=producer,
             allow_redirects=False,
             unbuffered=True,
-            timeout=min(HEADERS_TIMEOUT, budget),
-            reactor=clock,
         )
-        request.addTimeout(budget, clock, onTimeoutCancel=on_timeout)
+        # Our own timer rather than treq's ``timeout=``: it records that the
+        # deadline (not some other cancel) ended the wait.
+        request.addTimeout(min(HEADERS_TIMEOUT, budget), clock, onTimeoutCancel=on_timeout)
         response = await request
     except Exception as exc:
         raise transport_failure(
