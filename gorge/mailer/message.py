@@ -37,9 +37,9 @@ DEFAULT_MIME_TYPE = "application/octet-stream"
 # RFC 2045 token: any ASCII printable except SPACE and tspecials.
 _TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _MIME_TYPE_RE = re.compile(rf"^{_TOKEN}/{_TOKEN}$")
-_BASE64_RE = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 _HEADER_NAME_RE = re.compile(r"^[!-9;-~]+$")  # printable ASCII minus ':' and space
-_ASCII_WS = str.maketrans("", "", " \t\n\r\f\v")
+_ASCII_WS_CHARS = " \t\n\r\f\v"
+_ASCII_WS = str.maketrans("", "", _ASCII_WS_CHARS)
 _CRLFNUL = str.maketrans("", "", "\r\n\x00")
 # RFC 5322 specials (plus the quote itself) force a quoted-string display name.
 _SPECIALS = set('()<>[]:;@\\,."')
@@ -317,11 +317,14 @@ def _check_attachment(i: int, filename: str, data: str, mime_type: str | None) -
     filename = filename.translate(_CRLFNUL)
     if not filename:
         raise MessageError(f"{path}.filename is required")
-    compact = data.translate(_ASCII_WS) if data.isascii() else data
-    if not compact.isascii() or len(compact) % 4 or not _BASE64_RE.match(compact):
+    if not data.isascii():
         raise MessageError(f"{path}.data must be standard padded base64")
+    compact = data
+    if any(ws in data for ws in _ASCII_WS_CHARS):
+        compact = data.translate(_ASCII_WS)
     try:
-        content = base64.b64decode(compact, validate=True)
+        # strict_mode: RFC 4648 alphabet only, padding required and final.
+        content = binascii.a2b_base64(compact, strict_mode=True)
     except (binascii.Error, ValueError):
         raise MessageError(f"{path}.data must be standard padded base64") from None
     mime = (mime_type or "").strip()

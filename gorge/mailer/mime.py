@@ -94,10 +94,11 @@ def build_mime(
         lines.extend(body_headers)
         payload = body
     head = "\r\n".join(lines).encode("utf-8")
-    return head + CRLF + CRLF + payload
+    # One join at the end: a 1 MiB attachment is copied once, not per level.
+    return b"".join([head, CRLF, CRLF, *payload])
 
 
-def _body(message: Message, alt_boundary: str) -> tuple[list[str], bytes]:
+def _body(message: Message, alt_boundary: str) -> tuple[list[str], list[bytes]]:
     text_headers = ["Content-Type: text/plain; charset=utf-8", "Content-Transfer-Encoding: base64"]
     text_body = _b64(message.text_body.encode("utf-8"))
     if not message.html_body:
@@ -126,29 +127,35 @@ def _attachment(attachment: Attachment) -> bytes:
         f"Content-Disposition: attachment;\r\n {disp_param}",
         "Content-Transfer-Encoding: base64",
     ]
-    return _part(headers, _b64(attachment.content))
+    # The caller's base64 (validated, whitespace removed) decodes to the same
+    # bytes; re-wrapping it spares an encode of the whole attachment.
+    return _part(headers, _wrap(attachment.data.encode("ascii")))
 
 
-def _part(headers: list[str], body: bytes) -> bytes:
-    return "\r\n".join(headers).encode("utf-8") + CRLF + CRLF + body
+def _part(headers: list[str], body: list[bytes]) -> list[bytes]:
+    return ["\r\n".join(headers).encode("utf-8"), CRLF, CRLF, *body]
 
 
-def _multipart(boundary: str, parts: list[bytes]) -> bytes:
+def _multipart(boundary: str, parts: list[list[bytes]]) -> list[bytes]:
     delimiter = b"--" + boundary.encode("ascii")
-    out = bytearray()
+    out: list[bytes] = []
     for part in parts:
-        out += delimiter + CRLF + part + CRLF
-    out += delimiter + b"--" + CRLF
-    return bytes(out)
+        out.append(delimiter + CRLF)
+        out.extend(part)
+        out.append(CRLF)
+    out.append(delimiter + b"--" + CRLF)
+    return out
 
 
-def _b64(data: bytes) -> bytes:
+def _b64(data: bytes) -> list[bytes]:
     """Base64 wrapped at 76 characters per line (RFC 2045), CRLF-terminated."""
-    encoded = base64.b64encode(data)
+    return _wrap(base64.b64encode(data))
+
+
+def _wrap(encoded: bytes) -> list[bytes]:
     if not encoded:
-        return b""
-    lines = [encoded[i : i + 76] for i in range(0, len(encoded), 76)]
-    return CRLF.join(lines) + CRLF
+        return []
+    return [CRLF.join([encoded[i : i + 76] for i in range(0, len(encoded), 76)]), CRLF]
 
 
 def _needs_encoding(value: str) -> bool:

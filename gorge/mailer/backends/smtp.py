@@ -113,15 +113,21 @@ def classify_reply(stage: str, code: int, text: str) -> Outcome:
 
 
 def dot_stuff(data: bytes, *, terminate: bool = True) -> bytes:
-    """CRLF-normalised, dot-stuffed DATA content ending in CRLF, followed by
-    the terminating ``.\\r\\n`` unless ``terminate`` is false."""
-    data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
+    """Dot-stuffed DATA content ending in CRLF, followed by the terminating
+    ``.\\r\\n`` unless ``terminate`` is false. ``data`` must already use CRLF
+    line ends only, as :func:`gorge.mailer.mime.build_mime` guarantees."""
     if data.startswith(b"."):
         data = b"." + data
     data = data.replace(b"\r\n.", b"\r\n..")
     if not data.endswith(b"\r\n"):
         data += b"\r\n"
     return data + b".\r\n" if terminate else data
+
+
+class _ContentSender(FileSender):
+    # The transport pulls the next chunk only once it flushed the previous
+    # one; large chunks keep a 1 MiB message to a handful of reactor turns.
+    CHUNK_SIZE = 256 * 1024
 
 
 class _Session(LineReceiver):
@@ -320,7 +326,7 @@ class _Session(LineReceiver):
         # Stream the content (the transport pulls as its buffer drains) and
         # hand over the terminating dot only once all of it was taken: a
         # connection lost before that provably delivered nothing.
-        sender = FileSender()
+        sender = _ContentSender()
         d = sender.beginFileTransfer(BytesIO(dot_stuff(self.content, terminate=False)),
                                      self.transport)
         d.addCallbacks(self._content_sent, lambda _: None)
