@@ -75,6 +75,8 @@ async def test_request_matches_what_phorge_sends(case, reactor, http_client, raw
     assert request.header("Content-Type") == golden_headers["Content-Type"]
     assert request.header("Content-Length") == golden_headers["Content-Length"]
     assert request.header("Host") == base.split("//")[1]
+    assert request.header("Accept") == golden_headers["Accept"]
+    assert request.header("Accept-Encoding") == golden_headers["Accept-Encoding"]
     for absent in ("Expect", "Authorization", "X-Service-Token", "Transfer-Encoding"):
         assert request.header(absent) is None
     if status == 200:
