@@ -62,6 +62,47 @@ async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, her
     assert won == [1] * len(ids)
 
 
+async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald, receiver,
+                                                                         make_harness):
+    hook = herald.insert_hook(uri=f"{receiver.base}/h")
+    for n in range(5):
+        herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
+    one = make_harness()
+    two = make_harness(clock=one.clock)
+    # Both dispatchers must reach the claim of a row before either may run it.
+    arrivals: dict[int, list[Deferred]] = {}
+
+    def gated(store):
+        claim = store.claim
+
+        async def both_hold_it(candidate):
+            waiting: Deferred = Deferred()
+            arrivals.setdefault(candidate.id, []).append(waiting)
+            if len(arrivals[candidate.id]) == 2:
+                for d in arrivals[candidate.id]:
+                    d.callback(None)
+            await waiting.addTimeout(10, reactor)
+            return await claim(candidate)
+
+        store.claim = both_hold_it
+
+    gated(one.store)
+    gated(two.store)
+    await gatherResults([Deferred.fromCoroutine(one.dispatcher.tick()),
+                         Deferred.fromCoroutine(two.dispatcher.tick())])
+    for harness in (one, two):
+        assert await harness.dispatcher.wait_idle(20, reactor)
+
+    assert sorted(arrivals) == sorted(int(r[0]) for r in herald.query(
+        "SELECT id FROM herald_webhookrequest")) and all(len(v) == 2 for v in arrivals.values())
+    assert receiver.count() == 5
+    assert len({r.body for r in receiver.requests}) == 5
+    assert herald.status_counts() == {"sent": 5}
+    won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
+    lost = sum(h.metric("gorge_webhook_claims_total", result="lost") for h in (one, two))
+    assert (won, lost) == (5, 5)
+
+
 async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiver,
                                                                    make_harness):
     hooks = [herald.insert_hook(uri=f"{receiver.base}/h{i}") for i in range(3)]

@@ -174,3 +174,23 @@ def test_public_ipv4_is_allowed_exactly_when_outside_every_range(value):
 ])
 def test_transport_codes(exc, code):
     assert transport_code(exc) == code
+
+
+@pytest.mark.slow
+def test_a_listener_that_cannot_bind_exits_1_before_polling():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), GORGE_LISTEN_ADDR=f"127.0.0.1:{port}",
+                   GORGE_WEBHOOK_MYSQL_PORT="1", GORGE_LOG_LEVEL="debug")
+        result = subprocess.run(
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "--nodaemon",
+             "--pidfile=", "--logger=gorge.logging.observer_from_env", "gorge-webhook"],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "CannotListenError" in output
+    assert "WEBHOOK_POLL" not in output and "WEBHOOK_CONFIG " in output
