@@ -10,12 +10,14 @@ from urllib.parse import parse_qsl
 
 import pytest
 import pytest_twisted
+from hypothesis import given, strategies as st
 from twisted.internet import defer, task
 
 from gorge.config import ConfigError
 from gorge.mailer import sigv4
 from gorge.mailer.backends import build_backend, ses
 from gorge.mailer.backends.http import HttpReply
+from gorge.mailer.message import format_address
 from gorge.mailer.mime import build_mime
 from gorge.mailer.outcome import Kind
 from gorge.mailer.settings import parse_backend_list
@@ -297,3 +299,25 @@ async def test_end_to_end_signature_verifies_on_the_receiving_side():
         assert outcome.kind is Kind.TRANSIENT
     finally:
         await server.stop()
+
+
+# ---------------------------------------------------------------- properties
+
+
+@given(st.integers(min_value=300, max_value=599),
+       st.text(alphabet=st.characters(categories=["L", "N"]), min_size=1, max_size=30))
+def test_no_ses_error_is_ever_message_permanent(status, code):
+    outcome = backend().classify(HttpReply(status, {}, error_doc(code)), 0.0)
+    assert outcome.kind not in (Kind.REJECTED_MESSAGE, Kind.ACCEPTED)
+
+
+@given(st.text(max_size=40), st.lists(st.from_regex(r"[a-z0-9.+_-]{1,10}@[a-z0-9-]{1,10}\.example",
+                                                    fullmatch=True), min_size=1, max_size=4))
+def test_form_body_round_trips_source_and_destinations(name, recipients):
+    msg = message(**{"from": {"name": name, "address": "noreply@example.com"},
+                     "to": [{"name": "", "address": a} for a in recipients]})
+    body = ses.form_body(msg, b"raw bytes")
+    form = dict(parse_qsl(body.decode("ascii"), keep_blank_values=True, strict_parsing=True))
+    assert form["Source"] == format_address(msg.from_)
+    assert [form[f"Destinations.member.{n}"] for n in range(1, len(recipients) + 1)] == recipients
+    assert base64.b64decode(form["RawMessage.Data"]) == b"raw bytes"
