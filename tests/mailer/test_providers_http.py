@@ -311,6 +311,10 @@ def test_provider_request_repr_hides_credentials():
 # ---------------------------------------------------------------- real TLS on loopback
 
 
+# Twisted's server-side CertificateOptions still hands pyOpenSSL objects over.
+TWISTED_SERVER_TLS_WARNING = "ignore:Passing pyOpenSSL:DeprecationWarning"
+
+
 class _Silent(Protocol):
     """Accepts TCP and never speaks: a TLS handshake against it stalls."""
 
@@ -367,6 +371,7 @@ async def test_real_tls_stalled_handshake_then_cancel_is_not_submitted():
         await port.stopListening()
 
 
+@pytest.mark.filterwarnings(TWISTED_SERVER_TLS_WARNING)
 @pytest_twisted.ensureDeferred
 async def test_real_tls_request_delivered_then_cancel_is_unknown():
     from twisted.internet import reactor
@@ -392,6 +397,7 @@ async def test_real_tls_request_delivered_then_cancel_is_unknown():
         await port.stopListening()
 
 
+@pytest.mark.filterwarnings(TWISTED_SERVER_TLS_WARNING)
 @pytest_twisted.ensureDeferred
 async def test_real_tls_untrusted_certificate_is_not_submitted():
     from twisted.internet import reactor
