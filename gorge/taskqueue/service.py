@@ -76,10 +76,11 @@ class TaskQueueService(OrderedService):
         )
         self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
                                  "taskqueue_stats")
+        self.listening = listener(settings.http.endpoint, self.site)
         super().__init__(
             FunctionService(stop=self._close_store, name="store"),
             FunctionService(stop=self._drain, name="drain"),
-            listener(settings.http.endpoint, self.site),
+            self.listening,
             FunctionService(start=self._start_loop, stop=self.stats_loop.stop, name="stats"),
             name=SERVICE_NAME,
         )

@@ -210,6 +210,8 @@ async def test_complete_rejects_negative_duration(client):
     await enqueue(client)
     code, answer = await client.post("complete", {"taskID": 1, "duration": -1})
     assert (code, answer["error"]["message"]) == (400, "duration must be >= 0")
+    code, answer = await client.post("complete", {"taskID": 1, "duration": 2**63})
+    assert (code, answer["error"]["message"]) == (400, f"duration must be <= {2**63 - 1}")
     assert await active_count(client) == 1
 
 

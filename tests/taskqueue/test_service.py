@@ -128,7 +128,7 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
     service = build_taskqueue_service(settings, reactor)
     service.startService()
     try:
-        listening = service._children[2]
+        listening = service.listening
         port = await listening._waitingForPort
         base = f"http://127.0.0.1:{port.getHost().port}"
         headers = {"X-Service-Token": "contract-token", "Content-Type": "application/json"}
