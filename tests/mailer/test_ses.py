@@ -154,6 +154,7 @@ def test_defaults_and_bare_host_endpoint():
     ({"region": "../x"}, "region"),
     ({"endpoint": "http://email.us-east-1.amazonaws.com"}, "endpoint"),
     ({"endpoint": "ftp://x"}, "endpoint"),
+    ({"endpoint": "https://proxy.example.com/a%20b"}, "endpoint"),
 ])
 def test_bad_options_name_entry_and_field(options, field):
     with pytest.raises(ConfigError) as caught:

@@ -20,6 +20,7 @@ SERVICE = "ses"
 DEFAULT_REGION = "us-east-1"
 CONTENT_TYPE = "application/x-www-form-urlencoded"
 _REGION_RE = re.compile(r"^[a-z0-9-]+$")
+_PATH_RE = re.compile(r"^[A-Za-z0-9/._~-]+$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # SES error codes (Query API <Error><Code>) whose scope we know (§10.4).
@@ -154,6 +155,10 @@ class SesBackend(HttpBackend):
         # Signed exactly as sent: the Host header is passed explicitly.
         self.host = netloc
         self.path = parts.path or "/"
+        # Signed as sent; characters that SigV4 would re-encode are refused
+        # here rather than producing SignatureDoesNotMatch at send time.
+        if not _PATH_RE.match(self.path):
+            raise entry.error("endpoint", "path may only contain letters, digits and / . _ ~ -")
         self._token_hex = token_hex
 
     def secrets(self) -> tuple[str, ...]:
