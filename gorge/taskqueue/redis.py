@@ -602,7 +602,9 @@ class RedisTaskStore:
         active, held, archived, failed = await self._run(
             self._stats, [k.active, k.leased, k.archived_idx, k.counter_failed], [self._now()]
         )
-        return Stats(active=int(active), leased=int(held), archived=int(archived), failed=int(failed))
+        return Stats(
+            active=int(active), leased=int(held), archived=int(archived), failed=int(failed)
+        )
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
         rows = await self._run(self._list, [self.keys.active], [offset, offset + limit - 1])
@@ -616,7 +618,8 @@ class RedisTaskStore:
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         # Named fields only: the record also holds the payload copy.
-        values = await self._bounded(self._conn.hmget(self.keys.archived(task_id), list(ARCHIVE_COLUMNS)))
+        key = self.keys.archived(task_id)
+        values = await self._bounded(self._conn.hmget(key, list(ARCHIVE_COLUMNS)))
         cols: Mapping[str, Any] = dict(zip(ARCHIVE_COLUMNS, values))
         if cols.get("id") in (None, ""):
             return None

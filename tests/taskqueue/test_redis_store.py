@@ -382,7 +382,9 @@ async def test_fifo_order_is_exact_for_every_unsigned_32_bit_priority(store):
 
 
 @pytest_twisted.ensureDeferred
-async def test_archive_retention_prunes_old_records_and_their_replays(conn, clock, redis_prefix, sync):
+async def test_archive_retention_prunes_old_records_and_their_replays(
+    conn, clock, redis_prefix, sync
+):
     store = RedisTaskStore(conn, clock=clock, key_prefix=redis_prefix, archive_retention=100)
     old = await store.enqueue(req())
     new = await store.enqueue(req())
