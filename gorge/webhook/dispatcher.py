@@ -10,7 +10,7 @@ candidates; rows not started by then are simply read again.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Protocol
+from typing import Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -164,31 +164,20 @@ class Dispatcher:
 
     # -- scheduling -------------------------------------------------------
 
+    # Lines only ever hold rows that were not in process when the tick read
+    # them, and a row leaves its line when a slot takes it.
+
     def _next_idle(self) -> Candidate | None:
         """The oldest waiting candidate of any hook with no delivery running."""
-        best_hook = None
-        best_id = None
-        for hook, line in list(self._lines.items()):
-            while line and line[0].id in self._in_process:
-                line.popleft()
-            if not line:
-                del self._lines[hook]
-                continue
-            if hook in self._busy:
-                continue
-            if best_id is None or line[0].id < best_id:
-                best_hook, best_id = hook, line[0].id
-        if best_hook is None:
-            return None
-        return self._lines[best_hook].popleft()
+        best: deque[Candidate] | None = None
+        for hook, line in self._lines.items():
+            if line and hook not in self._busy and (best is None or line[0].id < best[0].id):
+                best = line
+        return best.popleft() if best is not None else None
 
     def _next_of_hook(self, hook: str) -> Candidate | None:
         line = self._lines.get(hook)
-        while line:
-            candidate = line.popleft()
-            if candidate.id not in self._in_process:
-                return candidate
-        return None
+        return line.popleft() if line else None
 
     def _fill(self) -> None:
         while self._active < self._cap and not self._stopping:
@@ -225,8 +214,9 @@ class Dispatcher:
                 self._in_process.add(current.id)
         self._active -= 1
         self._metrics.in_flight.set(self._active)
-        if not self._lines and self._more_waiting and not self._stopping and self._wake:
-            # The last batch was full: more rows are due, read them now.
+        if self._more_waiting and not self._stopping and self._wake is not None:
+            # This slot found nothing to start and the last batch was full:
+            # more rows are due, read them now instead of at the next tick.
             self._more_waiting = False
             self._wake()
 
@@ -328,13 +318,13 @@ class Dispatcher:
             result = RESULT_FAIL
             outcome = "retry" if props.retry_forever else "failed"
         properties = payload.with_outcome(props.document, attempt.error_type, attempt.code)
+        if not attempt.ok:
+            self._breaker.failed(hook_phid)
         changed = await self._write(candidate, lambda: self._store.finish(
             candidate, status, result, properties))
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()
-        if not attempt.ok:
-            self._breaker.failed(hook_phid)
         if attempt.ok:
             self._summary.delivered += 1
             log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}",
