@@ -224,3 +224,16 @@ async def test_end_to_end_against_a_loopback_endpoint():
         assert outcome.kind is Kind.TRANSIENT and outcome.retry_after == 3.0
     finally:
         await server.stop()
+
+
+def test_cancelled_attempt_returns_a_classified_outcome():
+    # The dispatcher cancels on its deadline, a client disconnect or shutdown.
+    for connect, kind in ((False, Kind.TRANSIENT), (True, Kind.UNKNOWN)):
+        mem = MemoryHttp()
+        built = backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
+        d = defer.Deferred.fromCoroutine(built.send(message(), deadline=5.0))
+        if connect:
+            mem.connect()
+        d.cancel()
+        assert d.result.kind is kind
+        assert "cancelled" in d.result.cause
