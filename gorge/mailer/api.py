@@ -5,8 +5,7 @@ and the 10 MiB body limit."""
 from __future__ import annotations
 
 from klein import Klein
-from twisted.internet.defer import Deferred
-from twisted.logger import Logger, LogLevel
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gorge.service import InFlight
@@ -63,11 +62,13 @@ class MailerApi:
         def disconnected(failure: Failure) -> None:
             dispatch.cancel("client disconnected")
 
-        # notifyFinish errbacks only when the connection is lost before we
-        # answer; a normal finish fires its callback, which we ignore.
-        request.notifyFinish().addErrback(disconnected)
+        # Fires when the answer has been written (or the client went away):
+        # shutdown waits for that, not merely for the dispatch, so the last
+        # answers are not cut off by the reactor closing connections.
+        finished = request.notifyFinish()
+        finished.addErrback(disconnected)
+        self.inflight.track(finished)
         self.running.add(dispatch)
-        self.inflight.track(_observed(dispatch.result))
         try:
             return await dispatch.result
         finally:
@@ -88,16 +89,3 @@ class MailerApi:
             dispatch.cancel(reason)
 
     add_error_handlers(app)
-
-
-def _observed(d: Deferred) -> Deferred:
-    """A Deferred that fires when ``d`` does, leaving ``d``'s result alone."""
-    observer: Deferred = Deferred()
-
-    def passthrough(result):
-        observer.callback(None)
-        return result
-
-    d.addBoth(passthrough)
-    observer.addErrback(lambda f: log.failure("MAILER_TRACK_FAILED", f, level=LogLevel.error))
-    return observer

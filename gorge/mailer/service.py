@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
@@ -28,6 +29,7 @@ log = Logger()
 
 PREFIX = "/api/mailer/"
 CONNECT_TIMEOUT = 5
+FLUSH_WAIT = 0.05
 
 
 class Options(usage.Options):
@@ -97,9 +99,10 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
 
     async def drain() -> None:
         budget = settings.drain_budget
-        if len(api.inflight):
-            log.info("MAILER_DRAINING sends={sends} budget={budget}",
-                     sends=len(api.inflight), budget=budget)
+        if not len(api.inflight):
+            return
+        log.info("MAILER_DRAINING sends={sends} budget={budget}",
+                 sends=len(api.inflight), budget=budget)
         finished = await api.inflight.drain(budget, reactor)
         if not finished:
             log.warn("MAILER_DRAIN_TIMEOUT cancelled={count}", count=len(api.running))
@@ -107,6 +110,10 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
             # Cancelled attempts classify themselves promptly; wait briefly
             # so their answers are written before the process goes away.
             await api.inflight.drain(5.0, reactor)
+        # The last answers sit in transport buffers until the reactor's next
+        # I/O pass; the reactor drops connections right after the stop, so
+        # give it a moment to flush them.
+        await deferLater(reactor, FLUSH_WAIT)
 
     def close_pool():
         return pool.closeCachedConnections()

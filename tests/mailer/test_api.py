@@ -284,6 +284,8 @@ async def test_shutdown_lets_an_in_flight_send_finish():
     h.client.flush()
     status, doc = await response
     assert status == 200 and doc["data"]["messageId"] == "late"
+    assert not stopped.called  # a short pause lets the answer leave the buffers
+    clock.advance(0.05)
     assert stopped.called
 
 
@@ -307,6 +309,7 @@ async def test_shutdown_drain_budget_cancels_and_still_answers():
     h.client.flush()
     status, doc = await response
     assert status == 502 and doc["error"]["code"] == "ERR_OUTCOME_UNKNOWN"
+    clock.advance(0.05)
     assert stopped.called
 
 
