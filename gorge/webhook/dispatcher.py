@@ -22,8 +22,8 @@ from gorge.service import InFlight
 from gorge.webhook import payload
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.metrics import WebhookMetrics
-from gorge.webhook.outbound import (
-    CODE_UNRESOLVED, Attempt, Transport, Unresolvable, UriPolicy, UriRefused)
+from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
+from gorge.webhook.uripolicy import Unresolvable, UriPolicy, UriRefused
 from gorge.webhook.settings import WebhookSettings
 from gorge.webhook.store import (
     FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, Hook, WebhookStore)

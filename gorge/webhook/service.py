@@ -18,7 +18,8 @@ from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.metrics import WebhookMetrics
-from gorge.webhook.outbound import Resolver, Transport, UriPolicy, system_resolver
+from gorge.webhook.transport import Transport
+from gorge.webhook.uripolicy import Resolver, UriPolicy, system_resolver
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 from gorge.webhook.store import WebhookStore
 

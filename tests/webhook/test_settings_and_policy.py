@@ -17,7 +17,8 @@ from twisted.python.failure import Failure
 from twisted.internet.error import ConnectionDone, ConnectionLost
 
 from gorge.config import ConfigError, Env
-from gorge.webhook.outbound import Unresolvable, UriPolicy, UriRefused, transport_code
+from gorge.webhook.transport import transport_code
+from gorge.webhook.uripolicy import Unresolvable, UriPolicy, UriRefused
 from gorge.webhook.settings import DEFAULT_OUTBOUND_BLACKLIST, load_webhook_settings, parse_blacklist
 from tests.support.paths import REPO_ROOT
 

@@ -7,7 +7,6 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
 from gorge.webhook.service import build_webhook_service

@@ -1,26 +1,22 @@
-"""Outbound delivery: the URI policy (spec §4.6), one bounded POST (§4.4), its code (§4.5).
+"""One bounded delivery POST (spec §4.4) and the code it records (§4.5).
 
-The host is resolved once and checked against the blacklist; the connection
-goes to a checked address (never a second lookup), while ``Host``, SNI and
-certificate checks still use the hook's host name.
+The connection goes to an address the URI policy checked, while ``Host``,
+SNI and certificate checks still use the hook's host name.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import socket
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
-from urllib.parse import urljoin, urlsplit
+from dataclasses import dataclass
+from urllib.parse import urljoin
 
 from twisted.internet import error as net_error
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.ssl import optionsForClientTLS
-from twisted.internet.threads import deferToThreadPool
-from twisted.python.failure import Failure
 from twisted.internet.protocol import Protocol
+from twisted.internet.ssl import optionsForClientTLS
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed, ResponseNeverReceived, _DataLoss
 from twisted.web.client import (
     Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone, _HTTP11ClientFactory)
 from twisted.web.http import PotentialDataLoss
@@ -29,6 +25,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, UNKNOWN_LENGT
 from zope.interface import implementer
 
 from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
+from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
 USER_AGENT = "gorge-webhook"
 MAX_REDIRECTS = 10
@@ -42,95 +39,6 @@ CODE_EMPTY_REPLY = 52
 CODE_RESET = 56
 CODE_CERTIFICATE = 60
 CODE_OTHER = 0
-
-Resolver = Callable[[str, int], Awaitable[list[str]]]
-
-
-class UriRefused(Exception):
-    """The outbound policy refuses this URI (a configuration failure, ``uri``)."""
-
-    def __init__(self, check: str, host: str) -> None:
-        super().__init__(f"{check}: {host}")
-        self.check = check
-        self.host = host
-
-
-class Unresolvable(Exception):
-    """The host has no address right now: a failed attempt (code 6), not a refusal."""
-
-    def __init__(self, host: str, reason: str) -> None:
-        super().__init__(f"{host}: {reason}")
-        self.host = host
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class Target:
-    uri: str = field(repr=False)
-    scheme: str
-    host: str
-    port: int
-    addresses: tuple[str, ...]
-
-
-def system_resolver(reactor) -> Resolver:
-    """getaddrinfo (IPv4 and IPv6) in the reactor's thread pool."""
-
-    async def resolve(host: str, port: int) -> list[str]:
-        infos = await deferToThreadPool(reactor, reactor.getThreadPool(), socket.getaddrinfo,
-                                        host, port, 0, socket.SOCK_STREAM)
-        addresses: list[str] = []
-        for _family, _type, _proto, _name, sockaddr in infos:
-            if sockaddr[0] not in addresses:
-                addresses.append(sockaddr[0])
-        return addresses
-
-    return resolve
-
-
-class UriPolicy:
-    def __init__(self, blacklist: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
-                 resolve: Resolver, clock: IReactorTime, timeout: float) -> None:
-        self._blacklist = tuple(blacklist)
-        self._resolve = resolve
-        self._clock = clock
-        self._timeout = timeout
-
-    def blocked(self, address: str) -> bool:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        forms = [ip]
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            forms.append(ip.ipv4_mapped)
-        return any(form in network for form in forms for network in self._blacklist
-                   if form.version == network.version)
-
-    async def check(self, uri: str) -> Target:
-        """Raise UriRefused or Unresolvable, else the target with its checked addresses."""
-        scheme = uri.split(":", 1)[0] if ":" in uri else ""
-        if scheme not in ("http", "https"):
-            raise UriRefused("scheme", "")
-        try:
-            parts = urlsplit(uri)
-            host = parts.hostname or ""
-            port = parts.port or (443 if scheme == "https" else 80)
-        except ValueError:
-            raise UriRefused("host", "") from None
-        if not host:
-            raise UriRefused("host", "")
-        try:
-            addresses = [str(ipaddress.ip_address(host))]
-        except ValueError:
-            try:
-                d = Deferred.fromCoroutine(self._resolve(host, port))
-                addresses = await d.addTimeout(self._timeout, self._clock)
-            except Exception as e:
-                raise Unresolvable(host, type(e).__name__) from None
-            if not addresses:
-                raise Unresolvable(host, "no address")
-        for address in addresses:
-            if self.blocked(address):
-                raise UriRefused("blacklisted address", host)
-        return Target(uri=uri, scheme=scheme, host=host, port=port, addresses=tuple(addresses))
 
 
 @implementer(IBodyProducer)
@@ -234,8 +142,6 @@ def _reasons(exc: BaseException) -> list[BaseException]:
 
 def transport_code(exc: BaseException) -> int:
     """cURL's code for a transport failure (spec §4.5); our own deadline is decided elsewhere."""
-    from twisted.web._newclient import ResponseFailed, ResponseNeverReceived, _DataLoss
-
     if isinstance(exc, net_error.TimeoutError):
         return CODE_TIMEOUT
     if isinstance(exc, net_error.ConnectError):
