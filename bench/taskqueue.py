@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # noqa: E402
+from twisted.internet.protocol import Protocol  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
 
 from gorge.taskqueue.model import EnqueueRequest  # noqa: E402
@@ -99,10 +101,58 @@ async def direct(store, clients: int, tasks: int, batch: int) -> float:
         await store.close()
 
 
-async def over_http(reactor, env: dict, clients: int, tasks: int, batch: int) -> float:
-    from treq.client import HTTPClient
-    from twisted.web.client import Agent, HTTPConnectionPool
+class KeepAliveClient(Protocol):
+    """A minimal HTTP/1.1 client on one persistent connection, one request at
+    a time: the bench measures the service, so the client must cost little."""
 
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._waiting: Deferred | None = None
+
+    def request(self, path: str, body: bytes, headers: dict[str, str]) -> Deferred:
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self._waiting = Deferred()
+        self.transport.write(
+            f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n{head}\r\n"
+            .encode() + body)
+        return self._waiting
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = self._buffer[:end].decode("latin-1").split("\r\n")
+        fields = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
+        rest = self._buffer[end + 4:]
+        if fields.get("transfer-encoding") == "chunked":
+            payload, consumed = b"", 0
+            while True:
+                eol = rest.find(b"\r\n", consumed)
+                if eol < 0:
+                    return
+                size = int(rest[consumed:eol].split(b";")[0], 16)
+                if len(rest) < eol + 2 + size + 2:
+                    return
+                payload += rest[eol + 2:eol + 2 + size]
+                consumed = eol + 2 + size + 2
+                if size == 0:
+                    break
+        else:
+            length = int(fields.get("content-length", "0"))
+            if len(rest) < length:
+                return
+            payload, consumed = rest[:length], length
+        self._buffer = rest[consumed:]
+        status = int(head[0].split()[1])
+        waiting, self._waiting = self._waiting, None
+        waiting.callback((status, payload))
+
+
+async def over_http(reactor, env: dict, clients: int, tasks: int, batch: int) -> float:
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER],
         env={**os.environ, **env, "BENCH_ROOT": str(ROOT), "GORGE_SERVICE_TOKEN": TOKEN,
@@ -110,18 +160,23 @@ async def over_http(reactor, env: dict, clients: int, tasks: int, batch: int) ->
         stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline().strip())
-        pool = HTTPConnectionPool(reactor, persistent=True)
-        pool.maxPersistentPerHost = clients
-        http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=5))
-        base = f"http://127.0.0.1:{port}/api/queue/"
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=5)
+        # One connection per client, as a worker with a persistent pool would hold.
+        connections = [await connectProtocol(endpoint, KeepAliveClient()) for _ in range(clients)]
+        free = list(connections)
         headers = {"X-Service-Token": TOKEN, "Content-Type": "application/json"}
 
         async def post(path: str, body: dict, extra: dict | None = None):
-            response = await http.post(base + path, data=json.dumps(body).encode(),
-                                       headers={**headers, **(extra or {})}).addTimeout(30, reactor)
-            answer = json.loads(await response.content())
-            if response.code != 200:
-                raise SystemExit(f"bench: {path} answered {response.code} {answer}")
+            connection = free.pop()
+            try:
+                status, content = await connection.request(
+                    "/api/queue/" + path, json.dumps(body).encode(),
+                    {**headers, **(extra or {})}).addTimeout(30, reactor)
+            finally:
+                free.append(connection)
+            answer = json.loads(content)
+            if status != 200:
+                raise SystemExit(f"bench: {path} answered {status} {answer}")
             return answer["data"]
 
         async def enqueue(i: int) -> None:
@@ -136,7 +191,8 @@ async def over_http(reactor, env: dict, clients: int, tasks: int, batch: int) ->
         try:
             return await drive(clients, tasks, batch, enqueue, lease, complete)
         finally:
-            await pool.closeCachedConnections()
+            for connection in connections:
+                connection.transport.loseConnection()
     finally:
         proc.terminate()
         proc.wait(timeout=30)

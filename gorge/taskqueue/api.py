@@ -284,11 +284,12 @@ class TaskQueueApi:
 
     @app.route("/api/queue/tasks/<string:task_id>", methods=["GET"])
     async def get_task(self, request, task_id: str):
-        try:
-            parsed = int(task_id, 10)
-        except ValueError:
-            raise _bad("invalid task ID") from None
-        if not task_id.lstrip("-").isdigit() or not -(2**63) <= parsed <= INT64_MAX:
+        # Base-10 64-bit with an optional sign, as the reference's ParseInt reads it.
+        digits = task_id[1:] if task_id[:1] in ("+", "-") else task_id
+        if not (digits.isascii() and digits.isdigit()):
+            raise _bad("invalid task ID")
+        parsed = int(task_id, 10)
+        if not -(2**63) <= parsed <= INT64_MAX:
             raise _bad("invalid task ID")
         if not 0 < parsed <= UINT32_MAX:
             raise _not_found()

@@ -111,6 +111,7 @@ GET = (
 # re-select a few times before answering with fewer tasks than asked for.
 _CLAIM_ROUNDS = 4
 _TXN_ATTEMPTS = 3
+_AWAKEN_CHUNK = 500
 
 
 def _marks(n: int) -> str:
@@ -308,8 +309,13 @@ class SqlTaskStore:
 
     def _awaken_txn(self, txn, ids: tuple[int, ...], ago: int) -> int:
         self._dialect.begin_write(txn)
-        self._exec(txn, AWAKEN.format(ids=_marks(len(ids))), (ago, *ids, YIELD_OWNER, ago))
-        return int(txn.rowcount)
+        changed = 0
+        # Chunked: SQLite caps the number of bound parameters per statement.
+        for start in range(0, len(ids), _AWAKEN_CHUNK):
+            chunk = ids[start:start + _AWAKEN_CHUNK]
+            self._exec(txn, AWAKEN.format(ids=_marks(len(chunk))), (ago, *chunk, YIELD_OWNER, ago))
+            changed += int(txn.rowcount)
+        return changed
 
     # -- reads ---------------------------------------------------------------
 

@@ -333,7 +333,8 @@ async def test_get_task(client):
     await enqueue(client)
     code, answer = await client.get("tasks/1")
     assert code == 200 and answer["data"]["data"] == '{"x":1}'
-    for bad in ("abc", "1.5", "+1", "99999999999999999999", "1_0", "%201"):
+    assert (await client.get("tasks/+1"))[0] == 200
+    for bad in ("abc", "1.5", "++1", "99999999999999999999", "1_0", "%201", "-", "%D9%A1"):
         code, answer = await client.get("tasks/" + bad)
         assert (code, answer) == (400, {"error": {"code": "ERR_BAD_REQUEST",
                                                   "message": "invalid task ID"}}), bad

@@ -63,3 +63,12 @@ async def test_class_filter_touches_nothing_else(backend_store):
     assert task.task_class == "A" and task.data == "a"
     other = await backend_store.get_task(2)
     assert other.lease_owner is None and other.lease_expires is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_awaken_takes_a_long_id_list(backend_store):
+    task = await backend_store.enqueue(EnqueueRequest("A", "a"))
+    await backend_store.yield_(task.id, 600)
+    ids = list(range(2, 40_000)) + [task.id]
+    assert await backend_store.awaken(ids) == 1
+    assert await backend_store.awaken(ids) == 0
