@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, TimeoutError
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -231,7 +231,10 @@ def build_worker_service(
 
     async def close_pool() -> None:
         if pool is not None:
-            await pool.closeCachedConnections()
+            try:
+                await pool.closeCachedConnections().addTimeout(5, clock)
+            except TimeoutError:
+                log.warn("HTTP_POOL_CLOSE_TIMED_OUT")
 
     children: list[tservice.IService] = [
         FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
