@@ -18,6 +18,25 @@ def client(memory_store, clock) -> Client:
     return Client(memory_store, clock)
 
 
+@pytest.fixture(autouse=True)
+def failure_events():
+    """Every 4xx here is an expected path: none may log a crash or a *_FAILED event,
+    except the ones a test declares by appending its name to ``allowed``."""
+    from twisted.logger import globalLogPublisher
+
+    events: list[dict] = []
+    allowed: list[str] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        yield allowed
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    names = [str(e.get("log_format", "")).split(" ")[0] for e in events]
+    unexpected = [n for n in names if (n == "PANIC_RECOVERED" or n.endswith("_FAILED"))
+                  and n not in allowed]
+    assert not unexpected
+
+
 async def enqueue(client: Client, **fields) -> dict:
     body = {"taskClass": "PhabricatorTestWorker", "data": '{"x":1}'}
     body.update(fields)
@@ -366,7 +385,8 @@ async def test_oversize_body_is_413(client):
 
 
 @pytest_twisted.ensureDeferred
-async def test_readyz_follows_the_backend_without_restart(client, memory_store):
+async def test_readyz_follows_the_backend_without_restart(client, memory_store, failure_events):
+    failure_events.append("REQUEST_FAILED")  # the access log flags every 5xx, 503 included
     memory_store.unreachable = "ping database: unreachable"
     assert await client.get("/readyz", token=None) == (
         503, {"status": "unavailable", "reason": "ping database: unreachable"})
@@ -375,7 +395,9 @@ async def test_readyz_follows_the_backend_without_restart(client, memory_store):
 
 
 @pytest_twisted.ensureDeferred
-async def test_backend_failure_is_opaque_500(client, memory_store):
+async def test_backend_failure_is_opaque_500(client, memory_store, failure_events):
+    failure_events += ["TASKQUEUE_BACKEND_FAILED", "REQUEST_FAILED"]
+
     async def broken(*args):
         raise ConnectionRefusedError("connect to 10.0.0.5:3306: connection refused")
 
