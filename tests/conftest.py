@@ -8,6 +8,10 @@ temporary directory.
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +19,59 @@ import pytest
 from tests.support.mariadb_server import MariaDBServer
 from tests.support.procs import ServerUnavailable
 from tests.support.redis_server import RedisServer
+
+
+# A test that waits forever would otherwise hold a CI run until it is killed
+# from outside, with no word on which test it was.
+_DEFAULT_TEST_TIME_LIMIT = 300.0
+
+
+def _test_time_limit() -> float:
+    raw = os.environ.get("GORGE_TEST_TIMEOUT", "")
+    try:
+        return float(raw) if raw else _DEFAULT_TEST_TIME_LIMIT
+    except ValueError:
+        return _DEFAULT_TEST_TIME_LIMIT
+
+
+def _abort_hung_test(config, nodeid: str, limit: float) -> None:
+    # pytest captures fd 2 while a test runs; give the real stderr back
+    # (with what the test printed so far) before reporting.
+    captured = ("", "")
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        try:
+            capman.suspend_global_capture(in_=True)
+            captured = capman.read_global_capture()
+        except Exception:  # noqa: BLE001 - reporting must go on regardless
+            pass
+    stream = sys.__stderr__
+    for name, text in zip(("stdout", "stderr"), captured):
+        if text:
+            stream.write(f"\n--- captured {name} of {nodeid} ---\n{text[-20000:]}\n")
+    stream.write(f"\n\nTEST TIME LIMIT: {nodeid} still running after {limit:.0f}s "
+                 "(GORGE_TEST_TIMEOUT, 0 = off); aborting the run. Stacks:\n")
+    stream.flush()
+    faulthandler.dump_traceback(file=stream, all_threads=True)
+    stream.flush()
+    # The reactor may be parked in epoll forever; only leaving the process
+    # ends the run. The servers follow via their parent-death signal.
+    os._exit(3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    limit = _test_time_limit()
+    timer = None
+    if limit > 0:
+        timer = threading.Timer(limit, _abort_hung_test, args=(item.config, item.nodeid, limit))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _started(server_class):
