@@ -24,6 +24,8 @@ from tests.support.redis_server import RedisServer
 # A test that waits forever would otherwise hold a CI run until it is killed
 # from outside, with no word on which test it was.
 _DEFAULT_TEST_TIME_LIMIT = 300.0
+# Servers started in this session, so an aborted run still removes them.
+_SERVERS = pytest.StashKey[list]()
 
 
 def _test_time_limit() -> float:
@@ -54,8 +56,10 @@ def _abort_hung_test(config, nodeid: str, limit: float) -> None:
     stream.flush()
     faulthandler.dump_traceback(file=stream, all_threads=True)
     stream.flush()
+    for server in config.stash.get(_SERVERS, []):
+        server.stop()
     # The reactor may be parked in epoll forever; only leaving the process
-    # ends the run. The servers follow via their parent-death signal.
+    # ends the run.
     os._exit(3)
 
 
@@ -74,20 +78,21 @@ def pytest_runtest_protocol(item, nextitem):
             timer.cancel()
 
 
-def _started(server_class):
+def _started(server_class, config: pytest.Config):
     try:
         server = server_class()
         server.start()
     except ServerUnavailable as e:
         pytest.fail(str(e), pytrace=False)
+    config.stash.setdefault(_SERVERS, []).append(server)
     return server
 
 
 @pytest.fixture(scope="session")
-def mariadb() -> Iterator[MariaDBServer]:
+def mariadb(pytestconfig: pytest.Config) -> Iterator[MariaDBServer]:
     """The session's MariaDB: ``.host``, ``.port``, ``.user``, ``.password``,
     ``.create_database(schema, name=None)``, ``.connect(db)``, ``.settings(db)``."""
-    server = _started(MariaDBServer)
+    server = _started(MariaDBServer, pytestconfig)
     yield server
     server.stop()
 
@@ -105,9 +110,9 @@ def worker_db(mariadb: MariaDBServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(pytestconfig: pytest.Config) -> Iterator[RedisServer]:
     """The session's Redis: ``.host``, ``.port``, ``.settings(db=0)``, ``.client()``."""
-    server = _started(RedisServer)
+    server = _started(RedisServer, pytestconfig)
     yield server
     server.stop()
 
