@@ -63,7 +63,7 @@ def _abort_hung_test(config, nodeid: str, limit: float) -> None:
     os._exit(3)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     limit = _test_time_limit()
     timer = None
@@ -72,7 +72,7 @@ def pytest_runtest_protocol(item, nextitem):
         timer.daemon = True
         timer.start()
     try:
-        yield
+        return (yield)
     finally:
         if timer is not None:
             timer.cancel()
