@@ -192,7 +192,9 @@ class MariaDBServer:
 
     def _answers(self) -> bool:
         try:
-            conn = pymysql.connect(unix_socket=str(self.socket_path), user="root", connect_timeout=2)
+            conn = pymysql.connect(
+                unix_socket=str(self.socket_path), user="root", connect_timeout=2, read_timeout=5
+            )
         except pymysql.err.OperationalError:
             return False
         conn.close()
@@ -201,7 +203,9 @@ class MariaDBServer:
     def _create_user(self) -> None:
         # Root connects over the socket only; tests use a password-protected
         # account over TCP, like a real deployment.
-        conn = pymysql.connect(unix_socket=str(self.socket_path), user="root", autocommit=True)
+        conn = pymysql.connect(
+            unix_socket=str(self.socket_path), user="root", autocommit=True, connect_timeout=5, read_timeout=30
+        )
         try:
             with conn.cursor() as cur:
                 cur.execute(f"CREATE USER '{USER}'@'{HOST}' IDENTIFIED BY %s", (PASSWORD,))
