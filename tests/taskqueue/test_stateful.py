@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 LEASE = 600
 IDS = st.integers(min_value=1, max_value=10)
-SETTINGS = settings(max_examples=12, stateful_step_count=20, deadline=None,
+SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
                     suppress_health_check=list(HealthCheck))
 
 
