@@ -80,8 +80,13 @@ class MailerApi:
             data = {"mailerKey": answer.mailer_key}
             if answer.message_id:
                 data["messageId"] = answer.message_id
-            return ok(request, data)
-        return fail(request, answer.status, answer.code, answer.message)
+            body = ok(request, data)
+        else:
+            body = fail(request, answer.status, answer.code, answer.message)
+        # A known length spares the chunked terminator, a second small write
+        # that Nagle's algorithm would hold back until the client's ACK.
+        request.setHeader(b"content-length", str(len(body)).encode("ascii"))
+        return body
 
     def cancel_all(self, reason: str) -> None:
         """Cancel every running dispatch (end of the shutdown drain)."""

@@ -40,6 +40,8 @@ class ServerState:
     auth: tuple[str, ...] = ()
     credentials: tuple[str, str] | None = None
     enhanced: bool = True
+    pipelining: bool = False
+    content_lines: int = 0
     deliveries: list[Delivery] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     tls_options: object = None
@@ -93,6 +95,8 @@ class ScriptedSMTP(LineReceiver):
                 caps.append("250-AUTH " + " ".join(self.state.auth))
             if self.state.enhanced:
                 caps.append("250-ENHANCEDSTATUSCODES")
+            if self.state.pipelining:
+                caps.append("250-PIPELINING")
             caps.append("250 8BITMIME")
             for c in caps:
                 self.sendLine(c.encode())
@@ -174,6 +178,7 @@ class ScriptedSMTP(LineReceiver):
         if self.state.script.get("content") == "drop":
             self.transport.loseConnection()
             return
+        self.state.content_lines += 1
         self.lines.append(line[1:] if line.startswith(b".") else line)
 
 

@@ -214,6 +214,29 @@ async def test_any_rejected_rcpt_aborts_before_data(reactor, cert, server):
     assert "DATA" not in state.commands and state.deliveries == []
 
 
+@pytest_twisted.ensureDeferred
+async def test_pipelined_rejected_rcpt_sends_no_content(reactor, cert, server):
+    state = ServerState(pipelining=True,
+                        script={"rcpt:bad@example.com": "550 5.1.1 no such user"})
+    port = server(state)
+    msg = message(to=[{"address": "good@example.com"}, {"address": "bad@example.com"}])
+    outcome = await send(reactor, backend(reactor, cert, port), msg)
+    assert outcome.kind is Kind.REJECTED_MESSAGE and "5.1.1" in outcome.cause
+    for _ in range(20):  # let the hang-up reach the server
+        await _tick(reactor)
+    assert state.deliveries == [] and state.content_lines == 0
+    assert state.commands[-4:] == ["MAIL", "RCPT", "RCPT", "DATA"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_pipelined_delivery(reactor, cert, server):
+    state = ServerState(pipelining=True)
+    port = server(state)
+    msg = message(to=[{"address": "a@example.com"}], cc=[{"address": "b@example.com"}])
+    assert (await send(reactor, backend(reactor, cert, port), msg)).is_accepted
+    assert state.deliveries[0].rcpt_to == ["a@example.com", "b@example.com"]
+
+
 REPLIES = [
     ({"greeting": "554 no SMTP service"}, Kind.REJECTED_BACKEND),
     ({"greeting": "421 4.3.2 try later"}, Kind.TRANSIENT),
@@ -241,10 +264,11 @@ REPLIES = [
 ]
 
 
+@pytest.mark.parametrize("pipelining", [False, True], ids=["lockstep", "pipelined"])
 @pytest.mark.parametrize("script,kind", REPLIES, ids=[str(s) for s, _ in REPLIES])
 @pytest_twisted.ensureDeferred
-async def test_reply_classification(reactor, cert, server, script, kind):
-    state = ServerState(script=script)
+async def test_reply_classification(reactor, cert, server, script, kind, pipelining):
+    state = ServerState(script=script, pipelining=pipelining)
     port = server(state)
     outcome = await send(reactor, backend(reactor, cert, port))
     assert outcome.kind is kind, outcome.cause

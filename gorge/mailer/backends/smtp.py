@@ -146,6 +146,7 @@ class _Session(LineReceiver):
         self.done: Deferred = Deferred(lambda _: self.abort("cancelled"))
         self.stage = "connect" if cfg.mode != "ssl" else "tls-connect"
         self.dot_sent = False
+        self.pipelined = False
         self.secure = cfg.mode == "ssl"
         self.extensions: dict[str, str] = {}
         self._lines: list[str] = []
@@ -156,6 +157,12 @@ class _Session(LineReceiver):
     # --- plumbing -------------------------------------------------------
     def connectionMade(self) -> None:
         self.stage = "greeting"
+        # SMTP is lock-step; Nagle would hold each short command (and the
+        # final dot behind the content) until the previous segment's ACK.
+        try:
+            self.transport.setTcpNoDelay(True)
+        except (AttributeError, OSError):
+            pass
 
     def finish(self, outcome: Outcome) -> None:
         if self.done.called:
@@ -164,7 +171,10 @@ class _Session(LineReceiver):
         if self.transport is not None and self.connected:
             # A verdict came back (or the peer broke the protocol): leave
             # politely. QUIT failures after acceptance no longer matter.
-            self.sendLine(b"QUIT")
+            # After a pipelined DATA the server may be reading content, so
+            # a failure there just hangs up: without the dot nothing is sent.
+            if outcome.is_accepted or not self.pipelined:
+                self.sendLine(b"QUIT")
             self.transport.loseConnection()
 
     def abort(self, why: str) -> None:
@@ -300,35 +310,56 @@ class _Session(LineReceiver):
 
     def mail_from(self) -> None:
         self.stage = "mail"
+        if "PIPELINING" in self.extensions:
+            # RFC 2920: MAIL, every RCPT and DATA in one write; the replies
+            # still arrive one per command, in order, and are classified
+            # exactly as in lock-step mode.
+            self.pipelined = True
+            commands = [f"MAIL FROM:<{self.sender}>"]
+            commands += [f"RCPT TO:<{r}>" for r in self.recipients]
+            commands.append("DATA")
+            self.transport.write("".join(c + "\r\n" for c in commands).encode("utf-8"))
+            return
         self.send(f"MAIL FROM:<{self.sender}>")
 
     def on_mail(self, code: int, lines: list[str]) -> None:
         if code // 100 != 2:
             return self.fail_reply(code, lines)
         self.stage = "rcpt"
-        self.send(f"RCPT TO:<{self.recipients[0]}>")
+        if not self.pipelined:
+            self.send(f"RCPT TO:<{self.recipients[0]}>")
 
     def on_rcpt(self, code: int, lines: list[str]) -> None:
-        # Any rejected recipient ends the transaction before DATA (§10.2).
+        # Any rejected recipient ends the transaction before the content
+        # (§10.2); pipelined, DATA may already be out, but no content or
+        # dot ever follows, so nothing can be delivered.
         if code // 100 != 2:
             return self.fail_reply(code, lines)
         self._rcpt_index += 1
         if self._rcpt_index < len(self.recipients):
-            self.send(f"RCPT TO:<{self.recipients[self._rcpt_index]}>")
+            if not self.pipelined:
+                self.send(f"RCPT TO:<{self.recipients[self._rcpt_index]}>")
             return
         self.stage = "data"
-        self.send("DATA")
+        if not self.pipelined:
+            self.send("DATA")
 
     def on_data(self, code: int, lines: list[str]) -> None:
         if code != 354:
             return self.fail_reply(code, lines)
+        content = dot_stuff(self.content, terminate=False)
+        if len(content) <= _ContentSender.CHUNK_SIZE:
+            # Small enough to hand over at once: content and dot together.
+            self.stage = "dot"
+            self.transport.write(content + b".\r\n")
+            self.dot_sent = True
+            return
         self.stage = "content"
         # Stream the content (the transport pulls as its buffer drains) and
         # hand over the terminating dot only once all of it was taken: a
         # connection lost before that provably delivered nothing.
         sender = _ContentSender()
-        d = sender.beginFileTransfer(BytesIO(dot_stuff(self.content, terminate=False)),
-                                     self.transport)
+        d = sender.beginFileTransfer(BytesIO(content), self.transport)
         d.addCallbacks(self._content_sent, lambda _: None)
 
     def on_content(self, code: int, lines: list[str]) -> None:
