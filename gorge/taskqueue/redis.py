@@ -14,11 +14,14 @@ Key layout (§8.1), ``B`` being the key base derived from the prefix
 * ``B next_task_id``, ``B next_data_id``, ``B counter:archived``,
   ``B counter:failed``.
 
-Two deliberate departures from the reference layout:
+The prefix is used verbatim (``gorge:tq:task:17``), as in the reference, so
+an existing single-instance queue keeps its keys (§8.3).  On a Redis Cluster
+the operator picks a prefix that is a hash tag (``{gorge:tq}:``): every key of
+the queue then lies in one slot, and every script declares at least one key
+so the Cluster can route it.
 
-* All keys of one queue carry one hash tag, so a Redis Cluster routes every
-  script to one slot.  A prefix that already contains a tag (``{gorge:tq}:``)
-  is used verbatim; otherwise ``{q}:`` is appended (``gorge:tq:{q}:task:17``).
+One deliberate departure from the reference layout:
+
 * Index members are ids zero-padded to 20 digits and the score of
   ``idx:active``/``idx:unleased`` is the bare priority: Redis orders equal
   scores by member, so ``priority ASC, id ASC`` holds exactly for every
@@ -83,14 +86,15 @@ def hash_tag(key: str) -> str | None:
 
 
 def key_base(prefix: str) -> str:
-    """The string every key of this queue starts with; it always holds the tag.
+    """The string every key of this queue starts with: the prefix itself.
 
     Raises ValueError for a prefix whose first ``{`` does not open a non-empty
-    tag closed inside the prefix: the keys' slot would then depend on the
-    suffix and a script's keys could land on different Cluster nodes.
+    tag closed inside the prefix: the operator meant a Cluster hash tag, but
+    the keys' slot would then depend on the suffix and a script's keys could
+    land on different Cluster nodes.
     """
     if "{" not in prefix:
-        return prefix + "{q}:"
+        return prefix
     if hash_tag(prefix) is None:
         raise ValueError("the first '{' must open a non-empty hash tag closed by '}'")
     return prefix
