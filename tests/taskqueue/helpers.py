@@ -47,6 +47,7 @@ class Client:
 
         response, content = await self._pumped(Deferred.fromCoroutine(exchange()))
         self.last_body = content
+        self.last_headers = response.headers
         ctype = response.headers.getRawHeaders(b"content-type", [b""])[0]
         if ctype.startswith(b"application/json") and content:
             return response.code, json.loads(content)
