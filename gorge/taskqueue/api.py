@@ -177,8 +177,6 @@ class TaskQueueApi:
         enqueue = parse_enqueue(read_json_object(request))
         task: Task = await self._call("enqueue", self._store.enqueue(enqueue))
         self._metrics.enqueued.labels(task.task_class).inc()
-        log.debug("TASK_ENQUEUED task={task_id} class={task_class}", task_id=task.id,
-                  task_class=task.task_class)
         return ok(request, task.to_json())
 
     @app.route("/api/queue/lease", methods=["POST"])

@@ -142,3 +142,40 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
         await service.stopService()
     assert not service.running
     assert service.store.pool.running is False
+
+
+class _Notifier:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ready(self) -> None:
+        self.calls.append("ready")
+
+    def progress(self) -> None:
+        self.calls.append("progress")
+
+    def stopping(self) -> None:
+        self.calls.append("stopping")
+
+
+@pytest_twisted.ensureDeferred
+async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_down(
+        memory_store, clock):
+    notifier = _Notifier()
+    service = build_taskqueue_service(make_settings(), clock, store=memory_store,
+                                      notifier=notifier)
+    client = Client(memory_store, clock)
+    await client.post("enqueue", {"taskClass": "X"})
+    await service._refresh_depth()
+    assert notifier.calls == ["ready", "progress"]
+    assert service.registry.get_sample_value("gorge_taskqueue_queue_depth",
+                                             {"state": "active"}) == 1.0
+    memory_store.unreachable = "down"
+
+    async def broken():
+        raise ConnectionRefusedError()
+
+    memory_store.stats = broken
+    with pytest.raises(ConnectionRefusedError):
+        await service._refresh_depth()
+    assert notifier.calls[-2:] == ["ready", "progress"]
