@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -187,3 +191,42 @@ def test_summary_table_has_a_row_per_check_and_marks_the_missing():
     lines = table.splitlines()
     assert lines[0].split() == ["area", "item", "expected", "observed"]
     assert lines[2].endswith("MISSING") and lines[3].endswith("ok")
+
+
+def _read_until(proc: subprocess.Popen, marker: str, bound: float) -> str:
+    """stdout up to and including the line holding ``marker``; bounded by ``bound`` seconds."""
+    seen = b""
+    deadline = time.monotonic() + bound
+    # Raw reads: a buffered reader could hold the marker while select() waits.
+    while marker.encode() not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, seen.decode()
+        ready, _, _ = select.select([proc.stdout], [], [], remaining)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, seen.decode()  # EOF: the demo ended early
+            seen += chunk
+    return seen.decode()
+
+
+@pytest.mark.slow
+def test_serve_keeps_the_four_services_answering_until_interrupted(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gorge.cli", "demo", "--serve", "--workdir", str(tmp_path)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+    try:
+        out = _read_until(proc, "/hooks/<name>", DEMO_BOUND)
+        urls = [line.split()[1] for line in out.splitlines()
+                if line.startswith("  gorge-") and "/readyz" in line]
+        assert len(urls) == 4
+        for url in urls:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert (response.status, json.load(response)) == (200, {"status": "ok"})
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdout.close()
