@@ -171,7 +171,8 @@ def parse_send_request(doc: dict[str, Any]) -> SendRequest:
     mailer_keys = None
     if keys:
         for i, k in enumerate(keys):
-            if not isinstance(k, str):
+            _opt({"k": k}, "k", str, f"mailerKeys[{i}]")
+            if k is None:
                 raise MessageError(f"mailerKeys[{i}] must be a string")
         mailer_keys = tuple(keys)
 
@@ -234,6 +235,13 @@ def _opt(obj: dict[str, Any], key: str, typ: type, path: str) -> Any:
         return None
     if not isinstance(value, typ):
         raise MessageError(f"{path} must be {_TYPE_NAMES[typ]}")
+    if typ is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON can spell a lone surrogate ("\\ud800"); it has no UTF-8
+            # form, so no backend could send it.
+            raise MessageError(f"{path} contains invalid Unicode (a lone surrogate)") from None
     return value
 
 

@@ -67,6 +67,10 @@ BAD_REQUESTS = [
     (msg(headers=[{"name": "\r\n", "value": "x"}]), "message.headers[0].name"),
     ({"message": valid_message(), "mailerKeys": "test-mailer"}, "mailerKeys must be an array"),
     ({"message": valid_message(), "mailerKeys": [1]}, "mailerKeys[0] must be a string"),
+    ({"message": valid_message(), "mailerKeys": [None]}, "mailerKeys[0] must be a string"),
+    (b'{"message":{"from":{"address":"a@b"},"to":[{"address":"c@d"}],"subject":"x",'
+     b'"textBody":"\\ud800"}}', "message.textBody contains invalid Unicode"),
+    (msg(subject="ok \ud83d"), "message.subject contains invalid Unicode"),
 ]
 
 
@@ -347,3 +351,43 @@ async def test_client_disconnect_cancels_the_dispatch(events):
     assert stopped and stopped[0]["reason"] == "client disconnected"
     crashes = [e for e in events if e.get("log_failure") is not None]
     assert crashes == []
+
+
+# --- property: no request body makes the send handler crash -----------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+_keys = st.sampled_from(["from", "to", "cc", "bcc", "replyTo", "subject", "textBody", "htmlBody",
+                         "headers", "attachments", "name", "address", "value", "filename",
+                         "mimeType", "data", "x"])
+_json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(_keys, inner, max_size=4), max_leaves=12)
+_address = st.fixed_dictionaries({"address": st.sampled_from(["a@b.c", "x", "", "a b@c"]) | st.text(max_size=8)},
+                                 optional={"name": st.text(max_size=8) | st.none()})
+_message = st.fixed_dictionaries({}, optional={
+    "from": _address | _json, "to": st.lists(_address, max_size=2) | _json,
+    "subject": st.text(max_size=10) | _json, "textBody": st.text(max_size=10) | _json,
+    "headers": st.lists(st.fixed_dictionaries({"name": st.text(max_size=6),
+                                               "value": st.text(max_size=6)}), max_size=2) | _json,
+    "attachments": st.lists(st.fixed_dictionaries({"filename": st.text(max_size=4),
+                                                   "data": st.sampled_from(["", "QQ==", "?"])}),
+                            max_size=2) | _json})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.fixed_dictionaries({"message": _message}, optional={"mailerKeys": _json}) | _json)
+def test_property_any_body_gets_a_documented_answer(body):
+    h = make_harness(contract_env())
+    results = []
+    d = h.client.post("http://mailer/api/mailer/send", data=json.dumps(body).encode(),
+                      headers={"X-Service-Token": [TOKEN]})
+    d.addCallback(lambda r: r.content().addCallback(lambda raw: results.append((r.code, raw))))
+    assert results, "the answer did not arrive synchronously"
+    status, raw = results[0]
+    doc = json.loads(raw)
+    assert status in (200, 400, 422, 502), raw
+    assert ("data" in doc) != ("error" in doc)
+    if status == 400:
+        assert all(b.attempts == 0 for b in h.backends.values())
