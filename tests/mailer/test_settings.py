@@ -217,3 +217,15 @@ def test_parse_list_null_is_unset():
     assert parse_backend_list("null", "X") is None
     with pytest.raises(MalformedList):
         parse_backend_list("NaN", "X")
+
+
+def test_unknown_options_are_ignored_and_named_at_debug(events):
+    from twisted.internet import task
+
+    from gorge.mailer.service import build_mailer_service
+
+    settings = load_mailer_settings({"GORGE_MAILER_CONFIG": json.dumps([
+        {"key": "t", "type": "test", "options": {"fail": "", "colour": "blue"}}])})
+    build_mailer_service(settings, task.Clock(), listen=False)
+    ignored = [e for e in events if "MAILER_OPTION_IGNORED" in (e.get("log_format") or "")]
+    assert [(e["mailer"], e["option"]) for e in ignored] == [("t", "colour")]

@@ -12,7 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+from twisted.logger import Logger
+
 from .base import Backend, BackendEntry
+
+log = Logger()
 
 BACKEND_TYPES: dict[str, str] = {
     "smtp": "gorge.mailer.backends.smtp:build",
@@ -34,10 +38,20 @@ def load_builder(type_name: str) -> Builder:
 
 
 def build_backend(entry: BackendEntry, *, reactor: Any, http_client: Any) -> Backend:
-    """Build one entry; an unknown type is a ``ConfigError`` on ``.type``."""
+    """Build one entry; an unknown type is a ``ConfigError`` on ``.type``.
+
+    A backend module may list the option keys it reads in ``OPTIONS``;
+    other keys are ignored and named at debug level (spec §9.3)."""
     if entry.type not in BACKEND_TYPES:
         raise entry.error("type", f"unknown mailer type: {entry.type[:40]}")
-    return load_builder(entry.type)(entry, reactor=reactor, http_client=http_client)
+    module_name = BACKEND_TYPES[entry.type].partition(":")[0]
+    backend = load_builder(entry.type)(entry, reactor=reactor, http_client=http_client)
+    known = getattr(importlib.import_module(module_name), "OPTIONS", None)
+    if known is not None:
+        for name in sorted(set(entry.options) - set(known)):
+            log.debug("MAILER_OPTION_IGNORED mailer={mailer} option={option}",
+                      mailer=entry.key, option=name[:40])
+    return backend
 
 
 __all__ = ["BACKEND_TYPES", "Backend", "BackendEntry", "build_backend", "load_builder"]

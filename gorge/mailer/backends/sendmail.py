@@ -140,6 +140,10 @@ class SendmailBackend:
                 timer.cancel()
 
 
+#: The option keys this backend reads; others are ignored (logged at debug).
+OPTIONS = frozenset(("path",))
+
+
 def build(entry: BackendEntry, *, reactor: Any, http_client: Any = None) -> SendmailBackend:
     return SendmailBackend(entry.key, entry.priority, entry.str("path", DEFAULT_PATH),
                            reactor=reactor)

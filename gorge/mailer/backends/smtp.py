@@ -453,6 +453,10 @@ def parse_mode(entry: BackendEntry, port: int) -> str:
     return "plain"
 
 
+#: The option keys this backend reads; others are ignored (logged at debug).
+OPTIONS = frozenset(("host", "port", "user", "password", "protocol", "helo", "tls-insecure"))
+
+
 def build(entry: BackendEntry, *, reactor: Any, http_client: Any = None) -> SmtpBackend:
     port = entry.port("port", 25)
     cfg = SmtpConfig(

@@ -54,6 +54,10 @@ class TestBackend:
         return Outcome.accepted(f"test-{self.accepted}")
 
 
+#: The option keys this backend reads; others are ignored (logged at debug).
+OPTIONS = frozenset(("fail", "fail-times"))
+
+
 def build(entry: BackendEntry, *, reactor: Any = None, http_client: Any = None) -> TestBackend:
     fail = entry.choice("fail", "", FAIL_MODES)
     fail_times = entry.int("fail-times", 0, min=0)
