@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
@@ -127,8 +128,6 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     def stopping() -> None:
         if notifier is not None:
             notifier.stopping()
-
-    from twisted.internet.defer import Deferred
 
     children: list[IService] = [
         FunctionService(stop=close_pool, name="mailer-http-pool"),

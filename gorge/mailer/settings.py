@@ -10,7 +10,7 @@ builder, also before listening.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings, parse_listen_addr
@@ -174,13 +174,7 @@ def load_mailer_settings(environ: Mapping[str, str], *, listen: str | None = Non
         setting = "GORGE_MAILER_CONFIG_FILE" if path else "GORGE_MAILER_CONFIG"
         reason = settings.config_problem or "no mailers configured"
         raise ConfigError(setting, f"{reason} (strict mode)")
-    return _replace(settings, warnings=tuple(warnings))
-
-
-def _replace(settings: MailerSettings, **changes: Any) -> MailerSettings:
-    from dataclasses import replace
-
-    return replace(settings, **changes)
+    return replace(settings, warnings=tuple(warnings))
 
 
 def _from_env(env: Env, environ: Mapping[str, str], listen: str | None,

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from twisted.internet import task
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 
 from gorge.mailer.dispatcher import Answer, Dispatcher
 from gorge.mailer.message import parse_send_request

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import os
 import stat
 
 import pytest

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from io import BytesIO
 import re
 import socket
 from dataclasses import dataclass, field
+from io import BytesIO
 from typing import Any
 
 from OpenSSL import SSL
