@@ -77,6 +77,7 @@ class Demo:
         self._ports: list = []
         self._client = None
         self._pool = None
+        self.receiver_url = ""
         self.settings: DemoSettings | None = None
         self.stack: DemoStack | None = None
         self._late_requests = [r for r in REQUESTS if r.after_hits]
@@ -236,12 +237,9 @@ async def run_demo(reactor, options: DemoOptions, progress: Progress, out: TextI
     demo = Demo(reactor, options, progress, out)
     try:
         demo.start()
-    except ConfigError as e:
-        out.write(f"gorge demo: could not start: {e}\n")
-        await demo.stop()
-        return 2
-    except Exception as e:  # a listener that cannot bind, a store that cannot open
-        log.failure("DEMO_START_FAILED", level=LogLevel.error)
+    except Exception as e:  # a bad setting, a listener that cannot bind
+        if not isinstance(e, ConfigError):
+            log.failure("DEMO_START_FAILED", level=LogLevel.error)
         out.write(f"gorge demo: could not start: {e}\n")
         await demo.stop()
         return 2
@@ -251,7 +249,7 @@ async def run_demo(reactor, options: DemoOptions, progress: Progress, out: TextI
         reached = await demo.watch()
     except Exception as e:
         log.failure("DEMO_FAILED", level=LogLevel.error)
-        out.write(f"gorge demo: failed while seeding: {e}\n")
+        out.write(f"gorge demo: seeding failed: {e}\n")
         reached = False
     checks = demo.state.checks()
     out.write("\n" + summary_table(checks))
@@ -267,12 +265,27 @@ async def run_demo(reactor, options: DemoOptions, progress: Progress, out: TextI
     out.flush()
     if options.serve and reached:
         demo.print_urls()
-        stopped: Deferred = Deferred()
-        reactor.addSystemEventTrigger("before", "shutdown",
-                                      lambda: Deferred.fromCoroutine(demo.stop()))
-        await stopped  # until Ctrl-C: the reactor stops without firing it
+        await _until_shutdown(reactor, demo)
+        return 0
     await demo.stop()
     return 0 if reached else 1
+
+
+def _until_shutdown(reactor, demo: Demo) -> Deferred:
+    """Fires once a signal stopped the reactor and the services have stopped in order.
+
+    Deliberately unbounded: ``--serve`` runs until the user interrupts it.
+    """
+    stopped: Deferred = Deferred()
+
+    async def stop() -> None:
+        try:
+            await demo.stop()
+        finally:
+            stopped.callback(None)
+
+    reactor.addSystemEventTrigger("before", "shutdown", lambda: Deferred.fromCoroutine(stop()))
+    return stopped
 
 
 def main(options: DemoOptions, out: TextIO = sys.stdout) -> None:

@@ -64,7 +64,8 @@ class DemoMail:
 
 
 HOOKS = (
-    DemoHook("team-chat", "PHID-HWBH-demoteamchat00000000", "k3y-team-chat-0123456789abcdefgh", 200),
+    DemoHook("team-chat", "PHID-HWBH-demoteamchat00000000", "k3y-team-chat-0123456789abcdefgh",
+             200),
     DemoHook("ci-bridge", "PHID-HWBH-democibridge0000000", "k3y-ci-bridge-0123456789abcdefgh", 200),
     DemoHook("broken", "PHID-HWBH-demobroken0000000000", "k3y-broken-0123456789abcdefghijk", 500),
 )

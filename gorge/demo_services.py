@@ -17,7 +17,14 @@ from typing import Callable
 from twisted.application.service import IService
 
 from gorge.config import HttpSettings, MySQLSettings, parse_listen_addr
-from gorge.demo_handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS, FailOnce, TaskRun, YieldOnce, observed_handlers
+from gorge.demo_handlers import (
+    FAIL_ONCE_CLASS,
+    YIELD_ONCE_CLASS,
+    FailOnce,
+    TaskRun,
+    YieldOnce,
+    observed_handlers,
+)
 from gorge.demo_seed import Endpoint
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.service import build_mailer_service

@@ -8,13 +8,25 @@ turns them into one row per seeded item for the summary.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from gorge.demo_handlers import TaskRun
 from gorge.demo_receiver import ReceiverEvent
-from gorge.demo_seed import HOOKS, MAILS, REQUESTS, TASKS, DemoMail, DemoRequest, DemoTask, hook_named
+from gorge.demo_seed import (
+    HOOKS,
+    MAILS,
+    REQUESTS,
+    TASKS,
+    DemoMail,
+    DemoRequest,
+    DemoTask,
+    hook_named,
+)
 from gorge.demo_smtp import SmtpSink
+from gorge.taskqueue.model import RESULT_CANCELLED, RESULT_FAILURE, RESULT_SUCCESS
 
-RESULT_NAMES = {0: "success", 1: "failure", 2: "cancelled"}
+RESULT_NAMES = MappingProxyType(
+    {RESULT_SUCCESS: "success", RESULT_FAILURE: "failure", RESULT_CANCELLED: "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -134,4 +146,4 @@ def _answers(hits: list[ReceiverEvent]) -> str:
     return ", ".join(str(s) if n == 1 else f"{s} x{n}" for s, n in counts.items())
 
 
-HOOK_NAMES = {hook.phid: hook.name for hook in HOOKS}
+HOOK_NAMES = MappingProxyType({hook.phid: hook.name for hook in HOOKS})
