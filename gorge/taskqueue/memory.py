@@ -108,7 +108,9 @@ class MemoryTaskStore:
                 return previous
         return self._archive(task_id, RESULT_SUCCESS, duration)
 
-    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | Task | None:
+    async def fail(
+        self, task_id: int, permanent: bool, retry_wait: int
+    ) -> ArchivedTask | Task | None:
         if permanent:
             return self._archive(task_id, RESULT_FAILURE, 0)
         task = self._active.get(task_id)

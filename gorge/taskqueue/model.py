@@ -146,7 +146,8 @@ class Task:
 
     def is_held(self, now: int) -> bool:
         """§6.8: owner set and lease not yet expired (yielded tasks count)."""
-        return bool(self.lease_owner) and self.lease_expires is not None and self.lease_expires >= now
+        expires = self.lease_expires
+        return bool(self.lease_owner) and expires is not None and expires >= now
 
     def to_json(self) -> dict[str, Any]:
         """§5.1: absent keys stay absent; failureCount always present."""

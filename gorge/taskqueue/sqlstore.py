@@ -17,7 +17,6 @@ from twisted.logger import Logger
 
 from gorge.taskqueue.model import (
     AWAKEN_WINDOW,
-    COUNTER_NAME,
     MIN_YIELD,
     RESULT_CANCELLED,
     RESULT_FAILURE,
@@ -248,7 +247,9 @@ class SqlTaskStore:
     async def cancel(self, task_id: int) -> ArchivedTask:
         return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(), False)
 
-    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | Task | None:
+    async def fail(
+        self, task_id: int, permanent: bool, retry_wait: int
+    ) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
             return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False)

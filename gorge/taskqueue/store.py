@@ -87,7 +87,9 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def fail(self, task_id: int, permanent: bool, retry_wait: int) -> ArchivedTask | Task | None:
+    async def fail(
+        self, task_id: int, permanent: bool, retry_wait: int
+    ) -> ArchivedTask | Task | None:
         """Report a failure (§6.4).
 
         ``permanent``: archive with result 1, duration 0 and return the ArchivedTask.
