@@ -42,6 +42,8 @@ class ServerState:
     enhanced: bool = True
     pipelining: bool = False
     content_lines: int = 0
+    dot_received: bool = False
+    disconnects: int = 0
     deliveries: list[Delivery] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     tls_options: object = None
@@ -72,6 +74,9 @@ class ScriptedSMTP(LineReceiver):
 
     def connectionMade(self) -> None:
         self.reply("greeting", "220 test.example ESMTP ready")
+
+    def connectionLost(self, reason=None) -> None:
+        self.state.disconnects += 1
 
     def lineReceived(self, line: bytes) -> None:
         if self.in_data:
@@ -163,6 +168,7 @@ class ScriptedSMTP(LineReceiver):
     def data_line(self, line: bytes) -> None:
         if line == b".":
             self.in_data = False
+            self.state.dot_received = True
             data = b"".join(l + b"\r\n" for l in self.lines)
             if self.state.script.get("dot") == "drop":
                 self.transport.loseConnection()

@@ -104,9 +104,12 @@ async def test_deadline_kills_the_process_and_is_unknown(reactor, tmp_path):
 async def test_cancel_kills_the_process(reactor, tmp_path):
     backend = SendmailBackend("sm", 1, stub(tmp_path, "exec sleep 30"), reactor=reactor)
     d = Deferred.fromCoroutine(send(reactor, backend))
-    wait = Deferred()
-    reactor.callLater(0.2, wait.callback, None)
-    await wait
+    for _ in range(500):  # until the child has started reading its input
+        if (tmp_path / "argv").exists():
+            break
+        wait = Deferred()
+        reactor.callLater(0.01, wait.callback, None)
+        await wait
     d.cancel()
     outcome = await d
     assert outcome.kind is Kind.UNKNOWN and "cancelled" in outcome.cause

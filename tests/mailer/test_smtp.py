@@ -222,8 +222,7 @@ async def test_pipelined_rejected_rcpt_sends_no_content(reactor, cert, server):
     msg = message(to=[{"address": "good@example.com"}, {"address": "bad@example.com"}])
     outcome = await send(reactor, backend(reactor, cert, port), msg)
     assert outcome.kind is Kind.REJECTED_MESSAGE and "5.1.1" in outcome.cause
-    for _ in range(20):  # let the hang-up reach the server
-        await _tick(reactor)
+    await _until(reactor, lambda: state.disconnects >= 1)
     assert state.deliveries == [] and state.content_lines == 0
     assert state.commands[-4:] == ["MAIL", "RCPT", "RCPT", "DATA"]
 
@@ -315,10 +314,7 @@ async def test_cancel_after_dot_is_unknown_and_before_is_transient(reactor, cert
     port = server(hang_after)
     b = backend(reactor, cert, port)
     d = Deferred.fromCoroutine(send(reactor, b))
-    while "DATA" not in hang_after.commands:
-        await _tick(reactor)
-    for _ in range(5):
-        await _tick(reactor)
+    await _until(reactor, lambda: hang_after.dot_received)
     d.cancel()
     assert (await d).kind is Kind.UNKNOWN
 
@@ -342,6 +338,15 @@ async def test_non_ascii_envelope_address_is_backend_scoped(reactor, cert):
     msg = message(to=[{"address": "jörg@example.com"}])
     outcome = await send(reactor, backend(reactor, cert, 1), msg)
     assert outcome.kind is Kind.REJECTED_BACKEND and "SMTPUTF8" in outcome.cause
+
+
+async def _until(reactor, condition, limit: int = 1000):
+    """Let the reactor run until ``condition()`` holds (bounded)."""
+    for _ in range(limit):
+        if condition():
+            return
+        await _tick(reactor)
+    raise AssertionError("condition not reached")
 
 
 async def _tick(reactor):
