@@ -417,3 +417,30 @@ async def test_http_answer_through_the_site(reactor, cert, server, script, statu
     if status == 502 and code == "ERR_SEND_FAILED" and "rcpt" in script:
         assert state.commands.count("MAIL") == 2
     await h.service.stopService() if h.service.running else None
+
+
+@pytest_twisted.ensureDeferred
+async def test_starttls_with_untrusted_certificate_is_backend_scoped(reactor, server):
+    other = make_certificate()
+    state = ServerState(starttls=True)
+    port = server(state)
+    b = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port), reactor=reactor,
+                    trust_root=other.trust_root)
+    outcome = await send(reactor, b)
+    assert outcome.kind is Kind.REJECTED_BACKEND and "TLS" in outcome.cause
+    assert "MAIL" not in state.commands  # never fell back to plaintext
+
+
+def test_no_credentials_over_plaintext_to_a_remote_host():
+    from twisted.internet.testing import StringTransport
+
+    from gorge.mailer.backends.smtp import _Session
+
+    cfg = SmtpConfig(host="mail.example.com", user="u", password="secret")
+    session = _Session(cfg, None, "a@b.c", ["d@e.f"], b"x")
+    transport = StringTransport()
+    session.makeConnection(transport)
+    session.dataReceived(b"220 hi\r\n250-mail.example.com\r\n250 AUTH PLAIN LOGIN\r\n")
+    outcome = session.done.result
+    assert outcome.kind is Kind.REJECTED_BACKEND and "unencrypted" in outcome.cause
+    assert b"AUTH" not in transport.value() and b"secret" not in transport.value()
