@@ -2,7 +2,7 @@
 
 Everything listens on 127.0.0.1, stores live in SQLite files under the demo's
 working directory, and the windows that make real deployments patient
-(retry backoff, claim lease, task retry wait) are cut to a second or two so
+(retry backoff, claim lease, task retry wait) are cut to a few seconds so
 the whole story plays out in seconds.
 """
 
@@ -85,7 +85,7 @@ def demo_settings(workdir: str, smtp_port: int) -> DemoSettings:
         mysql=MySQLSettings(database="unused-the-demo-runs-on-sqlite"),
         poll_interval=0.2, delivery_timeout=1, max_concurrent=4,
         # The breaker counts failing rows, not attempts: two rows of one hook open it.
-        breaker_window=60, breaker_threshold=2, retry_backoff=1, claim_lease=2,
+        breaker_window=60, breaker_threshold=2, retry_backoff=3, claim_lease=3,
         outbound_blacklist=(),  # the receiver is on loopback, which Phorge's default refuses
     )
     mailer = MailerSettings(
