@@ -182,7 +182,9 @@ class Demo:
                                        f"/api/queue/tasks/{task_id}")
             if status != 404:
                 continue
-            archived = await self.stack.task_store.get_archived(task_id)
+            archived = await Deferred.fromCoroutine(
+                self.stack.task_store.get_archived(task_id)).addTimeout(STORE_TIMEOUT,
+                                                                        self._reactor)
             if archived is not None:
                 self.state.archived[task_id] = (archived.result, archived.failure_count)
                 self._progress.archived(task_id, RESULT_NAMES.get(archived.result, "?"),
@@ -214,9 +216,9 @@ class Demo:
                 log.failure("DEMO_STOP_FAILED", level=LogLevel.error)
         globalLogPublisher.removeObserver(self._on_log_event)
         for port in self._ports:
-            await port.stopListening()
+            await port.stopListening().addTimeout(STORE_TIMEOUT, self._reactor)
         if self._pool is not None:
-            await self._pool.closeCachedConnections()
+            await self._pool.closeCachedConnections().addTimeout(STORE_TIMEOUT, self._reactor)
 
     def print_urls(self) -> None:
         self._out.write("\nThe services keep running (Ctrl-C stops them):\n")
