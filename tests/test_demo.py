@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from treq.testing import StubTreq
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 
 from gorge.cli import build_parser
 from gorge.demo_handlers import FailOnce, Observed, YieldOnce
 from gorge.demo_progress import summary_table
 from gorge.demo_receiver import ReceiverPath, build_receiver, signature_of
 from gorge.demo_seed import MAILS, REQUESTS, TASKS, request_properties
-from gorge.demo_smtp import SmtpSink
+from gorge.demo_smtp import SinkFactory, SmtpSink
 from gorge.demo_state import Check, DemoState
 from gorge.worker.outcome import RetryLater, Yield, classify
 
@@ -230,3 +232,40 @@ def test_serve_keeps_the_four_services_answering_until_interrupted(tmp_path):
             proc.kill()
             proc.wait(10)
         proc.stdout.close()
+
+
+# -- the SMTP sink -----------------------------------------------------------
+
+
+def _smtp_session(sink: SmtpSink, lines: list[bytes]) -> list[bytes]:
+    """Feed one client conversation to a sink protocol; the server's reply lines."""
+    protocol = SinkFactory(sink, Clock()).buildProtocol(("127.0.0.1", 0))
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    for line in lines:
+        protocol.dataReceived(line + b"\r\n")
+    protocol.connectionLost(None)
+    return transport.value().splitlines()
+
+
+def test_sink_records_one_message_for_two_recipients():
+    sink = SmtpSink(reject=frozenset(), on_event=lambda e: None)
+    replies = _smtp_session(sink, [
+        b"EHLO client.test", b"MAIL FROM:<noreply@phorge.test>",
+        b"RCPT TO:<bob@demo.test>", b"RCPT TO:<carol@demo.test>", b"DATA",
+        b"Subject: hello", b"", b"body", b".", b"QUIT"])
+    assert [r[:3] for r in replies if r[:1].isdigit() and r[3:4] == b" "][-3:] == [
+        b"354", b"250", b"221"]
+    assert [(e.recipients, e.subject) for e in sink.accepted] == [
+        (("bob@demo.test", "carol@demo.test"), "hello")]
+
+
+def test_sink_refuses_a_listed_recipient_with_a_permanent_mailbox_error():
+    events = []
+    sink = SmtpSink(reject=frozenset({"nobody@bounce.demo.test"}), on_event=events.append)
+    replies = _smtp_session(sink, [
+        b"EHLO client.test", b"MAIL FROM:<noreply@phorge.test>",
+        b"RCPT TO:<nobody@bounce.demo.test>", b"QUIT"])
+    assert b"550 5.1.1 <nobody@bounce.demo.test>: mailbox unavailable" in replies
+    assert sink.rejected == ["nobody@bounce.demo.test"] and sink.accepted == []
+    assert [e.kind for e in events] == ["rejected"]
