@@ -48,6 +48,9 @@ def test_attachments_decode_to_the_callers_bytes(payloads, names, mime):
                               "data": base64.b64encode(p).decode()}
                              for n, p in zip(names, payloads)])
     assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    # The smtp backend dot-stuffs only the head (stuff_mime relies on this).
+    body_lines = raw.split(b"\r\n\r\n", 1)[1].split(b"\r\n")
+    assert not any(line.startswith(b".") for line in body_lines)
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     parts = list(parsed.iter_parts())[1:]
     assert [p.get_payload(decode=True) for p in parts] == payloads
@@ -73,6 +76,38 @@ def test_no_caller_string_starts_a_header(value, subject, name):
     decoded = str(make_header(decode_header(raw_subject)))
     assert decoded == subject or subject.isascii() and decoded.split() == subject.split()
     assert parsed["To"].addresses[0].addr_spec == "a@example.com"
+
+
+def test_stuff_mime_equals_full_dot_stuffing():
+    from gorge.mailer.backends.smtp import dot_stuff, stuff_mime
+
+    raw = build(headers=[{"name": ".dotted", "value": "x"}], textBody="." * 100,
+                attachments=[{"filename": ".f", "data": base64.b64encode(b"." * 500).decode()}])
+    assert stuff_mime(raw) == dot_stuff(raw, terminate=False)
+    assert b"\r\n..dotted: x" in stuff_mime(raw)
+
+
+def test_base64_rules():
+    from gorge.mailer.message import _is_base64
+
+    for good in [b"", b"QQ==", b"QUI=", b"QUJD", b"+/+/"]:
+        assert _is_base64(good) and base64.b64decode(good, validate=True) is not None
+    for bad in [b"Q", b"QQ=", b"Q===", b"====", b"QQ==QQ==", b"AB=C", b"QU-D", b"QU_D", b"QUJ\x00"]:
+        assert not _is_base64(bad), bad
+
+
+@given(st.binary(max_size=64))
+def test_base64_check_agrees_with_the_strict_decoder(raw):
+    import binascii
+
+    from gorge.mailer.message import _is_base64
+
+    try:
+        binascii.a2b_base64(raw, strict_mode=True)
+        strict_ok = True
+    except (binascii.Error, ValueError):
+        strict_ok = False
+    assert _is_base64(raw) == strict_ok or (raw.strip(b"=") == b"" and raw)
 
 
 def test_reserved_custom_headers_are_dropped():

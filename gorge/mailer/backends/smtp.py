@@ -124,6 +124,21 @@ def dot_stuff(data: bytes, *, terminate: bool = True) -> bytes:
     return data + b".\r\n" if terminate else data
 
 
+def stuff_mime(data: bytes) -> bytes:
+    """:func:`dot_stuff` (without the dot) for :func:`build_mime` output.
+
+    Only the top header block can hold a line starting with ``.`` (a custom
+    header name may); below it every line is a boundary, one of our part
+    headers or base64, none of which can. Stuffing just the head spares a
+    scan of a multi-megabyte body."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return dot_stuff(data, terminate=False)
+    head = dot_stuff(data[: end + 2], terminate=False)
+    body = data[end + 2 :]
+    return head + (body if body.endswith(b"\r\n") else body + b"\r\n")
+
+
 class _ContentSender(FileSender):
     # The transport pulls the next chunk only once it flushed the previous
     # one; large chunks keep a 1 MiB message to a handful of reactor turns.
@@ -347,7 +362,7 @@ class _Session(LineReceiver):
     def on_data(self, code: int, lines: list[str]) -> None:
         if code != 354:
             return self.fail_reply(code, lines)
-        content = dot_stuff(self.content, terminate=False)
+        content = stuff_mime(self.content)
         if len(content) <= _ContentSender.CHUNK_SIZE:
             # Small enough to hand over at once: content and dot together.
             self.stage = "dot"
