@@ -391,3 +391,16 @@ def test_property_any_body_gets_a_documented_answer(body):
     assert ("data" in doc) != ("error" in doc)
     if status == 400:
         assert all(b.attempts == 0 for b in h.backends.values())
+
+
+@pytest_twisted.ensureDeferred
+async def test_readyz_never_dials_out():
+    from twisted.internet.testing import MemoryReactorClock
+
+    reactor = MemoryReactorClock()
+    mailers = [{"key": "relay", "type": "smtp", "options": {"host": "mail.invalid", "port": 25}}]
+    h = make_harness({"GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
+    h.real = False
+    status, doc, _ = await h.get("/readyz", token=None)
+    assert (status, doc) == (200, {"status": "ok"})
+    assert reactor.tcpClients == [] and reactor.sslClients == []

@@ -444,3 +444,27 @@ def test_no_credentials_over_plaintext_to_a_remote_host():
     outcome = session.done.result
     assert outcome.kind is Kind.REJECTED_BACKEND and "unencrypted" in outcome.cause
     assert b"AUTH" not in transport.value() and b"secret" not in transport.value()
+
+
+@pytest_twisted.ensureDeferred
+async def test_rejected_credentials_never_reach_logs_or_answers(reactor, cert, server):
+    from twisted.internet.testing import EventLoggingObserver
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    state = ServerState(starttls=True, auth=("PLAIN",), credentials=("u", "right"))
+    port = server(state)
+    mailers = [{"key": "relay", "type": "smtp",
+                "options": {"host": "127.0.0.1", "port": port, "user": "u",
+                            "password": "hunter2-secret", "tls-insecure": True}}]
+    observer = EventLoggingObserver()
+    globalLogPublisher.addObserver(observer)
+    try:
+        h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "0",
+                          "GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
+        status, doc = await h.send()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert status == 502 and doc["error"]["code"] == "ERR_SEND_FAILED"
+    assert "535" in doc["error"]["message"] and "hunter2" not in json.dumps(doc)
+    logged = " ".join(formatEvent(e) + repr(e) for e in observer)
+    assert "MAILER_SEND_FAILED" in logged and "hunter2" not in logged
