@@ -303,13 +303,20 @@ class GorgeRoot(Resource):
         return server.NOT_DONE_YET
 
 
+class GorgeSite(server.Site):
+    """A Site whose only access log is our structured ``REQUEST`` line."""
+
+    def log(self, request) -> None:
+        pass
+
+
 def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,
                readiness: Callable[[], Awaitable[str | None]],
                registry: CollectorRegistry, clock: IReactorTime) -> server.Site:
     """The one Site a service listens with (or hands to :func:`stub_client`)."""
     root = GorgeRoot(api_resource=api_resource, prefix=prefix, token=token,
                      readiness=readiness, registry=registry, clock=clock)
-    site = server.Site(root, requestFactory=_request_factory(body_limit))
+    site = GorgeSite(root, requestFactory=_request_factory(body_limit))
     site.noisy = False
     site.displayTracebacks = False
     return site

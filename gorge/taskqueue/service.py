@@ -52,10 +52,6 @@ def make_store(settings: TaskQueueSettings, reactor) -> TaskStore:
     return MySQLTaskStore.from_settings(settings.mysql, reactor)
 
 
-def _no_access_log(request) -> None:
-    return None
-
-
 class TaskQueueService(OrderedService):
     """Stops in reverse: stats loop, listener, in-flight requests, backend."""
 
@@ -78,9 +74,6 @@ class TaskQueueService(OrderedService):
             registry=self.registry,
             clock=reactor,
         )
-        # gorge.web already writes one REQUEST line per request; twisted's own
-        # combined-log line would be a second one (and costs a formatter call).
-        self.site.log = _no_access_log
         self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
                                  "taskqueue_stats")
         self.listening = listener(settings.http.endpoint, self.site)

@@ -258,3 +258,17 @@ async def test_access_log_line_redacts_the_token():
     [event] = [e for e in observer if e.get("log_format", "").startswith("REQUEST ")]
     assert event["uri"] == "/api/example/list?token=[REDACTED]"
     assert event["status"] == 200 and event["request_id"] == "r-9"
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_one_access_log_line_per_request():
+    observer = EventLoggingObserver()
+    globalLogPublisher.addObserver(observer)
+    try:
+        client, _, _ = make()
+        await call(client, "GET", "/healthz")
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    lines = [e for e in observer if "REQUEST" in (e.get("log_format") or "")
+             or "HTTP/1.1" in (e.get("log_format") or "") or e.get("log_namespace") == "twisted.web.server"]
+    assert [e["log_format"].split()[0] for e in lines] == ["REQUEST"]
