@@ -49,7 +49,7 @@ def make_redis(settings: RedisSettings, reactor: Any = None):
     return txredisapi.lazyConnectionPool(
         host=settings.host,
         port=settings.port,
-        dbid=settings.db,
+        dbid=settings.db or None,  # 0 is the default; SELECT 0 on a closing pool only adds noise
         password=settings.password or None,
         poolsize=settings.poolsize,
         charset="utf-8",

@@ -1,0 +1,65 @@
+"""Start-up refusals through the real twistd command line (platform.md §1, §9)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import REPO_ROOT
+
+TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+SERVICES = ("gorge-webhook", "gorge-mailer", "gorge-taskqueue", "gorge-worker")
+
+# Enough for each daemon to get past its own settings: nothing here is dialled
+# before the listener binds (connections are lazy).
+BASE_ENV = {
+    "GORGE_TASKQUEUE_BACKEND": "sqlite",
+    "GORGE_MAILER_CONFIG": '[{"key":"t","type":"test"}]',
+    "GORGE_WORKER_TASK_QUEUE_URL": "http://127.0.0.1:9",
+}
+
+
+def _twistd(tapname: str, extra_env: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GORGE_")}
+    env.update(BASE_ENV)
+    env["GORGE_TASKQUEUE_SQLITE_PATH"] = str(tmp_path / "queue.sqlite3")
+    env.update(extra_env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run([*TWISTD, "--nodaemon", "--pidfile=", tapname], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("tapname", SERVICES)
+def test_bad_log_level_exits_2_with_one_line(tapname, tmp_path):
+    result = _twistd(tapname, {"GORGE_LOG_LEVEL": "loud"}, tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{tapname}: GORGE_LOG_LEVEL: ")
+    assert "loud" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("tapname", SERVICES)
+def test_bad_listen_address_exits_2(tapname, tmp_path):
+    result = _twistd(tapname, {"GORGE_LISTEN_ADDR": "not-an-address"}, tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(f"{tapname}: GORGE_LISTEN_ADDR: ")
+
+
+@pytest.mark.parametrize("tapname", SERVICES)
+def test_busy_port_makes_start_up_fail(tapname, tmp_path):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        result = _twistd(tapname, {"GORGE_LISTEN_ADDR": f"127.0.0.1:{port}"}, tmp_path)
+    finally:
+        taken.close()
+    assert result.returncode != 0
+    assert "Address already in use" in result.stdout + result.stderr
