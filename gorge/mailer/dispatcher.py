@@ -110,6 +110,8 @@ class Dispatch:
                 d.metrics.failovers.inc()
             attempt = 0
             while True:
+                if self.cancelled is None and clock.seconds() >= self.deadline:
+                    self.cancelled = "deadline reached"  # the timer may not have run yet
                 if self.cancelled is not None:
                     return self._stopped(last)
                 attempt += 1
