@@ -139,16 +139,15 @@ def encode_words(text: str) -> list[str]:
     """RFC 2047 ``=?utf-8?b?...?=`` words, each at most 75 characters and
     never splitting a code point. Join them with a space (or a fold): a
     reader concatenates adjacent encoded words without the whitespace."""
-    words: list[str] = []
-    chunk = b""
-    for char in text:
-        encoded = char.encode("utf-8", "surrogatepass")
-        if len(chunk) + len(encoded) > 45:  # 45 bytes -> 60 base64 chars
-            words.append(chunk)
-            chunk = b""
-        chunk += encoded
-    if chunk or not words:
-        words.append(chunk)
+    raw = text.encode("utf-8", "surrogatepass")
+    words: list[bytes] = []
+    start = 0
+    while start < len(raw) or not words:
+        end = min(start + 45, len(raw))  # 45 bytes -> 60 base64 characters
+        while end < len(raw) and raw[end] & 0xC0 == 0x80:
+            end -= 1  # never cut inside a UTF-8 sequence
+        words.append(raw[start:end])
+        start = end
     return ["=?utf-8?b?" + base64.b64encode(w).decode("ascii") + "?=" for w in words]
 
 
