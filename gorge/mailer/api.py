@@ -11,7 +11,7 @@ from twisted.python.failure import Failure
 from gorge.service import InFlight
 from gorge.web import ApiError, add_error_handlers, fail, ok
 
-from .dispatcher import Answer, Dispatch, Dispatcher
+from .dispatcher import Answer, Dispatch, Dispatcher, send_failed
 from .message import MessageError, parse_send_body
 from .metrics import MailerMetrics
 
@@ -29,6 +29,9 @@ class MailerApi:
         self.inflight = inflight if inflight is not None else InFlight()
         #: Running dispatches, so shutdown can cancel what outlives the drain.
         self.running: set[Dispatch] = set()
+        #: Set when the shutdown drain starts: a request arriving on a kept-
+        #: alive connection after that is turned away, safe to resubmit.
+        self.stopping = False
 
     def resource(self):
         return self.app.resource()
@@ -51,6 +54,8 @@ class MailerApi:
             self._metrics.truncations.inc(truncated)
             log.info("MAILER_BODY_TRUNCATED bodies={bodies} limit={limit}",
                      bodies=truncated, limit=self._body_limit)
+        if self.stopping:
+            return self._render(request, send_failed("service is shutting down"))
         started = self._dispatcher.start(message, parsed.mailer_keys)
         if isinstance(started, Answer):
             answer = started

@@ -100,6 +100,7 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
 
     async def drain() -> None:
         budget = settings.drain_budget
+        api.stopping = True
         if not len(api.inflight):
             return
         log.info("MAILER_DRAINING sends={sends} budget={budget}",

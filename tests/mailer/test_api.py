@@ -284,6 +284,12 @@ async def test_shutdown_lets_an_in_flight_send_finish():
     clock.advance(10)
     h.client.flush()
     assert not stopped.called and not response.called
+    # A request arriving on a kept-alive connection during the drain is
+    # turned away with an answer that is safe to resubmit.
+    backend.send = _returning(Outcome.accepted("never"))
+    late_status, late_doc = await h.send()
+    assert (late_status, late_doc["error"]["code"]) == (502, "ERR_SEND_FAILED")
+    assert "shutting down" in late_doc["error"]["message"]
     release.callback(None)
     h.client.flush()
     status, doc = await response
