@@ -156,7 +156,8 @@ def _scalar(value: Any) -> str:
 def load_mailer_settings(environ: Mapping[str, str], *, listen: str | None = None,
                          config_file: str | None = None) -> MailerSettings:
     env = Env(environ, SERVICE)
-    strict = env.bool(("GORGE_MAILER_STRICT", "GORGE_STRICT_CONFIG"), False)
+    # GORGE_STRICT_CONFIG is the project-wide switch, not a deprecated alias.
+    strict = env.bool("GORGE_MAILER_STRICT", env.bool("GORGE_STRICT_CONFIG", False))
     path = config_file or env.str(("GORGE_MAILER_CONFIG_FILE", "MAILER_CONFIG_FILE"), "")
     if path:
         settings = _from_file(env, environ, path, listen, strict, config_file is not None)

@@ -81,6 +81,8 @@ def test_strict_mode_needs_a_backend():
     with pytest.raises(ConfigError) as e:
         load_mailer_settings({"GORGE_STRICT_CONFIG": "true"})
     assert "no mailers configured" in str(e.value)
+    # The service's own switch wins over the project-wide one.
+    assert not load_mailer_settings({"GORGE_STRICT_CONFIG": "1", "GORGE_MAILER_STRICT": "0"}).strict
 
 
 @pytest.mark.parametrize("env,setting", [
