@@ -375,6 +375,11 @@ def test_protocol_modes(options, mode):
     assert b.cfg.mode == mode
 
 
+def test_bracketed_ipv6_host():
+    b = build(BackendEntry("k", "smtp", 1, {"host": "[::1]"}), reactor=None)
+    assert b.cfg.host == "::1"
+
+
 @pytest.mark.parametrize("options,field", [
     ({"protocol": "tlsv2"}, "protocol"), ({"port": "abc"}, "port"), ({"port": "0"}, "port"),
     ({"tls-insecure": "maybe"}, "tls-insecure"),

@@ -474,8 +474,11 @@ OPTIONS = frozenset(("host", "port", "user", "password", "protocol", "helo", "tl
 
 def build(entry: BackendEntry, *, reactor: Any, http_client: Any = None) -> SmtpBackend:
     port = entry.port("port", 25)
+    host = entry.str("host", "localhost").strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 literal written as in a URL
     cfg = SmtpConfig(
-        host=entry.str("host", "localhost"),
+        host=host,
         port=port,
         user=entry.str("user", ""),
         password=entry.str("password", ""),
