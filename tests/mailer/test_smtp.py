@@ -401,6 +401,10 @@ def test_bad_options_name_the_entry_and_field(options, field):
     ({"mail": "550 5.7.1 relay denied"}, 502, "ERR_SEND_FAILED"),
     ({"rcpt": "450 4.2.1 try later"}, 502, "ERR_SEND_FAILED"),
     ({"dot": "drop"}, 502, "ERR_OUTCOME_UNKNOWN"),
+    ({"greeting": "drop"}, 502, "ERR_SEND_FAILED"),
+    ({"data": "drop"}, 502, "ERR_SEND_FAILED"),
+    ({"dot": "554 5.6.0 content refused"}, 422, "ERR_PERMANENT_FAILURE"),
+    ({"dot": "451 4.3.0 try again"}, 502, "ERR_SEND_FAILED"),
 ])
 @pytest_twisted.ensureDeferred
 async def test_http_answer_through_the_site(reactor, cert, server, script, status, code):
