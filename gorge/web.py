@@ -63,7 +63,10 @@ def _dump(body: Any) -> bytes:
 def envelope(request, status: int, body: Any) -> bytes:
     request.setResponseCode(status)
     request.setHeader(b"content-type", b"application/json")
-    return _dump(body)
+    encoded = _dump(body)
+    # A known length lets the answer go out in one write instead of chunks.
+    request.setHeader(b"content-length", str(len(encoded)).encode("ascii"))
+    return encoded
 
 
 def ok(request, data: Any) -> bytes:
@@ -198,13 +201,20 @@ class LimitedRequest(server.Request):
         self._request_id = request_id
         self._started = time.monotonic()
         self.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
+        transport = getattr(self.channel, "transport", None)
+        if transport is not None and not getattr(self.channel, "_gorge_nodelay", False):
+            # Small JSON answers must not wait for Nagle's algorithm.
+            self.channel._gorge_nodelay = True
+            try:
+                transport.setTcpNoDelay(True)
+            except (AttributeError, OSError):
+                pass
         token = request_id_var.set(request_id)
         try:
             self.notifyFinish().addBoth(self._log_access)
             if self._too_large:
                 self.setHeader(b"connection", b"close")
                 body = fail(self, 413, "ERR_TOO_LARGE", "Request Entity Too Large")
-                self.setHeader(b"content-length", str(len(body)).encode())
                 self.write(body)
                 self.finish()
                 return
