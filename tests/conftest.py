@@ -37,6 +37,17 @@ def _test_time_limit() -> float:
 
 
 def _abort_hung_test(config, nodeid: str, limit: float) -> None:
+    try:
+        _report_hung_test(config, nodeid, limit)
+        for server in config.stash.get(_SERVERS, []):
+            server.stop()
+    finally:
+        # The reactor may be parked in epoll forever; only leaving the
+        # process ends the run, whatever went wrong while reporting.
+        os._exit(3)
+
+
+def _report_hung_test(config, nodeid: str, limit: float) -> None:
     # pytest captures fd 2 while a test runs; give the real stderr back
     # (with what the test printed so far) before reporting.
     captured = ("", "")
@@ -56,11 +67,6 @@ def _abort_hung_test(config, nodeid: str, limit: float) -> None:
     stream.flush()
     faulthandler.dump_traceback(file=stream, all_threads=True)
     stream.flush()
-    for server in config.stash.get(_SERVERS, []):
-        server.stop()
-    # The reactor may be parked in epoll forever; only leaving the process
-    # ends the run.
-    os._exit(3)
 
 
 @pytest.hookimpl(wrapper=True)
