@@ -67,10 +67,11 @@ class _BytesProducer:
 class _CheckedEndpointFactory:
     """Connect to the address the policy checked, keep the name for Host/SNI/certificate."""
 
-    def __init__(self, reactor, target: Target, connect_timeout: float) -> None:
+    def __init__(self, reactor, target: Target, connect_timeout: float, trust_root=None) -> None:
         self._reactor = reactor
         self._target = target
         self._timeout = connect_timeout
+        self._trust_root = trust_root
 
     def endpointForURI(self, uri):
         address = self._target.addresses[0]
@@ -80,7 +81,8 @@ class _CheckedEndpointFactory:
         else:
             endpoint = TCP4ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
         if uri.scheme == b"https":
-            endpoint = wrapClientTLS(optionsForClientTLS(self._target.host), endpoint)
+            endpoint = wrapClientTLS(
+                optionsForClientTLS(self._target.host, trustRoot=self._trust_root), endpoint)
         return endpoint
 
 
@@ -176,10 +178,13 @@ class Transport:
     """POSTs over one shared connection pool, each exchange under one deadline."""
 
     def __init__(self, reactor, policy: UriPolicy, timeout: float, *,
-                 pool: HTTPConnectionPool | None = None, max_per_host: int = 8) -> None:
+                 pool: HTTPConnectionPool | None = None, max_per_host: int = 8,
+                 trust_root=None) -> None:
         self._reactor = reactor
         self._policy = policy
         self._timeout = timeout
+        # None: the platform's CA store. Tests pass their own CA.
+        self._trust_root = trust_root
         if pool is None:
             pool = HTTPConnectionPool(reactor, persistent=True)
             pool._factory = _QuietClientFactory
@@ -225,7 +230,8 @@ class Transport:
         send_headers.setRawHeaders(b"user-agent", [USER_AGENT.encode("ascii")])
         for _ in range(MAX_REDIRECTS + 1):
             agent = Agent.usingEndpointFactory(
-                self._reactor, _CheckedEndpointFactory(self._reactor, target, self._timeout),
+                self._reactor,
+                _CheckedEndpointFactory(self._reactor, target, self._timeout, self._trust_root),
                 pool=self._pool)
             response = await agent.request(b"POST", target.uri.encode("utf-8"), send_headers,
                                            _BytesProducer(body))

@@ -75,7 +75,7 @@ class _ReceiverResource(resource.Resource):
 class Receiver:
     """Records every POST; ``/status/NNN`` in the path picks the answer, like the golden one."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls_options=None) -> None:
         self.requests: list[Received] = []
         self.delay = 0.0
         self.active: dict[str, int] = {}
@@ -84,7 +84,10 @@ class Receiver:
         site = server.Site(_ReceiverResource(self))
         site.noisy = False
         site.log = lambda request: None  # the receiver's own access log is not ours to check
-        self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        if tls_options is None:
+            self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        else:
+            self.port = reactor.listenSSL(0, site, tls_options, interface="127.0.0.1")
 
     @property
     def base(self) -> str:
@@ -234,7 +237,8 @@ class Harness:
 def make_harness(mariadb, herald_db):
     made: list[Harness] = []
 
-    def make(*, clock: task.Clock | None = None, resolver=None, **overrides) -> Harness:
+    def make(*, clock: task.Clock | None = None, resolver=None, http_client=None,
+             **overrides) -> Harness:
         clock = clock or task.Clock()
         if clock.seconds() == 0:
             clock.advance(T0)
@@ -242,7 +246,8 @@ def make_harness(mariadb, herald_db):
         registry = CollectorRegistry()
         store = WebhookStore.mysql(settings.mysql, reactor, db_clock=clock)
         service = build_webhook_service(settings, reactor, store=store, clock=clock,
-                                        registry=registry, resolver=resolver)
+                                        registry=registry, resolver=resolver,
+                                        http_client=http_client)
         harness = Harness(service=service, clock=clock, registry=registry)
         made.append(harness)
         return harness
