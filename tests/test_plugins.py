@@ -93,3 +93,24 @@ def test_twistd_subcommand_help_lists_its_options(tapname):
         if line.lstrip().startswith("-") and "--help" not in line and "--version" not in line
     ]
     assert own_options, result.stdout
+
+
+def test_every_package_directory_is_declared_for_installation():
+    # The image installs with a plain `pip install .`, which ships only the
+    # packages pyproject.toml lists; the editable install used by the tests
+    # would hide an omission.
+    import tomllib
+
+    declared = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {
+        ".".join(path.parent.relative_to(REPO_ROOT).parts)
+        for path in (REPO_ROOT / "gorge").rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert on_disk - declared == set()
+    assert "twisted.plugins" in declared
+    assert (REPO_ROOT / "twisted" / "plugins" / "gorge_plugins.py").is_file()
+    # twistd's plugin directory must stay a namespace: an __init__.py here
+    # would shadow Twisted's own twisted.plugins package.
+    assert not (REPO_ROOT / "twisted" / "__init__.py").exists()
+    assert not (REPO_ROOT / "twisted" / "plugins" / "__init__.py").exists()
