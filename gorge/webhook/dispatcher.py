@@ -37,6 +37,9 @@ WRITE_ATTEMPTS = 3
 WRITE_RETRY_DELAY = 0.5
 ABORT_GRACE = 5.0
 
+POLL_FAILED = "WEBHOOK_POLL_FAILED error={error} reason={reason} since={since}"
+HOOK_LOOKUP_FAILED = "WEBHOOK_HOOK_LOOKUP_FAILED error={error} reason={reason} since={since}"
+
 
 class _Summary:
     """Counters behind the once-a-minute summary line (§9 item 3)."""
@@ -116,8 +119,7 @@ class Dispatcher:
             # One lookup per tick for every hook of the batch (spec §3.5 step 2).
             hooks = await self._store.load_hooks(sorted({c.hook_phid for c in rows}))
         except Exception as e:
-            log.error("WEBHOOK_HOOK_LOOKUP_FAILED error={error}",
-                      error=platform_mysql.error_reason(e))
+            self._poll_failed(e, HOOK_LOOKUP_FAILED)
             return
         if self._stopping:
             return
@@ -130,19 +132,17 @@ class Dispatcher:
         self._lines = lines
         self._fill()
 
-    def _poll_failed(self, exc: Exception) -> None:
+    def _poll_failed(self, exc: Exception, event: str = POLL_FAILED) -> None:
+        """A database outage: logged when it starts, then at most once a minute (§9 item 5)."""
         self._metrics.poll_failures.inc()
         now = self._clock.seconds()
-        reason = platform_mysql.error_reason(exc)
         if self._outage_since is None:
             self._outage_since = now
-            self._outage_logged_at = now
-            log.error("WEBHOOK_POLL_FAILED error={error} reason={reason}",
-                      error=type(exc).__name__, reason=reason)
-        elif now - self._outage_logged_at >= OUTAGE_LOG_EVERY:
-            self._outage_logged_at = now
-            log.error("WEBHOOK_POLL_FAILED error={error} reason={reason} since={since}",
-                      error=type(exc).__name__, reason=reason, since=self._outage_since)
+        elif now - self._outage_logged_at < OUTAGE_LOG_EVERY:
+            return
+        self._outage_logged_at = now
+        log.error(event, error=type(exc).__name__, reason=platform_mysql.error_reason(exc),
+                  since=self._outage_since)
 
     def _poll_recovered(self) -> None:
         if self._outage_since is not None:
