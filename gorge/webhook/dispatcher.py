@@ -123,6 +123,8 @@ class Dispatcher:
             return
         if self._stopping:
             return
+        # Lines and hooks are replaced together, with no await in between, so
+        # every candidate a slot takes from a line finds its hook's row here.
         self._hooks = hooks
         self._more_waiting = len(rows) >= limit
         lines: dict[str, deque[Candidate]] = {}
