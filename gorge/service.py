@@ -30,6 +30,7 @@ __all__ = [
     "run_make_service",
     "SystemdNotifier",
     "validate_log_settings",
+    "watchdog_heartbeat",
 ]
 
 log = Logger()
@@ -323,3 +324,21 @@ class SystemdNotifier:
 
     def status(self, text: str) -> None:
         self._send(f"STATUS={text}")
+
+
+def watchdog_heartbeat(notifier: SystemdNotifier, clock: IReactorTime,
+                       name: str = "watchdog") -> IService:
+    """Feed the watchdog from a reactor timer, for request-driven daemons.
+
+    A service without a poll loop (the mailer) is alive when its reactor
+    turns: a timer that fires proves it; a reactor blocked by a stuck call
+    stops the pings. Loop-driven daemons call ``notifier.progress()`` from
+    their loop instead, which says more.
+    """
+    interval = notifier.watchdog_interval or 1.0
+
+    async def beat() -> None:
+        notifier.progress()
+
+    poller = Poller(beat, interval, clock, name)
+    return FunctionService(start=lambda: poller.start(now=False), stop=poller.stop, name=name)

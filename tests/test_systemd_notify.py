@@ -192,15 +192,9 @@ def _env_for(tapname: str, request, tmp_path: Path, start) -> dict[str, str]:
 # most every WATCHDOG_USEC/2, and the taskqueue's loop is its 15 s stats refresh.
 PING_BOUND = {"gorge-taskqueue": 20.0}
 
-MAILER_NO_LOOP = (
-    "gorge-mailer has no main loop that calls notifier.progress(): it sends one "
-    "WATCHDOG=1 together with READY=1 and never again, so a unit with WatchdogSec= "
-    "would be killed after one period")
-
-
 @pytest.mark.parametrize("tapname", [
     pytest.param("gorge-webhook", marks=pytest.mark.integration),
-    pytest.param("gorge-mailer", marks=pytest.mark.xfail(reason=MAILER_NO_LOOP)),
+    "gorge-mailer",
     "gorge-taskqueue",
     "gorge-worker",
 ])
@@ -240,13 +234,6 @@ def test_worker_whose_queue_is_unreachable_is_ready_but_never_pings(
     assert "STOPPING=1" in notify.names() or notify.wait_for("STOPPING=1", 5.0)
 
 
-WORKER_BUSY_SILENT = (
-    "gorge-worker calls notifier.progress() only after a lease call; with every slot "
-    "busy (or while hibernating) it does not lease, so a task running longer than "
-    "WatchdogSec gets the worker killed by systemd mid-task")
-
-
-@pytest.mark.xfail(reason=WORKER_BUSY_SILENT)
 def test_worker_keeps_pinging_while_its_slots_are_busy(tmp_path, notify, start):
     port = free_port()
     queue_notify = NotifySocket()

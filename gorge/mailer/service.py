@@ -17,7 +17,9 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from gorge.service import FunctionService, OrderedService, SystemdNotifier, listener, run_make_service
+from gorge.service import (
+    FunctionService, OrderedService, SystemdNotifier, listener, run_make_service, watchdog_heartbeat,
+)
 from gorge.web import build_site
 
 from .api import MailerApi
@@ -137,6 +139,8 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     if listen:
         children.append(listener(settings.http.endpoint, site))
     children.append(FunctionService(start=started, stop=stopping, name="mailer-ready"))
+    if notifier is not None and notifier.watchdog_interval is not None:
+        children.append(watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))
     service = MailerService(*children)
     service.site = site
     service.api = api

@@ -189,7 +189,10 @@ class Consumer:
         now = self._clock.seconds()
         if self._hibernate_until is not None:
             if now < self._hibernate_until:
-                self._schedule(self._hibernate_until - now)
+                # Wake every poll interval to feed the watchdog: hibernating
+                # is a healthy loop, not a wedged one.
+                self._loop_alive()
+                self._schedule(min(self._hibernate_until - now, self._settings.poll_interval))
                 return
             self._hibernate_until = None
             self._idle_since = None
@@ -197,6 +200,7 @@ class Consumer:
         free = self._free()
         if free <= 0:
             # Not "empty": idle tracking is unchanged; a freed slot wakes us.
+            self._loop_alive()
             self._schedule(self._settings.poll_interval)
             return
         limit = min(self._settings.lease_limit, free)
@@ -250,7 +254,11 @@ class Consumer:
         self.lease_error = None
         self.lease_attempted = True
         self._first_lease()
-        if self._on_progress is not None:
+        self._loop_alive()
+
+    def _loop_alive(self) -> None:
+        """The loop turned and the queue answered its last lease call."""
+        if self._on_progress is not None and self.lease_error is None:
             self._on_progress()
 
     def _first_lease(self) -> None:

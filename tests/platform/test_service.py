@@ -263,3 +263,24 @@ def test_systemd_notifier_without_socket_is_silent():
     notifier.ready()
     notifier.progress()
     notifier.stopping()
+
+
+def test_watchdog_heartbeat_pings_while_the_reactor_turns():
+    from gorge.service import watchdog_heartbeat
+
+    fake = NotifySocket()
+    try:
+        clock = task.Clock()
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": fake.path, "WATCHDOG_USEC": "2000000"}, clock)
+        notifier.ready()
+        assert fake.messages() == ["READY=1", "WATCHDOG=1"]
+        heartbeat = watchdog_heartbeat(notifier, clock)
+        heartbeat.startService()
+        clock.pump([1.0, 1.0, 1.0])
+        assert fake.messages() == ["WATCHDOG=1"] * 3
+        stopped = heartbeat.stopService()
+        assert stopped.called
+        clock.pump([1.0, 1.0])
+        assert fake.messages() == []
+    finally:
+        fake.close()
