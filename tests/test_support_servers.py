@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tests.support.mariadb_server import rename_database, schema_path, split_statements
 from tests.support.paths import GOLDEN_DIR, SCHEMA_DIR, SHARED_DIR
+from tests.support.procs import ServerUnavailable, find_binary
 from tests.support.resp import RedisReplyError, encode_command
 
 
@@ -64,6 +65,20 @@ def test_shared_paths_point_at_the_shared_material():
 def test_unknown_schema_is_refused():
     with pytest.raises(ValueError, match="unknown schema"):
         schema_path("maniphest")
+
+
+def test_a_missing_server_binary_says_how_to_get_it():
+    with pytest.raises(ServerUnavailable, match=r"scripts/test\.sh"):
+        find_binary("no-such-mariadbd-binary")
+
+
+def test_server_binaries_are_found_in_sbin_without_it_on_path(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        found = find_binary("mariadbd")
+    except ServerUnavailable:
+        pytest.skip("mariadbd is not installed in an sbin directory here")
+    assert found.endswith("/mariadbd") and "sbin" in found
 
 
 # -- schema rewriting (pure) ---------------------------------------------------
