@@ -46,7 +46,11 @@ def test_plugin_discovery_finds_the_four_daemons(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO_ROOT))
     # twisted.plugins computes its search path once, at first import; make
     # sure it is computed with the repository root on sys.path.
-    monkeypatch.delitem(sys.modules, "twisted.plugins", raising=False)
+    import twisted
+    import twisted.plugins
+
+    monkeypatch.setattr(twisted, "plugins", twisted.plugins)  # restored afterwards
+    monkeypatch.delitem(sys.modules, "twisted.plugins")
     from twisted.application.service import IServiceMaker
     from twisted.plugin import getPlugins
 
