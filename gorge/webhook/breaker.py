@@ -59,9 +59,6 @@ class Breaker:
         return sorted(hook for hook, state in self._open.items()
                       if now - state.checked_at < self._recheck)
 
-    def is_known_open(self, hook_phid: str) -> bool:
-        return hook_phid in self._open
-
     def failed(self, hook_phid: str) -> None:
         """A failed attempt of ours: the hook's next row counts again."""
         self._closed.pop(hook_phid, None)
@@ -82,16 +79,15 @@ class Breaker:
                          hook=hook_phid, failures=failures, threshold=self._threshold,
                          window=self._window)
                 self._metrics.breaker_transitions.labels(state="open").inc()
-            self._open[hook_phid] = _Open(checked_at=self._clock.seconds(), queued=queued)
+            self._open[hook_phid] = _Open(checked_at=now, queued=queued)
         else:
             self._closed[hook_phid] = now
-        if not is_open and hook_phid in self._open:
-            del self._open[hook_phid]
-            log.info("WEBHOOK_HOOK_BACKOFF_CLEARED hook={hook} failures={failures}"
-                     " threshold={threshold} window={window}",
-                     hook=hook_phid, failures=failures, threshold=self._threshold,
-                     window=self._window)
-            self._metrics.breaker_transitions.labels(state="closed").inc()
+            if self._open.pop(hook_phid, None) is not None:
+                log.info("WEBHOOK_HOOK_BACKOFF_CLEARED hook={hook} failures={failures}"
+                         " threshold={threshold} window={window}",
+                         hook=hook_phid, failures=failures, threshold=self._threshold,
+                         window=self._window)
+                self._metrics.breaker_transitions.labels(state="closed").inc()
         self._metrics.open_breaker_rows.set(sum(s.queued for s in self._open.values()))
         return is_open
 
