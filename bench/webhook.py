@@ -162,7 +162,7 @@ class Bench:
 
         started = time.perf_counter()
         while True:
-            _now, rows = await store.candidates(limit=batch, lease=30, backoff=60)
+            rows = await store.candidates(limit=batch, lease=30, backoff=60)
             if not rows:
                 break
             await gatherResults([semaphore.run(lambda c=c: Deferred.fromCoroutine(one(c)))

@@ -108,7 +108,7 @@ class Dispatcher:
         try:
             await self._breaker.recheck_due()
             limit = self._batch + self._active
-            _now, rows = await self._store.candidates(
+            rows = await self._store.candidates(
                 limit=limit, lease=self._settings.effective_lease,
                 backoff=self._settings.retry_backoff, exclude_hooks=self._breaker.excluded())
         except Exception as e:

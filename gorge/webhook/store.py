@@ -272,10 +272,10 @@ class WebhookStore:
         txn.execute(self._dialect.sql(statement), tuple(params))
 
     async def candidates(self, *, limit: int, lease: int, backoff: int,
-                         exclude_hooks: Sequence[str] = ()) -> tuple[int, list[Candidate]]:
-        """(database now, queued rows due now), oldest first."""
+                         exclude_hooks: Sequence[str] = ()) -> list[Candidate]:
+        """Queued rows due now, oldest first; both cutoffs from one reading of the DB clock."""
 
-        def select(txn) -> tuple[int, list[Candidate]]:
+        def select(txn) -> list[Candidate]:
             self._execute(txn, SQL_NOW)
             now = int(txn.fetchone()[0])
             exclude = ""
@@ -285,7 +285,7 @@ class WebhookStore:
                 params.extend(hook.encode("utf-8") for hook in exclude_hooks)
             params.append(limit)
             self._execute(txn, SQL_CANDIDATES.format(exclude=exclude), params)
-            return now, [Candidate.from_row(row) for row in txn.fetchall()]
+            return [Candidate.from_row(row) for row in txn.fetchall()]
 
         return await self._run(select)
 

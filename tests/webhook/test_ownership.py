@@ -33,7 +33,7 @@ async def test_same_second_claim_changes_the_version(mariadb, herald, make_harne
     hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
     request_id = herald.insert_request(hook=hook, created=T0)
     harness.clock.advance(T0 - harness.clock.seconds())  # the insert's own second
-    _now, (candidate,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    (candidate,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
     assert candidate.version == T0
 
     assert await harness.store.claim(candidate) is True
@@ -41,7 +41,7 @@ async def test_same_second_claim_changes_the_version(mariadb, herald, make_harne
     # A second claimant holding the same old version must lose, in the same second.
     assert await harness.store.claim(candidate) is False
     # And the claimed row is no longer a fresh-row candidate.
-    _now, rows = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    rows = await harness.store.candidates(limit=10, lease=30, backoff=60)
     assert rows == []
 
 
@@ -51,8 +51,8 @@ async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, her
     first = make_harness()
     second = WebhookStore.mysql(mariadb.settings(herald_db), reactor, db_clock=first.clock)
     try:
-        _now, a = await first.store.candidates(limit=50, lease=30, backoff=60)
-        _now, b = await second.candidates(limit=50, lease=30, backoff=60)
+        a = await first.store.candidates(limit=50, lease=30, backoff=60)
+        b = await second.candidates(limit=50, lease=30, backoff=60)
         assert [c.id for c in a] == [c.id for c in b] == ids
         results = await gatherResults(
             [Deferred.fromCoroutine(s.claim(c)) for c in a for s in (first.store, second)])

@@ -89,7 +89,7 @@ async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
         phid="PHID-HWBR-a", webhookPHID="PHID-HWBH-a", objectPHID="PHID-TASK-a", status="queued",
         properties=json.dumps({"retry": "forever"}), lastRequestResult="none", lastRequestEpoch=0,
         dateCreated=T0, dateModified=T0))
-    _now, (candidate,) = await service.store.candidates(limit=5, lease=30, backoff=60)
+    (candidate,) = await service.store.candidates(limit=5, lease=30, backoff=60)
     assert await service.store.claim(candidate) is True
     assert await service.store.claim(candidate) is False  # same second, version moved
     assert db.request(request_id)["dateModified"] == T0 + 1
