@@ -15,8 +15,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
-from twisted.web.client import Agent, HTTPConnectionPool
 
+from gorge.httpclient import make_http_client
 from gorge.service import (
     FunctionService, OrderedService, SystemdNotifier, listener, run_make_service, watchdog_heartbeat,
 )
@@ -69,7 +69,6 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     """Build every backend (a ``ConfigError`` here stops start-up) and wire
     the tree. ``listen=False`` leaves out the TCP listener (in-process use
     through ``gorge.web.stub_client(service.site)``)."""
-    from treq.client import HTTPClient
 
     for warning in settings.warnings:
         log.warn("MAILER_CONFIG_WARNING {warning}", warning=warning)
@@ -77,9 +76,7 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
 
     # One pool per service (style.md §7); providers share it.
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = 16
-    http_client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=CONNECT_TIMEOUT))
+    http_client, pool = make_http_client(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
     backends = [build_backend(entry, reactor=reactor, http_client=http_client)
                 for entry in settings.entries]
 

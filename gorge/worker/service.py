@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import ConfigError
+from gorge.httpclient import make_http_client as make_platform_http_client
 from gorge.service import FunctionService, OrderedService, Poller, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
@@ -51,15 +52,9 @@ class Options(usage.Options):
 
 
 def make_http_client(reactor, max_workers: int):
-    from treq.client import HTTPClient
-    from twisted.web.client import Agent, HTTPConnectionPool
-
-    pool = HTTPConnectionPool(reactor, persistent=True)
     # One connection per slot plus the lease call, so reports never queue
     # behind each other for a connection.
-    pool.maxPersistentPerHost = max_workers + 2
-    pool.retryAutomatically = False
-    return HTTPClient(Agent(reactor, pool=pool, connectTimeout=10)), pool
+    return make_platform_http_client(reactor, max_per_host=max_workers + 2, connect_timeout=10)
 
 
 class ConduitProbe:
