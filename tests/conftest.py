@@ -20,7 +20,6 @@ from tests.support.mariadb_server import MariaDBServer
 from tests.support.procs import ServerUnavailable
 from tests.support.redis_server import RedisServer
 
-
 # A test that waits forever would otherwise hold a CI run until it is killed
 # from outside, with no word on which test it was.
 _DEFAULT_TEST_TIME_LIMIT = 300.0
@@ -62,8 +61,10 @@ def _report_hung_test(config, nodeid: str, limit: float) -> None:
     for name, text in zip(("stdout", "stderr"), captured):
         if text:
             stream.write(f"\n--- captured {name} of {nodeid} ---\n{text[-20000:]}\n")
-    stream.write(f"\n\nTEST TIME LIMIT: {nodeid} still running after {limit:.0f}s "
-                 "(GORGE_TEST_TIMEOUT, 0 = off); aborting the run. Stacks:\n")
+    stream.write(
+        f"\n\nTEST TIME LIMIT: {nodeid} still running after {limit:.0f}s "
+        "(GORGE_TEST_TIMEOUT, 0 = off); aborting the run. Stacks:\n"
+    )
     stream.flush()
     faulthandler.dump_traceback(file=stream, all_threads=True)
     stream.flush()
@@ -74,7 +75,9 @@ def pytest_runtest_protocol(item, nextitem):
     limit = _test_time_limit()
     timer = None
     if limit > 0:
-        timer = threading.Timer(limit, _abort_hung_test, args=(item.config, item.nodeid, limit))
+        timer = threading.Timer(
+            limit, _abort_hung_test, args=(item.config, item.nodeid, limit)
+        )
         timer.daemon = True
         timer.start()
     try:

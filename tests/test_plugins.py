@@ -19,7 +19,9 @@ TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 
 def _twistd(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])
+    )
     return subprocess.run(
         [*TWISTD, *args],
         cwd=REPO_ROOT,
@@ -94,7 +96,9 @@ def test_twistd_subcommand_help_lists_its_options(tapname):
     own_options = [
         line
         for line in result.stdout.splitlines()
-        if line.lstrip().startswith("-") and "--help" not in line and "--version" not in line
+        if line.lstrip().startswith("-")
+        and "--help" not in line
+        and "--version" not in line
     ]
     assert own_options, result.stdout
 
@@ -105,7 +109,11 @@ def test_every_package_directory_is_declared_for_installation():
     # would hide an omission.
     import tomllib
 
-    declared = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    declared = set(
+        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]
+    )
     on_disk = {
         ".".join(path.parent.relative_to(REPO_ROOT).parts)
         for path in (REPO_ROOT / "gorge").rglob("*.py")

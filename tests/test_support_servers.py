@@ -25,7 +25,9 @@ def _tables(conn: pymysql.connections.Connection) -> set[str]:
 def _listening_addresses(pid: int) -> set[str] | None:
     """Local TCP addresses a process listens on, from ``ss``; None without ``ss``."""
     try:
-        out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["ss", "-Hltnp"], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return {line.split()[3] for line in out.splitlines() if f"pid={pid}," in line}
@@ -45,7 +47,9 @@ def _other_interface_address() -> str | None:
     """An IPv4 address of this machine that is not loopback, if there is one."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
-            sock.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for UDP connect
+            sock.connect(
+                ("192.0.2.1", 9)
+            )  # TEST-NET-1: no packet is sent for UDP connect
         except OSError:
             return None
         address = sock.getsockname()[0]
@@ -103,7 +107,10 @@ def test_split_statements_drops_comments_and_splits_at_line_end_semicolons():
 
 def test_rename_changes_only_create_database_and_use():
     renamed = rename_database(split_statements(SAMPLE), "phabricator_x", "t_x_1")
-    assert renamed[0] == "CREATE DATABASE IF NOT EXISTS `t_x_1` DEFAULT CHARACTER SET utf8mb4"
+    assert (
+        renamed[0]
+        == "CREATE DATABASE IF NOT EXISTS `t_x_1` DEFAULT CHARACTER SET utf8mb4"
+    )
     assert renamed[1] == "USE `t_x_1`"
     assert renamed[2] == split_statements(SAMPLE)[2]
 
@@ -114,10 +121,15 @@ def test_rename_refuses_a_schema_that_names_the_database_elsewhere():
         rename_database(split_statements(sql), "phabricator_x", "t_x_1")
 
 
-@given(st.sampled_from(["herald", "worker"]), st.from_regex(r"t_[a-z]{1,8}_[0-9]{1,6}", fullmatch=True))
+@given(
+    st.sampled_from(["herald", "worker"]),
+    st.from_regex(r"t_[a-z]{1,8}_[0-9]{1,6}", fullmatch=True),
+)
 def test_renamed_real_schemas_never_mention_the_original_name(schema, new_name):
     original = f"phabricator_{schema}"
-    statements = rename_database(split_statements(schema_path(schema).read_text()), original, new_name)
+    statements = rename_database(
+        split_statements(schema_path(schema).read_text()), original, new_name
+    )
     assert not any(original in s for s in statements)
     assert statements[:2] == [
         statements[0].replace(original, new_name),
@@ -127,7 +139,10 @@ def test_renamed_real_schemas_never_mention_the_original_name(schema, new_name):
 
 
 def test_resp_encoding_is_length_prefixed():
-    assert encode_command(("SET", "k", b"a\r\nb")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n"
+    assert (
+        encode_command(("SET", "k", b"a\r\nb"))
+        == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n"
+    )
 
 
 # -- MariaDB -------------------------------------------------------------------
@@ -136,7 +151,11 @@ def test_resp_encoding_is_length_prefixed():
 @pytest.mark.integration
 def test_fresh_herald_database_has_the_phorge_tables(mariadb, herald_db):
     with mariadb.connect(herald_db) as conn:
-        assert _tables(conn) == {"herald_webhook", "herald_webhookrequest", "herald_webhooktransaction"}
+        assert _tables(conn) == {
+            "herald_webhook",
+            "herald_webhookrequest",
+            "herald_webhooktransaction",
+        }
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT DEFAULT_CHARACTER_SET_NAME, DEFAULT_COLLATION_NAME"
@@ -150,7 +169,12 @@ def test_fresh_herald_database_has_the_phorge_tables(mariadb, herald_db):
 def test_fresh_worker_database_has_the_task_tables_and_counter(mariadb, worker_db):
     with mariadb.connect(worker_db) as conn:
         tables = _tables(conn)
-    assert {"worker_activetask", "worker_archivetask", "worker_taskdata", "lisk_counter"} <= tables
+    assert {
+        "worker_activetask",
+        "worker_archivetask",
+        "worker_taskdata",
+        "lisk_counter",
+    } <= tables
 
 
 @pytest.mark.integration
@@ -186,7 +210,11 @@ def test_settings_carry_the_credentials_that_work(mariadb, worker_db):
 
     settings = mariadb.settings(worker_db)
     assert isinstance(settings, MySQLSettings)
-    assert (settings.host, settings.port, settings.database) == ("127.0.0.1", mariadb.port, worker_db)
+    assert (settings.host, settings.port, settings.database) == (
+        "127.0.0.1",
+        mariadb.port,
+        worker_db,
+    )
     conn = pymysql.connect(
         host=settings.host,
         port=settings.port,
@@ -197,7 +225,11 @@ def test_settings_carry_the_credentials_that_work(mariadb, worker_db):
     conn.close()
     with pytest.raises(pymysql.err.OperationalError):
         pymysql.connect(
-            host=settings.host, port=settings.port, user=settings.user, password="wrong", connect_timeout=5
+            host=settings.host,
+            port=settings.port,
+            user=settings.user,
+            password="wrong",
+            connect_timeout=5,
         )
 
 
@@ -206,7 +238,12 @@ def test_mariadb_listens_on_loopback_only(mariadb):
     with mariadb.connect() as conn, conn.cursor() as cur:
         cur.execute("SELECT @@bind_address, @@port, @@skip_networking, @@log_bin")
         bind_address, port, skip_networking, log_bin = cur.fetchone()
-    assert (bind_address, port, skip_networking, log_bin) == ("127.0.0.1", mariadb.port, 0, 0)
+    assert (bind_address, port, skip_networking, log_bin) == (
+        "127.0.0.1",
+        mariadb.port,
+        0,
+        0,
+    )
     _assert_loopback_only(mariadb.pid, mariadb.port)
 
 
@@ -242,4 +279,8 @@ def test_redis_settings_point_at_the_server(redis_server):
 
     settings = redis_server.settings(db=3)
     assert isinstance(settings, RedisSettings)
-    assert (settings.host, settings.port, settings.db) == ("127.0.0.1", redis_server.port, 3)
+    assert (settings.host, settings.port, settings.db) == (
+        "127.0.0.1",
+        redis_server.port,
+        3,
+    )

@@ -13,7 +13,13 @@ from pathlib import Path
 import pymysql
 
 from .paths import SCHEMA_DIR
-from .procs import ManagedProcess, ServerUnavailable, find_binary, free_port, wait_until_ready
+from .procs import (
+    ManagedProcess,
+    ServerUnavailable,
+    find_binary,
+    free_port,
+    wait_until_ready,
+)
 
 HOST = "127.0.0.1"
 USER = "gorge"
@@ -40,7 +46,9 @@ _SERVER_OPTIONS = (
     "--performance-schema=OFF",
 )
 
-_CREATE_DATABASE = re.compile(r"^(CREATE DATABASE(?: IF NOT EXISTS)?\s+)`(\w+)`", re.IGNORECASE)
+_CREATE_DATABASE = re.compile(
+    r"^(CREATE DATABASE(?: IF NOT EXISTS)?\s+)`(\w+)`", re.IGNORECASE
+)
 _USE = re.compile(r"^USE\s+`(\w+)`\s*$", re.IGNORECASE)
 
 
@@ -80,13 +88,17 @@ def rename_database(statements: list[str], original: str, new: str) -> list[str]
         create = _CREATE_DATABASE.match(statement)
         use = _USE.match(statement)
         if create and create.group(2) == original:
-            statement = _CREATE_DATABASE.sub(lambda m: f"{m.group(1)}`{new}`", statement, count=1)
+            statement = _CREATE_DATABASE.sub(
+                lambda m: f"{m.group(1)}`{new}`", statement, count=1
+            )
             seen_create = True
         elif use and use.group(1) == original:
             statement = f"USE `{new}`"
             seen_use = True
         elif f"`{original}`" in statement:
-            raise ValueError(f"schema names `{original}` outside CREATE DATABASE/USE: {statement[:80]!r}")
+            raise ValueError(
+                f"schema names `{original}` outside CREATE DATABASE/USE: {statement[:80]!r}"
+            )
         renamed.append(statement)
     if not (seen_create and seen_use):
         raise ValueError(f"schema lacks CREATE DATABASE/USE for `{original}`")
@@ -146,7 +158,10 @@ class MariaDBServer:
         with open(log, "wb") as out:
             try:
                 status = subprocess.run(
-                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                     timeout=_READY_DEADLINE_SECONDS,
                 ).returncode
             except subprocess.TimeoutExpired:
@@ -193,7 +208,10 @@ class MariaDBServer:
     def _answers(self) -> bool:
         try:
             conn = pymysql.connect(
-                unix_socket=str(self.socket_path), user="root", connect_timeout=2, read_timeout=5
+                unix_socket=str(self.socket_path),
+                user="root",
+                connect_timeout=2,
+                read_timeout=5,
             )
         except pymysql.err.OperationalError:
             return False
@@ -204,11 +222,17 @@ class MariaDBServer:
         # Root connects over the socket only; tests use a password-protected
         # account over TCP, like a real deployment.
         conn = pymysql.connect(
-            unix_socket=str(self.socket_path), user="root", autocommit=True, connect_timeout=5, read_timeout=30
+            unix_socket=str(self.socket_path),
+            user="root",
+            autocommit=True,
+            connect_timeout=5,
+            read_timeout=30,
         )
         try:
             with conn.cursor() as cur:
-                cur.execute(f"CREATE USER '{USER}'@'{HOST}' IDENTIFIED BY %s", (PASSWORD,))
+                cur.execute(
+                    f"CREATE USER '{USER}'@'{HOST}' IDENTIFIED BY %s", (PASSWORD,)
+                )
                 cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{USER}'@'{HOST}'")
         finally:
             conn.close()
@@ -238,7 +262,9 @@ class MariaDBServer:
         """Create a fresh database from ``phabricator_<schema>.sql``; return its name."""
         original = f"phabricator_{schema}"
         name = name or f"t_{schema}_{next(self._serial)}"
-        statements = rename_database(split_statements(schema_path(schema).read_text()), original, name)
+        statements = rename_database(
+            split_statements(schema_path(schema).read_text()), original, name
+        )
         conn = self.connect()
         try:
             with conn.cursor() as cur:
@@ -253,5 +279,9 @@ class MariaDBServer:
         from gorge.config import MySQLSettings
 
         return MySQLSettings(
-            host=self.host, port=self.port, user=self.user, password=self.password, database=database
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            database=database,
         )

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED_DIR = Path(os.environ.get("GORGE_SHARED_DIR") or REPO_ROOT.parent / "shared").resolve()
+SHARED_DIR = Path(
+    os.environ.get("GORGE_SHARED_DIR") or REPO_ROOT.parent / "shared"
+).resolve()
 SCHEMA_DIR = SHARED_DIR / "schema"
 GOLDEN_DIR = SHARED_DIR / "golden"

@@ -14,7 +14,9 @@ from pathlib import Path
 # Debian puts the server daemons in /usr/sbin, which is not on every PATH.
 _EXTRA_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 
-INSTALL_HINT = "run ./scripts/test.sh once (as root it installs mariadb-server and redis-server)"
+INSTALL_HINT = (
+    "run ./scripts/test.sh once (as root it installs mariadb-server and redis-server)"
+)
 
 
 class ServerUnavailable(RuntimeError):
@@ -28,7 +30,9 @@ def find_binary(*names: str) -> str:
         found = shutil.which(name, path=search)
         if found:
             return found
-    raise ServerUnavailable(f"none of {', '.join(names)} found on PATH or in /usr/sbin; {INSTALL_HINT}")
+    raise ServerUnavailable(
+        f"none of {', '.join(names)} found on PATH or in /usr/sbin; {INSTALL_HINT}"
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,7 +49,9 @@ def _pdeathsig_prefix() -> list[str]:
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         return []
-    probe = subprocess.run([setpriv, "--pdeathsig", "TERM", "true"], capture_output=True)
+    probe = subprocess.run(
+        [setpriv, "--pdeathsig", "TERM", "true"], capture_output=True
+    )
     return [setpriv, "--pdeathsig", "TERM"] if probe.returncode == 0 else []
 
 
@@ -90,7 +96,10 @@ class ManagedProcess:
 
 
 def wait_until_ready(
-    proc: ManagedProcess, probe: Callable[[], bool], deadline_seconds: float, poll_seconds: float = 0.05
+    proc: ManagedProcess,
+    probe: Callable[[], bool],
+    deadline_seconds: float,
+    poll_seconds: float = 0.05,
 ) -> None:
     """Poll ``probe`` until it returns True, the process dies, or the deadline passes."""
     deadline = time.monotonic() + deadline_seconds

@@ -7,7 +7,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .procs import ManagedProcess, ServerUnavailable, find_binary, free_port, wait_until_ready
+from .procs import (
+    ManagedProcess,
+    ServerUnavailable,
+    find_binary,
+    free_port,
+    wait_until_ready,
+)
 from .resp import RespClient
 
 HOST = "127.0.0.1"
@@ -46,16 +52,26 @@ class RedisServer:
             self.port = free_port(HOST)
             argv = [
                 self._binary,
-                "--port", str(self.port),
-                "--bind", HOST,
-                "--dir", str(self._dir),
-                "--save", "",
-                "--appendonly", "no",
-                "--daemonize", "no",
-                "--protected-mode", "yes",
-                "--logfile", "",
+                "--port",
+                str(self.port),
+                "--bind",
+                HOST,
+                "--dir",
+                str(self._dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+                "--logfile",
+                "",
             ]
-            proc = ManagedProcess(argv, self._dir / f"redis-{attempt}.log", "redis-server")
+            proc = ManagedProcess(
+                argv, self._dir / f"redis-{attempt}.log", "redis-server"
+            )
             try:
                 wait_until_ready(proc, self._answers, _READY_DEADLINE_SECONDS)
             except ServerUnavailable as e:
