@@ -87,7 +87,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$wanted" ] ||
     ! (cd / && "$VENV/bin/python" -c 'import gorge, pytest, pytest_twisted, hypothesis') >/dev/null 2>&1; then
     say "installing gorge (editable) and its test dependencies into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-        -e "$ROOT[test]" --config-settings editable_mode=compat
+        -e "${ROOT}[test]" --config-settings editable_mode=compat
     echo "$wanted" >"$STAMP"
 fi
 
