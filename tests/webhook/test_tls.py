@@ -18,7 +18,11 @@ from gorge.webhook.transport import Transport
 from gorge.webhook.uripolicy import UriPolicy
 from tests.webhook.conftest import Receiver
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    # Twisted's TLS server options still hand pyOpenSSL objects to pyOpenSSL.
+    pytest.mark.filterwarnings("ignore:Passing pyOpenSSL:DeprecationWarning"),
+]
 
 
 def _name(common: str) -> x509.Name:
