@@ -1,6 +1,7 @@
 """The example configuration documents every setting the code reads."""
 
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,10 @@ def _settings_read_by_the_code() -> set[str]:
     for path in (REPO / "gorge").rglob("*.py"):
         if path.name.startswith("demo"):
             continue  # the demo sets settings, it reads none of its own
-        for literal in re.findall(r"[\"']([^\"']*)[\"']", path.read_text()):
+        with path.open("rb") as source:
+            literals = [t.string for t in tokenize.tokenize(source.readline)
+                        if t.type == tokenize.STRING or t.type == getattr(tokenize, "FSTRING_MIDDLE", -1)]
+        for literal in literals:
             # "GORGE_WEBHOOK_" alone is a prefix completed at run time
             names.update(n for n in SETTING.findall(literal) if not n.endswith("_"))
     return names - NOT_DAEMON_SETTINGS
