@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
+import os
 import time
-import uuid
+from io import BytesIO
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs
 
@@ -38,6 +40,7 @@ __all__ = [
     "build_site",
     "stub_client",
     "LimitedRequest",
+    "render_failure",
 ]
 
 log = Logger()
@@ -56,8 +59,12 @@ class ApiError(Exception):
         self.message = message
 
 
+# One encoder for every answer: json.dumps would build one per call for these options.
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _dump(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _encoder.encode(body).encode("utf-8")
 
 
 def envelope(request, status: int, body: Any) -> bytes:
@@ -82,6 +89,33 @@ def _handler_args(args: tuple) -> tuple[Any, Any]:
     return args[-2], args[-1]
 
 
+def render_failure(request, failure) -> bytes:
+    """The envelope for a handler's failure, as the Klein error handlers answer it.
+
+    Shared with routes dispatched in front of Klein, so both paths answer and
+    log a failure identically.
+    """
+    e = failure.value
+    if isinstance(e, ApiError):
+        return fail(request, e.status, e.code, e.message)
+    if isinstance(e, (NotFound, MethodNotAllowed)):
+        # platform.md §3.1: a wrong method under the API prefix is a 404.
+        return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
+    if isinstance(e, HTTPException):
+        code = getattr(e, "code", 500) or 500
+        if code >= 500:
+            return fail(request, 500, "ERR_INTERNAL", "internal server error")
+        if code == 413:
+            return fail(request, 413, "ERR_TOO_LARGE", "Request Entity Too Large")
+        return fail(request, 400, "ERR_BAD_REQUEST", e.description or "bad request")
+    uri = redact_uri(request.uri.decode("latin-1"))
+    log.failure("PANIC_RECOVERED method={method} uri={uri} error={error}", failure,
+                level=LogLevel.error, method=request.method.decode("latin-1"), uri=uri,
+                error=failure.getErrorMessage())
+    request.gorge_error = failure.getErrorMessage()
+    return fail(request, 500, "ERR_INTERNAL", "internal server error")
+
+
 def add_error_handlers(app: Klein) -> None:
     """Register the envelope error handlers on ``app``.
 
@@ -92,34 +126,22 @@ def add_error_handlers(app: Klein) -> None:
     @app.handle_errors(ApiError)
     def _api_error(*args):
         request, failure = _handler_args(args)
-        e = failure.value
-        return fail(request, e.status, e.code, e.message)
+        return render_failure(request, failure)
 
     @app.handle_errors(NotFound, MethodNotAllowed)
     def _no_route(*args):
         request, failure = _handler_args(args)
-        # platform.md §3.1: a wrong method under the API prefix is a 404.
-        return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
+        return render_failure(request, failure)
 
     @app.handle_errors(HTTPException)
     def _http_error(*args):
         request, failure = _handler_args(args)
-        code = getattr(failure.value, "code", 500) or 500
-        if code >= 500:
-            return fail(request, 500, "ERR_INTERNAL", "internal server error")
-        if code == 413:
-            return fail(request, 413, "ERR_TOO_LARGE", "Request Entity Too Large")
-        return fail(request, 400, "ERR_BAD_REQUEST", failure.value.description or "bad request")
+        return render_failure(request, failure)
 
     @app.handle_errors(Exception)
     def _crash(*args):
         request, failure = _handler_args(args)
-        uri = redact_uri(request.uri.decode("latin-1"))
-        log.failure("PANIC_RECOVERED method={method} uri={uri} error={error}", failure,
-                    level=LogLevel.error, method=request.method.decode("latin-1"), uri=uri,
-                    error=failure.getErrorMessage())
-        request.gorge_error = failure.getErrorMessage()
-        return fail(request, 500, "ERR_INTERNAL", "internal server error")
+        return render_failure(request, failure)
 
 
 def read_json_object(request) -> dict:
@@ -155,6 +177,21 @@ class _Discard:
         pass
 
 
+class RequestIds:
+    """Unique 32-hex-digit request ids: a random per-process half and a counter.
+
+    As unique as a uuid4 for our purpose (one process never repeats, two
+    processes collide with probability 2**-64) at the price of a counter step.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(8).hex()
+        self._counter = itertools.count(1)
+
+    def next(self) -> str:
+        return "%s%016x" % (self._prefix, next(self._counter) & 0xFFFFFFFFFFFFFFFF)
+
+
 class LimitedRequest(server.Request):
     """A request that refuses bodies over ``limit`` before anything else runs.
 
@@ -164,17 +201,27 @@ class LimitedRequest(server.Request):
     """
 
     limit: int = 2 * 1024 * 1024
+    # Set per factory by build_site; a bare subclass falls back to random ids.
+    request_ids: RequestIds | None = None
 
     _too_large = False
     _received = 0
     gorge_error: str | None = None
+
+    def __init__(self, channel, *args, **kwargs) -> None:
+        # Every body is JSON: parsing it as a form (Twisted's default for POST)
+        # builds an email.message per request to read the content type.
+        kwargs.setdefault("parsePOSTFormSubmission", False)
+        super().__init__(channel, *args, **kwargs)
 
     def gotLength(self, length):
         if length is not None and length > self.limit:
             self._too_large = True
             self.content = _Discard()
             return
-        super().gotLength(length)
+        # The limit bounds what is kept, so memory serves every body; Twisted
+        # would spill one of unknown length or over 100 kB to a temporary file.
+        self.content = BytesIO()
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._too_large:
@@ -197,7 +244,7 @@ class LimitedRequest(server.Request):
         # An id is echoed and logged: keep it short and printable.
         if presented and (len(presented) > 128 or not presented.isprintable()):
             presented = None
-        request_id = presented or uuid.uuid4().hex
+        request_id = presented or (self.request_ids or RequestIds()).next()
         self._request_id = request_id
         self._started = time.monotonic()
         self.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
@@ -237,7 +284,8 @@ class LimitedRequest(server.Request):
 
 
 def _request_factory(limit: int) -> type[LimitedRequest]:
-    return type("LimitedRequest%d" % limit, (LimitedRequest,), {"limit": limit})
+    return type("LimitedRequest%d" % limit, (LimitedRequest,),
+                {"limit": limit, "request_ids": RequestIds()})
 
 
 def _presented_token(request) -> bytes:
