@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from klein import Klein
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 
 from gorge.service import InFlight
 from gorge.taskqueue.metrics import TaskQueueMetrics
@@ -27,7 +30,7 @@ from gorge.taskqueue.model import (
 )
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.taskqueue.store import TaskNotFound, TaskStore
-from gorge.web import ApiError, add_error_handlers, ok, read_json_object
+from gorge.web import ApiError, add_error_handlers, ok, read_json_object, render_failure
 
 log = Logger()
 
@@ -152,8 +155,17 @@ class TaskQueueApi:
         self._metrics = metrics
         self._inflight = inflight if inflight is not None else InFlight()
 
-    def resource(self):
-        return self.app.resource()
+    def resource(self) -> Resource:
+        routes = {
+            b"/api/queue/enqueue": self.enqueue,
+            b"/api/queue/lease": self.lease,
+            b"/api/queue/complete": self.complete,
+            b"/api/queue/fail": self.fail,
+            b"/api/queue/yield": self.yield_,
+            b"/api/queue/cancel": self.cancel,
+            b"/api/queue/awaken": self.awaken,
+        }
+        return DirectRoutes(routes, self.app.resource())
 
     async def _call(self, operation: str, coro) -> Any:
         """Run a store call: domain errors become 4xx, backend failures the opaque 500."""
@@ -296,3 +308,55 @@ class TaskQueueApi:
 
     add_error_handlers(app)
 
+
+
+Handler = Callable[[Any], Awaitable[bytes]]
+
+
+class DirectRoutes(Resource):
+    """The worker's hot POST routes by exact path, every other request through Klein.
+
+    Klein binds a werkzeug map and adapts the request for each call, a
+    noticeable share of a queue round trip.  Only an exact POST path is taken
+    here, so every other path, method or spelling still meets Klein's strict
+    routing and its 404 rules; answers and failures go through the same
+    envelope and :func:`gorge.web.render_failure` as Klein's error handlers.
+    """
+
+    isLeaf = True
+
+    def __init__(self, routes: dict[bytes, Handler], fallback: Resource) -> None:
+        super().__init__()
+        self._routes = routes
+        self._fallback = fallback
+
+    def render(self, request):
+        handler = self._routes.get(request.path) if request.method == b"POST" else None
+        if handler is None:
+            return self._fallback.render(request)
+        gone = False
+        d = Deferred.fromCoroutine(handler(request))
+
+        def finished(result):
+            nonlocal gone
+            gone = True
+            # The client went away: stop the work, as Klein does.
+            if isinstance(result, Failure):
+                d.cancel()
+
+        def answer(body: bytes) -> None:
+            if not gone:
+                request.write(body)
+                request.finish()
+
+        def failed(failure: Failure) -> None:
+            if gone:
+                if not failure.check(CancelledError):
+                    log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
+                return
+            answer(render_failure(request, failure))
+
+        request.notifyFinish().addBoth(finished)
+        d.addCallbacks(answer, failed)
+        d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
+        return NOT_DONE_YET
