@@ -103,8 +103,8 @@ class Dispatcher:
         if self._stopping:
             return
         self._maybe_summary()
-        if self._active >= self._cap and self._waiting() >= self._cap:
-            return  # every slot busy and enough read ahead: nothing to gain from a query
+        if self._active >= self._cap:
+            return
         try:
             await self._breaker.recheck_due()
             limit = self._batch + self._active
@@ -214,26 +214,13 @@ class Dispatcher:
                     self._busy.add(current.hook_phid)
             if current is not None:
                 self._in_process.add(current.id)
-                self._prefetch()
         self._active -= 1
         self._metrics.in_flight.set(self._active)
-        self._prefetch()
-
-    def _prefetch(self) -> None:
-        """The last batch was full and its lines are running dry: read more now.
-
-        Waiting for the next tick would leave slots idle while rows are due;
-        reading while the last few deliveries still run keeps them busy.
-        """
-        if not self._more_waiting or self._stopping or self._wake is None:
-            return
-        if self._waiting() >= self._cap:
-            return
-        self._more_waiting = False
-        self._wake()
-
-    def _waiting(self) -> int:
-        return sum(len(line) for line in self._lines.values())
+        if self._more_waiting and not self._stopping and self._wake is not None:
+            # This slot found nothing to start and the last batch was full:
+            # more rows are due, read them now instead of at the next tick.
+            self._more_waiting = False
+            self._wake()
 
     # -- one candidate (spec §3.5) ----------------------------------------
 
