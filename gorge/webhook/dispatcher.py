@@ -30,7 +30,7 @@ from gorge.webhook.store import (
 
 log = Logger()
 
-BATCH_PER_SLOT = 32  # candidates read per free slot: fewer polls under load (measured +5%)
+BATCH_PER_SLOT = 32  # candidates read per slot of the cap: fewer polls under load (measured +5%)
 SUMMARY_EVERY = 60.0
 OUTAGE_LOG_EVERY = 60.0
 WRITE_ATTEMPTS = 3
