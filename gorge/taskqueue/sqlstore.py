@@ -67,6 +67,18 @@ PHASE2_CLAIM = (
     "UPDATE worker_activetask SET leaseOwner = %s, leaseExpires = %s"
     " WHERE id = %s AND leaseExpires < %s"
 )
+# The same claims for a whole candidate list in one statement.  Every
+# candidate that still matches changes, so a row count equal to the list's
+# length means all of them are ours; anything less is a race with another
+# claimer, settled by the per-row claims above.
+PHASE1_CLAIM_ALL = (
+    "UPDATE worker_activetask SET leaseOwner = %s, leaseExpires = %s"
+    " WHERE id IN ({ids}) AND leaseOwner IS NULL AND leaseExpires IS NULL"
+)
+PHASE2_CLAIM_ALL = (
+    "UPDATE worker_activetask SET leaseOwner = %s, leaseExpires = %s"
+    " WHERE id IN ({ids}) AND leaseExpires < %s"
+)
 FETCH_WON = (
     f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
     " LEFT JOIN worker_taskdata d ON d.id = t.dataID"
@@ -115,6 +127,10 @@ _AWAKEN_CHUNK = 500
 
 def _marks(n: int) -> str:
     return ", ".join(["%s"] * n)
+
+
+class _Contended(Exception):
+    """A one-statement claim lost some candidates to a concurrent claimer."""
 
 
 class Dialect:
@@ -212,28 +228,50 @@ class SqlTaskStore:
     def _lease_txn(self, txn, owner: str, limit: int, exp: int, now: int,
                    classes: tuple[str, ...]) -> list[Task]:
         self._dialect.begin_lease(txn)
-        class_sql = f" AND taskClass IN ({_marks(len(classes))})" if classes else ""
-        won = self._claim(txn, PHASE1_CANDIDATES.format(classes=class_sql), (), classes,
-                          PHASE1_CLAIM, (), owner, exp, limit)
-        if len(won) < limit:
-            won += self._claim(txn, PHASE2_CANDIDATES.format(classes=class_sql), (now,), classes,
-                               PHASE2_CLAIM, (now,), owner, exp, limit - len(won))
+        try:
+            won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=True)
+        except _Contended:
+            # Which rows the statement took is unknowable: undo it and claim
+            # row by row, which tells each row's winner.
+            txn.execute("ROLLBACK")
+            self._dialect.begin_lease(txn)
+            won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=False)
         if not won:
             return []
         self._exec(txn, FETCH_WON.format(ids=_marks(len(won))), (*won, owner))
         return [self._task_row(row, with_data=True) for row in txn.fetchall()]
 
+    def _claim_phases(self, txn, owner: str, limit: int, exp: int, now: int,
+                      classes: tuple[str, ...], *, at_once: bool) -> list[int]:
+        class_sql = f" AND taskClass IN ({_marks(len(classes))})" if classes else ""
+        won = self._claim(txn, PHASE1_CANDIDATES.format(classes=class_sql), (), classes,
+                          PHASE1_CLAIM_ALL if at_once else PHASE1_CLAIM, (), owner, exp, limit,
+                          at_once)
+        if len(won) < limit:
+            won += self._claim(txn, PHASE2_CANDIDATES.format(classes=class_sql), (now,), classes,
+                               PHASE2_CLAIM_ALL if at_once else PHASE2_CLAIM, (now,), owner, exp,
+                               limit - len(won), at_once)
+        return won
+
     def _claim(self, txn, candidates_sql: str, pre: tuple, classes: tuple, claim_sql: str,
-               claim_extra: tuple, owner: str, exp: int, want: int) -> list[int]:
+               claim_extra: tuple, owner: str, exp: int, want: int, at_once: bool) -> list[int]:
         won: list[int] = []
         for _ in range(_CLAIM_ROUNDS):
             need = want - len(won)
             self._exec(txn, candidates_sql, (*pre, *classes, need))
             ids = [int(r[0]) for r in txn.fetchall()]
-            for task_id in ids:
-                self._exec(txn, claim_sql, (owner, exp, task_id, *claim_extra))
-                if txn.rowcount == 1:
-                    won.append(task_id)
+            if at_once:
+                if ids:
+                    self._exec(txn, claim_sql.format(ids=_marks(len(ids))),
+                               (owner, exp, *ids, *claim_extra))
+                    if txn.rowcount != len(ids):
+                        raise _Contended()
+                    won += ids
+            else:
+                for task_id in ids:
+                    self._exec(txn, claim_sql, (owner, exp, task_id, *claim_extra))
+                    if txn.rowcount == 1:
+                        won.append(task_id)
             if len(won) >= want or len(ids) < need:
                 break
         return won
