@@ -5,21 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pymysql
 
 from .paths import SCHEMA_DIR
-from .procs import (
-    ManagedProcess,
-    ServerUnavailable,
-    find_binary,
-    free_port,
-    wait_until_ready,
-)
+from .procs import ServerUnavailable, ThrowawayServer, find_binary
 
 HOST = "127.0.0.1"
 USER = "gorge"
@@ -27,7 +19,6 @@ USER = "gorge"
 PASSWORD = "gorge-test-password"
 SCHEMAS = ("herald", "worker")
 
-_START_ATTEMPTS = 3
 _READY_DEADLINE_SECONDS = 90.0
 
 # Speed over durability: the data directory is deleted at the end of the run.
@@ -105,37 +96,28 @@ def rename_database(statements: list[str], original: str, new: str) -> list[str]
     return renamed
 
 
-class MariaDBServer:
+class MariaDBServer(ThrowawayServer):
     """One mariadbd in a temporary directory, reachable at ``host:port`` over TCP."""
 
     host = HOST
     user = USER
     password = PASSWORD
+    process_name = "mariadbd"
+    ready_deadline_seconds = _READY_DEADLINE_SECONDS
 
     def __init__(self) -> None:
-        self.port = 0
         self._mariadbd = find_binary("mariadbd", "mysqld")
         self._install_db = find_binary("mariadb-install-db", "mysql_install_db")
-        self._dir = Path(tempfile.mkdtemp(prefix="gorge-mariadb-"))
-        self._proc: ManagedProcess | None = None
+        super().__init__("gorge-mariadb-")
         self._serial = itertools.count(1)
 
     # -- lifecycle -----------------------------------------------------------
 
-    def start(self) -> None:
-        try:
-            self._install()
-            self._start_with_retries()
-            self._create_user()
-        except BaseException:
-            self.stop()
-            raise
+    def _prepare(self) -> None:
+        self._install()
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.stop()
-            self._proc = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+    def _after_start(self) -> None:
+        self._create_user()
 
     def _as_root_options(self) -> list[str]:
         # mariadbd refuses to run as root unless told to.
@@ -170,36 +152,21 @@ class MariaDBServer:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
             raise ServerUnavailable(f"mariadb-install-db failed ({status}):\n{tail}")
 
-    def _start_with_retries(self) -> None:
-        # The free port can be taken between probing and binding; try another.
-        last_error: ServerUnavailable | None = None
-        for attempt in range(_START_ATTEMPTS):
-            self.port = free_port(HOST)
-            argv = [
-                self._mariadbd,
-                "--no-defaults",
-                *self._as_root_options(),
-                f"--datadir={self._dir / 'data'}",
-                f"--socket={self.socket_path}",
-                f"--pid-file={self._dir / 'mariadbd.pid'}",
-                f"--tmpdir={self._dir}",
-                f"--log-error={self._dir / f'error-{attempt}.log'}",
-                f"--port={self.port}",
-                f"--bind-address={HOST}",
-                "--skip-networking=0",
-                *_SERVER_OPTIONS,
-            ]
-            proc = ManagedProcess(argv, self._dir / f"error-{attempt}.log", "mariadbd")
-            try:
-                wait_until_ready(proc, self._answers, _READY_DEADLINE_SECONDS)
-            except ServerUnavailable as e:
-                proc.stop()
-                last_error = e
-                continue
-            self._proc = proc
-            return
-        assert last_error is not None
-        raise last_error
+    def _argv(self, log_path: Path) -> list[str]:
+        return [
+            self._mariadbd,
+            "--no-defaults",
+            *self._as_root_options(),
+            f"--datadir={self._dir / 'data'}",
+            f"--socket={self.socket_path}",
+            f"--pid-file={self._dir / 'mariadbd.pid'}",
+            f"--tmpdir={self._dir}",
+            f"--log-error={log_path}",
+            f"--port={self.port}",
+            f"--bind-address={HOST}",
+            "--skip-networking=0",
+            *_SERVER_OPTIONS,
+        ]
 
     @property
     def socket_path(self) -> Path:
@@ -238,10 +205,6 @@ class MariaDBServer:
             conn.close()
 
     # -- what tests use ------------------------------------------------------
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     def connect(self, database: str | None = None) -> pymysql.connections.Connection:
         """A synchronous autocommit connection for test set-up and assertions."""

@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -115,3 +116,72 @@ def wait_until_ready(
                 f"{proc.name} not ready after {deadline_seconds:.0f}s:\n{proc.log_tail()}"
             )
         time.sleep(poll_seconds)
+
+
+class ThrowawayServer:
+    """A server process in its own temporary directory on a free loopback port.
+
+    Subclasses say how to run it (``_argv``), how to tell that it answers
+    (``_answers``), and may prepare its directory before the first start
+    (``_prepare``) or set it up once it answers (``_after_start``).
+    """
+
+    host = "127.0.0.1"
+    #: The process name in messages and its log files' stem.
+    process_name: str
+    ready_deadline_seconds: float
+    start_attempts = 3
+
+    def __init__(self, dir_prefix: str) -> None:
+        self.port = 0
+        self._dir = Path(tempfile.mkdtemp(prefix=dir_prefix))
+        self._proc: ManagedProcess | None = None
+
+    def start(self) -> None:
+        try:
+            self._prepare()
+            self._start_with_retries()
+            self._after_start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _prepare(self) -> None:
+        pass
+
+    def _after_start(self) -> None:
+        pass
+
+    def _argv(self, log_path: Path) -> list[str]:
+        raise NotImplementedError
+
+    def _answers(self) -> bool:
+        raise NotImplementedError
+
+    def _start_with_retries(self) -> None:
+        # The free port can be taken between probing and binding; try another.
+        last_error: ServerUnavailable | None = None
+        for attempt in range(self.start_attempts):
+            self.port = free_port(self.host)
+            log_path = self._dir / f"{self.process_name}-{attempt}.log"
+            proc = ManagedProcess(self._argv(log_path), log_path, self.process_name)
+            try:
+                wait_until_ready(proc, self._answers, self.ready_deadline_seconds)
+            except ServerUnavailable as e:
+                proc.stop()
+                last_error = e
+                continue
+            self._proc = proc
+            return
+        assert last_error is not None
+        raise last_error
