@@ -8,6 +8,8 @@
   had been handed to the transport when it failed.
 * :func:`classify_status` / :func:`failure_outcome` -- the generic tables
   that turn an HTTP status or a transport failure into an :class:`Outcome`.
+* :func:`json_body` / :func:`json_object` -- the JSON a provider is sent and
+  the JSON receipt it answers with.
 
 Where the line between "not submitted" and "may have been accepted" runs:
 the request body is written by :class:`_OneShotBody` in a single call once
@@ -23,6 +25,7 @@ handshake, our deadline or a cancel meanwhile) provably delivered nothing
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
@@ -365,6 +368,18 @@ def classify_status(
     return Outcome.unknown(cause)
 
 
+def json_object(body: bytes | None) -> dict[str, Any] | None:
+    """A receipt body as a JSON object, or ``None`` if it is missing, not
+    UTF-8, not JSON or not an object."""
+    if body is None:
+        return None
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def failure_outcome(provider: str, failure: PostFailed) -> Outcome:
     cause = f"{provider}: {failure.reason}"
     if failure.submitted:
@@ -373,6 +388,11 @@ def failure_outcome(provider: str, failure: PostFailed) -> Outcome:
 
 
 # ---------------------------------------------------------------- backends
+
+
+def json_body(doc: Mapping[str, Any]) -> bytes:
+    """A provider's JSON request body: compact, UTF-8 rather than escapes."""
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -437,6 +457,8 @@ __all__ = [
     "error_text",
     "excerpt",
     "failure_outcome",
+    "json_body",
+    "json_object",
     "post",
     "transport_failure",
 ]

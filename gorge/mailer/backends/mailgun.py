@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import re
 import secrets
 from typing import Any, Callable
@@ -12,7 +11,7 @@ from urllib.parse import quote
 from ..message import Message, format_address
 from ..outcome import Outcome
 from .base import BackendEntry
-from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url
+from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url, json_object
 
 DEFAULT_API_HOSTNAME = "api.mailgun.net"
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?$")
@@ -79,13 +78,8 @@ def multipart_body(
 
 
 def _receipt_id(body: bytes | None) -> str | None:
-    if body is None:
-        return None
-    try:
-        doc = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict):
+    doc = json_object(body)
+    if doc is None:
         return None
     ident = doc.get("id")
     return ident if isinstance(ident, str) and ident else None

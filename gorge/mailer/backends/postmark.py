@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..message import Message, format_address
 from ..outcome import Outcome, parse_retry_after
 from .base import BackendEntry
-from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url, error_text
+from .http import (
+    HttpBackend,
+    HttpReply,
+    ProviderRequest,
+    classify_status,
+    endpoint_url,
+    error_text,
+    json_body,
+    json_object,
+)
 
 DEFAULT_ORIGIN = "https://api.postmarkapp.com"
 PATH = "/email"
@@ -47,16 +55,6 @@ def request_body(message: Message) -> dict[str, Any]:
     return doc
 
 
-def _receipt(body: bytes | None) -> dict[str, Any] | None:
-    if body is None:
-        return None
-    try:
-        doc = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _error_code(doc: dict[str, Any] | None) -> int | None:
     if doc is None:
         return None
@@ -92,10 +90,9 @@ class PostmarkBackend(HttpBackend):
         return (self._token,)
 
     def build_request(self, message: Message) -> ProviderRequest:
-        body = json.dumps(request_body(message), separators=(",", ":"), ensure_ascii=False)
         return ProviderRequest(
             url=self.url,
-            body=body.encode("utf-8"),
+            body=json_body(request_body(message)),
             headers={
                 "X-Postmark-Server-Token": self._token,
                 "Content-Type": "application/json",
@@ -109,7 +106,7 @@ class PostmarkBackend(HttpBackend):
             verdict = classify_status(self.type, reply, now, self.secrets())
             assert verdict is not None
             return verdict
-        doc = _receipt(reply.body)
+        doc = json_object(reply.body)
         code = _error_code(doc)
         cause = error_text(self.type, reply, self.secrets())
         retry_after = parse_retry_after(reply.header("retry-after"), now)

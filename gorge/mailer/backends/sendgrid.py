@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..message import Address, Message
 from ..outcome import Outcome
 from .base import BackendEntry
-from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url
+from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url, json_body
 
 DEFAULT_ORIGIN = "https://api.sendgrid.com"
 PATH = "/v3/mail/send"
@@ -96,10 +95,9 @@ class SendGridBackend(HttpBackend):
         return (self._api_key,)
 
     def build_request(self, message: Message) -> ProviderRequest:
-        body = json.dumps(request_body(message), separators=(",", ":"), ensure_ascii=False)
         return ProviderRequest(
             url=self.url,
-            body=body.encode("utf-8"),
+            body=json_body(request_body(message)),
             headers={
                 "Authorization": f"Bearer {self._api_key}",
                 "Content-Type": "application/json",
