@@ -137,9 +137,7 @@ class Keys:
 # back as one JSON string: the client parses RESP in pure Python, and one
 # bulk string per reply instead of one per field makes a 100-task lease
 # several times cheaper.
-_LUA_PRELUDE = """
-local base = ARGV[1]
-local function id_of(m)
+_LUA_HELPERS = """local function id_of(m)
   return (string.match(m, '^0*(%d+)$'))
 end
 local function task_key(m)
@@ -157,43 +155,54 @@ local function with_payload(key)
 end
 """
 
-# KEYS: next_data_id, next_task_id, active, unleased, leased
-# ARGV: base, taskClass, data, priority, objectPHID, containerPHID,
-#       delayUntil ('' = runnable now), now
+_LUA_PRELUDE = "\nlocal base = ARGV[1]\n" + _LUA_HELPERS
+
+# The hot scripts (enqueue, lease, archive) take their small arguments as one
+# JSON array of strings in ARGV[1] and one routing key, deriving the other
+# key names from the base: the client encodes every argument in pure
+# Python, and these calls run once per HTTP request.
+_LUA_PACKED_PRELUDE = "\nlocal A = cjson.decode(ARGV[1])\nlocal base = A[1]\n" + _LUA_HELPERS
+
+
+# KEYS: next_task_id
+# ARGV: [base, taskClass, priority, objectPHID, containerPHID,
+#        delayUntil ('' = runnable now), now] as JSON, data
 ENQUEUE = (
-    _LUA_PRELUDE
+    _LUA_PACKED_PRELUDE
     + """
-local data_id = redis.call('INCR', KEYS[1])
-local task_id = redis.call('INCR', KEYS[2])
+local task_class, priority, delay, now = A[2], A[3], A[6], A[7]
+local data_id = redis.call('INCR', base .. 'next_data_id')
+local task_id = redis.call('INCR', KEYS[1])
 local m = string.format('%020d', task_id)
-redis.call('SET', base .. 'data:' .. data_id, ARGV[3])
+redis.call('SET', base .. 'data:' .. data_id, ARGV[2])
 redis.call('HSET', task_key(m),
-  'id', id_of(m), 'taskClass', ARGV[2], 'leaseOwner', '', 'leaseExpires', ARGV[7],
-  'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', ARGV[4],
-  'objectPHID', ARGV[5], 'containerPHID', ARGV[6],
-  'dateCreated', ARGV[8], 'dateModified', ARGV[8])
-redis.call('ZADD', KEYS[3], ARGV[4], m)
-if ARGV[7] == '' then
-  redis.call('ZADD', KEYS[4], ARGV[4], m)
+  'id', id_of(m), 'taskClass', task_class, 'leaseOwner', '', 'leaseExpires', delay,
+  'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', priority,
+  'objectPHID', A[4], 'containerPHID', A[5],
+  'dateCreated', now, 'dateModified', now)
+redis.call('ZADD', base .. 'idx:active', priority, m)
+if delay == '' then
+  redis.call('ZADD', base .. 'idx:unleased', priority, m)
 else
-  redis.call('ZADD', KEYS[5], ARGV[7], m)
+  redis.call('ZADD', base .. 'idx:leased', delay, m)
 end
 return {task_id, data_id}
 """
 )
 
-# KEYS: unleased, leased
-# ARGV: base, limit, owner, exp, now, batch, class...
+# KEYS: unleased
+# ARGV: [base, limit, owner, exp, now, batch, class...] as JSON
 # Returns a JSON array of the claimed rows, each with its payload as `data`.
 LEASE = (
-    _LUA_PRELUDE
+    _LUA_PACKED_PRELUDE
     + """
-local limit, owner, exp, now = tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-local batch = tonumber(ARGV[6])
+local limit, owner, exp, now = tonumber(A[2]), A[3], A[4], A[5]
+local batch = tonumber(A[6])
+local leased = base .. 'idx:leased'
 local allowed = nil
-if #ARGV > 6 then
+if #A > 6 then
   allowed = {}
-  for i = 7, #ARGV do allowed[ARGV[i]] = true end
+  for i = 7, #A do allowed[A[i]] = true end
 end
 local picked, seen = {}, {}
 
@@ -219,7 +228,7 @@ end
 
 -- Phase 2: expired strictly before now, by priority then id.
 if #picked < limit then
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+  local expired = redis.call('ZRANGEBYSCORE', leased, '-inf', '(' .. now)
   local cands = {}
   for _, m in ipairs(expired) do
     if not seen[m] then
@@ -244,7 +253,7 @@ local out = {}
 for _, m in ipairs(picked) do
   local key = task_key(m)
   redis.call('HSET', key, 'leaseOwner', owner, 'leaseExpires', exp)
-  redis.call('ZADD', KEYS[2], exp, m)
+  redis.call('ZADD', leased, exp, m)
   out[#out + 1] = with_payload(key)
 end
 if #out == 0 then return '[]' end
@@ -252,19 +261,20 @@ return cjson.encode(out)
 """
 )
 
-# KEYS: task, archived, active, unleased, leased, idx:archived,
-#       counter:archived, counter:failed
-# ARGV: base, member, result, duration, now, replay ('1' = complete),
-#       prune cutoff ('' = keep archive records forever)
+# KEYS: task
+# ARGV: [base, member, result, duration, now, replay ('1' = complete),
+#        prune cutoff ('' = keep archive records forever)] as JSON
 # Returns the archive row as JSON (without the payload copy), or nil when
 # the task is not active and no replay applies.
 ARCHIVE = (
-    _LUA_PRELUDE
+    _LUA_PACKED_PRELUDE
     + """
-local m, result, duration, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local m, result, duration, now = A[2], A[3], A[4], A[5]
+local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
+local counter_archived = base .. 'counter:archived'
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[6] == '1' and redis.call('HGET', KEYS[2], 'result') == '0' then
-    local row = row_of(KEYS[2])
+  if A[6] == '1' and redis.call('HGET', archived_key, 'result') == '0' then
+    local row = row_of(archived_key)
     row['data'] = nil
     return cjson.encode(row)
   end
@@ -289,27 +299,27 @@ for _, kv in ipairs({{'dateModified', now}, {'result', result},
 end
 local data_key = base .. 'data:' .. (data_id or '')
 local payload = redis.call('GET', data_key) or ''
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'data', payload, unpack(fields))
-redis.call('ZREM', KEYS[3], m)
-redis.call('ZREM', KEYS[4], m)
-redis.call('ZREM', KEYS[5], m)
+redis.call('DEL', archived_key)
+redis.call('HSET', archived_key, 'data', payload, unpack(fields))
+redis.call('ZREM', base .. 'idx:active', m)
+redis.call('ZREM', base .. 'idx:unleased', m)
+redis.call('ZREM', base .. 'idx:leased', m)
 redis.call('DEL', KEYS[1])
 -- The archive record keeps the payload copy (§8.6); the string would
 -- otherwise live forever (§8.11).
 redis.call('DEL', data_key)
-redis.call('ZADD', KEYS[6], now, m)
-redis.call('INCR', KEYS[7])
-if failures > 0 then redis.call('DECR', KEYS[8]) end
+redis.call('ZADD', archived_idx, now, m)
+redis.call('INCR', counter_archived)
+if failures > 0 then redis.call('DECR', base .. 'counter:failed') end
 -- Bounded retention (§8.11): each archive call removes a few records older
 -- than the cutoff, which keeps up with any archive rate.
-if ARGV[7] ~= '' then
-  local old = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[7], 'LIMIT', 0, 100)
+if A[7] ~= '' then
+  local old = redis.call('ZRANGEBYSCORE', archived_idx, '-inf', '(' .. A[7], 'LIMIT', 0, 100)
   for _, o in ipairs(old) do
     redis.call('DEL', base .. 'archived:' .. id_of(o))
-    redis.call('ZREM', KEYS[6], o)
+    redis.call('ZREM', archived_idx, o)
   end
-  if #old > 0 then redis.call('DECRBY', KEYS[7], #old) end
+  if #old > 0 then redis.call('DECRBY', counter_archived, #old) end
 end
 local archived = {}
 for i = 1, #fields, 2 do archived[fields[i]] = fields[i + 1] end
@@ -413,6 +423,11 @@ return cjson.encode(with_payload(KEYS[1]))
 )
 
 
+# ensure_ascii off: the text goes to Redis as the same UTF-8 it would have as
+# separate arguments.
+_pack = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _row(doc: dict[str, Any]) -> Task:
     """A task row decoded from a script's JSON, ``data`` being the payload if loaded."""
     payload = doc.pop("data", None)
@@ -469,22 +484,28 @@ class RedisTaskStore:
             script.run(self._conn, keys=keys, args=[self.keys.base, *args])
         )
 
+    async def _run_packed(self, script: gredis.LuaScript, key: str, fields: Sequence[Any],
+                          *extra: str) -> Any:
+        """Run a script that reads its small arguments from one JSON array."""
+        packed = _pack([self.keys.base, *(f if isinstance(f, str) else str(f) for f in fields)])
+        return await self._bounded(script.run(self._conn, keys=[key], args=[packed, *extra]))
+
     async def enqueue(self, request: EnqueueRequest) -> Task:
         now = self._now()
         k = self.keys
         delay = "" if request.delay_until is None else str(request.delay_until)
-        task_id, data_id = await self._run(
+        task_id, data_id = await self._run_packed(
             self._enqueue,
-            [k.next_data_id, k.next_task_id, k.active, k.unleased, k.leased],
+            k.next_task_id,
             [
                 request.task_class,
-                request.data,
                 request.priority,
                 request.object_phid or "",
                 request.container_phid or "",
                 delay,
                 now,
             ],
+            request.data,
         )
         return Task(
             id=int(task_id),
@@ -514,8 +535,8 @@ class RedisTaskStore:
         # Unfiltered, the first `limit` unleased ids are all claimable: one page.
         batch = SCAN_BATCH if classes else max(limit, 1)
         k = self.keys
-        rows = await self._run(
-            self._lease, [k.unleased, k.leased], [limit, owner, exp, now, batch, *classes]
+        rows = await self._run_packed(
+            self._lease, k.unleased, [limit, owner, exp, now, batch, *classes]
         )
         return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
 
@@ -525,18 +546,9 @@ class RedisTaskStore:
         now = self._now()
         cutoff = "" if self._archive_retention is None else now - self._archive_retention
         k = self.keys
-        reply = await self._run(
+        reply = await self._run_packed(
             self._archive,
-            [
-                k.task(task_id),
-                k.archived(task_id),
-                k.active,
-                k.unleased,
-                k.leased,
-                k.archived_idx,
-                k.counter_archived,
-                k.counter_failed,
-            ],
+            k.task(task_id),
             [member(task_id), result, duration, now, "1" if replay else "0", cutoff],
         )
         if not reply:
