@@ -13,6 +13,7 @@ from twisted.internet.task import LoopingCall
 from twisted.internet.testing import EventLoggingObserver
 from twisted.logger import globalLogPublisher
 
+from gorge.mailer.message import Message, parse_send_request
 from gorge.mailer.service import build_mailer_service
 from gorge.mailer.settings import load_mailer_settings
 from gorge.web import stub_client
@@ -37,6 +38,11 @@ def valid_message(**overrides: Any) -> dict:
     }
     message.update(overrides)
     return message
+
+
+def parsed_message(**overrides: Any) -> Message:
+    """:func:`valid_message` (with ``overrides``) as the API hands it to a backend."""
+    return parse_send_request({"message": valid_message(**overrides)}).message
 
 
 @dataclass

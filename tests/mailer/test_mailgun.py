@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 from email import policy
 from email.parser import BytesParser
 
@@ -13,16 +12,16 @@ from hypothesis import given, strategies as st
 from twisted.internet import defer, task
 
 from gorge.config import ConfigError
-from gorge.mailer.backends import build_backend, mailgun
+from gorge.mailer.backends import mailgun
 from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.outcome import Kind
-from gorge.mailer.settings import parse_backend_list
 
 from .test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,
     entry,
+    from_backend_list,
     full_message,
     message,
     response,
@@ -40,9 +39,7 @@ def backend(clock=None, client=None, token_hex=None, **options) -> mailgun.Mailg
 
 
 def from_list(options: dict) -> mailgun.MailgunBackend:
-    doc = json.dumps([{"key": "mg", "type": "mailgun", "options": options}])
-    (parsed,) = parse_backend_list(doc, "GORGE_MAILER_CONFIG")
-    return build_backend(parsed, reactor=task.Clock(), http_client=None)
+    return from_backend_list("mailgun", "mg", options)
 
 
 def parse_form(content_type: str, body: bytes) -> list[tuple[str, str | None, str | None, bytes]]:
@@ -194,13 +191,8 @@ def test_response_families(reply, kind, message_id):
 def test_timeouts_before_and_after_submission():
     for connect, kind in ((False, Kind.TRANSIENT), (True, Kind.UNKNOWN)):
         mem = MemoryHttp()
-        d = defer.Deferred.fromCoroutine(
-            backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
-            .send(message(), deadline=4.0))
-        if connect:
-            mem.connect()
-        mem.reactor.advance(4.0)
-        assert d.result.kind is kind
+        built = backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
+        assert mem.outcome_past_deadline(built, 4.0, connect=connect).kind is kind
 
 
 def test_oversize_receipt_is_unknown():

@@ -10,15 +10,14 @@ from email.header import decode_header, make_header
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gorge.mailer.message import Address, format_address, parse_send_request, truncate_utf8
+from gorge.mailer.message import Address, format_address, truncate_utf8
 from gorge.mailer.mime import build_mime
 from gorge.mailer.outcome import Outcome, parse_retry_after
-from tests.mailer.conftest import valid_message
+from tests.mailer.conftest import parsed_message
 
 
 def build(**overrides) -> bytes:
-    message = parse_send_request({"message": valid_message(**overrides)}).message
-    return build_mime(message, now=1_790_000_000, token_hex=lambda n: "ab" * n)
+    return build_mime(parsed_message(**overrides), now=1_790_000_000, token_hex=lambda n: "ab" * n)
 
 
 @given(st.text(), st.integers(-2, 40))

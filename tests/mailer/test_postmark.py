@@ -10,16 +10,16 @@ from hypothesis import given, strategies as st
 from twisted.internet import defer, task
 
 from gorge.config import ConfigError
-from gorge.mailer.backends import build_backend, postmark
+from gorge.mailer.backends import postmark
 from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.outcome import Kind
-from gorge.mailer.settings import parse_backend_list
 
 from .test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,
     entry,
+    from_backend_list,
     full_message,
     message,
 )
@@ -45,10 +45,8 @@ def receipt(**fields) -> bytes:
 
 @pytest.mark.parametrize("options", [{}, {"access-token": ""}])
 def test_missing_token_names_entry_and_field(options):
-    doc = json.dumps([{"key": "pm", "type": "postmark", "options": options}])
-    (parsed,) = parse_backend_list(doc, "GORGE_MAILER_CONFIG")
     with pytest.raises(ConfigError) as caught:
-        build_backend(parsed, reactor=task.Clock(), http_client=None)
+        from_backend_list("postmark", "pm", options)
     assert caught.value.setting == "GORGE_MAILER_CONFIG [pm].access-token"
     assert caught.value.reason == "postmark: access-token is required"
 
@@ -164,18 +162,12 @@ def test_error_code_429_keeps_retry_after():
 
 def test_timeouts_before_and_after_submission():
     mem = MemoryHttp()
-    d = defer.Deferred.fromCoroutine(
-        backend(clock=mem.reactor, client=mem.client).send(message(), deadline=2.0))
-    mem.reactor.advance(2.0)
-    assert d.result.kind is Kind.TRANSIENT
+    built = backend(clock=mem.reactor, client=mem.client)
+    assert mem.outcome_past_deadline(built, 2.0, connect=False).kind is Kind.TRANSIENT
 
     mem = MemoryHttp()
-    d = defer.Deferred.fromCoroutine(backend(
-        clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025",
-    ).send(message(), deadline=2.0))
-    mem.connect()
-    mem.reactor.advance(2.0)
-    assert d.result.kind is Kind.UNKNOWN
+    built = backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
+    assert mem.outcome_past_deadline(built, 2.0, connect=True).kind is Kind.UNKNOWN
 
 
 def test_deadline_during_the_tls_handshake_is_not_submitted():

@@ -2,6 +2,8 @@
 
 * :func:`message` -- a validated :class:`Message` from the wire shape.
 * :func:`entry` -- a backend list element.
+* :func:`from_backend_list` -- a backend built the way the service builds
+  it, from a ``GORGE_MAILER_CONFIG`` list.
 * :class:`MemoryHttp` -- a real ``Agent``/``HTTPClient`` on a
   ``MemoryReactorClock``: the test decides when the TCP connection comes up,
   reads the exact bytes the client wrote and scripts the server's answer,
@@ -13,34 +15,27 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from treq.client import HTTPClient
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from gorge.mailer.backends import build_backend
 from gorge.mailer.backends.base import BackendEntry
-from gorge.mailer.message import Message, parse_send_request
+from gorge.mailer.message import Message
+from gorge.mailer.outcome import Outcome
+from gorge.mailer.settings import parse_backend_list
+from tests.mailer.conftest import parsed_message
 
 
-def wire_message(**overrides: Any) -> dict:
-    doc = {
-        "from": {"name": "Phorge", "address": "noreply@example.com"},
-        "to": [{"name": "Alice", "address": "alice@example.com"}],
-        "subject": "[Differential] D123: Fix the thing",
-        "textBody": "plain text",
-    }
-    doc.update(overrides)
-    return doc
-
-
-def message(**overrides: Any) -> Message:
-    return parse_send_request({"message": wire_message(**overrides)}).message
+message = parsed_message
 
 
 def full_message() -> Message:
@@ -74,6 +69,12 @@ def entry(type_: str, key: str = "p", priority: int = 10, **options: str) -> Bac
                         options={k.replace("_", "-"): v for k, v in options.items()})
 
 
+def from_backend_list(type_: str, key: str, options: dict) -> Any:
+    doc = json.dumps([{"key": key, "type": type_, "options": options}])
+    (parsed,) = parse_backend_list(doc, "GORGE_MAILER_CONFIG")
+    return build_backend(parsed, reactor=task.Clock(), http_client=None)
+
+
 class _TcpStringTransport(StringTransport):
     """What the HTTP client protocol expects of a TCP transport."""
 
@@ -104,6 +105,15 @@ class MemoryHttp:
         self.transport = _TcpStringTransport()
         self.protocol.makeConnection(self.transport)
         return self.transport
+
+    def outcome_past_deadline(self, backend: Any, deadline: float, *, connect: bool) -> Outcome:
+        """Send :func:`message` through ``backend`` (built on this client), bring
+        the TCP connection up first if ``connect``, and let ``deadline`` pass."""
+        d = defer.Deferred.fromCoroutine(backend.send(message(), deadline=deadline))
+        if connect:
+            self.connect()
+        self.reactor.advance(deadline - self.reactor.seconds())
+        return d.result
 
     def refuse(self, reason: Exception) -> None:
         connector = self.reactor.connectors[-1]

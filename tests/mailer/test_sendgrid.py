@@ -9,17 +9,16 @@ import pytest_twisted
 from twisted.internet import defer, task
 
 from gorge.config import ConfigError
-from gorge.mailer.backends import build_backend
 from gorge.mailer.backends import sendgrid
 from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.outcome import Kind
-from gorge.mailer.settings import parse_backend_list
 
 from .test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,
     entry,
+    from_backend_list,
     full_message,
     message,
     response,
@@ -36,9 +35,7 @@ def backend(clock=None, client=None, **options) -> sendgrid.SendGridBackend:
 
 
 def from_list(options: dict) -> sendgrid.SendGridBackend:
-    doc = json.dumps([{"key": "sg", "type": "sendgrid", "options": options}])
-    (parsed,) = parse_backend_list(doc, "GORGE_MAILER_CONFIG")
-    return build_backend(parsed, reactor=task.Clock(), http_client=None)
+    return from_backend_list("sendgrid", "sg", options)
 
 
 # ---------------------------------------------------------------- configuration
@@ -156,17 +153,12 @@ def test_429_retry_after_and_echoed_key_is_scrubbed():
 def test_timeouts_before_and_after_submission():
     mem = MemoryHttp()
     built = backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
-    d = defer.Deferred.fromCoroutine(built.send(message(), deadline=5.0))
-    mem.reactor.advance(5.0)
-    before = d.result
+    before = mem.outcome_past_deadline(built, 5.0, connect=False)
     assert before.kind is Kind.TRANSIENT and "before the request was sent" in before.cause
 
     mem = MemoryHttp()
     built = backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
-    d = defer.Deferred.fromCoroutine(built.send(message(), deadline=5.0))
-    mem.connect()
-    mem.reactor.advance(5.0)
-    assert d.result.kind is Kind.UNKNOWN
+    assert mem.outcome_past_deadline(built, 5.0, connect=True).kind is Kind.UNKNOWN
 
 
 def test_status_received_but_body_stalls_is_still_accepted():

@@ -12,9 +12,8 @@ from twisted.internet.defer import Deferred
 
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.backends.sendmail import SendmailBackend, build, classify_exit
-from gorge.mailer.message import parse_send_request
 from gorge.mailer.outcome import Kind
-from tests.mailer.conftest import valid_message
+from tests.mailer.conftest import parsed_message as message
 
 STUB = """#!/bin/sh
 printf '%s\\0' "$@" > "{dir}/argv"
@@ -36,10 +35,6 @@ def stub(tmp_path, tail: str = "exit 0") -> str:
     path.write_text(STUB.format(dir=tmp_path, tail=tail))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
-
-
-def message(**overrides):
-    return parse_send_request({"message": valid_message(**overrides)}).message
 
 
 async def send(reactor, backend, msg=None, timeout: float = 10):

@@ -5,28 +5,27 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 from urllib.parse import parse_qsl
 
 import pytest
 import pytest_twisted
 from hypothesis import given, strategies as st
-from twisted.internet import defer, task
+from twisted.internet import task
 
 from gorge.config import ConfigError
 from gorge.mailer import sigv4
-from gorge.mailer.backends import build_backend, ses
+from gorge.mailer.backends import ses
 from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.message import format_address
 from gorge.mailer.mime import build_mime
 from gorge.mailer.outcome import Kind
-from gorge.mailer.settings import parse_backend_list
 
 from .test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,
     entry,
+    from_backend_list,
     full_message,
     message,
 )
@@ -50,9 +49,7 @@ def backend(clock=None, client=None, **options) -> ses.SesBackend:
 
 
 def from_list(options: dict) -> ses.SesBackend:
-    doc = json.dumps([{"key": "aws", "type": "ses", "options": options}])
-    (parsed,) = parse_backend_list(doc, "GORGE_MAILER_CONFIG")
-    return build_backend(parsed, reactor=task.Clock(), http_client=None)
+    return from_backend_list("ses", "aws", options)
 
 
 def independent_signature(*, secret, region, host, path, stamp, body) -> str:
@@ -262,13 +259,8 @@ def test_echoed_secret_is_scrubbed_from_the_cause():
 def test_timeouts_before_and_after_submission():
     for connect, kind in ((False, Kind.TRANSIENT), (True, Kind.UNKNOWN)):
         mem = MemoryHttp()
-        d = defer.Deferred.fromCoroutine(
-            backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
-            .send(message(), deadline=4.0))
-        if connect:
-            mem.connect()
-        mem.reactor.advance(4.0)
-        assert d.result.kind is kind
+        built = backend(clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025")
+        assert mem.outcome_past_deadline(built, 4.0, connect=connect).kind is kind
 
 
 # ---------------------------------------------------------------- over loopback

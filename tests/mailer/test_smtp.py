@@ -13,9 +13,9 @@ from twisted.internet.defer import Deferred
 
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.backends.smtp import SmtpBackend, SmtpConfig, build, classify_reply, dot_stuff
-from gorge.mailer.message import parse_send_request
 from gorge.mailer.outcome import Kind
-from tests.mailer.conftest import TOKEN, make_harness, valid_message
+from tests.mailer.conftest import TOKEN, make_harness
+from tests.mailer.conftest import parsed_message as message
 from tests.mailer.smtpserver import ScriptedFactory, ServerState, make_certificate
 
 
@@ -49,10 +49,6 @@ def server(reactor, cert):
     yield start
     for port in ports:
         port.stopListening()
-
-
-def message(**overrides):
-    return parse_send_request({"message": valid_message(**overrides)}).message
 
 
 def backend(reactor, cert, port, **cfg) -> SmtpBackend:

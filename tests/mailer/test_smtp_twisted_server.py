@@ -19,9 +19,8 @@ from twisted.mail._cred import LOGINCredentials, PLAINCredentials
 from zope.interface import implementer
 
 from gorge.mailer.backends.smtp import SmtpBackend, SmtpConfig
-from gorge.mailer.message import parse_send_request
 from gorge.mailer.outcome import Kind
-from tests.mailer.conftest import valid_message
+from tests.mailer.conftest import parsed_message
 from tests.mailer.smtpserver import make_certificate
 
 
@@ -111,7 +110,7 @@ def listen(cert):
 async def send(cert, port, overrides=None, **cfg):
     from twisted.internet import reactor
 
-    message = parse_send_request({"message": valid_message(**(overrides or {}))}).message
+    message = parsed_message(**(overrides or {}))
     backend = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port, helo="client.test",
                                                 **cfg), reactor=reactor,
                           trust_root=cert.trust_root)
