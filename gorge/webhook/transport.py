@@ -11,19 +11,19 @@ from dataclasses import dataclass
 from urllib.parse import urljoin
 
 from twisted.internet import error as net_error
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout, succeed
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived, _DataLoss
-from twisted.web.client import (
-    Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone, _HTTP11ClientFactory)
+from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, UNKNOWN_LENGTH
+from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from gorge.httpclient import OneShotBody, make_pool
 from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
@@ -39,28 +39,6 @@ CODE_EMPTY_REPLY = 52
 CODE_RESET = 56
 CODE_CERTIFICATE = 60
 CODE_OTHER = 0
-
-
-@implementer(IBodyProducer)
-class _BytesProducer:
-    """A known-length body: sent with Content-Length, never chunked."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body) if body is not None else UNKNOWN_LENGTH
-
-    def startProducing(self, consumer) -> Deferred:
-        consumer.write(self._body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 @implementer(IAgentEndpointFactory)
@@ -84,12 +62,6 @@ class _CheckedEndpointFactory:
             endpoint = wrapClientTLS(
                 optionsForClientTLS(self._target.host, trustRoot=self._trust_root), endpoint)
         return endpoint
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    """No "Starting factory" line per new receiver connection."""
-
-    noisy = False
 
 
 @dataclass(frozen=True)
@@ -186,10 +158,7 @@ class Transport:
         # None: the platform's CA store. Tests pass their own CA.
         self._trust_root = trust_root
         if pool is None:
-            pool = HTTPConnectionPool(reactor, persistent=True)
-            pool._factory = _QuietClientFactory
-            pool.maxPersistentPerHost = max(max_per_host, 2)
-            pool.retryAutomatically = False  # a silent re-POST could deliver twice
+            pool = make_pool(reactor, max_per_host=max(max_per_host, 2))
         self._pool = pool
         self._running: set[Deferred] = set()
         self._aborting = False
@@ -234,7 +203,7 @@ class Transport:
                 _CheckedEndpointFactory(self._reactor, target, self._timeout, self._trust_root),
                 pool=self._pool)
             response = await agent.request(b"POST", target.uri.encode("utf-8"), send_headers,
-                                           _BytesProducer(body))
+                                           OneShotBody(body))
             # Read the body to the end so the connection can be reused.
             await _discard_body(response)
             location = response.headers.getRawHeaders(b"location") or []

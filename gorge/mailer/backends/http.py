@@ -12,7 +12,7 @@
   the JSON receipt it answers with.
 
 Where the line between "not submitted" and "may have been accepted" runs:
-the request body is written by :class:`_OneShotBody` in a single call once
+the request body is written by :class:`gorge.httpclient.OneShotBody` in a single call once
 the connection is up, so "the body producer ran" is the moment the complete
 request was handed over -- for ``https`` only once the TLS handshake has
 also completed, because TLS buffers application bytes until then. A failure
@@ -33,7 +33,6 @@ from urllib.parse import urlsplit
 from twisted.internet import defer, error
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Protocol
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
     RequestGenerationFailed,
@@ -43,9 +42,8 @@ from twisted.web.client import (
     ResponseFailed,
 )
 from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import IBodyProducer
-from zope.interface import implementer
 
+from gorge.httpclient import OneShotBody
 from gorge.logging import scrub
 
 from ..outcome import Outcome, parse_retry_after
@@ -128,44 +126,6 @@ def endpoint_url(
 
 
 # ---------------------------------------------------------------- the POST
-
-
-@implementer(IBodyProducer)
-class _OneShotBody:
-    """Writes the whole request body in one call and remembers that it did."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-        self._transport: Any = None
-        self._written = False
-
-    def startProducing(self, consumer: Any) -> defer.Deferred:
-        # The Agent wraps the connection's transport in a length-enforcing
-        # consumer; keep the transport to ask it about TLS later.
-        self._transport = getattr(consumer, "_consumer", consumer)
-        consumer.write(self._body)
-        self._written = True
-        return defer.succeed(None)
-
-    @property
-    def handed_over(self) -> bool:
-        """The whole request went to the transport, and if that is TLS, its
-        handshake had completed (before that, TLS only buffers the bytes)."""
-        if not self._written:
-            return False
-        if isinstance(self._transport, TLSMemoryBIOProtocol):
-            return bool(getattr(self._transport, "_handshakeDone", True))
-        return True
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 class _LimitedCollector(Protocol):
@@ -287,7 +247,7 @@ async def post(
     budget = min(REQUEST_CAP, deadline - started)
     if budget <= 0:
         raise PostFailed(False, "deadline reached before start")
-    producer = _OneShotBody(body)
+    producer = OneShotBody(body)
     fired: list[bool] = []
 
     def on_timeout(result: Any, _timeout: float) -> Any:
