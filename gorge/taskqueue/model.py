@@ -151,22 +151,7 @@ class Task:
 
     def to_json(self) -> dict[str, Any]:
         """§5.1: absent keys stay absent; failureCount always present."""
-        out: dict[str, Any] = {"id": self.id, "taskClass": self.task_class}
-        if self.lease_owner:
-            out["leaseOwner"] = self.lease_owner
-        if self.lease_expires is not None:
-            out["leaseExpires"] = self.lease_expires
-        out["failureCount"] = self.failure_count
-        out["dataID"] = self.data_id
-        if self.failure_time is not None:
-            out["failureTime"] = self.failure_time
-        out["priority"] = self.priority
-        if self.object_phid:
-            out["objectPHID"] = self.object_phid
-        if self.container_phid:
-            out["containerPHID"] = self.container_phid
-        out["dateCreated"] = self.date_created
-        out["dateModified"] = self.date_modified
+        out = _row_json(self, self.failure_time)
         if self.data:
             out["data"] = self.data
         return out
@@ -192,24 +177,33 @@ class ArchivedTask:
     archived_epoch: int
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "taskClass": self.task_class}
-        if self.lease_owner:
-            out["leaseOwner"] = self.lease_owner
-        if self.lease_expires is not None:
-            out["leaseExpires"] = self.lease_expires
-        out["failureCount"] = self.failure_count
-        out["dataID"] = self.data_id
-        out["priority"] = self.priority
-        if self.object_phid:
-            out["objectPHID"] = self.object_phid
-        if self.container_phid:
-            out["containerPHID"] = self.container_phid
-        out["dateCreated"] = self.date_created
-        out["dateModified"] = self.date_modified
+        out = _row_json(self, None)
         out["result"] = self.result
         out["duration"] = self.duration
         out["archivedEpoch"] = self.archived_epoch
         return out
+
+
+def _row_json(row: Task | ArchivedTask, failure_time: int | None) -> dict[str, Any]:
+    """The keys an active and an archived task share, in the answer's order;
+    absent keys stay absent (``failure_time`` is the active task's only)."""
+    out: dict[str, Any] = {"id": row.id, "taskClass": row.task_class}
+    if row.lease_owner:
+        out["leaseOwner"] = row.lease_owner
+    if row.lease_expires is not None:
+        out["leaseExpires"] = row.lease_expires
+    out["failureCount"] = row.failure_count
+    out["dataID"] = row.data_id
+    if failure_time is not None:
+        out["failureTime"] = failure_time
+    out["priority"] = row.priority
+    if row.object_phid:
+        out["objectPHID"] = row.object_phid
+    if row.container_phid:
+        out["containerPHID"] = row.container_phid
+    out["dateCreated"] = row.date_created
+    out["dateModified"] = row.date_modified
+    return out
 
 
 def archive_of(task: Task, *, result: int, duration: int, now: int) -> ArchivedTask:
