@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 
 import pytest
 
 from tests.support.paths import REPO_ROOT
+from tests.support.twistd import TWISTD, daemon_environ
 
 SERVICES = ("gorge-webhook", "gorge-mailer", "gorge-taskqueue", "gorge-worker")
 
-# Exactly what the twistd console script runs.
-TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 
 
 def _twistd(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])
-    )
     return subprocess.run(
         [*TWISTD, *args],
         cwd=REPO_ROOT,
-        env=env,
+        env=daemon_environ(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

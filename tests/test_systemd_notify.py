@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -22,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
 from tests.support.procs import free_port
+from tests.support.twistd import TwistdDaemon, daemon_environ
 
 pytestmark = pytest.mark.slow
 
-TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 WATCHDOG_USEC = 1_000_000  # pings are due every 0.5 s
 START_BOUND = 30.0
 STOP_BOUND = 30.0
@@ -84,29 +81,16 @@ class NotifySocket:
         os.rmdir(self._dir)
 
 
-class Daemon:
+class Daemon(TwistdDaemon):
     def __init__(self, tapname: str, env: dict[str, str], notify: NotifySocket,
                  log_path: Path) -> None:
-        environ = {key: value for key, value in os.environ.items()
-                   if not key.startswith(("GORGE_", "NOTIFY_SOCKET", "WATCHDOG_"))}
-        environ.update({
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                        os.environ.get("PYTHONPATH")])),
+        environ = daemon_environ({
             "NOTIFY_SOCKET": notify.path,
             "WATCHDOG_USEC": str(WATCHDOG_USEC),
             "GORGE_LOG_LEVEL": "info",
-        })
-        environ.update(env)
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [*TWISTD, "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env",
-             tapname],
-            cwd=REPO_ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+            **env,
+        }, drop=("GORGE_", "NOTIFY_SOCKET", "WATCHDOG_"))
+        super().__init__(tapname, environ, log_path)
 
     def log_tail(self) -> str:
         return self.log_text()[-3000:]
@@ -118,13 +102,6 @@ class Daemon:
             return self.proc.wait(STOP_BOUND)
         finally:
             self.kill()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        if not self._log.closed:
-            self._log.close()
 
 
 @pytest.fixture

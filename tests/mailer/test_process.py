@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import stat
 import subprocess
-import sys
 
 import pytest
 import pytest_twisted
@@ -18,19 +16,15 @@ from twisted.internet.task import deferLater
 
 from tests.mailer.conftest import valid_message
 from tests.support.paths import REPO_ROOT
+from tests.support.twistd import DAEMON_ARGS, TWISTD, daemon_environ
 
 pytestmark = pytest.mark.slow
 
-TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-          "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env", "gorge-mailer"]
+TWISTD_MAILER = [*TWISTD, *DAEMON_ARGS, "gorge-mailer"]
 
 
 def environ(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GORGE_", "SMTP_", "MAILER_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+    return daemon_environ(extra, drop=("GORGE_", "SMTP_", "MAILER_"))
 
 
 def free_port() -> int:
@@ -41,7 +35,7 @@ def free_port() -> int:
 
 def test_unbuildable_entry_exits_2_with_one_line():
     mailers = [{"key": "primary", "type": "smtp", "options": {"port": "abc", "password": "pw1"}}]
-    proc = subprocess.run(TWISTD, cwd=REPO_ROOT, capture_output=True, timeout=60,
+    proc = subprocess.run(TWISTD_MAILER, cwd=REPO_ROOT, capture_output=True, timeout=60,
                           env=environ(GORGE_MAILER_CONFIG=json.dumps(mailers)))
     assert proc.returncode == 2
     assert proc.stderr.decode() == (
@@ -58,7 +52,7 @@ async def test_sigterm_lets_the_in_flight_send_finish(tmp_path):
     port = free_port()
     mailers = [{"key": "local", "type": "sendmail", "options": {"path": str(stub)}}]
     log = open(tmp_path / "daemon.log", "wb")
-    proc = subprocess.Popen(TWISTD, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(TWISTD_MAILER, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env=environ(GORGE_MAILER_CONFIG=json.dumps(mailers),
                                         GORGE_LISTEN_ADDR=f"127.0.0.1:{port}"),
                             start_new_session=True)

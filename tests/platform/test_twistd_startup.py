@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
+from tests.support.twistd import TWISTD, daemon_environ
 
-TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 SERVICES = ("gorge-webhook", "gorge-mailer", "gorge-taskqueue", "gorge-worker")
 
 # Enough for each daemon to get past its own settings: nothing here is dialled
@@ -24,11 +21,11 @@ BASE_ENV = {
 
 
 def _twistd(tapname: str, extra_env: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GORGE_")}
-    env.update(BASE_ENV)
-    env["GORGE_TASKQUEUE_SQLITE_PATH"] = str(tmp_path / "queue.sqlite3")
-    env.update(extra_env)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env = daemon_environ({
+        **BASE_ENV,
+        "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "queue.sqlite3"),
+        **extra_env,
+    }, drop=("GORGE_",))
     return subprocess.run([*TWISTD, "--nodaemon", "--pidfile=", tapname], cwd=tmp_path, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
 

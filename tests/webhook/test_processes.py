@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,22 +12,18 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from tests.support.paths import REPO_ROOT
+from tests.support.twistd import TwistdDaemon, daemon_environ
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 _namespaces = iter(range(1, 10_000))
 
 
-class Daemon:
+class Daemon(TwistdDaemon):
     """One gorge-webhook process; waits are asynchronous so the in-test receiver keeps serving."""
 
     def __init__(self, mariadb, namespace: str, log_path: Path, **env: str) -> None:
-        environ = dict(os.environ)
-        environ.update({
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                        os.environ.get("PYTHONPATH")])),
+        environ = daemon_environ({
             "GORGE_LISTEN_ADDR": "127.0.0.1:0",
             "GORGE_WEBHOOK_MYSQL_HOST": mariadb.host,
             "GORGE_WEBHOOK_MYSQL_PORT": str(mariadb.port),
@@ -39,18 +33,9 @@ class Daemon:
             "GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
             "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
             "GORGE_LOG_LEVEL": "info",
+            **env,
         })
-        environ.update(env)
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [*TWISTD, "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env",
-             "gorge-webhook"],
-            cwd=REPO_ROOT, env=environ, stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().__init__("gorge-webhook", environ, log_path)
 
     async def terminate(self, timeout: float = 40.0) -> int:
         if self.proc.poll() is None:
@@ -64,12 +49,6 @@ class Daemon:
             waited += 0.05
         self._log.close()
         return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
 
 
 async def wait_for(predicate, timeout: float, step: float = 0.1, daemons=()) -> None:
