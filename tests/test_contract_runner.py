@@ -21,11 +21,11 @@ from tests.support.contract import (
     crashes,
     fixture_files,
     load_fixture,
-    logged_events,
     loosely_equal,
     replay,
     resolve,
 )
+from tests.support.logcapture import logged_events
 
 # --- paths -------------------------------------------------------------------
 

@@ -10,13 +10,12 @@ from typing import Any
 import pytest
 from twisted.internet import task
 from twisted.internet.task import LoopingCall
-from twisted.internet.testing import EventLoggingObserver
-from twisted.logger import globalLogPublisher
 
 from gorge.mailer.message import Message, parse_send_request
 from gorge.mailer.service import build_mailer_service
 from gorge.mailer.settings import load_mailer_settings
 from gorge.web import stub_client
+from tests.support.logcapture import logged_events
 
 TOKEN = "contract-token"
 
@@ -122,7 +121,5 @@ def harness() -> Harness:
 @pytest.fixture
 def events():
     """Every log event emitted during the test."""
-    observer = EventLoggingObserver()
-    globalLogPublisher.addObserver(observer)
-    yield observer
-    globalLogPublisher.removeObserver(observer)
+    with logged_events() as events:
+        yield events

@@ -8,7 +8,8 @@ import pytest
 import pytest_twisted
 
 from tests.mailer.conftest import contract_env, make_harness
-from tests.support.contract import crashes, fixture_files, logged_events, replay
+from tests.support.contract import crashes, fixture_files, replay
+from tests.support.logcapture import logged_events
 
 FIXTURES = fixture_files(Path(__file__).parent / "contract")
 

@@ -17,6 +17,7 @@ from gorge.mailer.outcome import Kind
 from tests.mailer.conftest import TOKEN, make_harness
 from tests.mailer.conftest import parsed_message as message
 from tests.mailer.smtpserver import ScriptedFactory, ServerState, make_certificate
+from tests.support.logcapture import logged_events
 
 
 @pytest.fixture(scope="module")
@@ -453,22 +454,17 @@ def test_no_credentials_over_plaintext_to_a_remote_host():
 
 @pytest_twisted.ensureDeferred
 async def test_rejected_credentials_never_reach_logs_or_answers(reactor, cert, server):
-    from twisted.internet.testing import EventLoggingObserver
-    from twisted.logger import formatEvent, globalLogPublisher
+    from twisted.logger import formatEvent
 
     state = ServerState(starttls=True, auth=("PLAIN",), credentials=("u", "right"))
     port = server(state)
     mailers = [{"key": "relay", "type": "smtp",
                 "options": {"host": "127.0.0.1", "port": port, "user": "u",
                             "password": "hunter2-secret", "tls-insecure": True}}]
-    observer = EventLoggingObserver()
-    globalLogPublisher.addObserver(observer)
-    try:
+    with logged_events() as observer:
         h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "0",
                           "GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
         status, doc = await h.send()
-    finally:
-        globalLogPublisher.removeObserver(observer)
     assert status == 502 and doc["error"]["code"] == "ERR_SEND_FAILED"
     assert "535" in doc["error"]["message"] and "hunter2" not in json.dumps(doc)
     logged = " ".join(formatEvent(e) + repr(e) for e in observer)

@@ -8,10 +8,9 @@ from klein import Klein
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet import task
 from twisted.internet.defer import Deferred
-from twisted.internet.testing import EventLoggingObserver
-from twisted.logger import globalLogPublisher
 
 from gorge.web import ApiError, add_error_handlers, build_site, ok, read_json_object, stub_client
+from tests.support.logcapture import logged_events
 
 LIMIT = 1024
 TOKEN = "contract-token"
@@ -110,14 +109,10 @@ async def test_bad_json_is_400(body):
 
 @pytest_twisted.ensureDeferred
 async def test_crash_is_opaque_500_and_logged():
-    observer = EventLoggingObserver()
-    globalLogPublisher.addObserver(observer)
-    try:
+    with logged_events() as observer:
         client, _, _ = make()
         response, body = await call(client, "GET", "/api/example/crash",
                                     {"X-Service-Token": TOKEN})
-    finally:
-        globalLogPublisher.removeObserver(observer)
     assert response.code == 500
     assert envelope_of(body) == {"error": {"code": "ERR_INTERNAL",
                                            "message": "internal server error"}}
@@ -248,13 +243,9 @@ async def test_request_id_is_reused_or_generated():
 
 @pytest_twisted.ensureDeferred
 async def test_access_log_line_redacts_the_token():
-    observer = EventLoggingObserver()
-    globalLogPublisher.addObserver(observer)
-    try:
+    with logged_events() as observer:
         client, _, _ = make()
         await call(client, "GET", f"/api/example/list?token={TOKEN}", {"X-Request-Id": "r-9"})
-    finally:
-        globalLogPublisher.removeObserver(observer)
     [event] = [e for e in observer if e.get("log_format", "").startswith("REQUEST ")]
     assert event["uri"] == "/api/example/list?token=[REDACTED]"
     assert event["status"] == 200 and event["request_id"] == "r-9"
@@ -262,13 +253,9 @@ async def test_access_log_line_redacts_the_token():
 
 @pytest_twisted.ensureDeferred
 async def test_only_one_access_log_line_per_request():
-    observer = EventLoggingObserver()
-    globalLogPublisher.addObserver(observer)
-    try:
+    with logged_events() as observer:
         client, _, _ = make()
         await call(client, "GET", "/healthz")
-    finally:
-        globalLogPublisher.removeObserver(observer)
     lines = [e for e in observer if "REQUEST" in (e.get("log_format") or "")
              or "HTTP/1.1" in (e.get("log_format") or "") or e.get("log_namespace") == "twisted.web.server"]
     assert [e["log_format"].split()[0] for e in lines] == ["REQUEST"]

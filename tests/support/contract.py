@@ -9,15 +9,13 @@ lives here so that every domain reads the fixtures the same way.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 from twisted.web.http_headers import Headers
 
 CONTRACT_TOKEN = "contract-token"
@@ -150,17 +148,6 @@ async def replay(client, path: Path) -> None:
     """Replay one fixture file through ``client`` and assert what it expects."""
     fixture = load_fixture(path)
     check(fixture["expect"], await send(client, fixture["request"]))
-
-
-@contextmanager
-def logged_events() -> Iterator[list[dict]]:
-    """Every log event emitted inside the block."""
-    events: list[dict] = []
-    globalLogPublisher.addObserver(events.append)
-    try:
-        yield events
-    finally:
-        globalLogPublisher.removeObserver(events.append)
 
 
 def crashes(events: list[dict]) -> list[str]:

@@ -7,6 +7,7 @@ import pytest
 import pytest_twisted
 
 from gorge.taskqueue.model import UINT32_MAX, YIELD_OWNER
+from tests.support.logcapture import logged_events
 from tests.taskqueue.conftest import LEASE, T0
 from tests.taskqueue.helpers import Client
 
@@ -22,15 +23,9 @@ def client(memory_store, clock) -> Client:
 def failure_events():
     """Every 4xx here is an expected path: none may log a crash or a *_FAILED event,
     except the ones a test declares by appending its name to ``allowed``."""
-    from twisted.logger import globalLogPublisher
-
-    events: list[dict] = []
     allowed: list[str] = []
-    globalLogPublisher.addObserver(events.append)
-    try:
+    with logged_events() as events:
         yield allowed
-    finally:
-        globalLogPublisher.removeObserver(events.append)
     names = [str(e.get("log_format", "")).split(" ")[0] for e in events]
     unexpected = [n for n in names if (n == "PANIC_RECOVERED" or n.endswith("_FAILED"))
                   and n not in allowed]

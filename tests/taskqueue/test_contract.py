@@ -16,7 +16,8 @@ from twisted.internet import task
 
 from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import EnqueueRequest
-from tests.support.contract import crashes, fixture_files, logged_events, replay
+from tests.support.contract import crashes, fixture_files, replay
+from tests.support.logcapture import logged_events
 from tests.taskqueue.conftest import T0
 from tests.taskqueue.helpers import Client
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
-from twisted.logger import globalLogPublisher
 
+from tests.support.logcapture import logged_events
 from tests.taskqueue.helpers import Client
 
 POST_ROUTES = ("enqueue", "lease", "complete", "fail", "yield", "cancel", "awaken")
@@ -18,12 +18,8 @@ def client(memory_store, clock) -> Client:
 
 @pytest.fixture
 def events():
-    seen: list[dict] = []
-    globalLogPublisher.addObserver(seen.append)
-    try:
+    with logged_events() as seen:
         yield seen
-    finally:
-        globalLogPublisher.removeObserver(seen.append)
 
 
 @pytest_twisted.ensureDeferred

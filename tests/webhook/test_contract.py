@@ -18,7 +18,8 @@ from gorge.config import HttpSettings, MySQLSettings
 from gorge.web import stub_client
 from gorge.webhook.service import build_webhook_service
 from gorge.webhook.store import WebhookStore
-from tests.support.contract import CONTRACT_TOKEN, crashes, fixture_files, logged_events, replay
+from tests.support.contract import CONTRACT_TOKEN, crashes, fixture_files, replay
+from tests.support.logcapture import logged_events
 from tests.webhook.conftest import webhook_settings
 
 HERE = Path(__file__).parent / "contract"
