@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
 from twisted.logger import formatEvent
 from twisted.web.http_headers import Headers
+
+from .stubpump import pumped
 
 CONTRACT_TOKEN = "contract-token"
 
@@ -24,9 +25,7 @@ CONTRACT_TOKEN = "contract-token"
 #: present with ``null`` resolves to ``None`` and so counts as present.
 MISSING: Any = object()
 
-# A store backed by a thread answers only while the real reactor runs, and
-# StubTreq moves bytes only when flushed: flush at this pace, within the bound.
-_PUMP_INTERVAL = 0.002
+# A store backed by a thread answers within this.
 _ANSWER_BOUND = 5.0
 
 
@@ -127,21 +126,7 @@ async def send(client, request: dict, *, base: str = "http://contract.test") -> 
         )
         return Answer(response.code, response.headers, await response.content())
 
-    return await _pumped(client, Deferred.fromCoroutine(exchange()))
-
-
-async def _pumped(client, d: Deferred) -> Answer:
-    from twisted.internet import reactor
-
-    deadline = reactor.seconds() + _ANSWER_BOUND
-    while True:
-        client.flush()
-        if d.called:
-            return await d
-        if reactor.seconds() > deadline:
-            d.cancel()
-            raise AssertionError(f"no answer within {_ANSWER_BOUND:.0f} s")
-        await deferLater(reactor, _PUMP_INTERVAL)
+    return await pumped(client, Deferred.fromCoroutine(exchange()), bound=_ANSWER_BOUND)
 
 
 async def replay(client, path: Path) -> None:

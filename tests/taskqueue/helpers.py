@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
 
 from gorge.config import HttpSettings
 from gorge.taskqueue.service import build_taskqueue_service
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.web import stub_client
+from tests.support.stubpump import pumped
 
 TOKEN = "contract-token"
 
@@ -45,29 +45,15 @@ class Client:
                                                headers=hdrs)
             return response, await response.content()
 
-        response, content = await self._pumped(Deferred.fromCoroutine(exchange()))
+        # A real backend answers from a pool thread.
+        response, content = await pumped(self.stub, Deferred.fromCoroutine(exchange()),
+                                         bound=30.0)
         self.last_body = content
         self.last_headers = response.headers
         ctype = response.headers.getRawHeaders(b"content-type", [b""])[0]
         if ctype.startswith(b"application/json") and content:
             return response.code, json.loads(content)
         return response.code, content.decode("utf-8")
-
-    async def _pumped(self, d: Deferred, bound: float = 30.0):
-        """StubTreq moves bytes only when flushed; a real backend answers from
-        a pool thread, so flush on the real reactor until ``d`` fires (bounded)."""
-        from twisted.internet import reactor
-
-        waited = 0.0
-        while not d.called:
-            self.stub.flush()
-            if d.called:
-                break
-            if waited > bound:
-                raise AssertionError("no response within the bound")
-            await deferLater(reactor, 0.002)
-            waited += 0.002
-        return await d
 
     async def post(self, path: str, body: Any = None, **kw) -> tuple[int, Any]:
         return await self.call("POST", "/api/queue/" + path, body, **kw)
