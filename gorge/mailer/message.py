@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -259,13 +260,22 @@ def _address(obj: dict[str, Any], key: str, path: str | None = None) -> tuple[st
     return address, name
 
 
-def _addresses(obj: dict[str, Any], key: str) -> list[tuple[str, str]]:
+def _objects(obj: dict[str, Any], key: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The elements of the optional array ``message.<key>`` with their paths.
+
+    A generator, so that each element is checked to be an object only after
+    the caller has read the one before it (the first error wins)."""
     items = _opt(obj, key, list, f"message.{key}") or []
-    out = []
     for i, item in enumerate(items):
         path = f"message.{key}[{i}]"
         if not isinstance(item, dict):
             raise MessageError(f"{path} must be an object")
+        yield path, item
+
+
+def _addresses(obj: dict[str, Any], key: str) -> list[tuple[str, str]]:
+    out = []
+    for path, item in _objects(obj, key):
         parsed = _address({"a": item}, "a", path)
         assert parsed is not None
         out.append(parsed)
@@ -273,12 +283,8 @@ def _addresses(obj: dict[str, Any], key: str) -> list[tuple[str, str]]:
 
 
 def _headers(obj: dict[str, Any]) -> list[tuple[str, str]]:
-    items = _opt(obj, "headers", list, "message.headers") or []
     out = []
-    for i, item in enumerate(items):
-        path = f"message.headers[{i}]"
-        if not isinstance(item, dict):
-            raise MessageError(f"{path} must be an object")
+    for path, item in _objects(obj, "headers"):
         name = _opt(item, "name", str, f"{path}.name") or ""
         value = _opt(item, "value", str, f"{path}.value") or ""
         out.append((name, value))
@@ -286,12 +292,8 @@ def _headers(obj: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _attachments(obj: dict[str, Any]) -> list[tuple[str, str, str | None]]:
-    items = _opt(obj, "attachments", list, "message.attachments") or []
     out = []
-    for i, item in enumerate(items):
-        path = f"message.attachments[{i}]"
-        if not isinstance(item, dict):
-            raise MessageError(f"{path} must be an object")
+    for path, item in _objects(obj, "attachments"):
         filename = _opt(item, "filename", str, f"{path}.filename") or ""
         mime_type = _opt(item, "mimeType", str, f"{path}.mimeType")
         data = _opt(item, "data", str, f"{path}.data")

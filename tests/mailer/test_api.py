@@ -47,6 +47,10 @@ BAD_REQUESTS = [
     (msg(to="a@b"), "message.to must be an array"),
     (msg(to=["a@b"]), "message.to[0] must be an object"),
     (msg(headers={}), "message.headers must be an array"),
+    # Elements are read in order: the first bad one is the one named.
+    (msg(to=[{"address": 5}, "x"]), "message.to[0].address must be a string"),
+    (msg(headers=[{"name": 5}, "x"]), "message.headers[0].name must be a string"),
+    (msg(attachments=[{"filename": 5}, "x"]), "message.attachments[0].filename must be a string"),
     (msg(to=[{"address": "no-at-sign"}]), "message.to[0].address must look like local@domain"),
     (msg(to=[{"address": "@example.com"}]), "local@domain"),
     (msg(to=[{"address": "a@"}]), "local@domain"),
