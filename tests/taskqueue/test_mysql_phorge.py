@@ -86,15 +86,20 @@ def golden_requests() -> list[tuple[int, EnqueueRequest]]:
     return out
 
 
-@pytest_twisted.ensureDeferred
-async def test_enqueue_writes_the_rows_phorge_writes(mysql_store, conn, clock):
-    steps = golden("steps.json")
+async def enqueue_golden_requests(mysql_store, conn, clock) -> None:
+    """Enqueue the golden requests at their times, the id sequences where Phorge's were."""
     with conn.cursor() as cur:
         cur.execute("INSERT INTO lisk_counter VALUES ('worker_activetask', 36)")
         cur.execute("ALTER TABLE worker_taskdata AUTO_INCREMENT = 35")
     for scheduled_at, request in golden_requests():
         clock.advance(scheduled_at - clock.seconds())
         await mysql_store.enqueue(request)
+
+
+@pytest_twisted.ensureDeferred
+async def test_enqueue_writes_the_rows_phorge_writes(mysql_store, conn, clock):
+    steps = golden("steps.json")
+    await enqueue_golden_requests(mysql_store, conn, clock)
     assert rows(conn, "SELECT * FROM worker_activetask ORDER BY id") == steps[1]["worker_activetask"]
     assert rows(conn, "SELECT * FROM worker_taskdata ORDER BY id") == golden("worker_taskdata_rows.json")
     assert rows(conn, "SELECT * FROM lisk_counter") == steps[1]["lisk_counter"]
@@ -103,12 +108,7 @@ async def test_enqueue_writes_the_rows_phorge_writes(mysql_store, conn, clock):
 @pytest_twisted.ensureDeferred
 async def test_archive_rows_equal_phorges(mysql_store, conn, clock):
     final = {r["id"]: r for r in golden("final_rows.json")["worker_archivetask"]}
-    with conn.cursor() as cur:
-        cur.execute("INSERT INTO lisk_counter VALUES ('worker_activetask', 36)")
-        cur.execute("ALTER TABLE worker_taskdata AUTO_INCREMENT = 35")
-    for scheduled_at, request in golden_requests():
-        clock.advance(scheduled_at - clock.seconds())
-        await mysql_store.enqueue(request)
+    await enqueue_golden_requests(mysql_store, conn, clock)
     # A: leased by Phorge's taskmaster, completed through us (2 µs).
     phorge_lease(conn, 37, "22413:1795947021:vm:1", 1795954221)
     clock.advance(1795947021 - clock.seconds())
