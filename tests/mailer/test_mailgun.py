@@ -209,9 +209,7 @@ def test_oversize_receipt_is_unknown():
 async def test_end_to_end_against_a_loopback_endpoint():
     from twisted.internet import reactor
 
-    server = LoopbackServer(reactor)
-    server.start()
-    try:
+    async with LoopbackServer(reactor) as server:
         server.answer = Scripted(200, b'{"id":"<loop@mg>","message":"Queued. Thank you."}')
         built = backend(clock=reactor, client=server.client, endpoint=server.url)
         outcome = await built.send(full_message(), deadline=reactor.seconds() + 10)
@@ -226,5 +224,3 @@ async def test_end_to_end_against_a_loopback_endpoint():
         outcome = await built.send(message(), deadline=reactor.seconds() + 10)
         assert outcome.kind is Kind.REJECTED_BACKEND
         assert outcome.cause == 'mailgun: HTTP 404: {"message":"Domain not found: mg.example.com"}'
-    finally:
-        await server.stop()

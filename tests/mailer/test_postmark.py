@@ -199,9 +199,7 @@ def test_receipt_cut_off_by_the_deadline_is_unknown():
 async def test_end_to_end_against_a_loopback_endpoint():
     from twisted.internet import reactor
 
-    server = LoopbackServer(reactor)
-    server.start()
-    try:
+    async with LoopbackServer(reactor) as server:
         server.answer = Scripted(200, receipt(MessageID="loop-pm"), {"Content-Type": "application/json"})
         built = backend(clock=reactor, client=server.client, endpoint=server.url)
         outcome = await built.send(full_message(), deadline=reactor.seconds() + 10)
@@ -216,5 +214,3 @@ async def test_end_to_end_against_a_loopback_endpoint():
         outcome = await built.send(message(), deadline=reactor.seconds() + 10)
         assert outcome.kind is Kind.REJECTED_MESSAGE
         assert outcome.cause.startswith("postmark: HTTP 422: ")
-    finally:
-        await server.stop()

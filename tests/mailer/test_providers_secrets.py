@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
-from twisted.internet.testing import EventLoggingObserver
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.logger import formatEvent
 
 from gorge.mailer.backends import mailgun, postmark, sendgrid, ses
 from gorge.mailer.outcome import Kind
+from tests.support.logcapture import logged_events
 
 from .test_providers_support import LoopbackServer, Scripted, entry, full_message
 
@@ -28,22 +28,16 @@ BUILDERS = {
 async def test_credentials_stay_out_of_logs_reprs_and_causes(provider):
     from twisted.internet import reactor
 
-    events = EventLoggingObserver()
-    globalLogPublisher.addObserver(events)
-    server = LoopbackServer(reactor)
-    server.start()
-    try:
-        build, options = BUILDERS[provider]
-        backend = build(entry(provider, key="k", endpoint=server.url, **options),
-                        reactor=reactor, http_client=server.client)
-        outcomes = []
-        for status in (401, 400, 422, 500, 503, 200):
-            # A provider that echoes the credential back in its error text.
-            server.answer = Scripted(status, f"denied for {SECRET}".encode())
-            outcomes.append(await backend.send(full_message(), deadline=reactor.seconds() + 10))
-    finally:
-        await server.stop()
-        globalLogPublisher.removeObserver(events)
+    with logged_events() as events:
+        async with LoopbackServer(reactor) as server:
+            build, options = BUILDERS[provider]
+            backend = build(entry(provider, key="k", endpoint=server.url, **options),
+                            reactor=reactor, http_client=server.client)
+            outcomes = []
+            for status in (401, 400, 422, 500, 503, 200):
+                # A provider that echoes the credential back in its error text.
+                server.answer = Scripted(status, f"denied for {SECRET}".encode())
+                outcomes.append(await backend.send(full_message(), deadline=reactor.seconds() + 10))
 
     assert len(server.requests) == 6
     assert {o.kind for o in outcomes} - {Kind.ACCEPTED} <= {

@@ -10,7 +10,7 @@
   so deadlines before and after submission are deterministic.
 * :class:`LoopbackServer` -- a real HTTP server on 127.0.0.1 (free port)
   that records each request and answers from a script, for end-to-end
-  sends through the real reactor.
+  sends through the real reactor (``async with`` starts and stops it).
 """
 
 from __future__ import annotations
@@ -212,6 +212,13 @@ class LoopbackServer:
     async def stop(self) -> None:
         await self.pool.closeCachedConnections()
         await defer.maybeDeferred(self.port.stopListening)
+
+    async def __aenter__(self) -> LoopbackServer:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
 
 
 def self_signed(ip: str = "127.0.0.1") -> tuple[bytes, bytes]:

@@ -198,9 +198,7 @@ def test_memory_connection_answer_is_classified():
 async def test_end_to_end_against_a_loopback_endpoint():
     from twisted.internet import reactor
 
-    server = LoopbackServer(reactor)
-    server.start()
-    try:
+    async with LoopbackServer(reactor) as server:
         server.answer = Scripted(202, b"", {"X-Message-Id": "loop-1"})
         built = backend(clock=reactor, client=server.client, endpoint=server.url + "/prefix")
         outcome = await built.send(full_message(), deadline=reactor.seconds() + 10)
@@ -214,8 +212,6 @@ async def test_end_to_end_against_a_loopback_endpoint():
         server.answer = Scripted(429, b'{"errors":[]}', {"Retry-After": "3"})
         outcome = await built.send(message(), deadline=reactor.seconds() + 10)
         assert outcome.kind is Kind.TRANSIENT and outcome.retry_after == 3.0
-    finally:
-        await server.stop()
 
 
 def test_cancelled_attempt_returns_a_classified_outcome():

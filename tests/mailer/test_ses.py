@@ -270,9 +270,7 @@ def test_timeouts_before_and_after_submission():
 async def test_end_to_end_signature_verifies_on_the_receiving_side():
     from twisted.internet import reactor
 
-    server = LoopbackServer(reactor)
-    server.start()
-    try:
+    async with LoopbackServer(reactor) as server:
         server.answer = Scripted(200, RECEIPT, {"Content-Type": "text/xml"})
         built = backend(clock=reactor, client=server.client, endpoint=server.url + "/ses")
         outcome = await built.send(full_message(), deadline=reactor.seconds() + 10)
@@ -290,8 +288,6 @@ async def test_end_to_end_signature_verifies_on_the_receiving_side():
         server.answer = Scripted(400, error_doc("Throttling", "Maximum sending rate exceeded."))
         outcome = await built.send(message(), deadline=reactor.seconds() + 10)
         assert outcome.kind is Kind.TRANSIENT
-    finally:
-        await server.stop()
 
 
 # ---------------------------------------------------------------- properties
