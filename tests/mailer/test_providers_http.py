@@ -3,6 +3,8 @@ generic status / transport-failure tables of spec/mailer.md §10.0."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from email.utils import format_datetime
 from datetime import datetime, timezone
 
@@ -341,9 +343,18 @@ class _Stalling(Resource):
         return NOT_DONE_YET
 
 
-def _trusting_client(reactor, pool, cert_pem: bytes) -> HTTPClient:
+@asynccontextmanager
+async def _trusting_client(reactor, port, cert_pem: bytes) -> AsyncIterator[tuple[HTTPClient, str]]:
+    """A client that trusts only ``cert_pem`` and the https URL of ``port``;
+    the pool is closed and the port stopped afterwards."""
     policy = BrowserLikePolicyForHTTPS(trustRoot=ssl.Certificate.loadPEM(cert_pem))
-    return HTTPClient(Agent(reactor, contextFactory=policy, pool=pool, connectTimeout=5))
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    try:
+        client = HTTPClient(Agent(reactor, contextFactory=policy, pool=pool, connectTimeout=5))
+        yield client, f"https://127.0.0.1:{port.getHost().port}/email"
+    finally:
+        await pool.closeCachedConnections()
+        await port.stopListening()
 
 
 @pytest_twisted.ensureDeferred
@@ -353,11 +364,8 @@ async def test_real_tls_stalled_handshake_then_cancel_is_not_submitted():
     heard: defer.Deferred = defer.Deferred()
     factory = Factory.forProtocol(lambda: _Silent(heard))
     port = reactor.listenTCP(0, factory, interface="127.0.0.1")
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    try:
-        _key, cert = self_signed()
-        client = _trusting_client(reactor, pool, cert)
-        url = f"https://127.0.0.1:{port.getHost().port}/email"
+    _key, cert = self_signed()
+    async with _trusting_client(reactor, port, cert) as (client, url):
         d = defer.Deferred.fromCoroutine(http.post(
             client, reactor, url, body=b"secret body", headers={}, deadline=reactor.seconds() + 30))
         hello = await heard.addTimeout(10, reactor)
@@ -366,9 +374,6 @@ async def test_real_tls_stalled_handshake_then_cancel_is_not_submitted():
         with pytest.raises(http.PostFailed) as caught:
             await d
         assert caught.value.submitted is False
-    finally:
-        await pool.closeCachedConnections()
-        await port.stopListening()
 
 
 @pytest.mark.filterwarnings(TWISTED_SERVER_TLS_WARNING)
@@ -381,10 +386,7 @@ async def test_real_tls_request_delivered_then_cancel_is_unknown():
     server_cert = ssl.PrivateCertificate.loadPEM(key + cert)
     site = Site(_Stalling(got))
     port = reactor.listenSSL(0, site, server_cert.options(), interface="127.0.0.1")
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    try:
-        client = _trusting_client(reactor, pool, cert)
-        url = f"https://127.0.0.1:{port.getHost().port}/email"
+    async with _trusting_client(reactor, port, cert) as (client, url):
         d = defer.Deferred.fromCoroutine(http.post(
             client, reactor, url, body=b"the message", headers={}, deadline=reactor.seconds() + 30))
         assert await got.addTimeout(10, reactor) == b"the message"
@@ -392,9 +394,6 @@ async def test_real_tls_request_delivered_then_cancel_is_unknown():
         with pytest.raises(http.PostFailed) as caught:
             await d
         assert caught.value.submitted is True
-    finally:
-        await pool.closeCachedConnections()
-        await port.stopListening()
 
 
 @pytest.mark.filterwarnings(TWISTED_SERVER_TLS_WARNING)
@@ -407,17 +406,11 @@ async def test_real_tls_untrusted_certificate_is_not_submitted():
     port = reactor.listenSSL(0, Site(_Stalling(got)),
                              ssl.PrivateCertificate.loadPEM(key + cert).options(),
                              interface="127.0.0.1")
-    pool = HTTPConnectionPool(reactor, persistent=False)
-    try:
-        _other_key, other_cert = self_signed()  # trusts a different certificate
-        client = _trusting_client(reactor, pool, other_cert)
-        url = f"https://127.0.0.1:{port.getHost().port}/email"
+    _other_key, other_cert = self_signed()  # trusts a different certificate
+    async with _trusting_client(reactor, port, other_cert) as (client, url):
         with pytest.raises(http.PostFailed) as caught:
             await defer.Deferred.fromCoroutine(http.post(
                 client, reactor, url, body=b"x", headers={}, deadline=reactor.seconds() + 30))
         assert caught.value.submitted is False
         assert caught.value.reason == "TLS handshake failed"
         assert not got.called
-    finally:
-        await pool.closeCachedConnections()
-        await port.stopListening()
