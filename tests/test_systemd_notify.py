@@ -140,18 +140,12 @@ def _env_for(tapname: str, request, tmp_path: Path, start) -> dict[str, str]:
     if tapname == "gorge-mailer":
         return {"GORGE_LISTEN_ADDR": "127.0.0.1:0", "GORGE_MAILER_TYPE": "test"}
     if tapname == "gorge-webhook":
+        from tests.webhook.conftest import daemon_env
+
         mariadb = request.getfixturevalue("mariadb")
         namespace = f"sd{os.getpid()}"
         mariadb.create_database("herald", f"{namespace}_herald")
-        return {
-            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
-            "GORGE_WEBHOOK_MYSQL_HOST": mariadb.host,
-            "GORGE_WEBHOOK_MYSQL_PORT": str(mariadb.port),
-            "GORGE_WEBHOOK_MYSQL_USER": mariadb.user,
-            "GORGE_WEBHOOK_MYSQL_PASS": mariadb.password,
-            "GORGE_WEBHOOK_NAMESPACE": namespace,
-            "GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
-        }
+        return daemon_env(mariadb, namespace)
     # gorge-worker: a real taskqueue to lease from, started first.
     port = free_port()
     queue_notify = NotifySocket()

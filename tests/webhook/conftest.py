@@ -114,6 +114,20 @@ def webhook_settings(mysql: MySQLSettings, **overrides: Any) -> WebhookSettings:
     return WebhookSettings(**values)
 
 
+def daemon_env(mariadb, namespace: str) -> dict[str, str]:
+    """The environment of a ``gorge-webhook`` process working ``namespace`` on
+    the test MariaDB, on a free port, polling every 100 ms."""
+    return {
+        "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+        "GORGE_WEBHOOK_MYSQL_HOST": mariadb.host,
+        "GORGE_WEBHOOK_MYSQL_PORT": str(mariadb.port),
+        "GORGE_WEBHOOK_MYSQL_USER": mariadb.user,
+        "GORGE_WEBHOOK_MYSQL_PASS": mariadb.password,
+        "GORGE_WEBHOOK_NAMESPACE": namespace,
+        "GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
+    }
+
+
 _phid_serial = count(1)
 
 

@@ -13,6 +13,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from tests.support.twistd import TwistdDaemon, daemon_environ
+from tests.webhook.conftest import daemon_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,13 +25,7 @@ class Daemon(TwistdDaemon):
 
     def __init__(self, mariadb, namespace: str, log_path: Path, **env: str) -> None:
         environ = daemon_environ({
-            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
-            "GORGE_WEBHOOK_MYSQL_HOST": mariadb.host,
-            "GORGE_WEBHOOK_MYSQL_PORT": str(mariadb.port),
-            "GORGE_WEBHOOK_MYSQL_USER": mariadb.user,
-            "GORGE_WEBHOOK_MYSQL_PASS": mariadb.password,
-            "GORGE_WEBHOOK_NAMESPACE": namespace,
-            "GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
+            **daemon_env(mariadb, namespace),
             "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
             "GORGE_LOG_LEVEL": "info",
             **env,
