@@ -15,6 +15,13 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests assert rules, not speed: a loaded CI machine must not turn a
+# slow example into a failure (speed is measured under bench/).
+settings.register_profile(
+    "gorge", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile("gorge")
 
 from tests.support.mariadb_server import MariaDBServer
 from tests.support.procs import ServerUnavailable
