@@ -129,3 +129,42 @@ def test_build_default_path():
     backend = build(BackendEntry("k", "sendmail", 1, {}), reactor=None)
     assert backend.path == "/usr/sbin/sendmail"
     assert build(BackendEntry("k", "sendmail", 1, {"path": "/x"}), reactor=None).path == "/x"
+
+
+class _ExitedTransport:
+    """The transport of a child that already exited: no process to signal."""
+
+    def signalProcess(self, signal):
+        from twisted.internet.error import ProcessExitedAlready
+
+        raise ProcessExitedAlready()
+
+
+@pytest.mark.parametrize("exit_reason,kind", [
+    ("done", Kind.ACCEPTED), ("dataerr", Kind.REJECTED_MESSAGE),
+])
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+def test_stop_during_the_pipe_grace_keeps_the_exit_verdict(exit_reason, kind, how):
+    # §10.3: once the main process has exited, only the wait for its pipes
+    # remains; a deadline or cancel then must not turn its exit status (exit
+    # 0 = accepted) into "outcome unknown", nor wait for the grace timer.
+    from twisted.internet import task
+    from twisted.internet.error import ProcessDone, ProcessTerminated
+    from twisted.python.failure import Failure
+
+    from gorge.mailer.backends.sendmail import _Child
+
+    clock = task.Clock()
+    child = _Child(clock, b"")
+    child.transport = _ExitedTransport()
+    reason = ProcessDone(0) if exit_reason == "done" else ProcessTerminated(exitCode=65)
+    child.processExited(Failure(reason))
+    results = []
+    child.done.addBoth(results.append)
+    if how == "cancel":
+        child.done.cancel()
+    else:
+        child.kill("deadline")
+    assert len(results) == 1, "the verdict must not wait for the pipe grace"
+    assert results[0].kind is kind
+    assert not clock.getDelayedCalls()

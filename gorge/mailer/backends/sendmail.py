@@ -94,15 +94,19 @@ class _Child(ProcessProtocol):
     def kill(self, why: str) -> None:
         if self.done.called:
             return
+        if self.exit is not None:
+            # The process already ended on its own; only the pipe grace was
+            # left. Its exit status is the verdict (exit 0 stays accepted).
+            self._finish()
+            return
         self.killed = why
         try:
             self.transport.signalProcess("KILL")
         except (ProcessExitedAlready, OSError):
             pass
-        if self.exit is None:
-            # The kill is reported through processExited; classify now so a
-            # cancel always yields an answer at once.
-            self.done.callback(Outcome.unknown(f"sendmail: killed ({why})"))
+        # The kill is reported through processExited; classify now so a
+        # cancel always yields an answer at once.
+        self.done.callback(Outcome.unknown(f"sendmail: killed ({why})"))
 
 
 class SendmailBackend:
