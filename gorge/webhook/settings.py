@@ -24,13 +24,17 @@ BLACKLIST_VAR = "GORGE_WEBHOOK_OUTBOUND_BLACKLIST"
 
 
 def parse_blacklist(text: str | None) -> tuple[IPNetwork, ...]:
-    """CIDR list; None (unset or empty) is Phorge's default, ``none`` is empty."""
-    if text is None:
-        items = list(DEFAULT_OUTBOUND_BLACKLIST)
-    elif text.strip().lower() == "none":
+    """CIDR list; None (unset or empty) is Phorge's default, ``none`` is empty.
+
+    A value with no items at all (blank, or only commas as a badly
+    interpolated "${A},${B}" gives) also means the default: only the explicit
+    ``none`` may switch the guard off (spec §4.6).
+    """
+    if text is not None and text.strip().lower() == "none":
         return ()
-    else:
-        items = [item.strip() for item in text.split(",") if item.strip()]
+    items = [item.strip() for item in (text or "").split(",") if item.strip()]
+    if not items:
+        items = list(DEFAULT_OUTBOUND_BLACKLIST)
     networks = []
     for item in items:
         try:

@@ -72,6 +72,14 @@ def test_blacklist_parsing():
     assert len(load_webhook_settings({"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": ""}).outbound_blacklist) == 29
 
 
+@pytest.mark.parametrize("value", [" ", "  \t", ",", " , ,"])  # "," is "${A},${B}" with both unset
+def test_a_blank_or_item_less_blacklist_is_the_default_not_allow_all(value):
+    # Spec §4.6: a blank or badly interpolated setting can never switch the guard off.
+    settings = load_webhook_settings({"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": value})
+    assert settings.outbound_blacklist == parse_blacklist(None)
+    assert len(settings.outbound_blacklist) == 29
+
+
 def test_warnings_for_a_lease_raised_to_the_timeout():
     s = load_webhook_settings({"GORGE_WEBHOOK_CLAIM_LEASE_SEC": "5"})
     assert s.effective_lease == 15
