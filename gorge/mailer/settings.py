@@ -97,7 +97,11 @@ def entries_from_json(doc: Any, source: str) -> list[BackendEntry]:
         where = f"element {i}"
         if not isinstance(item, dict):
             raise MalformedList(f"{where} is not an object")
-        key, typ = item.get("key"), item.get("type")
+        # Absent (or null) is not a shape error but an empty value, which
+        # the semantic checks below reject in both modes (§9.3: required).
+        key, typ = item.get("key", ""), item.get("type", "")
+        key = "" if key is None else key
+        typ = "" if typ is None else typ
         if not isinstance(key, str) or not isinstance(typ, str):
             raise MalformedList(f"{where}: key and type must be strings")
         priority = item.get("priority")
@@ -129,6 +133,8 @@ def entries_from_json(doc: Any, source: str) -> list[BackendEntry]:
         if key in seen:
             raise ConfigError(f"{source} [{key}].key", "duplicate mailer key")
         seen.add(key)
+        if typ.strip() == "":
+            raise ConfigError(f"{source} [{key}].type", "type is required")
         if priority == 0:
             auto -= 1
             priority = auto

@@ -231,3 +231,19 @@ def test_unknown_options_are_ignored_and_named_at_debug(events):
     build_mailer_service(settings, task.Clock(), listen=False)
     ignored = [e for e in events if "MAILER_OPTION_IGNORED" in (e.get("log_format") or "")]
     assert [(e["mailer"], e["option"]) for e in ignored] == [("t", "colour")]
+
+
+@pytest.mark.parametrize("strict", ["0", "1"])
+@pytest.mark.parametrize("text,setting,reason", [
+    ('[{"type": "test"}]', "GORGE_MAILER_CONFIG [element 0].key", "must not be empty"),
+    ('[{"key": null, "type": "test"}]', "GORGE_MAILER_CONFIG [element 0].key", "must not be empty"),
+    ('[{"key": "a"}]', "GORGE_MAILER_CONFIG [a].type", "type is required"),
+])
+def test_missing_key_or_type_is_a_start_up_error_in_both_modes(strict, text, setting, reason):
+    # §9.3: key and type are required, and a violation is a start-up error
+    # (like an empty key or an unknown type), never the lenient
+    # "malformed list" path that silently drops the whole list.
+    with pytest.raises(ConfigError) as e:
+        load_mailer_settings({"GORGE_MAILER_CONFIG": text, "GORGE_MAILER_STRICT": strict,
+                              "GORGE_MAILER_TYPE": "test"})
+    assert e.value.setting == setting and reason in e.value.reason
