@@ -114,13 +114,15 @@ class Dispatcher:
         except Exception as e:
             self._poll_failed(e)
             return
-        self._poll_recovered()
         try:
             # One lookup per tick for every hook of the batch (spec §3.5 step 2).
             hooks = await self._store.load_hooks(sorted({c.hook_phid for c in rows}))
         except Exception as e:
             self._poll_failed(e, HOOK_LOOKUP_FAILED)
             return
+        # Only a whole poll ends an outage: a readable queue with an unreadable
+        # hook table must not log "recovered" and "failed" on every tick.
+        self._poll_recovered()
         if self._stopping:
             return
         # Lines and hooks are replaced together, with no await in between, so

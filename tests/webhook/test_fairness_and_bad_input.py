@@ -183,6 +183,21 @@ async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_ha
         store.close()
 
 
+async def test_a_failing_hook_lookup_is_logged_once_not_every_tick(herald, make_harness,
+                                                                   captured_log):
+    # Spec §9 item 5: the candidate query works but herald_webhook cannot be
+    # read (a missing grant or table): still one error line, not two per tick.
+    harness = make_harness()
+    request_id = herald.insert_request(hook="PHID-HWBH-00000000000000000001")
+    herald.execute("DROP TABLE herald_webhook")
+    for _ in range(5):
+        await harness.run_tick()
+        harness.clock.advance(1)
+    assert len(captured_log.named("WEBHOOK_HOOK_LOOKUP_FAILED")) == 1
+    assert captured_log.named("WEBHOOK_POLL_RECOVERED") == []
+    assert herald.request(request_id)["status"] == "queued"
+
+
 @pytest.mark.parametrize("code,location,final,landed", [
     (307, "/landed", 200, True),
     (308, "/landed", 200, True),
