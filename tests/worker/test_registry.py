@@ -72,3 +72,19 @@ def test_test_worker_emulation():
     assert results == [None]
     _, results = run(worker, "not json")
     assert results[0].check(PermanentFailure)
+
+
+def test_test_worker_waits_fractional_and_numeric_string_durations():
+    # PHP: usleep($duration * 1000000), so 0.5 and "1.5" are waits too (§11.6).
+    clock = Clock()
+    worker = TestWorker(clock)
+    _, results = run(worker, '{"duration": 0.5}')
+    clock.advance(0.4)
+    assert results == []
+    clock.advance(0.1)
+    assert results == [None]
+    _, results = run(worker, '{"duration": "1.5"}')
+    clock.advance(1.4)
+    assert results == []
+    clock.advance(0.1)
+    assert results == [None]

@@ -4,6 +4,7 @@ the demo and benchmarks without PHP."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
@@ -24,6 +25,23 @@ def _int(value: Any) -> int | None:
     return None
 
 
+def _seconds(value: Any) -> float | None:
+    """PHP multiplies ``duration`` by 10^6 for usleep, so fractions and
+    numeric strings are waits too."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) else None
+
+
 class TestWorker:
     __test__ = False  # not a pytest class
 
@@ -40,8 +58,8 @@ class TestWorker:
         maximum = _int(payload.get("getMaximumRetryCount"))
         if maximum is not None and int(task.get("failureCount") or 0) > maximum:
             raise PermanentFailure(f"task has exceeded its maximum retry count ({maximum})")
-        duration = _int(payload.get("duration"))
-        if duration and duration > 0:
+        duration = _seconds(payload.get("duration"))
+        if duration is not None and duration > 0:
             await deferLater(self._clock, duration)
         action = payload.get("doWork")
         if action == "fail-temporary":
