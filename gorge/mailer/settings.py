@@ -41,10 +41,14 @@ _FILE_KEYS = {
     "listenAddr", "serviceToken", "mailers", "maxRetries", "retryWaitSec",
     "bodyLimit", "sendTimeoutSec",
 }
+# Read in env mode only (§9.1); in file mode each one that is set is named
+# in a warning. Legacy spellings and the flat backend variables included.
 _ENV_ONLY = (
-    "GORGE_LISTEN_ADDR", "GORGE_MAILER_CONFIG", "GORGE_MAILER_MAX_RETRIES",
-    "GORGE_MAILER_RETRY_WAIT", "GORGE_MAILER_BODY_LIMIT", "GORGE_MAILER_SEND_TIMEOUT",
-    "GORGE_MAILER_TYPE",
+    "GORGE_LISTEN_ADDR", "LISTEN_ADDR", "GORGE_MAILER_CONFIG", "MAILER_CONFIG",
+    "GORGE_MAILER_MAX_RETRIES", "MAX_RETRIES", "GORGE_MAILER_RETRY_WAIT", "RETRY_WAIT",
+    "GORGE_MAILER_BODY_LIMIT", "BODY_LIMIT", "GORGE_MAILER_SEND_TIMEOUT",
+    "GORGE_MAILER_TYPE", "MAILER_TYPE", "GORGE_MAILER_KEY", "MAILER_KEY",
+    *FLAT_OPTIONS,
 )
 
 

@@ -247,3 +247,17 @@ def test_missing_key_or_type_is_a_start_up_error_in_both_modes(strict, text, set
         load_mailer_settings({"GORGE_MAILER_CONFIG": text, "GORGE_MAILER_STRICT": strict,
                               "GORGE_MAILER_TYPE": "test"})
     assert e.value.setting == setting and reason in e.value.reason
+
+
+@pytest.mark.parametrize("name", ["SMTP_HOST", "MAILER_API_KEY", "GORGE_MAILER_KEY",
+                                  "LISTEN_ADDR", "MAILER_CONFIG", "MAX_RETRIES", "RETRY_WAIT",
+                                  "BODY_LIMIT", "MAILER_TYPE"])
+def test_file_mode_warns_about_every_ignored_variable(tmp_path, name):
+    # §9.1: in file mode the flat single-backend variables (and the legacy
+    # spellings of the env-mode settings) are not read either; a warning
+    # tells the operator so. The warning names the variable, never its value.
+    path = tmp_path / "mailer.json"
+    path.write_text("{}")
+    s = load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(path), name: "v4lue"})
+    assert any(w.startswith(f"{name} is ignored") for w in s.warnings), s.warnings
+    assert not any("v4lue" in w for w in s.warnings)
