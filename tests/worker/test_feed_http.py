@@ -149,6 +149,9 @@ def test_task_data_that_is_not_a_json_object_fails_permanently(data):
     {"storyID": 3, "uri": ""},
     {"deliveryVersion": 2, "uri": "http://h/x", "body": "a=b"},
     {"deliveryVersion": 1, "uri": "http://h/x", "body": ""},
+    # JSON true is not the number 1, however Python compares them
+    {"deliveryVersion": True, "uri": "http://h/x", "body": "a=b"},
+    {"storyID": True, "uri": "http://h/x"},
     {"key": "1", "uri": "http://h/x", "storyID": 0},
 ])
 def test_undeliverable_shapes_fail_permanently(doc):

@@ -69,13 +69,18 @@ def http_build_query(fields: list[tuple[str, Any]]) -> bytes:
     return "&".join(parts).encode("ascii")
 
 
+def _is_int(value: Any) -> bool:
+    # JSON true decodes to a bool, which Python would compare equal to 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _non_empty_str(value: Any) -> bool:
     return isinstance(value, str) and value != ""
 
 
 def _retry_wait(task: dict) -> int:
     count = task.get("failureCount")
-    count = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    count = count if _is_int(count) else 0
     return RETRY_STEP * (count + 1)
 
 
@@ -122,13 +127,16 @@ class FeedHttpHandler:
             raise PermanentFailure("invalid task data: not a JSON object")
         uri = doc.get("uri")
         story_id = doc.get("storyID")
-        if doc.get("deliveryVersion") == 1 and _non_empty_str(uri) and _non_empty_str(
-            doc.get("body")
+        version = doc.get("deliveryVersion")
+        if (
+            _is_int(version)
+            and version == 1
+            and _non_empty_str(uri)
+            and _non_empty_str(doc.get("body"))
         ):
             body = doc["body"].encode("utf-8")
         elif (
-            isinstance(story_id, int)
-            and not isinstance(story_id, bool)
+            _is_int(story_id)
             and story_id > 0
             and _non_empty_str(uri)
         ):
