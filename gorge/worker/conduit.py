@@ -59,7 +59,9 @@ def parse_conduit_answer(status: int, raw: bytes) -> Any:
     """Return ``result`` of a Conduit envelope or raise ConduitError (§10.2)."""
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
+        # A nesting too deep for the decoder is just as unusable as a syntax
+        # error, and must not escape as a crash of the probe or the task.
         doc = None
     if not isinstance(doc, dict):
         raise ConduitError(

@@ -11,7 +11,7 @@ import pytest_twisted
 from hypothesis import given, strategies as st
 from twisted.internet.defer import Deferred
 
-from gorge.worker.conduit import ConduitClient, snippet
+from gorge.worker.conduit import ConduitClient, ConduitError, parse_conduit_answer, snippet
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.registry import Registry
 
@@ -168,3 +168,22 @@ def test_snippet_is_one_bounded_line(raw):
     text = snippet(raw)
     assert "\n" not in text and "\r" not in text
     assert len(text) <= 201
+
+
+DEEP = b"[" * 100_000  # valid JSON prefix deep enough to exhaust the decoder's recursion
+
+
+def test_deeply_nested_body_is_a_non_json_answer_not_a_decoder_crash():
+    with pytest.raises(ConduitError) as info:
+        parse_conduit_answer(200, DEEP)
+    assert str(info.value) == (
+        "conduit worker.execute returned non-JSON (HTTP 200): " + snippet(DEEP))
+
+
+@pytest_twisted.ensureDeferred
+async def test_probe_with_a_deeply_nested_answer_fails_with_a_reason(reactor, http_client,
+                                                                    raw_server):
+    server, base = raw_server(Answer(body=DEEP))
+    client = ConduitClient(http_client, reactor, base, TOKEN)
+    reason = await Deferred.fromCoroutine(client.probe())
+    assert reason == "conduit worker.execute returned non-JSON (HTTP 200): " + snippet(DEEP)
