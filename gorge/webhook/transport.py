@@ -161,6 +161,7 @@ class Transport:
             pool = make_pool(reactor, max_per_host=max(max_per_host, 2))
         self._pool = pool
         self._running: set[Deferred] = set()
+        self._cut: set[Deferred] = set()  # exchanges abort_all cancelled
         self._aborting = False
 
     async def attempt(self, target: Target, body: bytes, headers: dict[str, str]) -> Attempt:
@@ -189,8 +190,16 @@ class Transport:
             return Attempt(error_type=error_type, code=code, detail=_describe(e))
         finally:
             self._running.discard(exchange)
+            cut = exchange in self._cut
+            self._cut.discard(exchange)
             if timer.active():
                 timer.cancel()
+        # A cancel that landed where it could be absorbed still ends the exchange
+        # as cancelled: never record a status that arrived before the cut.
+        if cut:
+            return Attempt(aborted=True, detail="shutdown")
+        if deadline_fired:
+            return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
         return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status)
 
     async def _exchange(self, target: Target, body: bytes, headers: dict[str, str]) -> int:
@@ -220,6 +229,7 @@ class Transport:
         """Shutdown budget spent: cut the exchanges still open; their rows get no write."""
         self._aborting = True
         for exchange in list(self._running):
+            self._cut.add(exchange)
             exchange.cancel()
 
     async def close(self) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 
@@ -96,6 +96,9 @@ class UriPolicy:
             try:
                 d = Deferred.fromCoroutine(self._resolve(host, port))
                 addresses = await d.addTimeout(self._timeout, self._clock)
+            except CancelledError:
+                # Our caller gave up (the delivery deadline or shutdown), not the resolver.
+                raise
             except Exception as e:
                 raise Unresolvable(host, type(e).__name__) from None
             if not addresses:

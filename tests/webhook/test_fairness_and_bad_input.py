@@ -145,6 +145,26 @@ async def test_receiver_timeout_is_code_28(herald, receiver, make_harness):
     assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
 
 
+async def test_deadline_while_resolving_a_redirect_target_is_code_28(herald, receiver,
+                                                                     make_harness):
+    # Spec §4.4/§4.5: the deadline covers every followed redirect, and a
+    # status already received (the 307) does not turn a timeout into it.
+    from urllib.parse import quote
+
+    async def hanging(host, port):
+        await Deferred()  # never answers; only the delivery deadline ends it
+        return []
+
+    harness = make_harness(delivery_timeout=1, resolver=hanging)
+    location = quote("http://hang.example/x", safe="")
+    hook = herald.insert_hook(uri=f"{receiver.base}/redirect/307/{location}")
+    request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    row = herald.request(request_id)
+    assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
+    assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
+
+
 async def test_connection_refused_is_code_7(herald, receiver, make_harness):
     harness = make_harness()
     port = receiver.port.getHost().port

@@ -83,3 +83,37 @@ async def test_budget_exhausted_aborts_and_writes_nothing(mariadb, herald_db, he
     assert captured_log.named("WEBHOOK_SHUTDOWN_ABANDONED")
     assert captured_log.named("WEBHOOK_DELIVERY_ABANDONED")
     assert not captured_log.named("WEBHOOK_DELIVERY_FAILED")
+
+
+async def test_budget_exhausted_while_resolving_a_redirect_writes_nothing(
+        mariadb, herald_db, herald, receiver, captured_log):
+    # Spec §8.2: an exchange cut by the shutdown writes nothing, even when the
+    # cut lands on the redirect target's lookup after a 307 was received.
+    from urllib.parse import quote
+
+    from twisted.internet.defer import Deferred
+
+    asked: list[str] = []
+
+    async def hanging(host, port):
+        asked.append(host)
+        await Deferred()
+        return []
+
+    location = quote("http://hang.example/x", safe="")
+    hook = herald.insert_hook(uri=f"{receiver.base}/redirect/307/{location}")
+    request_id = herald.insert_request(hook=hook)
+    settings = webhook_settings(mariadb.settings(herald_db), poll_interval=0.05,
+                                delivery_timeout=30)
+    service = build_webhook_service(settings, reactor,
+                                    store=WebhookStore.mysql(settings.mysql, reactor),
+                                    registry=CollectorRegistry(), resolver=hanging)
+    service.startService()
+    await wait_for(lambda: asked == ["hang.example"])
+    claimed = herald.request(request_id)
+    service.drain_budget = 0.5
+    await service.stopService().addTimeout(30, reactor)
+    assert herald.request(request_id) == claimed
+    assert captured_log.named("WEBHOOK_DELIVERY_ABANDONED")
+    assert not captured_log.named("WEBHOOK_DELIVERY_FAILED")
+    assert not captured_log.named("WEBHOOK_DELIVERY_REJECTED")
