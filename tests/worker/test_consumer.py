@@ -392,3 +392,26 @@ def test_abandoned_handler_that_turns_cancellation_into_a_failure_is_still_not_r
     clock.pump([1.0] * 15)
     assert queue.attempts == []
     assert consumer.counters.unreported == 1
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: Consumer.stop() marks every run left at drain expiry as abandoned and bumps "
+    "`unreported`, including shutdown hand-backs and class skips, which move no counter "
+    "(worker.md §14 step 2, §6.3, §7)"))
+def test_hand_backs_cut_by_the_drain_budget_move_no_counter():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(1), make_task(2)]
+    hold = queue.lease_hold = Deferred()
+    queue.report_errors = ["hang", "hang"]
+    consumer, metrics = make_consumer(queue, registry_with(gate), clock, drain_timeout=5)
+    consumer.start()
+    clock.advance(1.0)
+    stopped = Deferred.fromCoroutine(consumer.stop())
+    hold.callback(None)
+    assert [a.kind for a in queue.attempts] == ["yield", "yield"]
+    clock.advance(6)
+    assert stopped.called
+    assert gate.started == []
+    assert consumer.counters.unreported == 0
+    assert metrics.get_sample_value(
+        "gorge_worker_tasks_total", {"task_class": "NoopWorker", "outcome": "unreported"}) is None
