@@ -24,17 +24,30 @@ def test_backend_names(value, expected):
     ({"GORGE_TASKQUEUE_BACKEND": "redsi"}, "GORGE_TASKQUEUE_BACKEND"),
     ({"GORGE_TASKQUEUE_BACKEND": "MySQL"}, "GORGE_TASKQUEUE_BACKEND"),
     ({"GORGE_TASKQUEUE_LEASE_DURATION": "0"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
+    ({"GORGE_TASKQUEUE_LEASE_DURATION": "-7"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
     ({"GORGE_TASKQUEUE_LEASE_DURATION": "2h"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
     ({"GORGE_TASKQUEUE_RETRY_WAIT": "-1"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
+    ({"GORGE_TASKQUEUE_RETRY_WAIT": "5m"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
     ({"GORGE_TASKQUEUE_MYSQL_PORT": "x"}, "GORGE_TASKQUEUE_MYSQL_PORT"),
     ({"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_ADDR": "nohost"},
      "GORGE_TASKQUEUE_REDIS_ADDR"),
+    ({"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_DB": "one"},
+     "GORGE_TASKQUEUE_REDIS_DB"),
     ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
 ])
-def test_bad_settings_name_the_variable(env, setting):
+def test_bad_settings_name_the_variable_and_the_value(env, setting):
+    """§2 [fix]: no fallback; the one line names the variable and the bad value."""
     with pytest.raises(ConfigError) as info:
         load_settings(env)
     assert info.value.setting == setting
+    assert env[setting] in info.value.reason
+
+
+def test_unknown_backend_names_the_accepted_values():
+    """§2.1: the error names the bad value and the accepted ones."""
+    with pytest.raises(ConfigError) as info:
+        load_settings({"GORGE_TASKQUEUE_BACKEND": "redsi"})
+    assert all(name in info.value.reason for name in ("mysql", "redis", "sqlite"))
 
 
 def test_defaults():
