@@ -13,8 +13,9 @@ has passed these rules, so backends may rely on them:
 * ``to`` is non-empty; ``subject`` is a non-empty string (whitespace-only
   allowed). The subject may still contain control characters: the MIME
   builder encodes it, JSON providers escape it.
-* Header names are 1+ printable ASCII characters without ``:`` or space;
-  header values have CR, LF and NUL removed. Order is the caller's.
+* Header names are 1+ printable ASCII characters without ``:`` or space
+  once CR and LF are removed; header values have CR, LF and NUL removed.
+  Order is the caller's.
 * Attachments have a non-empty filename (CR/LF/NUL removed), ``content``
   the decoded bytes, ``data`` the caller's base64 with ASCII whitespace
   removed (what SendGrid/Postmark pass on), and ``mime_type`` a valid
@@ -42,6 +43,7 @@ _B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789
 _ASCII_WS_CHARS = " \t\n\r\f\v"
 _ASCII_WS = str.maketrans("", "", _ASCII_WS_CHARS)
 _CRLFNUL = str.maketrans("", "", "\r\n\x00")
+_CRLF = str.maketrans("", "", "\r\n")
 # RFC 5322 specials (plus the quote itself) force a quoted-string display name.
 _SPECIALS = set('()<>[]:;@\\,."')
 
@@ -318,7 +320,9 @@ def _check_address(address: str, path: str) -> None:
 
 
 def _check_header(i: int, name: str, value: str) -> Header:
-    name = name.translate(_CRLFNUL)
+    # Only CR/LF are stripped from a name (§4.3 rule 9); any other control
+    # character, NUL included, makes it invalid rather than silently renamed.
+    name = name.translate(_CRLF)
     if not _HEADER_NAME_RE.match(name):
         raise MessageError(
             f"message.headers[{i}].name must be printable ASCII without ':' or spaces"

@@ -69,6 +69,8 @@ BAD_REQUESTS = [
     (msg(headers=[{"name": "Bad Name", "value": "x"}]), "message.headers[0].name"),
     (msg(headers=[{"name": "Bad:Name", "value": "x"}]), "message.headers[0].name"),
     (msg(headers=[{"name": "\r\n", "value": "x"}]), "message.headers[0].name"),
+    # §4.3 rule 9: only CR/LF are stripped from a name; a NUL is not printable.
+    (msg(headers=[{"name": "X-A\x00B", "value": "x"}]), "message.headers[0].name"),
     ({"message": valid_message(), "mailerKeys": "test-mailer"}, "mailerKeys must be an array"),
     ({"message": valid_message(), "mailerKeys": [1]}, "mailerKeys[0] must be a string"),
     ({"message": valid_message(), "mailerKeys": [None]}, "mailerKeys[0] must be a string"),
