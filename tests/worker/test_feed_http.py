@@ -133,7 +133,10 @@ class RecordingClient:
         raise AssertionError("must not send")
 
 
-@pytest.mark.parametrize("data", [None, "", "not json", "[1,2]", "42", '"text"'])
+@pytest.mark.parametrize("data", [None, "", "not json", "[1,2]", "42", '"text"',
+                                  # too deep to decode: as undeliverable as bad syntax,
+                                  # and retrying it would never end
+                                  '{"storyID":1,"uri":"http://h/x","storyData":' + "[" * 100_000])
 def test_task_data_that_is_not_a_json_object_fails_permanently(data):
     client = RecordingClient()
     d = _call(FeedHttpHandler(client, Clock()), data)

@@ -88,3 +88,8 @@ def test_test_worker_waits_fractional_and_numeric_string_durations():
     assert results == []
     clock.advance(0.1)
     assert results == [None]
+
+
+def test_test_worker_data_too_deep_to_decode_fails_permanently():
+    _, results = run(TestWorker(Clock()), '{"doWork":' + "[" * 100_000)
+    assert results[0].check(PermanentFailure)

@@ -121,7 +121,9 @@ class FeedHttpHandler:
     async def __call__(self, task: dict, data: str | None):
         try:
             doc = json.loads(data) if data else None
-        except ValueError:
+        except (ValueError, RecursionError):
+            # Too deep to decode is as undeliverable as bad syntax; a
+            # temporary failure would be retried for ever.
             doc = None
         if not isinstance(doc, dict):
             raise PermanentFailure("invalid task data: not a JSON object")

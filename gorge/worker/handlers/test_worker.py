@@ -51,7 +51,7 @@ class TestWorker:
     async def __call__(self, task: dict, data: str | None) -> None:
         try:
             payload = json.loads(data) if data else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # too deep is as broken as bad syntax
             raise PermanentFailure("invalid task data: not JSON") from None
         if not isinstance(payload, dict):
             payload = {}
