@@ -16,7 +16,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, w
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived, _DataLoss
+from twisted.web._newclient import ResponseNeverReceived, _DataLoss
 from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
@@ -141,8 +141,8 @@ def transport_code(exc: BaseException) -> int:
             return CODE_EMPTY_REPLY
         if any(isinstance(r, net_error.ConnectionLost) for r in reasons):
             return CODE_RESET
-    if isinstance(exc, ResponseFailed):
-        return CODE_PARTIAL if reasons else CODE_OTHER
+    # A ResponseFailed without _DataLoss closed inside the status line or the
+    # headers: "anything else" in spec §4.5, not a body cut short.
     return CODE_OTHER
 
 

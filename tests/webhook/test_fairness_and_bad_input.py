@@ -165,6 +165,33 @@ async def test_deadline_while_resolving_a_redirect_target_is_code_28(herald, rec
     assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
 
 
+@pytest.mark.parametrize("answer,code", [
+    (b"HTTP/1.1 200 OK\r\nContent-Le", 0),  # closed inside the headers
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok", 18),  # body cut short
+    (b"", 52),  # closed before any byte
+])
+async def test_a_receiver_closing_early_records_curls_code(herald, make_harness, answer, code):
+    from twisted.internet.protocol import Factory, Protocol
+
+    class CloseEarly(Protocol):
+        def dataReceived(self, data):
+            if b"\r\n\r\n" in data:
+                self.transport.write(answer)
+                self.transport.loseConnection()
+
+    port = reactor.listenTCP(0, Factory.forProtocol(CloseEarly), interface="127.0.0.1")
+    try:
+        harness = make_harness()
+        hook = herald.insert_hook(uri=f"http://127.0.0.1:{port.getHost().port}/early")
+        request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+        await harness.run_tick()
+    finally:
+        await port.stopListening()
+    row = herald.request(request_id)
+    assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
+    assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == code
+
+
 async def test_connection_refused_is_code_7(herald, receiver, make_harness):
     harness = make_harness()
     port = receiver.port.getHost().port

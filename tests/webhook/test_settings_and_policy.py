@@ -178,6 +178,11 @@ def test_public_ipv4_is_allowed_exactly_when_outside_every_range(value):
     (ResponseNeverReceived([Failure(ConnectionDone())]), 52),
     (ResponseNeverReceived([Failure(ConnectionLost())]), 56),
     (ResponseFailed([Failure(_DataLoss())]), 18),
+    (ResponseFailed([Failure(ConnectionDone()), Failure(_DataLoss())]), 18),  # body cut short
+    # Closed part-way through the status line or headers: not a body cut short,
+    # so "anything else" (spec §4.5), whatever the close looked like.
+    (ResponseFailed([Failure(ConnectionDone())]), 0),
+    (ResponseFailed([Failure(ConnectionLost())]), 0),
     (ResponseNeverReceived([Failure(ConnectionRefusedError())]), 7),
     (ValueError("?"), 0),
 ])
