@@ -162,3 +162,32 @@ async def test_breaker_opens_at_threshold_closes_as_failures_slide_out(
     assert harness.metric("gorge_webhook_open_breaker_rows") == 0
     assert receiver.count("/ok") == 25
     assert all(herald.request(i)["status"] == "sent" for i in ids)
+
+
+@pytest.mark.integration
+async def test_counters_are_summarised_once_a_minute_and_only_when_non_zero(
+        herald, receiver, make_harness, captured_log):
+    # Spec §9 item 3: claims, skips and outcomes are counted, not narrated.
+    harness = make_harness()
+    good = herald.insert_hook(uri=f"{receiver.base}/ok")
+    bad = herald.insert_hook(uri=f"{receiver.base}/status/500")
+    now = int(harness.clock.seconds())
+    for _ in range(2):
+        herald.insert_request(hook=good, created=now)
+    herald.insert_request(hook=bad, created=now)
+    herald.insert_request(hook="PHID-HWBH-missing", created=now)
+    await harness.run_tick()
+    assert captured_log.named("WEBHOOK_SUMMARY") == []
+
+    harness.clock.advance(60)
+    await harness.run_tick()
+    (summary,) = captured_log.named("WEBHOOK_SUMMARY")
+    assert summary["log_level"].name == "info"
+    assert {k: summary[k] for k in ("claims_won", "claims_lost", "breaker_skips", "delivered",
+                                    "failed", "config_failures")} == {
+        "claims_won": 3, "claims_lost": 0, "breaker_skips": 0, "delivered": 2, "failed": 1,
+        "config_failures": 1}
+
+    harness.clock.advance(60)  # a quiet minute: no line
+    await harness.run_tick()
+    assert len(captured_log.named("WEBHOOK_SUMMARY")) == 1
