@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
+from twisted.logger import formatEvent
 
+from gorge.config import MySQLSettings
 from gorge.taskqueue.model import UINT32_MAX
-from tests.taskqueue.helpers import Client
-
-pytestmark = pytest.mark.integration
+from gorge.taskqueue.service import build_taskqueue_service
+from tests.support.logcapture import logged_events
+from tests.taskqueue.helpers import Client, make_settings
 
 INT64_MAX = 2**63 - 1
 
@@ -27,6 +29,7 @@ _REDIS_OFFSET = _xfail(
     "(gorge/taskqueue/redis.py list_tasks or the clamp in api.py)")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend_store", ["mysql", "sqlite",
                                            pytest.param("redis", marks=_REDIS_OFFSET)],
                          indirect=True)
@@ -44,6 +47,7 @@ _SQL_UNKNOWN_FIRST = _xfail(
     "400, where the model and Redis answer 404 (gorge/taskqueue/sqlstore.py fail/yield_)")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend_store", [pytest.param("mysql", marks=_SQL_UNKNOWN_FIRST),
                                            pytest.param("sqlite", marks=_SQL_UNKNOWN_FIRST),
                                            "redis"],
@@ -68,6 +72,7 @@ _SURROGATE = _xfail(
     "reference's decoder does)")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend_store", [pytest.param("mysql", marks=_SURROGATE),
                                            pytest.param("sqlite", marks=_SURROGATE),
                                            pytest.param("redis", marks=_SURROGATE)],
@@ -82,3 +87,56 @@ async def test_a_lone_surrogate_is_a_client_error_not_a_500(backend_store, clock
     if code == 200:
         code, task = await client.get(f"tasks/{answer['data']['id']}")
         assert code == 200 and "\ufffd" in task["data"]["taskClass"] + task["data"].get("data", "")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: §3.5 paths match exactly and §3.2 an unmatched path is 404 ERR_NOT_FOUND; "
+    "werkzeug's merge_slashes answers '/api/queue//stats' with a redirect that the error "
+    "handlers turn into 400 ERR_BAD_REQUEST whose message is the redirect URL "
+    "(Klein map of gorge/taskqueue/api.py: url_map.merge_slashes = False, or gorge/web.py)"))
+@pytest.mark.parametrize("method,path", [("GET", "/api/queue//stats"),
+                                         ("GET", "/api/queue//tasks"),
+                                         ("POST", "/api/queue//enqueue")])
+@pytest_twisted.ensureDeferred
+async def test_a_doubled_slash_is_no_route(memory_store, clock, method, path):
+    client = Client(memory_store, clock)
+    body = {"taskClass": "A"} if method == "POST" else None
+    assert await client.call(method, path, body) == (
+        404, {"error": {"code": "ERR_NOT_FOUND", "message": "Not Found"}})
+    assert (await client.get("stats"))[1]["data"]["activeCount"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: §6.9 an unparsable limit/offset is the default; the query parser uses "
+    "Python's int(), which also reads '1_0' and ' 10' (gorge/taskqueue/api.py _query_int: "
+    "accept an optional sign and ASCII digits only, as the reference's Atoi does)"))
+@pytest.mark.parametrize("query", ["limit=1_0", "limit=%2010", "limit=10%20", "offset=0_1"])
+@pytest_twisted.ensureDeferred
+async def test_only_plain_decimal_queries_are_parsed(memory_store, clock, query):
+    client = Client(memory_store, clock)
+    for _ in range(12):
+        assert (await client.post("enqueue", {"taskClass": "A"}))[0] == 200
+    code, answer = await client.get("tasks?" + query)
+    # Unparsable: limit 100 and offset 0, so all twelve from the first.
+    assert code == 200 and [t["id"] for t in answer["data"]] == list(range(1, 13))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: platform.md §9 logs the effective configuration at start-up without "
+    "secrets; TASKQUEUE_STARTING names only the backend and the listen address "
+    "(gorge/taskqueue/service.py startService)"))
+@pytest_twisted.ensureDeferred
+async def test_start_up_logs_the_effective_configuration_without_secrets(memory_store, clock):
+    mysql = MySQLSettings(host="db.internal", port=3307, user="gorge-tq", password="s3cr3t-pw",
+                          database="phabricator_worker")
+    service = build_taskqueue_service(make_settings(backend="mysql", mysql=mysql), clock,
+                                      store=memory_store)
+    with logged_events() as events:
+        service.startService()
+    try:
+        text = "\n".join(formatEvent(e) for e in events)
+        assert "s3cr3t-pw" not in text and "contract-token" not in text
+        for value in ("phabricator_worker", "db.internal", "3307", "gorge-tq", "7200", "300"):
+            assert value in text, value
+    finally:
+        await service.stopService()
