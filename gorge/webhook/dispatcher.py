@@ -288,6 +288,7 @@ class Dispatcher:
             return
         self._metrics.claims.labels(result="won").inc()
         self._summary.claims_won += 1
+        duration = 0.0  # no POST was made for the two cases below
         if target is None:
             attempt = Attempt(code=CODE_UNRESOLVED, detail=f"unresolved {unresolved}")
         elif not hook.hmac_key:
@@ -304,17 +305,17 @@ class Dispatcher:
             }
             started = self._clock.seconds()
             attempt = await self._transport.attempt(target, body, headers)
-            duration = self._clock.seconds() - started
-            self._metrics.delivery_seconds.observe(max(duration, 0.0))
+            duration = max(self._clock.seconds() - started, 0.0)
+            self._metrics.delivery_seconds.observe(duration)
         if attempt.aborted:
             self._metrics.deliveries.labels(outcome="abandoned").inc()
             log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
                      request=candidate.phid, hook=hook.phid)
             return
-        await self._record(candidate, hook.phid, props, attempt)
+        await self._record(candidate, hook.phid, props, attempt, duration)
 
     async def _record(self, candidate: Candidate, hook_phid: str,
-                      props: payload.Properties, attempt: Attempt) -> None:
+                      props: payload.Properties, attempt: Attempt, duration: float) -> None:
         if attempt.ok:
             status, result, outcome = SENT, RESULT_OKAY, "sent"
         else:
@@ -331,19 +332,22 @@ class Dispatcher:
         self._metrics.deliveries.labels(outcome=outcome).inc()
         if attempt.ok:
             self._summary.delivered += 1
-            log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}",
-                     request=candidate.phid, hook=hook_phid, status=attempt.code)
+            log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}"
+                     " duration={duration}", request=candidate.phid, hook=hook_phid,
+                     status=attempt.code, duration=round(duration, 3))
         elif _rejected(attempt):
             self._summary.failed += 1
             log.warn("WEBHOOK_DELIVERY_REJECTED request={request} hook={hook} status={status}"
-                     " row_status={row_status}", request=candidate.phid, hook=hook_phid,
-                     status=attempt.code, row_status=status)
+                     " duration={duration} row_status={row_status}", request=candidate.phid,
+                     hook=hook_phid, status=attempt.code, duration=round(duration, 3),
+                     row_status=status)
         else:
             self._summary.failed += 1
             log.warn("WEBHOOK_DELIVERY_FAILED request={request} hook={hook}"
-                     " error_type={error_type} code={code} error={error} row_status={row_status}",
-                     request=candidate.phid, hook=hook_phid, error_type=attempt.error_type,
-                     code=attempt.code, error=attempt.detail, row_status=status)
+                     " error_type={error_type} code={code} error={error} duration={duration}"
+                     " row_status={row_status}", request=candidate.phid, hook=hook_phid,
+                     error_type=attempt.error_type, code=attempt.code, error=attempt.detail,
+                     duration=round(duration, 3), row_status=status)
         if changed == 0:
             log.info("WEBHOOK_RESULT_ROW_GONE request={request} hook={hook}",
                      request=candidate.phid, hook=hook_phid)

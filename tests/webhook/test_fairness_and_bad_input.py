@@ -268,3 +268,28 @@ async def test_redirects(herald, receiver, make_harness, code, location, final, 
         assert first.body == second.body
         assert (first.headers["x-phabricator-webhook-signature"]
                 == second.headers["x-phabricator-webhook-signature"])
+
+
+async def test_outcome_lines_carry_request_hook_status_and_duration(herald, receiver,
+                                                                    make_harness, captured_log):
+    # Spec §9: log fields are request PHID, hook PHID, status code, duration, error class.
+    harness = make_harness()
+    port = reactor.listenTCP(0, receiver.port.factory, interface="127.0.0.1")
+    closed = port.getHost().port
+    await port.stopListening()
+    hooks = {
+        "WEBHOOK_DELIVERED": herald.insert_hook(uri=f"{receiver.base}/ok"),
+        "WEBHOOK_DELIVERY_REJECTED": herald.insert_hook(uri=f"{receiver.base}/status/500"),
+        "WEBHOOK_DELIVERY_FAILED": herald.insert_hook(uri=f"http://127.0.0.1:{closed}/x"),
+    }
+    for hook in hooks.values():
+        herald.insert_request(hook=hook)
+    await harness.run_tick()
+    for name, hook in hooks.items():
+        (event,) = captured_log.named(name)
+        assert event["hook"] == hook and event["request"].startswith("PHID-HWBR-")
+        assert isinstance(event["duration"], float) and event["duration"] >= 0
+    assert captured_log.named("WEBHOOK_DELIVERED")[0]["status"] == 200
+    assert captured_log.named("WEBHOOK_DELIVERY_REJECTED")[0]["status"] == 500
+    failed = captured_log.named("WEBHOOK_DELIVERY_FAILED")[0]
+    assert failed["code"] == 7 and failed["error"].startswith("ConnectionRefusedError")
