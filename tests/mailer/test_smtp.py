@@ -469,3 +469,31 @@ async def test_rejected_credentials_never_reach_logs_or_answers(reactor, cert, s
     assert "535" in doc["error"]["message"] and "hunter2" not in json.dumps(doc)
     logged = " ".join(formatEvent(e) + repr(e) for e in observer)
     assert "MAILER_SEND_FAILED" in logged and "hunter2" not in logged
+
+
+@pytest.mark.filterwarnings("ignore:Passing pyOpenSSL:DeprecationWarning")
+@pytest.mark.parametrize("implicit_tls", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_certificate_for_another_host_is_backend_scoped(reactor, implicit_tls):
+    # §10.2: a verification failure (here a trusted certificate naming some
+    # other host, which Twisted reports through service_identity rather than
+    # as an OpenSSL error) is REJECTED_BACKEND, like an untrusted one -- not
+    # a transient "connection lost" that would be retried on the same relay.
+    other = make_certificate(names=("mail.elsewhere.test",), ips=())
+    state = ServerState(starttls=True)
+    state.tls_options = other.server_options
+    factory = ScriptedFactory(state, implicit_tls)
+    if implicit_tls:
+        port = reactor.listenSSL(0, factory, other.server_options, interface="127.0.0.1")
+    else:
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    try:
+        mode = "ssl" if implicit_tls else "starttls"
+        b = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port.getHost().port,
+                                              mode=mode),
+                        reactor=reactor, trust_root=other.trust_root)
+        outcome = await send(reactor, b)
+    finally:
+        await port.stopListening()
+    assert outcome.kind is Kind.REJECTED_BACKEND and "TLS" in outcome.cause
+    assert state.deliveries == [] and "MAIL" not in state.commands

@@ -66,6 +66,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _is_tls_failure(reason: Failure) -> bool:
+    """An OpenSSL error, or a certificate that verified but names another
+    host: Twisted reports the latter with service_identity's exceptions."""
+    return bool(reason.check(SSL.Error)) or type(reason.value).__module__.startswith(
+        "service_identity")
+
+
 def enhanced_code(text: str) -> tuple[int, int, int] | None:
     """The RFC 3463 code at the start of a reply text, if any."""
     m = _ENHANCED.match(text)
@@ -213,7 +220,7 @@ class _Session(LineReceiver):
         self.connected = False
         if self.done.called:
             return
-        if reason.check(SSL.Error) and self.stage in ("tls-connect", "greeting", "tls-ehlo"):
+        if _is_tls_failure(reason) and self.stage in ("tls-connect", "greeting", "tls-ehlo"):
             self.finish(Outcome.rejected_backend(f"smtp: TLS handshake failed ({self._where()})"))
         elif self.dot_sent:
             self.finish(Outcome.unknown("smtp: connection lost after the message was sent"))
