@@ -14,6 +14,9 @@ from gorge.taskqueue.sqlstore import Dialect, SqlTaskStore
 
 # Same tables, columns and keys as schema/phabricator_worker.sql; nobody else
 # creates this file, so the store does (the one exception to "no DDL").
+# The PHID columns are VARBINARY(64) in MySQL, but SQLite would give that
+# declared type NUMERIC affinity and store "0042" as the integer 42; TEXT
+# affinity keeps every string as given and still compares bytewise.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS worker_activetask (
   id INTEGER NOT NULL PRIMARY KEY,
@@ -24,10 +27,10 @@ CREATE TABLE IF NOT EXISTS worker_activetask (
   dataID INTEGER NOT NULL,
   failureTime INTEGER DEFAULT NULL,
   priority INTEGER NOT NULL,
-  objectPHID VARBINARY(64) DEFAULT NULL,
+  objectPHID TEXT DEFAULT NULL,
   dateCreated INTEGER NOT NULL,
   dateModified INTEGER NOT NULL,
-  containerPHID VARBINARY(64) DEFAULT NULL
+  containerPHID TEXT DEFAULT NULL
 );
 CREATE INDEX IF NOT EXISTS activetask_leaseExpires ON worker_activetask (leaseExpires);
 CREATE INDEX IF NOT EXISTS activetask_key_failuretime ON worker_activetask (failureTime);
@@ -48,9 +51,9 @@ CREATE TABLE IF NOT EXISTS worker_archivetask (
   dateCreated INTEGER NOT NULL,
   dateModified INTEGER NOT NULL,
   priority INTEGER NOT NULL,
-  objectPHID VARBINARY(64) DEFAULT NULL,
+  objectPHID TEXT DEFAULT NULL,
   archivedEpoch INTEGER DEFAULT NULL,
-  containerPHID VARBINARY(64) DEFAULT NULL
+  containerPHID TEXT DEFAULT NULL
 );
 CREATE INDEX IF NOT EXISTS archivetask_dateCreated ON worker_archivetask (dateCreated);
 CREATE INDEX IF NOT EXISTS archivetask_key_modified ON worker_archivetask (dateModified);
@@ -76,9 +79,37 @@ NEXT_COUNTER = (
 BUSY_TIMEOUT_MS = 5000
 
 
+# Files created before the PHID columns had TEXT affinity declared them
+# VARBINARY(64); these tables are rebuilt once so new PHIDs keep their text.
+_PHID_TABLES = ("worker_activetask", "worker_archivetask")
+
+
+def _rebuild_numeric_phid_tables(connection: sqlite3.Connection) -> None:
+    for table in _PHID_TABLES:
+        row = connection.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        ).fetchone()
+        if row is None or "VARBINARY" not in row[0]:
+            continue
+        rebuilt = f"{table}_rebuilt"
+        create = row[0].replace("VARBINARY(64)", "TEXT").replace(table, rebuilt, 1)
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            connection.execute(create)
+            connection.execute(f"INSERT INTO {rebuilt} SELECT * FROM {table}")
+            connection.execute(f"DROP TABLE {table}")
+            connection.execute(f"ALTER TABLE {rebuilt} RENAME TO {table}")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+
+
 def _open(connection: sqlite3.Connection) -> None:
     connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     connection.execute("PRAGMA journal_mode = WAL")
+    _rebuild_numeric_phid_tables(connection)
+    # Also recreates the indexes a rebuilt table lost with its old copy.
     connection.executescript(SCHEMA)
 
 

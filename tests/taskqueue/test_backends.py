@@ -72,3 +72,16 @@ async def test_awaken_takes_a_long_id_list(backend_store):
     ids = list(range(2, 40_000)) + [task.id]
     assert await backend_store.awaken(ids) == 1
     assert await backend_store.awaken(ids) == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_phids_come_back_verbatim_even_when_they_look_like_numbers(backend_store):
+    """§6.1: a PHID is a string stored as given; a column that converts numeric-looking
+    text (SQLite's NUMERIC affinity) would hand back "42" for "0042"."""
+    phids = ("0042", "1e5", "-7", " 12", "3.0")
+    for phid in phids:
+        await backend_store.enqueue(EnqueueRequest("A", "", object_phid=phid, container_phid=phid))
+    active = await backend_store.list_tasks(10, 0)
+    assert [(t.object_phid, t.container_phid) for t in active] == [(p, p) for p in phids]
+    archived = await backend_store.cancel(active[0].id)
+    assert (await backend_store.get_archived(archived.id)).object_phid == "0042"
