@@ -12,7 +12,10 @@ Conventions (all backends, pinned so the behaviour tests can compare them):
   ``now + yield duration``) are range-checked by the store with
   :func:`gorge.taskqueue.model.check_u32` before anything is written;
   it raises :class:`~gorge.taskqueue.model.InvalidArgument` (API: 400).
-* Unknown ids raise :class:`TaskNotFound` and write nothing.
+* Unknown ids raise :class:`TaskNotFound` and write nothing.  An unknown id
+  is :class:`TaskNotFound` even when the value computed for it would be out
+  of range (the memory model and Redis look the id up first); the range
+  error is for a task that exists.
 * Ids: task ids and payload ids are two separate sequences starting at 1 on
   an empty store (MySQL/SQLite: ``lisk_counter`` row ``worker_activetask`` and
   ``worker_taskdata`` AUTO_INCREMENT; Redis: ``next_task_id``/``next_data_id``).
