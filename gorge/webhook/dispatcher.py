@@ -103,8 +103,9 @@ class Dispatcher:
         if self._stopping:
             return
         self._maybe_summary()
-        if self._active >= self._cap:
-            return
+        # Read even with every slot busy: the lines and their hook rows are
+        # replaced on every tick (§3.6), so a hook disabled, re-pointed or
+        # re-keyed while its backlog is worked takes effect at the next tick.
         try:
             await self._breaker.recheck_due()
             limit = self._batch + self._active

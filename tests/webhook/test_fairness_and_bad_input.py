@@ -7,6 +7,7 @@ import json
 import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 
 from gorge.webhook.settings import parse_blacklist
 from tests.webhook.conftest import T0
@@ -293,3 +294,30 @@ async def test_outcome_lines_carry_request_hook_status_and_duration(herald, rece
     assert captured_log.named("WEBHOOK_DELIVERY_REJECTED")[0]["status"] == 500
     failed = captured_log.named("WEBHOOK_DELIVERY_FAILED")[0]
     assert failed["code"] == 7 and failed["error"].startswith("ConnectionRefusedError")
+
+
+async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
+        herald, receiver, make_harness):
+    # Spec §3.6 [fix]: candidates not started when the next tick arrives are
+    # dropped and re-read, with their hook (§3.5 step 2) — so a hook disabled
+    # while its backlog is being worked stops receiving at the next tick.
+    harness = make_harness(max_concurrent=1)
+    receiver.delay = 0.3
+    hook = herald.insert_hook(uri=f"{receiver.base}/backlog")
+    ids = [herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
+           for n in range(5)]
+    first = Deferred.fromCoroutine(harness.dispatcher.tick())
+    await first
+    waited = 0
+    while receiver.count() == 0:
+        assert waited < 200, "first delivery never started"
+        await deferLater(reactor, 0.02)
+        waited += 1
+    herald.execute("UPDATE herald_webhook SET status = 'disabled'")
+    harness.clock.advance(1)
+    await harness.run_tick()  # the only slot is busy while this tick runs
+    assert receiver.count() == 1
+    assert herald.request(ids[0])["status"] == "sent"
+    for request_id in ids[1:]:
+        row = herald.request(request_id)
+        assert (row["status"], _props(row)["errorCode"]) == ("failed", "disabled")
