@@ -192,3 +192,55 @@ async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_
     with pytest.raises(ConnectionRefusedError):
         await service._refresh_depth()
     assert notifier.calls[-2:] == ["ready", "progress"]
+
+
+@pytest.mark.parametrize("abandon", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_stop_drains_a_store_call_in_flight_before_closing_the_backend(clock, abandon):
+    """§2.3: stop accepting, let the request in flight finish, then close the backend."""
+    from twisted.internet import reactor
+    from twisted.internet.defer import Deferred
+    from twisted.internet.task import deferLater
+
+    from gorge.taskqueue.memory import MemoryTaskStore
+    from tests.support.logcapture import logged_events
+
+    class Gated(MemoryTaskStore):
+        def __init__(self, clock) -> None:
+            super().__init__(clock)
+            self.entered: Deferred = Deferred()
+            self.gate: Deferred = Deferred()
+            self.closed = False
+
+        async def list_tasks(self, limit, offset):
+            self.entered.callback(None)
+            await self.gate
+            return await super().list_tasks(limit, offset)
+
+        async def close(self) -> None:
+            self.closed = True
+
+    store = Gated(clock)
+    client = Client(store, clock)
+    client.service.startService()
+    answer = Deferred.fromCoroutine(client.get("tasks"))
+    await store.entered.addTimeout(10, reactor)
+    stopping = client.service.stopService()
+    for _ in range(5):  # a few turns of the reactor: nothing may close yet
+        await deferLater(reactor, 0.01)
+    assert not store.closed and not stopping.called
+    if abandon:
+        # The drain is bounded (10 s on the service clock), then the backend closes.
+        with logged_events() as events:
+            clock.advance(10)
+            await stopping.addTimeout(10, reactor)
+        assert store.closed
+        assert any(str(e.get("log_format", "")).startswith("TASKQUEUE_DRAIN_ABANDONED")
+                   for e in events)
+        store.gate.callback(None)
+        await answer
+        return
+    store.gate.callback(None)
+    assert await answer == (200, {"data": []})
+    await stopping.addTimeout(10, reactor)
+    assert store.closed
