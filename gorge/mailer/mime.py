@@ -39,6 +39,10 @@ RESERVED_HEADERS = frozenset(
     }
 )
 _FOLD_AT = 78
+# A filename parameter longer than this goes out as RFC 2231 continuations
+# of _PARAM_CHUNK characters (each well under the 998-octet line limit).
+_PARAM_LINE = 900
+_PARAM_CHUNK = 64
 _BLOCK = struct.Struct("76s" * 256)  # 256 base64 lines per unpack
 
 
@@ -114,19 +118,41 @@ def _body(message: Message, alt_boundary: str) -> tuple[list[str], list[bytes]]:
     return headers, _multipart(alt_boundary, [text, html])
 
 
-def _attachment(attachment: Attachment) -> bytes:
-    name = attachment.filename
+def _name_params(key: str, name: str) -> str:
+    """The ``key`` parameter for a filename, as one or more folded lines.
+
+    A printable ASCII name is a quoted-string. Otherwise (and for any name
+    too long for one line) RFC 2231: percent-encoded UTF-8, which also
+    neutralises any control character a hostile filename might carry, cut
+    into numbered continuations so no line nears the 998-octet limit."""
     if name.isascii() and all(32 <= ord(c) < 127 for c in name):
         escaped = name.replace("\\", "\\\\").replace('"', '\\"')
-        type_param, disp_param = f'name="{escaped}"', f'filename="{escaped}"'
-    else:
-        # RFC 2231: non-ASCII names percent-encoded, which also neutralises
-        # any control character a hostile filename might carry.
-        encoded = quote(name.encode("utf-8"), safe="")
-        type_param, disp_param = f"name*=utf-8''{encoded}", f"filename*=utf-8''{encoded}"
+        if len(escaped) <= _PARAM_LINE:
+            return f'{key}="{escaped}"'
+    encoded = quote(name.encode("utf-8"), safe="")
+    if len(encoded) <= _PARAM_LINE:
+        return f"{key}*=utf-8''{encoded}"
+    pieces: list[str] = []
+    start = 0
+    while start < len(encoded):
+        end = min(start + _PARAM_CHUNK, len(encoded))
+        # Never cut a %XX escape in two.
+        if encoded[end - 1 : end] == "%":
+            end -= 1
+        elif encoded[end - 2 : end - 1] == "%":
+            end -= 2
+        pieces.append(encoded[start:end])
+        start = end
+    first = f"{key}*0*=utf-8''{pieces[0]}"
+    rest = [f"{key}*{i}*={piece}" for i, piece in enumerate(pieces[1:], start=1)]
+    return ";\r\n ".join([first, *rest])
+
+
+def _attachment(attachment: Attachment) -> bytes:
+    name = attachment.filename
     headers = [
-        f"Content-Type: {attachment.mime_type};\r\n {type_param}",
-        f"Content-Disposition: attachment;\r\n {disp_param}",
+        f"Content-Type: {attachment.mime_type};\r\n {_name_params('name', name)}",
+        f"Content-Disposition: attachment;\r\n {_name_params('filename', name)}",
         "Content-Transfer-Encoding: base64",
     ]
     # The caller's base64 (validated, whitespace removed) decodes to the same

@@ -152,3 +152,28 @@ def test_outcome_scopes_and_cap():
     assert Outcome.rejected_unscoped("x").scope == "unscoped"
     assert Outcome.transient("x").retryable and Outcome.unknown("x").scope is None
     assert len(Outcome.unknown("y" * 5000).cause) == 512
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.one_of(st.text(min_size=1, max_size=400),
+                      st.text(alphabet="abc 世界.", min_size=300, max_size=1200)))
+def test_long_attachment_names_stay_within_the_line_limit(name):
+    # §11: no header line may exceed 998 octets -- a long (or long non-ASCII,
+    # percent-encoded three times over) filename included; the name must
+    # still read back exactly.
+    name = name.replace("\r", "").replace("\n", "").replace("\x00", "") or "x"
+    raw = build(attachments=[{"filename": name, "mimeType": "text/plain", "data": "eA=="}])
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    part = list(parsed.iter_parts())[1]
+    # (The stdlib reader strips surrounding whitespace from a filename.)
+    assert part.get_filename() == name.strip()
+    assert part.get_payload(decode=True) == b"x"
+
+
+def test_long_cjk_attachment_name_example():
+    name = "设计评审会议纪要" * 30 + ".txt"  # 244 characters, 2,172 once percent-encoded
+    raw = build(attachments=[{"filename": name, "data": "eA=="}])
+    assert max(len(line) for line in raw.split(b"\r\n")) <= 998
+    part = list(email.message_from_bytes(raw, policy=email.policy.default).iter_parts())[1]
+    assert part.get_filename() == name
