@@ -415,3 +415,24 @@ def test_hand_backs_cut_by_the_drain_budget_move_no_counter():
     assert consumer.counters.unreported == 0
     assert metrics.get_sample_value(
         "gorge_worker_tasks_total", {"task_class": "NoopWorker", "outcome": "unreported"}) is None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: the ids of a rejected lease answer are only in the LEASE_FAILED error text, "
+    "which by-state-change logging suppresses while leasing already fails, so rows left "
+    "leased to us go unnamed (worker.md §4.3 'Log the ids that were present', §6.5)"))
+def test_ids_of_a_rejected_lease_answer_are_logged_even_while_leasing_fails():
+    clock, queue = Clock(), FakeQueue()
+    queue.lease_errors = [
+        QueueError("lease: http: POST /api/queue/lease: ConnectionRefusedError"),
+        QueueError("lease: malformed task in answer (ids [5, 6])"),
+    ]
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        assert len(captured.named("LEASE_FAILED")) == 1
+        clock.advance(1.0)
+        assert len(queue.leases) == 2
+        assert any("[5, 6]" in str(e.get("error", "")) or e.get("task_ids") == [5, 6]
+                   for e in captured.events)
