@@ -84,17 +84,27 @@ BUSY_TIMEOUT_MS = 5000
 _PHID_TABLES = ("worker_activetask", "worker_archivetask")
 
 
+def _numeric_phid_table(connection: sqlite3.Connection, table: str) -> str | None:
+    """The CREATE statement of ``table`` if it still has VARBINARY PHID columns."""
+    row = connection.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    return row[0] if row is not None and "VARBINARY" in row[0] else None
+
+
 def _rebuild_numeric_phid_tables(connection: sqlite3.Connection) -> None:
     for table in _PHID_TABLES:
-        row = connection.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
-        ).fetchone()
-        if row is None or "VARBINARY" not in row[0]:
+        if _numeric_phid_table(connection, table) is None:
             continue
-        rebuilt = f"{table}_rebuilt"
-        create = row[0].replace("VARBINARY(64)", "TEXT").replace(table, rebuilt, 1)
         connection.execute("BEGIN IMMEDIATE")
         try:
+            # Again under the write lock: another process may have rebuilt it.
+            old = _numeric_phid_table(connection, table)
+            if old is None:
+                connection.execute("ROLLBACK")
+                continue
+            rebuilt = f"{table}_rebuilt"
+            create = old.replace("VARBINARY(64)", "TEXT").replace(table, rebuilt, 1)
             connection.execute(create)
             connection.execute(f"INSERT INTO {rebuilt} SELECT * FROM {table}")
             connection.execute(f"DROP TABLE {table}")
