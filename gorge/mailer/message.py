@@ -46,6 +46,8 @@ _CRLFNUL = str.maketrans("", "", "\r\n\x00")
 _CRLF = str.maketrans("", "", "\r\n")
 # RFC 5322 specials (plus the quote itself) force a quoted-string display name.
 _SPECIALS = set('()<>[]:;@\\,."')
+# An unbroken run in a display name longer than this is RFC 2047 encoded.
+_LONGEST_WORD = 200
 
 
 class MessageError(ValueError):
@@ -130,7 +132,10 @@ def format_address(addr: Address) -> str:
     name = addr.name
     if not name:
         return addr.address
-    if not name.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if (not name.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in name)
+            or max(len(word) for word in name.split(" ")) > _LONGEST_WORD):
+        # Encoded words can be folded between; a long unbroken ASCII run
+        # could not, and would break the 998-octet header line limit.
         return f"{' '.join(encode_words(name))} <{addr.address}>"
     if any(c in _SPECIALS for c in name):
         quoted = name.replace("\\", "\\\\").replace('"', '\\"')

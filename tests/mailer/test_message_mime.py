@@ -177,3 +177,19 @@ def test_long_cjk_attachment_name_example():
     assert max(len(line) for line in raw.split(b"\r\n")) <= 998
     part = list(email.message_from_bytes(raw, policy=email.policy.default).iter_parts())[1]
     assert part.get_filename() == name
+
+
+def test_long_display_names_stay_within_the_line_limit():
+    # §11: no header line may exceed 998 octets, whatever the caller's
+    # display name (one unbroken run here, so folding at whitespace cannot help).
+    for name in ("x" * 1500, "Doe," + "y" * 1200):
+        raw = build(to=[{"name": name, "address": "a@example.com"}],
+                    **{"from": {"name": name, "address": "f@example.com"}})
+        assert max(len(line) for line in raw.split(b"\r\n")) <= 998
+        parsed = email.message_from_bytes(raw, policy=email.policy.default)
+        assert parsed["To"].addresses[0].addr_spec == "a@example.com"
+        # RFC 2047 reading (the stdlib's address parser keeps the blanks
+        # between adjacent encoded words, which the RFC says to drop).
+        to = raw.split(b"\r\nTo: ", 1)[1].split(b"\r\nSubject: ", 1)[0].decode()
+        phrase = to.replace("\r\n", "").rpartition(" <a@example.com>")[0]
+        assert str(make_header(decode_header(phrase))) == name
