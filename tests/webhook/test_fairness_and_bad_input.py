@@ -67,7 +67,7 @@ def _props(row: dict) -> dict:
     ("[1,2]", None),
 ])
 async def test_invalid_properties_fail_without_a_request(herald, receiver, make_harness,
-                                                         properties, kept):
+                                                         captured_log, properties, kept):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/ok")
     bad = herald.insert_request(hook=hook, properties=properties)
@@ -79,10 +79,12 @@ async def test_invalid_properties_fail_without_a_request(herald, receiver, make_
     assert _props(row) == expected and list(_props(row)) == list(expected)
     assert herald.request(good)["status"] == "sent"  # the daemon keeps going
     assert receiver.count() == 1
+    (line,) = captured_log.named("WEBHOOK_PROPERTIES_INVALID")
+    assert line["request"] == row["phid"]
 
 
 @pytest.mark.parametrize("case", ["missing", "disabled", "scheme", "no-host", "refused"])
-async def test_configuration_failures(herald, receiver, make_harness, case):
+async def test_configuration_failures(herald, receiver, make_harness, captured_log, case):
     # "refused": the default blacklist covers the loopback receiver.
     harness = make_harness(outbound_blacklist=parse_blacklist(None if case == "refused" else "none"))
     uri = {"scheme": "ftp://example.com/x", "no-host": "http:///x"}.get(case, f"{receiver.base}/x")
@@ -104,9 +106,15 @@ async def test_configuration_failures(herald, receiver, make_harness, case):
     assert receiver.count() == 0
     assert herald.request(bystander) == before  # nothing else touched
     assert harness.metric("gorge_webhook_breaker_transitions_total", state="open") == 0
+    # Spec §9: the reference's event names, which operators grep for.
+    event = {"missing": "WEBHOOK_HOOK_MISSING", "disabled": "WEBHOOK_HOOK_DISABLED"}.get(
+        case, "WEBHOOK_URI_REFUSED")
+    (line,) = captured_log.named(event)
+    assert line["request"] == row["phid"] and line["hook"] == hook
 
 
-async def test_empty_key_is_a_failed_attempt_after_the_claim(herald, receiver, make_harness):
+async def test_empty_key_is_a_failed_attempt_after_the_claim(herald, receiver, make_harness,
+                                                             captured_log):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/x", key="")
     bad = herald.insert_request(hook=hook, properties={"retry": "never"})
@@ -116,6 +124,8 @@ async def test_empty_key_is_a_failed_attempt_after_the_claim(herald, receiver, m
     assert row["lastRequestEpoch"] == int(harness.clock.seconds())
     assert _props(row) == {"retry": "never", "errorType": "hook", "errorCode": "request-build-error"}
     assert receiver.count() == 0
+    (line,) = captured_log.named("WEBHOOK_REQUEST_BUILD_FAILED")
+    assert line["request"] == row["phid"] and line["hook"] == hook
 
 
 async def test_unresolvable_host_is_a_failed_attempt_with_code_6(herald, receiver, make_harness):
@@ -321,3 +331,26 @@ async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
     for request_id in ids[1:]:
         row = herald.request(request_id)
         assert (row["status"], _props(row)["errorCode"]) == ("failed", "disabled")
+
+
+async def test_a_row_deleted_during_its_delivery_is_logged_at_info_and_left_alone(
+        herald, receiver, make_harness, captured_log):
+    # Spec §2.4/§5.2: the garbage collector may delete a row we are delivering;
+    # the result write then changes nothing: one info line, no retry, no error.
+    harness = make_harness()
+    receiver.delay = 0.3
+    hook = herald.insert_hook(uri=f"{receiver.base}/gc")
+    request_id = herald.insert_request(hook=hook)
+    await Deferred.fromCoroutine(harness.dispatcher.tick())
+    waited = 0
+    while receiver.count() == 0:
+        assert waited < 200, "delivery never started"
+        await deferLater(reactor, 0.02)
+        waited += 1
+    herald.execute("DELETE FROM herald_webhookrequest WHERE id = %s", (request_id,))
+    assert await harness.dispatcher.wait_idle(20, reactor)
+    (line,) = captured_log.named("WEBHOOK_RESULT_ROW_GONE")
+    assert line["log_level"].name == "info"
+    assert not captured_log.named("WEBHOOK_RESULT_WRITE_FAILED")
+    assert herald.status_counts() == {}
+    assert receiver.count() == 1

@@ -63,7 +63,8 @@ async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, her
 
 
 async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald, receiver,
-                                                                         make_harness):
+                                                                         make_harness,
+                                                                         captured_log):
     hook = herald.insert_hook(uri=f"{receiver.base}/h")
     for n in range(5):
         herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
@@ -101,6 +102,9 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald
     won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
     lost = sum(h.metric("gorge_webhook_claims_total", result="lost") for h in (one, two))
     assert (won, lost) == (5, 5)
+    # Spec §9 item 3: losing a claim is normal with several instances — debug only.
+    lost_lines = captured_log.named("WEBHOOK_CLAIM_LOST")
+    assert len(lost_lines) == 5 and {e["log_level"].name for e in lost_lines} == {"debug"}
 
 
 async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiver,
