@@ -436,3 +436,53 @@ def test_ids_of_a_rejected_lease_answer_are_logged_even_while_leasing_fails():
         assert len(queue.leases) == 2
         assert any("[5, 6]" in str(e.get("error", "")) or e.get("task_ids") == [5, 6]
                    for e in captured.events)
+
+
+def test_lease_errors_neither_reset_nor_start_the_idle_clock():
+    clock, queue = Clock(), FakeQueue()
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
+                                idle_timeout=10, poll_interval=1.0)
+    consumer.start()
+    clock.advance(1.0)  # t=1: empty answer starts the idle clock
+    queue.lease_errors = [server_error() for _ in range(5)]
+    clock.pump([1.0] * 5)  # t=2..6: failures
+    assert consumer.idle is False
+    clock.pump([1.0] * 6)  # t=7..12: empty again; 11 s > 10 s since t=1
+    assert consumer.idle is True
+    queue.lease_errors = [server_error() for _ in range(5)]
+    clock.pump([1.0] * 5)
+    assert consumer.idle is True  # failing does not end idleness either
+
+
+def test_at_most_one_lease_call_in_flight_even_when_slots_free():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(i) for i in range(1, 5)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock, lease_limit=4,
+                                max_workers=4, poll_interval=1.0)
+    consumer.start()
+    clock.advance(1.0)
+    assert len(queue.leases) == 1 and len(gate.started) == 4
+    hold = queue.lease_hold = Deferred()  # the next lease call hangs
+    for task_id in (1, 2, 3, 4):
+        gate.finish(task_id)
+        clock.advance(0)
+    assert len(queue.leases) == 2
+    clock.pump([1.0] * 5)
+    assert len(queue.leases) == 2
+    hold.callback(None)
+    assert consumer.readiness_reason() is None
+
+
+def test_shutdown_ends_hibernation_at_once():
+    clock, queue = Clock(), FakeQueue()
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
+                                idle_timeout=2, hibernate=1000, poll_interval=1.0)
+    consumer.start()
+    clock.pump([1.0] * 5)
+    assert consumer.idle is True and clock.getDelayedCalls()
+    leases = len(queue.leases)
+    stopped = Deferred.fromCoroutine(consumer.stop())
+    assert stopped.called
+    assert clock.getDelayedCalls() == []
+    clock.advance(2000)
+    assert len(queue.leases) == leases
