@@ -187,3 +187,35 @@ async def test_probe_with_a_deeply_nested_answer_fails_with_a_reason(reactor, ht
     client = ConduitClient(http_client, reactor, base, TOKEN)
     reason = await Deferred.fromCoroutine(client.probe())
     assert reason == "conduit worker.execute returned non-JSON (HTTP 200): " + snippet(DEEP)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8)
+
+
+@given(st.one_of(
+    JSON_VALUES,
+    st.fixed_dictionaries(
+        {"result": st.sampled_from(["success", "yield", "permanent-failure", "failure", "",
+                                    "other"]) | JSON_VALUES},
+        optional={"retry": JSON_VALUES, "failureReason": JSON_VALUES,
+                  "duration": JSON_VALUES})))
+def test_every_worker_execute_result_becomes_exactly_one_outcome(result):
+    from gorge.worker.handlers.conduit import interpret_result
+    from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
+
+    try:
+        interpret_result(12, "SomeWorker", result)
+    except Yield as exc:
+        assert isinstance(result, dict) and result["result"] == "yield"
+        assert isinstance(exc.seconds, int) and exc.seconds >= 5
+    except PermanentFailure:
+        assert isinstance(result, dict) and result["result"] == "permanent-failure"
+    except RetryLater as exc:
+        assert not (isinstance(result, dict) and result.get("result") in (
+            "success", "yield", "permanent-failure"))
+        assert exc.retry_wait is None or (isinstance(exc.retry_wait, int) and exc.retry_wait >= 0)
+    else:
+        assert isinstance(result, dict) and result["result"] == "success"
