@@ -241,3 +241,17 @@ def test_env_example_lists_every_setting_with_its_default():
     read = set(re.findall(r'"(GORGE_WORKER_[A-Z_]+)"', source))
     assert read <= set(env), read - set(env)
     assert load_worker_settings(env) == load_worker_settings({})
+
+
+def test_probe_routes_need_no_token_and_unknown_api_paths_need_one():
+    svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), Clock(),
+                               http_client=object())
+    client = stub_client(svc.site)
+    for path in ("/", "/healthz", "/readyz", "/metrics"):
+        response = flushed(client, client.get("http://worker" + path))
+        assert response.code in (200, 503), path
+    unknown = flushed(client, client.get("http://worker/api/worker/nope"))
+    assert unknown.code == 401
+    wrong_header = flushed(client, client.get("http://worker/api/worker/stats?token=svc",
+                                              headers={"X-Service-Token": "wrong"}))
+    assert wrong_header.code == 401  # the query parameter is read only without a header
