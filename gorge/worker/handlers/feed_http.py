@@ -131,7 +131,7 @@ class FeedHttpHandler:
         story_id = doc.get("storyID")
         version = doc.get("deliveryVersion")
         if (
-            _is_int(version)
+            not isinstance(version, bool)
             and version == 1
             and _non_empty_str(uri)
             and _non_empty_str(doc.get("body"))
