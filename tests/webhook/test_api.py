@@ -162,3 +162,16 @@ async def test_metrics_and_no_uri_or_key_in_logs(herald, receiver, make_harness,
     assert "WEBHOOK_DELIVERED" in logged and "WEBHOOK_URI_REFUSED" in logged
     for secret in (SECRET_KEY, "hunter2", "secret=abc", "/hook?", "user:pw", "/status/500"):
         assert secret not in logged
+
+
+async def test_head_has_no_body_and_a_wrong_probe_method_is_405(herald, make_harness, listen):
+    # Spec §6.6: HEAD gets the status without a body; only a probe path answers 405.
+    base = listen(make_harness(http=HTTP).service.site)
+    code, body, _ = await get(base + "/api/webhook/stats", method="HEAD",
+                              headers={"X-Service-Token": TOKEN})
+    assert (code, body) == (200, b"")
+    code, body, _ = await get(base + "/api/webhook/stats", method="HEAD")
+    assert (code, body) == (401, b"")
+    code, body, _ = await get(base + "/healthz", method="POST")
+    assert code == 405 and json.loads(body)["error"]["code"] == "ERR_METHOD_NOT_ALLOWED"
+    assert "data" not in json.loads(body)
