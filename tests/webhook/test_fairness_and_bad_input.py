@@ -354,3 +354,32 @@ async def test_a_row_deleted_during_its_delivery_is_logged_at_info_and_left_alon
     assert not captured_log.named("WEBHOOK_RESULT_WRITE_FAILED")
     assert herald.status_counts() == {}
     assert receiver.count() == 1
+
+
+async def test_no_cookie_is_kept_or_sent(herald, make_harness):
+    # Spec §4.4: like Phorge's cURL, deliveries neither store nor replay cookies.
+    from twisted.web import resource, server
+
+    seen: list[list[bytes] | None] = []
+
+    class SetsCookies(resource.Resource):
+        isLeaf = True
+
+        def render_POST(self, request):
+            seen.append(request.requestHeaders.getRawHeaders(b"cookie"))
+            request.addCookie(b"session", b"abc", path=b"/")
+            return b"ok"
+
+    site = server.Site(SetsCookies())
+    site.log = lambda request: None
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    try:
+        harness = make_harness()
+        hook = herald.insert_hook(uri=f"http://127.0.0.1:{port.getHost().port}/c")
+        for n in range(2):
+            herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
+        await harness.run_tick()
+    finally:
+        await port.stopListening()
+    assert seen == [None, None]
+    assert herald.status_counts() == {"sent": 2}
