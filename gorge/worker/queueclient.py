@@ -147,7 +147,8 @@ class QueueClient:
     def _parse(path: str, status: int, raw: bytes) -> Any:
         try:
             doc = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: nesting deeper than the decoder's stack allows.
             doc = None
         if not isinstance(doc, dict):
             raise QueueError(f"unmarshal (status {status}): {path} answered no JSON object",

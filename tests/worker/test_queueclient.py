@@ -177,10 +177,6 @@ def test_owner_host_fits_32_bytes_on_a_character_boundary(host):
     assert len(owner) <= 64 and owner.endswith(":4194304:1795946970:gorge-worker")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: queueclient._parse catches only ValueError; a body nested too deep for the "
-    "JSON decoder raises RecursionError, which escapes the client (not a QueueError), so "
-    "the consumer neither retries the report nor counts it unreported (worker.md §4.1, §8)"))
 def test_deeply_nested_answer_is_an_unmarshal_error():
     resource = ScriptedQueue(body=b"[" * 100_000)
     client, _, _ = client_for(resource)
