@@ -116,6 +116,8 @@ def _reasons(exc: BaseException) -> list[BaseException]:
 
 def transport_code(exc: BaseException) -> int:
     """cURL's code for a transport failure (spec §4.5); our own deadline is decided elsewhere."""
+    if isinstance(exc, Unresolvable):
+        return CODE_UNRESOLVED
     if isinstance(exc, net_error.TimeoutError):
         return CODE_TIMEOUT
     if isinstance(exc, net_error.ConnectError):
@@ -221,8 +223,9 @@ class Transport:
             try:
                 target = await self._policy.check(
                     urljoin(target.uri, location[0].decode("latin-1")))
-            except (UriRefused, Unresolvable):
+            except UriRefused:
                 return response.code
+            # Unresolvable propagates: not a refusal, a failed attempt (code 6, §4.6).
         return response.code
 
     def abort_all(self) -> None:

@@ -203,6 +203,25 @@ async def test_a_receiver_closing_early_records_curls_code(herald, make_harness,
     assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == code
 
 
+async def test_a_redirect_to_a_host_that_does_not_resolve_is_code_6(herald, receiver,
+                                                                    make_harness):
+    # Spec §4.4/§4.6: only a refused target ends at the 3xx; a name with no
+    # address is not a refusal but a failed attempt, recorded as cURL's 6.
+    from urllib.parse import quote
+
+    async def nxdomain(host, port):
+        raise OSError("Name or service not known")
+
+    harness = make_harness(resolver=nxdomain)
+    location = quote("http://gone.invalid/x", safe="")
+    hook = herald.insert_hook(uri=f"{receiver.base}/redirect/308/{location}")
+    request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+    await harness.run_tick()
+    row = herald.request(request_id)
+    assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
+    assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == 6
+
+
 async def test_connection_refused_is_code_7(herald, receiver, make_harness):
     harness = make_harness()
     port = receiver.port.getHost().port
