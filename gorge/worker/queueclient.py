@@ -27,15 +27,26 @@ OWNER_HOST_BYTES = 32
 class QueueError(Exception):
     """A queue call that did not succeed; ``str()`` is the spec's description."""
 
-    def __init__(self, description: str, *, status: int | None = None, code: str | None = None):
+    def __init__(
+        self,
+        description: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        transient: bool = False,
+    ):
         super().__init__(description)
         self.status = status
         self.code = code
+        # A body that is no JSON envelope came from something in front of the
+        # queue (a proxy's error page), so its status says nothing about us.
+        self.transient = transient
 
     @property
     def retryable(self) -> bool:
-        """worker.md §8: any 4xx except 408/429 will not get better by retrying."""
-        if self.status is None or not 400 <= self.status < 500:
+        """worker.md §8: any 4xx except 408/429 will not get better by retrying,
+        unless the answer was not the queue's own JSON envelope."""
+        if self.transient or self.status is None or not 400 <= self.status < 500:
             return True
         return self.status in (408, 429)
 
@@ -152,7 +163,7 @@ class QueueClient:
             doc = None
         if not isinstance(doc, dict):
             raise QueueError(f"unmarshal (status {status}): {path} answered no JSON object",
-                             status=status)
+                             status=status, transient=True)
         error = doc.get("error")
         if error is not None:
             code = message = ""
@@ -173,7 +184,9 @@ class QueueClient:
                 "/api/queue/lease", body, extra={b"X-Lease-Owner": self.owner.encode()}
             )
         except QueueError as exc:
-            raise QueueError(f"lease: {exc}", status=exc.status, code=exc.code) from None
+            raise QueueError(
+                f"lease: {exc}", status=exc.status, code=exc.code, transient=exc.transient
+            ) from None
         return validate_lease_answer(data, limit)
 
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:

@@ -186,10 +186,6 @@ def test_deeply_nested_answer_is_an_unmarshal_error():
     assert failure.value.retryable
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: a 4xx whose body is not a JSON envelope (a proxy's HTML page) is classified "
-    "as a refusal and not retried; worker.md §8 lists 'a body that is not a JSON envelope' "
-    "among the transient failures, and only the queue's own 4xx answers stop at once"))
 @pytest.mark.parametrize("status", [400, 404])
 def test_a_4xx_without_a_json_envelope_is_retried(status):
     resource = ScriptedQueue(status=status, body=b"<html>Not Found</html>")
