@@ -191,3 +191,45 @@ async def test_counters_are_summarised_once_a_minute_and_only_when_non_zero(
     harness.clock.advance(60)  # a quiet minute: no line
     await harness.run_tick()
     assert len(captured_log.named("WEBHOOK_SUMMARY")) == 1
+
+
+@pytest.mark.integration
+async def test_every_window_follows_the_database_clock_not_the_service_clock(
+        mariadb, herald_db, herald, receiver):
+    # Spec §3.8: cutoffs, the breaker window and lastRequestEpoch all come from
+    # the database clock; here it runs an hour ahead of the service host.
+    from prometheus_client import CollectorRegistry
+    from twisted.internet import reactor, task
+    from twisted.internet.defer import Deferred
+
+    from tests.webhook.conftest import T0
+
+    service_clock, db_clock = task.Clock(), task.Clock()
+    service_clock.advance(T0)
+    db_clock.advance(T0 + 3600)
+    settings = webhook_settings(mariadb.settings(herald_db))
+    store = WebhookStore.mysql(settings.mysql, reactor, db_clock=db_clock)
+    service = build_webhook_service(settings, reactor, store=store, clock=service_clock,
+                                    registry=CollectorRegistry())
+    hook = herald.insert_hook(uri=f"{receiver.base}/status/500")
+    db_now = T0 + 3600
+    # Failed 61 s ago by the database clock: due. By the service clock it would
+    # lie an hour in the future and never be due.
+    due = herald.insert_request(hook=hook, created=db_now - 100, modified=db_now - 61,
+                                result="fail", epoch=db_now - 61,
+                                properties={"retry": "forever"})
+    # Failed 59 s ago by the database clock: still backing off.
+    waiting = herald.insert_request(hook=hook, created=db_now - 100, modified=db_now - 59,
+                                    result="fail", epoch=db_now - 59,
+                                    properties={"retry": "forever"})
+    try:
+        await Deferred.fromCoroutine(service.dispatcher.tick())
+        assert await service.dispatcher.wait_idle(20, reactor)
+    finally:
+        await Deferred.fromCoroutine(service.transport.close())
+        store.close()
+    assert receiver.count() == 1
+    row = herald.request(due)
+    assert (row["status"], row["lastRequestResult"]) == ("queued", "fail")
+    assert row["lastRequestEpoch"] == db_now and row["dateModified"] > db_now - 61
+    assert herald.request(waiting)["lastRequestEpoch"] == db_now - 59
