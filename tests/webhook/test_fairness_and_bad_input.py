@@ -222,6 +222,33 @@ async def test_a_redirect_to_a_host_that_does_not_resolve_is_code_6(herald, rece
     assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == 6
 
 
+async def test_a_2xx_whose_body_outlasts_the_deadline_is_a_timeout(herald, make_harness):
+    # Spec §4.5: a status already received does not make a timed-out exchange a success.
+    from twisted.internet.protocol import Factory, Protocol
+
+    held = []
+
+    class StallsInTheBody(Protocol):
+        def dataReceived(self, data):
+            if b"\r\n\r\n" in data and self not in held:
+                held.append(self)
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok")
+
+    port = reactor.listenTCP(0, Factory.forProtocol(StallsInTheBody), interface="127.0.0.1")
+    try:
+        harness = make_harness(delivery_timeout=1)
+        hook = herald.insert_hook(uri=f"http://127.0.0.1:{port.getHost().port}/stall")
+        request_id = herald.insert_request(hook=hook, properties={"retry": "never"})
+        await harness.run_tick()
+    finally:
+        for protocol in held:
+            protocol.transport.abortConnection()
+        await port.stopListening()
+    row = herald.request(request_id)
+    assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
+    assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
+
+
 async def test_connection_refused_is_code_7(herald, receiver, make_harness):
     harness = make_harness()
     port = receiver.port.getHost().port
