@@ -244,3 +244,31 @@ async def test_stop_drains_a_store_call_in_flight_before_closing_the_backend(clo
     assert await answer == (200, {"data": []})
     await stopping.addTimeout(10, reactor)
     assert store.closed
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_readyz_does_not_check_the_tables(mariadb, worker_db):
+    """§4: a database without Phorge's tables yet is ready; only real calls fail."""
+    from twisted.internet import reactor
+
+    from gorge.mysql import make_pool
+    from gorge.taskqueue.mysql import MySQLTaskStore
+
+    name = worker_db + "_empty"
+    admin = mariadb.connect(worker_db)
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}`")
+    finally:
+        admin.close()
+    store = MySQLTaskStore(make_pool(mariadb.settings(name), reactor), reactor)
+    client = Client(store, reactor, backend="mysql")
+    try:
+        assert await client.get("/readyz", token=None) == (200, {"status": "ok"})
+        code, answer = await client.post("enqueue", {"taskClass": "X"})
+        assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
+                                                  "message": "internal server error"}})
+        assert b"worker_" not in client.last_body
+    finally:
+        await store.close()
