@@ -132,7 +132,8 @@ async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiv
 async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(
         herald, make_harness):
     # Spec §5.2: the retire write is conditional on the version read, so a
-    # process holding an old candidate cannot turn another's "sent" into "failed".
+    # process holding an old candidate cannot overwrite another's attempt — here
+    # a failed retry=forever attempt, which leaves the row queued.
     harness = make_harness()
     hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
     request_id = herald.insert_request(hook=hook, created=T0)
@@ -140,7 +141,8 @@ async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(
     (stale,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
     (fresh,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
     assert await harness.store.claim(fresh)
-    assert await harness.store.finish(fresh, "sent", "okay", '{"errorType":"http","errorCode":200}') == 1
+    assert await harness.store.finish(
+        fresh, "queued", "fail", '{"retry":"forever","errorType":"http","errorCode":500}') == 1
     delivered = herald.request(request_id)
     assert await harness.store.retire(stale, '{"errorType":"hook","errorCode":"disabled"}') == 0
     assert herald.request(request_id) == delivered
