@@ -55,6 +55,12 @@ def test_defaults():
     assert (s.backend, s.http.listen_addr, s.lease_duration, s.retry_wait) == (
         "mysql", ":8090", 7200, 300)
     assert s.mysql.database == "phorge_worker" and s.mysql.user == "phorge"
+    # §2.2: the database is Phorge's too; the pool stays modest and every wait is bounded.
+    assert (s.mysql.host, s.mysql.port, s.mysql.max_connections, s.mysql.connect_timeout,
+            s.mysql.read_timeout, s.mysql.write_timeout) == ("127.0.0.1", 3306, 25, 5, 30, 30)
+    r = load_settings({"GORGE_TASKQUEUE_BACKEND": "redis"})
+    assert (r.redis.host, r.redis.port, r.redis.db, r.redis.poolsize, r.redis_key_prefix) == (
+        "127.0.0.1", 6379, 0, 25, "gorge:tq:")
     s = load_settings({"GORGE_TASKQUEUE_NAMESPACE": "phabricator",
                        "GORGE_TASKQUEUE_BACKEND": "sqlite",
                        "GORGE_TASKQUEUE_SQLITE_PATH": "/tmp/q.db"})
