@@ -64,6 +64,10 @@ class _Run:
         self.deadline = 0.0
         self.current: Deferred | None = None  # handler, report or back-off wait
         self.abandoned = False
+        # False for shutdown hand-backs and class skips: they move no counter
+        # (§6.3, §14 step 2), not even when the drain budget cuts them.
+        self.counted = True
+        self.intended = "none"  # the outcome an uncounted run was reporting
 
 
 def _call_handler(handler: Callable, task: dict, payload: str | None) -> Deferred:
@@ -302,6 +306,9 @@ class Consumer:
                      task_id=task_id, task_class=task["taskClass"])
             return
         run = _Run(task)
+        run.counted = not hand_back
+        if hand_back:
+            run.intended = "yield"
         self._runs[task_id] = run
         self._metrics.active.set(len(self._runs))
         d = Deferred.fromCoroutine(self._process(run, hand_back))
@@ -332,6 +339,8 @@ class Consumer:
                                             yield_seconds=HANDBACK_YIELD), counted=False)
             return
         if not self._plan.runnable(run.task_class):
+            run.counted = False
+            run.intended = "temporary"
             log.info("TASK_SKIPPED task_id={task_id} task_class={task_class}",
                      task_id=run.id, task_class=run.task_class)
             skipped = Outcome("temporary", "task class not runnable by this worker",
@@ -490,10 +499,16 @@ class Consumer:
             return
         for run in list(self._runs.values()):
             run.abandoned = True
-            log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
-                      "reason={reason}", task_id=run.id, task_class=run.task_class,
-                      reason="drain budget expired at shutdown")
-            self._unreported(run, "drain budget expired", "none", logged=True)
+            if run.counted:
+                log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
+                          "reason={reason}", task_id=run.id, task_class=run.task_class,
+                          reason="drain budget expired at shutdown")
+                self._unreported(run, "drain budget expired", "none", logged=True)
+            else:
+                log.warn("TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
+                         "outcome={outcome} reason={reason} error={error}", task_id=run.id,
+                         task_class=run.task_class, outcome=run.intended,
+                         reason="drain budget expired at shutdown", error="")
             if run.current is not None and not run.current.called:
                 run.current.cancel()
         await self._inflight.drain(1.0, self._clock)

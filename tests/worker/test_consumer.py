@@ -398,10 +398,6 @@ def test_abandoned_handler_that_turns_cancellation_into_a_failure_is_still_not_r
     assert consumer.counters.unreported == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: Consumer.stop() marks every run left at drain expiry as abandoned and bumps "
-    "`unreported`, including shutdown hand-backs and class skips, which move no counter "
-    "(worker.md §14 step 2, §6.3, §7)"))
 def test_hand_backs_cut_by_the_drain_budget_move_no_counter():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(1), make_task(2)]
