@@ -211,7 +211,7 @@ class Consumer:
         try:
             tasks = await self._queue.lease(limit, self._plan.task_classes)
         except QueueError as exc:
-            self._lease_failed(str(exc))
+            self._lease_failed(str(exc), task_ids=exc.task_ids)
             self._schedule(self._settings.poll_interval)
             return
         except Exception as exc:
@@ -233,18 +233,24 @@ class Consumer:
         else:
             self._schedule(self._settings.poll_interval)
 
-    def _lease_failed(self, error: str) -> None:
+    def _lease_failed(self, error: str, *, task_ids: list | None = None) -> None:
         now = self._clock.seconds()
         self._metrics.lease_requests.labels(result="error").inc()
         self.lease_attempted = True
         self._more_waiting = False
         if self.lease_error is None:
-            log.warn("LEASE_FAILED error={error}", error=error)
+            log.warn("LEASE_FAILED error={error}", error=error,
+                     task_ids=task_ids)
             self._failing_since_count = 1
             self._failing_summary_at = now
         else:
             self._failing_since_count += 1
-            if now - self._failing_summary_at >= FAILING_SUMMARY_INTERVAL:
+            if error != self.lease_error:
+                # A different failure is a new state; it also names the rows
+                # of a rejected answer, which stay leased to us (§4.3).
+                log.warn("LEASE_ERROR_CHANGED failures={failures} error={error}", failures=self._failing_since_count,
+                         error=error, task_ids=task_ids)
+            elif now - self._failing_summary_at >= FAILING_SUMMARY_INTERVAL:
                 log.warn("LEASE_STILL_FAILING failures={failures} error={error}",
                          failures=self._failing_since_count, error=error)
                 self._failing_summary_at = now

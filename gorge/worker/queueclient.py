@@ -34,10 +34,14 @@ class QueueError(Exception):
         status: int | None = None,
         code: str | None = None,
         transient: bool = False,
+        task_ids: list | None = None,
     ):
         super().__init__(description)
         self.status = status
         self.code = code
+        # The ids in a rejected lease answer: those rows stay leased to us
+        # until their lease expires, so they must be named in the log (§4.3).
+        self.task_ids = task_ids
         # A body that is no JSON envelope came from something in front of the
         # queue (a proxy's error page), so its status says nothing about us.
         self.transient = transient
@@ -78,10 +82,11 @@ def validate_lease_answer(data: Any, limit: int) -> list[dict]:
     if data is None:
         return []
     if not isinstance(data, list):
-        raise QueueError("lease: answer data is not a list")
+        raise QueueError("lease: answer data is not a list", task_ids=[])
     ids = [item.get("id") for item in data if isinstance(item, dict)]
     if len(data) > limit:
-        raise QueueError(f"lease: answer has {len(data)} tasks, asked for {limit} (ids {ids})")
+        raise QueueError(f"lease: answer has {len(data)} tasks, asked for {limit} (ids {ids})",
+                         task_ids=ids)
     for item in data:
         if not (
             isinstance(item, dict)
@@ -90,7 +95,7 @@ def validate_lease_answer(data: Any, limit: int) -> list[dict]:
             and isinstance(item.get("taskClass"), str)
             and item["taskClass"]
         ):
-            raise QueueError(f"lease: malformed task in answer (ids {ids})")
+            raise QueueError(f"lease: malformed task in answer (ids {ids})", task_ids=ids)
     return data
 
 

@@ -417,10 +417,6 @@ def test_hand_backs_cut_by_the_drain_budget_move_no_counter():
         "gorge_worker_tasks_total", {"task_class": "NoopWorker", "outcome": "unreported"}) is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: the ids of a rejected lease answer are only in the LEASE_FAILED error text, "
-    "which by-state-change logging suppresses while leasing already fails, so rows left "
-    "leased to us go unnamed (worker.md §4.3 'Log the ids that were present', §6.5)"))
 def test_ids_of_a_rejected_lease_answer_are_logged_even_while_leasing_fails():
     clock, queue = Clock(), FakeQueue()
     queue.lease_errors = [
