@@ -300,7 +300,9 @@ class Consumer:
         if self._settings.hibernate > 0:
             self._hibernate_until = now + self._settings.hibernate
             log.info("WORKER_HIBERNATING seconds={seconds}", seconds=self._settings.hibernate)
-            self._schedule(self._settings.hibernate)
+            # Turn every poll interval anyway (no lease call) so the watchdog
+            # keeps hearing from a hibernating loop.
+            self._schedule(min(self._settings.hibernate, self._settings.poll_interval))
             return True
         return False
 

@@ -484,11 +484,6 @@ def test_shutdown_ends_hibernation_at_once():
     assert len(queue.leases) == leases
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: on becoming idle the consumer schedules its next turn at the end of the "
-    "hibernation window, so the watchdog progress callback is silent for the whole window "
-    "(its own comment says it wakes every poll interval); with the unit's WatchdogSec=60 a "
-    "GORGE_WORKER_HIBERNATE_SEC >= 60 gets the worker killed while hibernating (worker.md §6.6)"))
 def test_hibernating_worker_still_reports_progress_every_poll_interval():
     clock, queue = Clock(), FakeQueue()
     progress = []
