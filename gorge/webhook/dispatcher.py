@@ -139,6 +139,9 @@ class Dispatcher:
 
     def _poll_failed(self, exc: Exception, event: str = POLL_FAILED) -> None:
         """A database outage: logged when it starts, then at most once a minute (§9 item 5)."""
+        # Candidates not started by this tick are dropped as on any tick (§3.6):
+        # with the database gone they would each fail and log on their own.
+        self._lines = {}
         self._metrics.poll_failures.inc()
         now = self._clock.seconds()
         if self._outage_since is None:
@@ -249,6 +252,7 @@ class Dispatcher:
         try:
             is_open = await self._breaker.is_open(hook.phid)
         except Exception as e:
+            self._drop_line(hook.phid)
             log.error("WEBHOOK_BACKOFF_CHECK_FAILED request={request} hook={hook} error={error}",
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
             return
@@ -277,6 +281,7 @@ class Dispatcher:
         try:
             won = await self._store.claim(candidate)
         except Exception as e:
+            self._drop_line(hook.phid)
             self._metrics.claims.labels(result="error").inc()
             log.error("WEBHOOK_CLAIM_FAILED request={request} hook={hook} error={error}",
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
@@ -314,6 +319,11 @@ class Dispatcher:
                      request=candidate.phid, hook=hook.phid)
             return
         await self._record(candidate, hook.phid, props, attempt, duration)
+
+    def _drop_line(self, hook_phid: str) -> None:
+        """A statement failed: the hook's other rows would only fail the same way
+        (one error line per row, §9 item 5); the next tick reads them again."""
+        self._lines.pop(hook_phid, None)
 
     async def _record(self, candidate: Candidate, hook_phid: str,
                       props: payload.Properties, attempt: Attempt, duration: float) -> None:

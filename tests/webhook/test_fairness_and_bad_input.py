@@ -429,3 +429,35 @@ async def test_no_cookie_is_kept_or_sent(herald, make_harness):
         await port.stopListening()
     assert seen == [None, None]
     assert herald.status_counts() == {"sent": 2}
+
+
+async def test_a_database_failure_mid_line_logs_once_per_hook_not_once_per_row(
+        herald, receiver, make_harness, captured_log):
+    # Spec §9 item 5: when the database goes away under a hook's line, the rest
+    # of the line would only fail the same way: one error line, not one per row.
+    harness = make_harness(max_concurrent=1)
+    receiver.delay = 0.3
+    hook = herald.insert_hook(uri=f"{receiver.base}/status/500")
+    for n in range(6):
+        herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}",
+                              properties={"retry": "forever"})
+    await Deferred.fromCoroutine(harness.dispatcher.tick())
+    waited = 0
+    while receiver.count() == 0:
+        assert waited < 200, "first delivery never started"
+        await deferLater(reactor, 0.02)
+        waited += 1
+    herald.execute("RENAME TABLE herald_webhookrequest TO herald_webhookrequest_away")
+    try:
+        idle = harness.dispatcher.wait_idle(20, reactor)
+        while not idle.called:  # the result write's retry pauses run on the test clock
+            harness.clock.advance(0.5)
+            await deferLater(reactor, 0.02)
+        assert idle.result is True
+    finally:
+        herald.execute("RENAME TABLE herald_webhookrequest_away TO herald_webhookrequest")
+    assert receiver.count() == 1
+    failed = (captured_log.named("WEBHOOK_BACKOFF_CHECK_FAILED")
+              + captured_log.named("WEBHOOK_CLAIM_FAILED"))
+    assert len(failed) == 1
+    assert herald.status_counts() == {"queued": 6}
