@@ -358,7 +358,7 @@ async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
     # dropped and re-read, with their hook (§3.5 step 2) — so a hook disabled
     # while its backlog is being worked stops receiving at the next tick.
     harness = make_harness(max_concurrent=1)
-    receiver.delay = 0.3
+    receiver.delay = 1.0  # room for the test to act while the POST is open
     hook = herald.insert_hook(uri=f"{receiver.base}/backlog")
     ids = [herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
            for n in range(5)]
@@ -384,7 +384,7 @@ async def test_a_row_deleted_during_its_delivery_is_logged_at_info_and_left_alon
     # Spec §2.4/§5.2: the garbage collector may delete a row we are delivering;
     # the result write then changes nothing: one info line, no retry, no error.
     harness = make_harness()
-    receiver.delay = 0.3
+    receiver.delay = 1.0  # room for the test to act while the POST is open
     hook = herald.insert_hook(uri=f"{receiver.base}/gc")
     request_id = herald.insert_request(hook=hook)
     await Deferred.fromCoroutine(harness.dispatcher.tick())
@@ -436,7 +436,7 @@ async def test_a_database_failure_mid_line_logs_once_per_hook_not_once_per_row(
     # Spec §9 item 5: when the database goes away under a hook's line, the rest
     # of the line would only fail the same way: one error line, not one per row.
     harness = make_harness(max_concurrent=1)
-    receiver.delay = 0.3
+    receiver.delay = 1.0  # room for the test to act while the POST is open
     hook = herald.insert_hook(uri=f"{receiver.base}/status/500")
     for n in range(6):
         herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}",
