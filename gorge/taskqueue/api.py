@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Awaitable, Callable
 
 from klein import Klein
@@ -132,14 +133,16 @@ def parse_task_classes(body: dict) -> list[str] | None:
     return value or None
 
 
+_DECIMAL = re.compile(rb"[+-]?[0-9]+")
+
+
 def _query_int(request, name: bytes) -> int | None:
+    """An optional sign and ASCII digits, as the reference's Atoi reads them;
+    anything else (``1_0``, surrounding spaces) is unparsable (§6.9)."""
     values = request.args.get(name)
-    if not values:
+    if not values or not _DECIMAL.fullmatch(values[0]):
         return None
-    try:
-        return int(values[0].decode("ascii"), 10)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    return int(values[0], 10)
 
 
 class TaskQueueApi:

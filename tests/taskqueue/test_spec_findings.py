@@ -106,10 +106,6 @@ async def test_a_doubled_slash_is_no_route(memory_store, clock, method, path):
     assert (await client.get("stats"))[1]["data"]["activeCount"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: §6.9 an unparsable limit/offset is the default; the query parser uses "
-    "Python's int(), which also reads '1_0' and ' 10' (gorge/taskqueue/api.py _query_int: "
-    "accept an optional sign and ASCII digits only, as the reference's Atoi does)"))
 @pytest.mark.parametrize("query", ["limit=1_0", "limit=%2010", "limit=10%20", "offset=0_1"])
 @pytest_twisted.ensureDeferred
 async def test_only_plain_decimal_queries_are_parsed(memory_store, clock, query):
