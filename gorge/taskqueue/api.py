@@ -149,6 +149,9 @@ class TaskQueueApi:
     """Routes under ``/api/queue``; auth, body limit and probes are the Site's."""
 
     app = Klein()
+    # Paths match exactly (§3.5): werkzeug would otherwise answer a doubled
+    # slash with a redirect. Set before any route binds to the map.
+    app.url_map.merge_slashes = False
 
     def __init__(self, store: TaskStore, settings: TaskQueueSettings, clock: IReactorTime,
                  metrics: TaskQueueMetrics, *, inflight: InFlight | None = None) -> None:

@@ -89,11 +89,6 @@ async def test_a_lone_surrogate_is_a_client_error_not_a_500(backend_store, clock
         assert code == 200 and "\ufffd" in task["data"]["taskClass"] + task["data"].get("data", "")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: §3.5 paths match exactly and §3.2 an unmatched path is 404 ERR_NOT_FOUND; "
-    "werkzeug's merge_slashes answers '/api/queue//stats' with a redirect that the error "
-    "handlers turn into 400 ERR_BAD_REQUEST whose message is the redirect URL "
-    "(Klein map of gorge/taskqueue/api.py: url_map.merge_slashes = False, or gorge/web.py)"))
 @pytest.mark.parametrize("method,path", [("GET", "/api/queue//stats"),
                                          ("GET", "/api/queue//tasks"),
                                          ("POST", "/api/queue//enqueue")])
