@@ -13,6 +13,7 @@ import hmac
 import itertools
 import json
 import os
+import re
 import time
 from io import BytesIO
 from typing import Any, Awaitable, Callable
@@ -153,9 +154,35 @@ def read_json_object(request) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, "ERR_BAD_REQUEST", f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "ERR_BAD_REQUEST", "request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "ERR_BAD_REQUEST", "request body must be a JSON object")
+    if _MAYBE_SURROGATE.search(raw) or not _PLAIN_UTF8.match(raw):
+        try:
+            body = _replace_surrogates(body)
+        except RecursionError:
+            raise ApiError(400, "ERR_BAD_REQUEST", "request body is nested too deeply") from None
     return body
+
+
+# A lone UTF-16 surrogate (an unpaired ``\ud800`` escape, or its raw UTF-8
+# bytes) decodes to a str no backend can store, so a client value would end as
+# a 500. It becomes U+FFFD, as the reference's JSON decoder does. The raw scan
+# keeps the walk off the common path; UTF-16/32 bodies are always walked.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_PLAIN_UTF8 = re.compile(rb"(?!\xff\xfe|\xfe\xff)[^\x00]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_surrogates(item) for item in value]
+    return value
 
 
 class _Discard:

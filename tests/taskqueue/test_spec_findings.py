@@ -64,18 +64,8 @@ async def test_unknown_task_is_404_whatever_the_wait(backend_store, clock):
     assert (code, answer["error"]["code"]) == (400, "ERR_BAD_REQUEST")
 
 
-_SURROGATE = _xfail(
-    "FINDING: §3.2 a request value is a 4xx, never a 500: a JSON string holding a lone "
-    "UTF-16 surrogate (\\ud800) parses, then fails to encode in every real backend and "
-    "answers 500 (read_json_object in gorge/web.py, or parse_enqueue in "
-    "gorge/taskqueue/api.py: reject it with 400 or replace it with U+FFFD as the "
-    "reference's decoder does)")
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("backend_store", [pytest.param("mysql", marks=_SURROGATE),
-                                           pytest.param("sqlite", marks=_SURROGATE),
-                                           pytest.param("redis", marks=_SURROGATE)],
+@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"],
                          indirect=True)
 @pytest.mark.parametrize("raw", [b'{"taskClass":"A","data":"\\ud800"}',
                                  b'{"taskClass":"A\\udc00"}'])
