@@ -139,10 +139,14 @@ def build_body(object_phid: str, date_created: int, props: Properties) -> bytes:
     # With indent, Python's separators are "," and ": " and ensure_ascii
     # matches PHP's \uXXXX escapes: byte-identical to PhutilJSON here,
     # except that PHP leaves DEL (0x7f) as it is.
-    text = json.dumps(payload, indent=2) + "\n"
+    return _keep_del(json.dumps(payload, indent=2) + "\n").encode("ascii")
+
+
+def _keep_del(text: str) -> str:
+    """Undo Python's escape of DEL (0x7f): PHP's json_encode leaves it raw."""
     if "u007f" in text:
         text = _ESCAPED_DEL.sub(_unescape_del, text)
-    return text.encode("ascii")
+    return text
 
 
 def _unescape_del(match: re.Match) -> str:
@@ -161,6 +165,6 @@ def with_outcome(document: dict | None, error_type: str, error_code: int | str) 
     # Assigning to an existing key keeps its position; new keys append.
     updated["errorType"] = error_type
     updated["errorCode"] = error_code
-    text = json.dumps(updated, separators=(",", ":"))
+    text = _keep_del(json.dumps(updated, separators=(",", ":")))
     # json.dumps never emits "/" outside strings, and PHP escapes it inside them.
     return text.replace("/", "\\/")

@@ -164,6 +164,13 @@ def test_del_is_left_literal_like_php(phid):
     assert body.count(b"\x7f") == phid.count("\x7f")
 
 
+@pytest.mark.parametrize("value", ["a\x7fb", "a\\u007fb", "\\\x7f"])
+def test_write_back_leaves_del_literal_like_php(value):
+    written = payload.with_outcome({"note": value}, "http", 200)
+    assert json.loads(written)["note"] == value
+    assert written.count("\x7f") == value.count("\x7f")
+
+
 def test_integer_codes_written_as_integers_and_slashes_escaped():
     written = payload.with_outcome({"a/b": "c/d", "errorCode": "500"}, "http", 502)
     assert written == '{"a\\/b":"c\\/d","errorCode":502,"errorType":"http"}'
