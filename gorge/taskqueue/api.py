@@ -183,7 +183,9 @@ class TaskQueueApi:
             raise _not_found() from None
         except InvalidArgument as e:
             raise _bad(e.message) from None
-        except ApiError:
+        except (ApiError, CancelledError):
+            # Cancelled: the client went away and took its request with it;
+            # nothing broke in the backend.
             raise
         except Exception as e:
             log.failure("TASKQUEUE_BACKEND_FAILED operation={operation} error={error}",

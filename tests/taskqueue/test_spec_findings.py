@@ -123,12 +123,6 @@ async def test_start_up_logs_the_effective_configuration_without_secrets(memory_
         await service.stopService()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: platform.md §8 error events are the record of what broke; a client that "
-    "hangs up during a store call cancels it, and _call logs the CancelledError as "
-    "TASKQUEUE_BACKEND_FAILED (error, with traceback) and DirectRoutes then logs "
-    "REQUEST_ABANDONED_FAILED, two error lines for a client disconnect "
-    "(gorge/taskqueue/api.py _call: let CancelledError through unlogged)"))
 @pytest_twisted.ensureDeferred
 async def test_a_client_hanging_up_is_not_a_backend_failure(memory_store, clock):
     from io import BytesIO
