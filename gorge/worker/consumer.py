@@ -256,6 +256,7 @@ class Consumer:
                 self._failing_summary_at = now
         self.lease_error = error
         self._first_lease()
+        self._loop_alive()
 
     def _lease_succeeded(self, count: int) -> None:
         self._metrics.lease_requests.labels(result="tasks" if count else "empty").inc()
@@ -267,8 +268,13 @@ class Consumer:
         self._loop_alive()
 
     def _loop_alive(self) -> None:
-        """The loop turned and the queue answered its last lease call."""
-        if self._on_progress is not None and self.lease_error is None:
+        """The loop turned: feed the watchdog.
+
+        Also after a failed lease call: a queue outage is reported by
+        ``/readyz``, and a watchdog restart would abandon the tasks still
+        running here. Only a loop that stops turning stops the pings.
+        """
+        if self._on_progress is not None:
             self._on_progress()
 
     def _first_lease(self) -> None:
