@@ -52,6 +52,34 @@ def make_store(settings: TaskQueueSettings, reactor) -> TaskStore:
     return MySQLTaskStore.from_settings(settings.mysql, reactor)
 
 
+def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
+    """What start-up logs (platform.md §9): every value in effect, for the
+    chosen backend only; secrets appear only as whether they are set."""
+    fields: dict[str, object] = {
+        "backend": settings.backend,
+        "listen": settings.http.listen_addr,
+        "token_set": bool(settings.http.token),
+        "body_limit": settings.http.body_limit,
+        "lease_duration": settings.lease_duration,
+        "retry_wait": settings.retry_wait,
+        "drain_timeout": settings.drain_timeout,
+        "stats_interval": settings.stats_interval,
+    }
+    if settings.backend == "mysql":
+        m = settings.mysql
+        fields.update(mysql_host=m.host, mysql_port=m.port, mysql_user=m.user,
+                      mysql_database=m.database, mysql_password_set=bool(m.password),
+                      mysql_max_connections=m.max_connections)
+    elif settings.backend == "redis":
+        r = settings.redis
+        fields.update(redis_host=r.host, redis_port=r.port, redis_db=r.db,
+                      redis_key_prefix=settings.redis_key_prefix,
+                      redis_password_set=bool(r.password), redis_poolsize=r.poolsize)
+    else:
+        fields.update(sqlite_path=settings.sqlite_path)
+    return fields
+
+
 class TaskQueueService(OrderedService):
     """Stops in reverse: stats loop, listener, in-flight requests, backend."""
 
@@ -86,8 +114,8 @@ class TaskQueueService(OrderedService):
         )
 
     def startService(self) -> None:
-        log.info("TASKQUEUE_STARTING backend={backend} listen={listen}",
-                 backend=self.settings.backend, listen=self.settings.http.listen_addr)
+        fields = effective_configuration(self.settings)
+        log.info("TASKQUEUE_STARTING " + " ".join(f"{k}={{{k}}}" for k in fields), **fields)
         super().startService()
 
     def stopService(self):

@@ -102,10 +102,6 @@ async def test_only_plain_decimal_queries_are_parsed(memory_store, clock, query)
     assert code == 200 and [t["id"] for t in answer["data"]] == list(range(1, 13))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: platform.md §9 logs the effective configuration at start-up without "
-    "secrets; TASKQUEUE_STARTING names only the backend and the listen address "
-    "(gorge/taskqueue/service.py startService)"))
 @pytest_twisted.ensureDeferred
 async def test_start_up_logs_the_effective_configuration_without_secrets(memory_store, clock):
     mysql = MySQLSettings(host="db.internal", port=3307, user="gorge-tq", password="s3cr3t-pw",
