@@ -26,6 +26,7 @@ from gorge.taskqueue.model import (
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
+    InvalidArgument,
     Stats,
     Task,
     archive_of,
@@ -291,8 +292,7 @@ class SqlTaskStore:
         now = self._now()
         if permanent:
             return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False)
-        expires = check_u32("retryWait", now + retry_wait)
-        return await self._run(self._temporary_fail_txn, task_id, now, expires)
+        return await self._run(self._temporary_fail_txn, task_id, now, now + retry_wait)
 
     def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
                      replay: bool) -> ArchivedTask:
@@ -317,8 +317,20 @@ class SqlTaskStore:
         self._exec(txn, DELETE_ACTIVE, (task_id,))
         return archived
 
+    def _check_expiry(self, txn, task_id: int, field: str, expires: int) -> int:
+        """An unknown id is not-found before any range check of a computed
+        expiry (§6.4, §6.5), as in the model and Redis stores."""
+        try:
+            return check_u32(field, expires)
+        except InvalidArgument:
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            if txn.fetchone() is None:
+                raise TaskNotFound(task_id) from None
+            raise
+
     def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int) -> Task:
         self._dialect.begin_write(txn)
+        expires = self._check_expiry(txn, task_id, "retryWait", expires)
         self._exec(txn, TEMPORARY_FAIL, (now, expires, now, task_id))
         if txn.rowcount != 1:
             raise TaskNotFound(task_id)
@@ -327,8 +339,7 @@ class SqlTaskStore:
 
     async def yield_(self, task_id: int, duration: int) -> None:
         now = self._now()
-        expires = check_u32("duration", now + max(duration, MIN_YIELD))
-        await self._run(self._yield_txn, task_id, now, expires)
+        await self._run(self._yield_txn, task_id, now, now + max(duration, MIN_YIELD))
 
     def _yield_txn(self, txn, task_id: int, now: int, expires: int) -> None:
         self._dialect.begin_write(txn)
@@ -337,6 +348,7 @@ class SqlTaskStore:
         self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
         if txn.fetchone() is None:
             raise TaskNotFound(task_id)
+        expires = check_u32("duration", expires)
         self._exec(txn, YIELD, (YIELD_OWNER, expires, now, task_id))
 
     async def awaken(self, task_ids: Sequence[int]) -> int:

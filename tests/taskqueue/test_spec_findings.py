@@ -41,16 +41,8 @@ async def test_list_with_the_largest_offset_is_an_empty_page(backend_store, cloc
     assert await client.get(f"tasks?offset={INT64_MAX - 1}") == (200, {"data": []})
 
 
-_SQL_UNKNOWN_FIRST = _xfail(
-    "FINDING: §6.4/§6.5 an unknown task is 404 with nothing written; the SQL stores check "
-    "now+retryWait / now+duration against the column before looking the id up and answer "
-    "400, where the model and Redis answer 404 (gorge/taskqueue/sqlstore.py fail/yield_)")
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("backend_store", [pytest.param("mysql", marks=_SQL_UNKNOWN_FIRST),
-                                           pytest.param("sqlite", marks=_SQL_UNKNOWN_FIRST),
-                                           "redis"],
+@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"],
                          indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_unknown_task_is_404_whatever_the_wait(backend_store, clock):
