@@ -68,6 +68,7 @@ DEFAULT_OP_TIMEOUT = 10.0
 MEMBER_WIDTH = 20
 # A filtered phase 1 reads the unleased index in pages of this many ids.
 SCAN_BATCH = 200
+_INT64_MAX = 2**63 - 1
 
 
 def hash_tag(key: str) -> str | None:
@@ -623,7 +624,10 @@ class RedisTaskStore:
         )
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
-        rows = await self._run(self._list, [self.keys.active], [offset, offset + limit - 1])
+        # Ranks are Redis 64-bit integers: the last one is clamped so the
+        # largest offset is an empty page, not an overflow (§6.9).
+        last = min(offset + limit - 1, _INT64_MAX)
+        rows = await self._run(self._list, [self.keys.active], [offset, last])
         return [_row(doc) for doc in json.loads(rows)]
 
     async def get_task(self, task_id: int) -> Task:

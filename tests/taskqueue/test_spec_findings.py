@@ -23,15 +23,8 @@ def _xfail(reason: str):
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-_REDIS_OFFSET = _xfail(
-    "FINDING: §6.9 offset is clamped, never a 500; on Redis the LIST script's last rank "
-    "offset+limit-1 overflows Redis' 64-bit integer for an offset near 2^63 "
-    "(gorge/taskqueue/redis.py list_tasks or the clamp in api.py)")
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("backend_store", ["mysql", "sqlite",
-                                           pytest.param("redis", marks=_REDIS_OFFSET)],
+@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"],
                          indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_list_with_the_largest_offset_is_an_empty_page(backend_store, clock):
