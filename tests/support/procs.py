@@ -78,6 +78,13 @@ class ManagedProcess:
     def exited(self) -> int | None:
         return self._proc.poll()
 
+    def wait_exit(self, seconds: float) -> int | None:
+        """Wait up to ``seconds`` for the process to exit; its status, or None."""
+        try:
+            return self._proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
     def log_tail(self, lines: int = 20) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -115,7 +122,9 @@ def wait_until_ready(
             raise ServerUnavailable(
                 f"{proc.name} not ready after {deadline_seconds:.0f}s:\n{proc.log_tail()}"
             )
-        time.sleep(poll_seconds)
+        # Between probes, wait on the process itself: a server that dies
+        # while starting is reported at once instead of after the deadline.
+        proc.wait_exit(poll_seconds)
 
 
 class ThrowawayServer:
