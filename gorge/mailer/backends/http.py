@@ -216,9 +216,13 @@ def _describe(reasons: list[BaseException]) -> str:
 def transport_failure(exc: BaseException, *, handed_over: bool, deadline_fired: bool) -> PostFailed:
     """Classify an exception from the request phase (no status line yet)."""
     reasons = _flat_reasons(exc)
-    if any(_is_tls_failure(r) for r in reasons):
+    tls_failure = any(_is_tls_failure(r) for r in reasons)
+    if tls_failure and not handed_over:
         return PostFailed(False, "TLS handshake failed")
-    what = "deadline reached" if deadline_fired else _describe(reasons)
+    # After the hand-over (for https: after the handshake) a TLS error is a
+    # broken connection like any other: the provider may have the request.
+    what = ("deadline reached" if deadline_fired
+            else "TLS error" if tls_failure else _describe(reasons))
     if not handed_over:
         return PostFailed(False, f"{what} before the request was sent")
     if isinstance(exc, ResponseFailed) or deadline_fired:
