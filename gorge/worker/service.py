@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import ConfigError
-from gorge.httpclient import make_http_client as make_platform_http_client
+from gorge.httpclient import make_http_client
 from gorge.service import FunctionService, OrderedService, Poller, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
@@ -49,12 +49,6 @@ class Options(usage.Options):
     optParameters = [
         ["listen", None, None, "host:port to listen on, overrides GORGE_LISTEN_ADDR"],
     ]
-
-
-def make_http_client(reactor, max_workers: int):
-    # One connection per slot plus the lease call, so reports never queue
-    # behind each other for a connection.
-    return make_platform_http_client(reactor, max_per_host=max_workers + 2, connect_timeout=10)
 
 
 class ConduitProbe:
@@ -142,7 +136,10 @@ def build_worker_service(
     clock = reactor
     pool = None
     if http_client is None:
-        http_client, pool = make_http_client(reactor, settings.max_workers)
+        # One connection per slot plus the lease call, so reports never queue
+        # behind each other for a connection.
+        http_client, pool = make_http_client(
+            reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
     registry, conduit = build_registry(settings, http_client, clock, metrics)
