@@ -118,29 +118,16 @@ def render_failure(request, failure) -> bytes:
 
 
 def add_error_handlers(app: Klein) -> None:
-    """Register the envelope error handlers on ``app``.
+    """Register the envelope error handler on ``app``; call it once, after
+    every route.
 
-    Klein tries handlers in registration order, so the specific ones come
-    first and the catch-all last; call this once, after every route.
+    One catch-all is enough because :func:`render_failure` tells the
+    failures apart itself, most specific first; separate Klein handlers
+    would depend on registration order instead.
     """
 
-    @app.handle_errors(ApiError)
-    def _api_error(*args):
-        request, failure = _handler_args(args)
-        return render_failure(request, failure)
-
-    @app.handle_errors(NotFound, MethodNotAllowed)
-    def _no_route(*args):
-        request, failure = _handler_args(args)
-        return render_failure(request, failure)
-
-    @app.handle_errors(HTTPException)
-    def _http_error(*args):
-        request, failure = _handler_args(args)
-        return render_failure(request, failure)
-
     @app.handle_errors(Exception)
-    def _crash(*args):
+    def _failure(*args):
         request, failure = _handler_args(args)
         return render_failure(request, failure)
 
