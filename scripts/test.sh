@@ -11,11 +11,6 @@ VENV="${GORGE_VENV:-$ROOT/.venv}"
 
 bash "$ROOT/scripts/install-deps.sh"
 
-shared="${GORGE_SHARED_DIR:-$ROOT/../shared}"
-if [ ! -d "$shared/schema" ]; then
-    echo "test.sh: warning: no shared material at $shared (set GORGE_SHARED_DIR)" >&2
-fi
-
 cd "$ROOT"
 status=0
 "$VENV/bin/python" -m pytest "$@" || status=$?

@@ -80,6 +80,9 @@ def _report_hung_test(config, nodeid: str, limit: float) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     limit = _test_time_limit()
+    marker = item.get_closest_marker("time_limit")
+    if marker is not None and limit > 0:
+        limit = max(limit, float(marker.args[0]))
     timer = None
     if limit > 0:
         timer = threading.Timer(

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.mariadb_server import rename_database, schema_path, split_statements
-from tests.support.paths import GOLDEN_DIR, SCHEMA_DIR, SHARED_DIR
+from tests.support.paths import FIXTURES_DIR, REPO_ROOT
+from tests.support.phorge_schema import create_statements
 from tests.support.procs import ServerUnavailable, find_binary
 from tests.support.resp import RedisReplyError, encode_command
 
@@ -56,19 +56,30 @@ def _other_interface_address() -> str | None:
     return None if address.startswith("127.") or address == "0.0.0.0" else address
 
 
-# -- paths -------------------------------------------------------------------
+# -- paths and schema -------------------------------------------------------
 
 
-def test_shared_paths_point_at_the_shared_material():
-    assert SCHEMA_DIR == SHARED_DIR / "schema"
-    assert GOLDEN_DIR == SHARED_DIR / "golden"
-    assert schema_path("herald").is_file()
-    assert schema_path("worker").is_file()
+def test_fixtures_live_in_the_repository():
+    assert FIXTURES_DIR == REPO_ROOT / "tests" / "fixtures"
+    for capture in ("webhook", "feed", "taskqueue"):
+        assert (FIXTURES_DIR / capture / "README.md").is_file()
 
 
 def test_unknown_schema_is_refused():
     with pytest.raises(ValueError, match="unknown schema"):
-        schema_path("maniphest")
+        create_statements("maniphest", "t_x_1")
+
+
+@given(
+    st.sampled_from(["herald", "worker"]),
+    st.from_regex(r"t_[a-z]{1,8}_[0-9]{1,6}", fullmatch=True),
+)
+def test_schema_statements_create_and_fill_only_the_named_database(schema, name):
+    statements = create_statements(schema, name)
+    assert statements[0].startswith(f"CREATE DATABASE IF NOT EXISTS `{name}` ")
+    assert statements[1] == f"USE `{name}`"
+    assert all(s.startswith("CREATE TABLE IF NOT EXISTS `") for s in statements[2:])
+    assert not any("phabricator_" in s for s in statements)
 
 
 def test_a_missing_server_binary_says_how_to_get_it():
@@ -83,59 +94,6 @@ def test_server_binaries_are_found_in_sbin_without_it_on_path(monkeypatch):
     except ServerUnavailable:
         pytest.skip("mariadbd is not installed in an sbin directory here")
     assert found.endswith("/mariadbd") and "sbin" in found
-
-
-# -- schema rewriting (pure) ---------------------------------------------------
-
-SAMPLE = """-- a comment; with a semicolon
-CREATE DATABASE IF NOT EXISTS `phabricator_x` DEFAULT CHARACTER SET utf8mb4;
-USE `phabricator_x`;
-
-CREATE TABLE IF NOT EXISTS `t` (
-  `id` int NOT NULL
-) ENGINE=InnoDB;
-"""
-
-
-def test_split_statements_drops_comments_and_splits_at_line_end_semicolons():
-    assert split_statements(SAMPLE) == [
-        "CREATE DATABASE IF NOT EXISTS `phabricator_x` DEFAULT CHARACTER SET utf8mb4",
-        "USE `phabricator_x`",
-        "CREATE TABLE IF NOT EXISTS `t` (\n  `id` int NOT NULL\n) ENGINE=InnoDB",
-    ]
-
-
-def test_rename_changes_only_create_database_and_use():
-    renamed = rename_database(split_statements(SAMPLE), "phabricator_x", "t_x_1")
-    assert (
-        renamed[0]
-        == "CREATE DATABASE IF NOT EXISTS `t_x_1` DEFAULT CHARACTER SET utf8mb4"
-    )
-    assert renamed[1] == "USE `t_x_1`"
-    assert renamed[2] == split_statements(SAMPLE)[2]
-
-
-def test_rename_refuses_a_schema_that_names_the_database_elsewhere():
-    sql = SAMPLE + "CREATE VIEW v AS SELECT * FROM `phabricator_x`.`t`;\n"
-    with pytest.raises(ValueError, match="outside CREATE DATABASE"):
-        rename_database(split_statements(sql), "phabricator_x", "t_x_1")
-
-
-@given(
-    st.sampled_from(["herald", "worker"]),
-    st.from_regex(r"t_[a-z]{1,8}_[0-9]{1,6}", fullmatch=True),
-)
-def test_renamed_real_schemas_never_mention_the_original_name(schema, new_name):
-    original = f"phabricator_{schema}"
-    statements = rename_database(
-        split_statements(schema_path(schema).read_text()), original, new_name
-    )
-    assert not any(original in s for s in statements)
-    assert statements[:2] == [
-        statements[0].replace(original, new_name),
-        f"USE `{new_name}`",
-    ]
-    assert f"`{new_name}`" in statements[0]
 
 
 def test_resp_encoding_is_length_prefixed():
@@ -163,6 +121,25 @@ def test_fresh_herald_database_has_the_phorge_tables(mariadb, herald_db):
                 (herald_db,),
             )
             assert cur.fetchone() == ("utf8mb4", "utf8mb4_bin")
+
+
+@pytest.mark.integration
+def test_webhook_requests_have_only_the_keys_stock_phorge_creates(mariadb, herald_db):
+    with mariadb.connect(herald_db) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT INDEX_NAME, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX)"
+            " FROM information_schema.STATISTICS"
+            " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'herald_webhookrequest'"
+            " GROUP BY INDEX_NAME",
+            (herald_db,),
+        )
+        keys = dict(cur.fetchall())
+    assert keys == {
+        "PRIMARY": "id",
+        "key_phid": "phid",
+        "key_ratelimit": "webhookPHID,lastRequestResult,lastRequestEpoch",
+        "key_collect": "dateCreated",
+    }
 
 
 @pytest.mark.integration

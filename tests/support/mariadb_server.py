@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pymysql
 
-from .paths import SCHEMA_DIR
+from .phorge_schema import create_statements
 from .procs import ServerUnavailable, ThrowawayServer, find_binary
 
 HOST = "127.0.0.1"
 USER = "gorge"
 # A real password, so code under test has to pass credentials through.
 PASSWORD = "gorge-test-password"
-SCHEMAS = ("herald", "worker")
 
 _READY_DEADLINE_SECONDS = 90.0
 
@@ -36,64 +34,6 @@ _SERVER_OPTIONS = (
     "--collation-server=utf8mb4_bin",
     "--performance-schema=OFF",
 )
-
-_CREATE_DATABASE = re.compile(
-    r"^(CREATE DATABASE(?: IF NOT EXISTS)?\s+)`(\w+)`", re.IGNORECASE
-)
-_USE = re.compile(r"^USE\s+`(\w+)`\s*$", re.IGNORECASE)
-
-
-def schema_path(schema: str) -> Path:
-    if schema not in SCHEMAS:
-        raise ValueError(f"unknown schema {schema!r}; expected one of {SCHEMAS}")
-    return SCHEMA_DIR / f"phabricator_{schema}.sql"
-
-
-def split_statements(sql: str) -> list[str]:
-    """Statements of a schema dump: ``--`` comment lines dropped, split at ``;`` line ends.
-
-    The schema files are SHOW CREATE TABLE output: no procedures, no
-    semicolons inside a statement except at a line end.
-    """
-    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
-    statements, current = [], []
-    for line in lines:
-        current.append(line)
-        if line.rstrip().endswith(";"):
-            statements.append("\n".join(current).strip().rstrip(";").strip())
-            current = []
-    tail = "\n".join(current).strip()
-    if tail:
-        statements.append(tail)
-    return [s for s in statements if s]
-
-
-def rename_database(statements: list[str], original: str, new: str) -> list[str]:
-    """Point the ``CREATE DATABASE`` and ``USE`` statements at ``new``.
-
-    Only those two statement kinds carry the database name; a schema that
-    names ``original`` anywhere else is refused rather than half-renamed.
-    """
-    renamed, seen_create, seen_use = [], False, False
-    for statement in statements:
-        create = _CREATE_DATABASE.match(statement)
-        use = _USE.match(statement)
-        if create and create.group(2) == original:
-            statement = _CREATE_DATABASE.sub(
-                lambda m: f"{m.group(1)}`{new}`", statement, count=1
-            )
-            seen_create = True
-        elif use and use.group(1) == original:
-            statement = f"USE `{new}`"
-            seen_use = True
-        elif f"`{original}`" in statement:
-            raise ValueError(
-                f"schema names `{original}` outside CREATE DATABASE/USE: {statement[:80]!r}"
-            )
-        renamed.append(statement)
-    if not (seen_create and seen_use):
-        raise ValueError(f"schema lacks CREATE DATABASE/USE for `{original}`")
-    return renamed
 
 
 class MariaDBServer(ThrowawayServer):
@@ -222,12 +162,9 @@ class MariaDBServer(ThrowawayServer):
         )
 
     def create_database(self, schema: str, name: str | None = None) -> str:
-        """Create a fresh database from ``phabricator_<schema>.sql``; return its name."""
-        original = f"phabricator_{schema}"
+        """Create a fresh database holding Phorge's ``schema`` tables; return its name."""
         name = name or f"t_{schema}_{next(self._serial)}"
-        statements = rename_database(
-            split_statements(schema_path(schema).read_text()), original, name
-        )
+        statements = create_statements(schema, name)
         conn = self.connect()
         try:
             with conn.cursor() as cur:

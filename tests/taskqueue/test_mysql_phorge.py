@@ -13,12 +13,12 @@ import pytest_twisted
 from gorge.taskqueue.model import EnqueueRequest
 from gorge.taskqueue.sqlstore import PHASE1_CLAIM, PHASE2_CLAIM, PHASE1_CANDIDATES, PHASE2_CANDIDATES
 from gorge.taskqueue.store import TaskNotFound
-from tests.support.paths import GOLDEN_DIR
+from tests.support.paths import FIXTURES_DIR
 from tests.taskqueue.helpers import Client
 
 pytestmark = pytest.mark.integration
 
-GOLDEN = GOLDEN_DIR / "taskqueue"
+GOLDEN = FIXTURES_DIR / "taskqueue"
 ACTIVE_COLUMNS = ("id", "taskClass", "leaseOwner", "leaseExpires", "failureCount", "dataID",
                   "failureTime", "priority", "objectPHID", "dateCreated", "dateModified",
                   "containerPHID")

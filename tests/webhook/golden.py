@@ -1,4 +1,4 @@
-"""The golden webhook captures (shared/golden/webhook), loaded once per case."""
+"""The captured webhook deliveries (tests/fixtures/webhook), loaded once per case."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.paths import GOLDEN_DIR
+from tests.support.paths import FIXTURES_DIR
 
-WEBHOOK_GOLDEN = GOLDEN_DIR / "webhook"
+WEBHOOK_GOLDEN = FIXTURES_DIR / "webhook"
 
 
 @dataclass(frozen=True)

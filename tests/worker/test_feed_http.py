@@ -17,12 +17,12 @@ from gorge.worker.handlers.feed_http import (
 )
 from gorge.worker.outcome import PermanentFailure, RetryLater
 from gorge.worker.registry import Registry
-from tests.support.paths import GOLDEN_DIR
+from tests.support.paths import FIXTURES_DIR
 
 from .fakes import run_through_consumer
 from .rawhttp import Answer
 
-FEED_DIR = GOLDEN_DIR / "feed"
+FEED_DIR = FIXTURES_DIR / "feed"
 CASES = sorted(p.name for p in FEED_DIR.iterdir() if p.is_dir())
 
 
