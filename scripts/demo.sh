@@ -6,9 +6,8 @@
 #   ./scripts/demo.sh --serve     # then keep the services running (Ctrl-C stops)
 #
 # On a fresh Debian machine (as root) the first run installs what is missing
-# through scripts/install-deps.sh (a Python venv with gorge installed; that
-# script also installs the MariaDB/Redis binaries the test suite uses, which
-# the demo itself never starts).
+# through `scripts/install-deps.sh --demo`: a Python venv with gorge installed,
+# nothing else (the demo runs on SQLite and starts no database server).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +19,7 @@ ready() {
 
 if ! ready; then
     if [ -x "$ROOT/scripts/install-deps.sh" ] || [ -f "$ROOT/scripts/install-deps.sh" ]; then
-        bash "$ROOT/scripts/install-deps.sh"
+        bash "$ROOT/scripts/install-deps.sh" --demo
     else
         echo "demo: $VENV is not set up and scripts/install-deps.sh is missing" >&2
         exit 1

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Make this machine ready to run gorge and its tests, on Debian (as root):
-#   - the MariaDB and Redis server binaries (the tests start throwaway
-#     instances of their own on random loopback ports; the system services
-#     that the packages ship are never used),
-#   - a Python >= 3.11 with venv support,
-#   - .venv with gorge installed editable (compat mode, so twistd sees
-#     twisted/plugins) plus the [test] extra, and a fresh twistd plugin cache.
+# Make this machine ready to run gorge, on Debian (as root):
+#
+#   scripts/install-deps.sh [--demo|--test] [--print-packages]
+#
+#   --demo  (what ./scripts/demo.sh asks for) a Python >= 3.11 with venv
+#           support and .venv with gorge installed editable (compat mode, so
+#           twistd sees twisted/plugins), plus a fresh twistd plugin cache;
+#   --test  (the default; what ./scripts/test.sh asks for) the same with the
+#           [test] extra, plus the MariaDB and Redis server binaries: the tests
+#           start throwaway instances of their own on random loopback ports,
+#           the system services the packages ship are never used.
+#   --print-packages  print the Debian packages the mode needs, one a line,
+#           and exit without installing anything.
+#
 # Idempotent: when everything is in place it only checks and returns.
 set -euo pipefail
 
@@ -14,6 +21,17 @@ VENV="${GORGE_VENV:-$ROOT/.venv}"
 STAMP="$VENV/.gorge-install-stamp"
 
 say() { echo "install-deps: $*" >&2; }
+
+mode=test
+print_packages=0
+for arg in "$@"; do
+    case "$arg" in
+        --demo) mode=demo ;;
+        --test) mode=test ;;
+        --print-packages) print_packages=1 ;;
+        *) say "unknown option $arg (expected --demo, --test or --print-packages)"; exit 2 ;;
+    esac
+done
 
 have_cmd() {
     command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/local/sbin/$1" ]
@@ -39,9 +57,21 @@ venv_works() {
 
 # --- Debian packages ----------------------------------------------------------
 
+if [ "$print_packages" = 1 ]; then
+    echo python3
+    echo python3-venv
+    if [ "$mode" = test ]; then
+        echo mariadb-server
+        echo redis-server
+    fi
+    exit 0
+fi
+
 packages=()
-have_cmd mariadbd && have_cmd mariadb-install-db || packages+=(mariadb-server)
-have_cmd redis-server || packages+=(redis-server)
+if [ "$mode" = test ]; then
+    have_cmd mariadbd && have_cmd mariadb-install-db || packages+=(mariadb-server)
+    have_cmd redis-server || packages+=(redis-server)
+fi
 if ! venv_works && ! find_python >/dev/null; then
     packages+=(python3 python3-venv)
 fi
@@ -81,14 +111,23 @@ if ! venv_works; then
     "$python" -m venv "$VENV"
 fi
 
-# Reinstall only when the dependency declaration or the checkout moved.
+# Reinstall only when the dependency declaration, the checkout or the mode
+# moved. A venv set up for the tests serves the demo as it is.
+if [ "$mode" = test ]; then
+    target="${ROOT}[test]"
+    probe='import gorge, pytest, pytest_twisted, hypothesis'
+else
+    target="$ROOT"
+    probe='import gorge'
+fi
 wanted="$(cd "$ROOT" && sha256sum pyproject.toml | cut -d' ' -f1) $ROOT"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$wanted" ] ||
-    ! (cd / && "$VENV/bin/python" -c 'import gorge, pytest, pytest_twisted, hypothesis') >/dev/null 2>&1; then
-    say "installing gorge (editable) and its test dependencies into $VENV"
+stamp="$(cat "$STAMP" 2>/dev/null || true)"
+if { [ "$stamp" != "$wanted test" ] && [ "$stamp" != "$wanted $mode" ]; } ||
+    ! (cd / && "$VENV/bin/python" -c "$probe") >/dev/null 2>&1; then
+    say "installing gorge (editable, for the $mode) into $VENV"
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-        -e "${ROOT}[test]" --config-settings editable_mode=compat
-    echo "$wanted" >"$STAMP"
+        -e "$target" --config-settings editable_mode=compat
+    echo "$wanted $mode" >"$STAMP"
 fi
 
 # twistd reads its plugin list from dropin.cache files; rebuild them so a new
