@@ -115,7 +115,7 @@ def build_registry(
     )
     if settings.native_test_worker:
         registry.register(test_worker.TASK_CLASS, TestWorker(clock))
-    if settings.webhook_owner == herald_webhook.GORGE_WEBHOOK:
+    if settings.webhook_owner == herald_webhook.OWNER_GORGE_WEBHOOK:
         # Registered before any delegation, which never replaces a native
         # handler: this class must never reach Conduit.
         registry.register(herald_webhook.TASK_CLASS, LeftToGorgeWebhook(metrics))
@@ -126,7 +126,7 @@ def build_registry(
                 registry.register(name, delegate)
         if not allow:
             registry.set_fallback(delegate)
-        if settings.webhook_owner == herald_webhook.PHORGE:
+        if settings.webhook_owner == herald_webhook.OWNER_PHORGE:
             # The owner setting decides, also when the allow list omits it.
             registry.register(herald_webhook.TASK_CLASS, delegate)
     return registry, conduit

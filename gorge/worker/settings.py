@@ -78,14 +78,14 @@ def check_webhook_owner(owner: str, conduit_url: str, delegate_classes: tuple[st
     which only the assembled registry knows: the service checks that.
     """
     task_class = herald_webhook.TASK_CLASS
-    if owner == herald_webhook.GORGE_WEBHOOK and task_class in delegate_classes:
+    if owner == herald_webhook.OWNER_GORGE_WEBHOOK and task_class in delegate_classes:
         raise ConfigError(
             herald_webhook.SETTING,
             f"{owner} contradicts GORGE_WORKER_DELEGATE_CLASSES, which lists {task_class}: "
             f"remove {task_class} from that list (gorge-webhook delivers webhooks), or set "
-            f"{herald_webhook.PHORGE} if Phorge should deliver them",
+            f"{herald_webhook.OWNER_PHORGE} if Phorge should deliver them",
         )
-    if owner == herald_webhook.PHORGE and not conduit_url:
+    if owner == herald_webhook.OWNER_PHORGE and not conduit_url:
         raise ConfigError(
             herald_webhook.SETTING,
             f"{owner} needs GORGE_WORKER_CONDUIT_URL (Phorge's base URI) and "

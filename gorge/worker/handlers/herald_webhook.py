@@ -17,12 +17,12 @@ log = Logger()
 
 TASK_CLASS = "HeraldWebhookWorker"
 SETTING = "GORGE_WORKER_WEBHOOK_OWNER"
-GORGE_WEBHOOK = "gorge-webhook"
-PHORGE = "phorge"
-OWNERS = (GORGE_WEBHOOK, PHORGE)
+OWNER_GORGE_WEBHOOK = "gorge-webhook"
+OWNER_PHORGE = "phorge"
+OWNERS = (OWNER_GORGE_WEBHOOK, OWNER_PHORGE)
 CHOICES_EXPLAINED = (
-    f"{GORGE_WEBHOOK} (gorge-webhook delivers webhooks; this worker completes "
-    f"{TASK_CLASS} tasks without delivering) or {PHORGE} (no gorge-webhook; "
+    f"{OWNER_GORGE_WEBHOOK} (gorge-webhook delivers webhooks; this worker completes "
+    f"{TASK_CLASS} tasks without delivering) or {OWNER_PHORGE} (no gorge-webhook; "
     f"Phorge delivers them when this worker runs the tasks through worker.execute)"
 )
 
