@@ -2,7 +2,8 @@
 
 Ordered start/stop, a poll loop that never overlaps itself, tracking of
 in-flight work for bounded drains, the HTTP listener, the ``makeService``
-error boundary, and systemd's notify protocol.
+boundary (configuration errors, log output under twistd), and systemd's
+notify protocol.
 """
 
 from __future__ import annotations
@@ -10,18 +11,21 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from twisted.application import strports
 from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger, LogLevel
+from twisted.logger import ILogObserver, Logger, LogLevel
+from twisted.python.components import Componentized
 
 from gorge.config import ConfigError
+from gorge.logging import forward_stdlib_logging, make_observer
 
 __all__ = [
+    "DaemonRoot",
     "OrderedService",
     "Poller",
     "InFlight",
@@ -29,11 +33,31 @@ __all__ = [
     "listener",
     "run_make_service",
     "SystemdNotifier",
-    "validate_log_settings",
     "watchdog_heartbeat",
 ]
 
 log = Logger()
+
+
+class DaemonRoot(Service):
+    """The top of a daemon's tree: what its ``makeService`` hands to twistd.
+
+    twistd adds it to a new Application, and an ``ILogObserver`` component
+    on that Application is twistd's own way for an application to choose its
+    log observer (an explicit ``--logger`` still takes precedence). Setting
+    :attr:`log_observer` makes a plain ``twistd -n gorge-X`` print gorge's
+    lines at ``GORGE_LOG_LEVEL`` in ``GORGE_LOG_FORMAT``, through the one
+    observer twistd starts, so no line is printed twice.
+    """
+
+    log_observer: ILogObserver | None = None
+
+    def setServiceParent(self, parent: Any) -> None:
+        if (self.log_observer is not None and isinstance(parent, Componentized)
+                and parent.getComponent(ILogObserver) is None):
+            parent.setComponent(ILogObserver, self.log_observer)
+            forward_stdlib_logging()
+        super().setServiceParent(parent)
 
 
 class OrderedService(Service):
@@ -234,30 +258,38 @@ def listener(endpoint: str, site) -> IService:
     return strports.service(endpoint, site)
 
 
-def validate_log_settings(environ: Mapping[str, str]) -> None:
-    """The logger factory reads these too; check them even without --logger."""
-    from gorge.logging import parse_level
-
-    level = environ.get("GORGE_LOG_LEVEL") or "info"
-    try:
-        parse_level(level)
-    except ValueError as e:
-        raise ConfigError("GORGE_LOG_LEVEL", str(e)) from None
-    fmt = (environ.get("GORGE_LOG_FORMAT") or "text").strip().lower()
-    if fmt not in ("text", "json"):
-        raise ConfigError("GORGE_LOG_FORMAT", f"unknown log format {fmt!r} (accepted: text, json)")
+def _twistd_prints_to_stdout(server_options: Mapping[str, Any] | None) -> bool:
+    """Whether twistd would print its own default lines to stdout: not
+    daemonized, and no ``--logger``, ``--logfile`` or ``--syslog`` chosen."""
+    if server_options is None:
+        return False
+    return (bool(server_options.get("nodaemon"))
+            and not server_options.get("logger")
+            and not server_options.get("syslog")
+            and server_options.get("logfile") in (None, "", "-"))
 
 
 def run_make_service(service_name: str, build: Callable[[], IService],
-                     environ: Mapping[str, str] | None = None) -> IService:
-    """Call ``build``; a :class:`ConfigError` becomes one stderr line and exit 2."""
+                     environ: Mapping[str, str] | None = None,
+                     options: Any = None) -> IService:
+    """Call ``build``; a :class:`ConfigError` becomes one stderr line and exit 2.
+
+    ``options`` are the plugin's parsed twistd options: when twistd would
+    print its default lines to stdout, the service's log observer is
+    installed instead (see :class:`DaemonRoot`). The log settings are
+    checked in every case.
+    """
     try:
-        validate_log_settings(os.environ if environ is None else environ)
-        return build()
+        observer = make_observer(os.environ if environ is None else environ, sys.stdout)
+        service = build()
     except ConfigError as e:
         sys.stderr.write(f"{service_name}: {e}\n")
         sys.stderr.flush()
         raise SystemExit(2)
+    if isinstance(service, DaemonRoot) and _twistd_prints_to_stdout(
+            getattr(options, "parent", None)):
+        service.log_observer = observer
+    return service
 
 
 class SystemdNotifier:

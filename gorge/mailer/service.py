@@ -18,7 +18,8 @@ from twisted.python import usage
 
 from gorge.httpclient import make_http_client
 from gorge.service import (
-    FunctionService, OrderedService, SystemdNotifier, listener, run_make_service, watchdog_heartbeat,
+    DaemonRoot, FunctionService, OrderedService, SystemdNotifier, listener, run_make_service,
+    watchdog_heartbeat,
 )
 from gorge.web import build_site
 
@@ -51,10 +52,10 @@ def makeService(options: Options) -> IService:
         notifier = SystemdNotifier(os.environ, reactor)
         return build_mailer_service(settings, reactor, notifier=notifier)
 
-    return run_make_service("gorge-mailer", build)
+    return run_make_service("gorge-mailer", build, options=options)
 
 
-class MailerService(OrderedService):
+class MailerService(DaemonRoot, OrderedService):
     """The tree, with handles on the parts tests and the demo look at."""
 
     site: Any

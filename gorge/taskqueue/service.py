@@ -10,6 +10,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.service import (
+    DaemonRoot,
     FunctionService,
     InFlight,
     OrderedService,
@@ -80,7 +81,7 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
     return fields
 
 
-class TaskQueueService(OrderedService):
+class TaskQueueService(DaemonRoot, OrderedService):
     """Stops in reverse: stats loop, listener, in-flight requests, backend."""
 
     def __init__(self, *, settings: TaskQueueSettings, reactor, store: TaskStore,
@@ -165,4 +166,4 @@ def makeService(options: Options) -> IService:
         return build_taskqueue_service(settings, reactor,
                                        notifier=SystemdNotifier(os.environ, reactor))
 
-    return run_make_service(SERVICE_NAME, build)
+    return run_make_service(SERVICE_NAME, build, options=options)

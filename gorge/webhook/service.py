@@ -6,13 +6,13 @@ import os
 from typing import Mapping
 
 from prometheus_client import CollectorRegistry
-from twisted.application.service import IService, Service
+from twisted.application.service import IService
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python import usage
 
 from gorge.config import Env
-from gorge.service import Poller, SystemdNotifier, listener, run_make_service
+from gorge.service import DaemonRoot, Poller, SystemdNotifier, listener, run_make_service
 from gorge.web import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
@@ -34,7 +34,7 @@ class Options(usage.Options):
     ]
 
 
-class WebhookService(Service):
+class WebhookService(DaemonRoot):
     """Start: listener, then the poll loop. Stop: listener, loop, drain, pools (§8.2).
 
     The stop order is not the reverse of the start order, so this parent
@@ -175,4 +175,4 @@ def makeService(options: Mapping) -> IService:
                                      notifier=SystemdNotifier(os.environ, reactor),
                                      config_warnings=env.warnings)
 
-    return run_make_service("gorge-webhook", build)
+    return run_make_service("gorge-webhook", build, options=options)

@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from gorge.config import ConfigError
 from gorge.httpclient import make_http_client
-from gorge.service import FunctionService, OrderedService, Poller, listener, run_make_service
+from gorge.service import DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient
@@ -84,7 +84,7 @@ class ConduitProbe:
         return None
 
 
-class WorkerService(OrderedService):
+class WorkerService(DaemonRoot, OrderedService):
     """The worker's service tree, with its parts exposed for demos and tests."""
 
     consumer: Consumer
@@ -259,4 +259,4 @@ def makeService(options) -> tservice.IService:
             settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
         )
 
-    return run_make_service("gorge-worker", build)
+    return run_make_service("gorge-worker", build, options=options)
