@@ -89,8 +89,9 @@ class WebhookService(DaemonRoot):
             self._notifier.stopping()
         log.info("shutting down budget={budget}", budget=self.drain_budget)
         try:
-            await maybeDeferred(self.http_service.stopService).addTimeout(
-                LISTENER_STOP_BUDGET, self._reactor)
+            # Bounded by the listener itself: LISTENER_STOP_BUDGET for the
+            # requests already received.
+            await maybeDeferred(self.http_service.stopService)
         except Exception:
             log.failure("STOP_FAILED step=listener", level=LogLevel.error)
         # One budget for the last tick, the running deliveries and their writes.
@@ -161,7 +162,9 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
     log_effective_settings(settings, store.dialect, config_warnings or [])
     return WebhookService(settings=settings, reactor=reactor, store=store, transport=transport,
                           dispatcher=dispatcher, site=site,
-                          http_service=listener(settings.http.endpoint, site),
+                          http_service=listener(settings.http.endpoint, site,
+                                                drain_timeout=LISTENER_STOP_BUDGET,
+                                                clock=reactor),
                           notifier=notifier, clock=clock)
 
 

@@ -230,7 +230,7 @@ def build_worker_service(
 
     children: list[tservice.IService] = [
         FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
-        listener(settings.http.endpoint, site),
+        listener(settings.http.endpoint, site, clock=clock),
     ]
     if probe is not None:
         children.append(FunctionService(start=probe.start, stop=probe.stop, name="conduit-probe"))

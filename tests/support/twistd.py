@@ -129,13 +129,8 @@ class TwistdProcess(ProcessProtocol):
         twistd binds the port and starts the services before its reactor
         runs and installs the signal handlers; an answer proves both.
         """
-        import treq
-
         port = await self.listening_port(timeout)
-        response = await treq.get(f"http://127.0.0.1:{port}/healthz",
-                                  reactor=self._reactor).addTimeout(timeout, self._reactor)
-        await response.content()
-        assert response.code == 200, response.code
+        await healthz(self._reactor, port, timeout)
         return port
 
     def signal(self, name: str) -> None:
@@ -165,3 +160,13 @@ class TwistdProcess(ProcessProtocol):
     def kill(self) -> None:
         if not self.ended.called:
             self.signal("KILL")
+
+
+async def healthz(reactor, port: int, timeout: float = 60.0) -> None:
+    """``GET /healthz`` on a connection of its own, closed after the answer."""
+    import treq
+
+    response = await treq.get(f"http://127.0.0.1:{port}/healthz", persistent=False,
+                              reactor=reactor).addTimeout(timeout, reactor)
+    await response.content()
+    assert response.code == 200, response.code
