@@ -19,7 +19,9 @@ from twisted.python import usage
 
 from gorge.config import ConfigError
 from gorge.httpclient import make_http_client
-from gorge.service import DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service
+from gorge.service import (
+    DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service,
+)
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient
@@ -27,6 +29,7 @@ from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.handlers import feed_http, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.handlers.feed_http import FeedHttpHandler
+from gorge.worker.handlers.noop import noop
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
@@ -114,6 +117,11 @@ def build_registry(
     )
     if settings.native_test_worker:
         registry.register(test_worker.TASK_CLASS, TestWorker(clock))
+    for name in settings.noop_classes:
+        if name in registry.registered():
+            raise ConfigError("GORGE_WORKER_NOOP_CLASSES",
+                              f"{name} already runs natively; it cannot also be a no-op")
+        registry.register(name, noop(name))
     if delegate is not None:
         if allow:
             native = set(registry.registered())

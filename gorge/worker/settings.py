@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings
-from gorge.worker.registry import parse_class_list
+from gorge.worker.registry import is_php_class_name, parse_class_list
 
 DEFAULT_LISTEN = ":8170"
 DEFAULT_QUEUE_URL = "http://gorge-taskqueue:8090"
@@ -46,6 +46,7 @@ class WorkerSettings:
     conduit_probe_sec: int = 60
     feed_policy_file: str = ""
     native_test_worker: bool = False
+    noop_classes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
     def describe(self) -> dict:
@@ -65,6 +66,7 @@ class WorkerSettings:
             "conduit_probe_sec": self.conduit_probe_sec,
             "feed_policy_file": self.feed_policy_file,
             "native_test_worker": self.native_test_worker,
+            "noop_classes": list(self.noop_classes),
         }
 
 
@@ -90,6 +92,11 @@ def load_worker_settings(
         )
     drain = env.int("GORGE_WORKER_DRAIN_TIMEOUT_SEC", DEFAULT_DRAIN_SEC, min=0, max=3600)
     delegate_classes = parse_class_list(env.str("GORGE_WORKER_DELEGATE_CLASSES", ""))
+    noop_classes = parse_class_list(env.str("GORGE_WORKER_NOOP_CLASSES", ""))
+    for name in noop_classes:
+        if not is_php_class_name(name):
+            raise ConfigError("GORGE_WORKER_NOOP_CLASSES",
+                              f"not a task class name: {name[:80]!r}")
     warnings = list(env.warnings)
     if delegate_classes and not conduit_url:
         warnings.append(
@@ -118,6 +125,7 @@ def load_worker_settings(
         conduit_probe_sec=env.int("GORGE_WORKER_CONDUIT_PROBE_SEC", 60, min=0),
         feed_policy_file=env.str("GORGE_WORKER_FEED_POLICY_FILE", ""),
         native_test_worker=env.bool("GORGE_WORKER_NATIVE_TEST_WORKER", False),
+        noop_classes=noop_classes,
         warnings=(),
     )
     # Legacy-alias warnings are collected by every getter above.
