@@ -158,7 +158,7 @@ class Bench:
         from gorge.worker.service import build_worker_service
         from gorge.worker.settings import load_worker_settings
 
-        settings = load_worker_settings({
+        env = {
             "GORGE_LISTEN_ADDR": "127.0.0.1:0",
             "GORGE_WORKER_TASK_QUEUE_URL": self.url,
             "GORGE_WORKER_TASK_QUEUE_TOKEN": TOKEN,
@@ -166,14 +166,17 @@ class Bench:
             "GORGE_WORKER_MAX_WORKERS": str(self.args.max_workers),
             "GORGE_WORKER_POLL_INTERVAL_MS": str(poll_ms),
             "GORGE_WORKER_TASK_CLASS_FILTER": TASK_CLASS,
-        })
+        }
+        if picked is None:
+            # The worker's own no-op handler, as an operator configures it.
+            env["GORGE_WORKER_NOOP_CLASSES"] = TASK_CLASS
+            return build_worker_service(load_worker_settings(env), self.reactor)
 
-        def noop(task, data):
-            if picked is not None:
-                picked.append(self.reactor.seconds())
+        def record_pickup(task, data):
+            picked.append(self.reactor.seconds())
 
-        return build_worker_service(settings, self.reactor,
-                                    extra_handlers={TASK_CLASS: noop})
+        return build_worker_service(load_worker_settings(env), self.reactor,
+                                    extra_handlers={TASK_CLASS: record_pickup})
 
     async def end_to_end(self, count: int) -> float:
         worker = self.build_worker(poll_ms=10)

@@ -80,7 +80,7 @@ case "$1" in
         for service in $SERVICES; do
             if [ "$1" = "$service" ]; then
                 shift
-                exec twistd --nodaemon --pidfile= --logger=gorge.logging.observer_from_env "$service" "$@"
+                exec twistd --nodaemon --pidfile= "$service" "$@"
             fi
         done
         echo "unknown service: $1" >&2

@@ -1,9 +1,11 @@
 """Log output for the person on call: level filter, text or JSON lines.
 
-``twistd --logger=gorge.logging.observer_from_env`` installs
-:func:`observer_from_env`. Events are UPPER_SNAKE names first, fields passed
-as keywords (``style.md`` §12); this module renders them, stamps the request
-id of the HTTP request being served, and never renders a secret.
+A plain ``twistd -n gorge-X`` prints through :func:`make_observer` (the
+service hands it to twistd, see :func:`gorge.service.run_make_service`);
+``twistd --logger=gorge.logging.observer_from_env`` installs the same
+observer explicitly. Events are UPPER_SNAKE names first, fields passed as
+keywords; this module renders them, stamps the request id of the HTTP
+request being served, and never renders a secret.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "scrub",
     "make_observer",
     "observer_from_env",
+    "forward_stdlib_logging",
     "parse_level",
 ]
 
@@ -234,6 +237,14 @@ def make_observer(environ: Mapping[str, str], stream: IO[str]) -> ILogObserver:
     return _RequestIdStamp(FilteringLogObserver(LineObserver(stream, fmt), [predicate]))
 
 
+def forward_stdlib_logging() -> None:
+    """Send third-party ``logging`` records through the twisted observers, once."""
+    root = stdlib_logging.getLogger()
+    if not any(isinstance(h, _ForwardToTwisted) for h in root.handlers):
+        root.addHandler(_ForwardToTwisted())
+        root.setLevel(stdlib_logging.INFO)
+
+
 def observer_from_env() -> ILogObserver:
     """``twistd --logger`` factory.
 
@@ -246,9 +257,5 @@ def observer_from_env() -> ILogObserver:
         sys.stderr.write(f"gorge: {e}\n")
         sys.stderr.flush()
         os._exit(2)
-    handler = _ForwardToTwisted()
-    root = stdlib_logging.getLogger()
-    if not any(isinstance(h, _ForwardToTwisted) for h in root.handlers):
-        root.addHandler(handler)
-        root.setLevel(stdlib_logging.INFO)
+    forward_stdlib_logging()
     return observer

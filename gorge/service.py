@@ -2,7 +2,8 @@
 
 Ordered start/stop, a poll loop that never overlaps itself, tracking of
 in-flight work for bounded drains, the HTTP listener, the ``makeService``
-error boundary, and systemd's notify protocol.
+boundary (configuration errors, log output under twistd), and systemd's
+notify protocol.
 """
 
 from __future__ import annotations
@@ -10,30 +11,57 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
-from twisted.application import strports
 from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger, LogLevel
+from twisted.logger import ILogObserver, Logger, LogLevel
+from twisted.python.components import Componentized
+from twisted.python.failure import Failure
 
 from gorge.config import ConfigError
+from gorge.logging import forward_stdlib_logging, make_observer
 
 __all__ = [
+    "DaemonRoot",
     "OrderedService",
     "Poller",
     "InFlight",
     "FunctionService",
+    "HTTPListener",
+    "StopBudget",
+    "HTTP_DRAIN_TIMEOUT",
     "listener",
     "run_make_service",
     "SystemdNotifier",
-    "validate_log_settings",
     "watchdog_heartbeat",
 ]
 
 log = Logger()
+
+
+class DaemonRoot(Service):
+    """The top of a daemon's tree: what its ``makeService`` hands to twistd.
+
+    twistd adds it to a new Application, and an ``ILogObserver`` component
+    on that Application is twistd's own way for an application to choose its
+    log observer (an explicit ``--logger`` still takes precedence). Setting
+    :attr:`log_observer` makes a plain ``twistd -n gorge-X`` print gorge's
+    lines at ``GORGE_LOG_LEVEL`` in ``GORGE_LOG_FORMAT``, through the one
+    observer twistd starts, so no line is printed twice.
+    """
+
+    log_observer: ILogObserver | None = None
+
+    def setServiceParent(self, parent: Any) -> None:
+        if (self.log_observer is not None and isinstance(parent, Componentized)
+                and parent.getComponent(ILogObserver) is None):
+            parent.setComponent(ILogObserver, self.log_observer)
+            forward_stdlib_logging()
+        super().setServiceParent(parent)
 
 
 class OrderedService(Service):
@@ -229,35 +257,126 @@ def _observe(d: Deferred) -> Deferred:
     return observer
 
 
-def listener(endpoint: str, site) -> IService:
-    """The HTTP listener; a bind failure aborts start-up (platform.md §1)."""
-    return strports.service(endpoint, site)
+HTTP_DRAIN_TIMEOUT = 10.0
 
 
-def validate_log_settings(environ: Mapping[str, str]) -> None:
-    """The logger factory reads these too; check them even without --logger."""
-    from gorge.logging import parse_level
+class StopBudget:
+    """One drain budget for every step of a stop, counted from its start."""
 
-    level = environ.get("GORGE_LOG_LEVEL") or "info"
-    try:
-        parse_level(level)
-    except ValueError as e:
-        raise ConfigError("GORGE_LOG_LEVEL", str(e)) from None
-    fmt = (environ.get("GORGE_LOG_FORMAT") or "text").strip().lower()
-    if fmt not in ("text", "json"):
-        raise ConfigError("GORGE_LOG_FORMAT", f"unknown log format {fmt!r} (accepted: text, json)")
+    def __init__(self, seconds: float, clock: IReactorTime) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = self._clock.seconds()
+
+    def remaining(self) -> float:
+        if self._started is None:
+            return self.seconds
+        return max(self.seconds - (self._clock.seconds() - self._started), 0.0)
+
+
+class HTTPListener(Service):
+    """The HTTP listener. Stopping it refuses new connections and finishes
+    the requests that have already arrived, within ``drain_timeout``.
+
+    A request whose body is still arriving when the stop begins is read to
+    its end, handled and answered; idle kept-alive connections close at once.
+    That is the site's job (``gorge.web.GorgeSite.drain``); a plain Site
+    only stops accepting.
+    """
+
+    def __init__(self, endpoint: str, site, *, drain_timeout: float, reactor: Any,
+                 clock: IReactorTime) -> None:
+        self.site = site
+        self.listening_port: IListeningPort | None = None
+        self._endpoint = endpoint
+        self._drain_timeout = drain_timeout
+        self._reactor = reactor
+        self._clock = clock
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        if self.listening_port is not None:
+            return
+        listening = serverFromString(self._reactor, self._endpoint).listen(self.site)
+        outcome: list = []
+        listening.addBoth(outcome.append)
+        # TCP listens synchronously: a bind failure raises here and aborts start-up.
+        if isinstance(outcome[0], Failure):
+            outcome[0].raiseException()
+        self.listening_port = outcome[0]
+
+    def startService(self) -> None:
+        super().startService()
+        self.privilegedStartService()  # when started without the privileged step
+
+    def stopService(self) -> Deferred:
+        super().stopService()
+        return Deferred.fromCoroutine(self._stop())
+
+    async def _stop(self) -> None:
+        port, self.listening_port = self.listening_port, None
+        if port is not None:
+            await maybeDeferred(port.stopListening)
+        drain = getattr(self.site, "drain", None)
+        if drain is None:  # a plain Site keeps no connections
+            return
+        log.info("HTTP_LISTENER_CLOSED open_connections={open_connections} budget={budget}",
+                 open_connections=self.site.open_connections, budget=self._drain_timeout)
+        if not await drain(self._drain_timeout, self._clock):
+            log.warn("HTTP_DRAIN_ABANDONED open_connections={open_connections}",
+                     open_connections=self.site.open_connections)
+
+
+def listener(endpoint: str, site, *, drain_timeout: float = HTTP_DRAIN_TIMEOUT,
+             reactor: Any = None, clock: IReactorTime | None = None) -> HTTPListener:
+    """The HTTP listener for ``site`` on the strports ``endpoint``.
+
+    ``reactor`` (default: the global one) runs the port; ``clock`` (default:
+    ``reactor``) times the drain of the requests already received when it
+    stops. Services pass their clock only: tests build them with a fake
+    clock and still serve on real sockets.
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+    return HTTPListener(endpoint, site, drain_timeout=drain_timeout, reactor=reactor,
+                        clock=clock if clock is not None else reactor)
+
+
+def _twistd_prints_to_stdout(server_options: Mapping[str, Any] | None) -> bool:
+    """Whether twistd would print its own default lines to stdout: not
+    daemonized, and no ``--logger``, ``--logfile`` or ``--syslog`` chosen."""
+    if server_options is None:
+        return False
+    return (bool(server_options.get("nodaemon"))
+            and not server_options.get("logger")
+            and not server_options.get("syslog")
+            and server_options.get("logfile") in (None, "", "-"))
 
 
 def run_make_service(service_name: str, build: Callable[[], IService],
-                     environ: Mapping[str, str] | None = None) -> IService:
-    """Call ``build``; a :class:`ConfigError` becomes one stderr line and exit 2."""
+                     environ: Mapping[str, str] | None = None,
+                     options: Any = None) -> IService:
+    """Call ``build``; a :class:`ConfigError` becomes one stderr line and exit 2.
+
+    ``options`` are the plugin's parsed twistd options: when twistd would
+    print its default lines to stdout, the service's log observer is
+    installed instead (see :class:`DaemonRoot`). The log settings are
+    checked in every case.
+    """
     try:
-        validate_log_settings(os.environ if environ is None else environ)
-        return build()
+        observer = make_observer(os.environ if environ is None else environ, sys.stdout)
+        service = build()
     except ConfigError as e:
         sys.stderr.write(f"{service_name}: {e}\n")
         sys.stderr.flush()
         raise SystemExit(2)
+    if isinstance(service, DaemonRoot) and _twistd_prints_to_stdout(
+            getattr(options, "parent", None)):
+        service.log_observer = observer
+    return service
 
 
 class SystemdNotifier:

@@ -5,6 +5,8 @@
 * :func:`build_site`: probes, metrics, the token gate for the API prefix, the
   request body limit, request ids and the access log, around a service's
   Klein resource.
+* :class:`GorgeSite` keeps its connections so that a stop can finish the
+  requests that have already arrived (see :meth:`GorgeSite.drain`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
-from twisted.web import server
+from twisted.web import http, server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from gorge.logging import redact_uri, request_id_var
+from gorge.service import InFlight
 
 __all__ = [
     "ApiError",
@@ -39,6 +42,7 @@ __all__ = [
     "add_error_handlers",
     "read_json_object",
     "build_site",
+    "GorgeSite",
     "stub_client",
     "LimitedRequest",
     "render_failure",
@@ -375,11 +379,83 @@ class GorgeRoot(Resource):
         return server.NOT_DONE_YET
 
 
+class GorgeChannel(http.HTTPChannel):
+    """One HTTP/1.1 connection, known to its site while it is open."""
+
+    site: GorgeSite
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.site.connection_opened(self)
+
+    def connectionLost(self, reason) -> None:
+        super().connectionLost(reason)
+        self.site.connection_closed(self)
+
+    def checkPersistence(self, request, version) -> bool:
+        # A request whose head completes during the drain is the last one
+        # on its connection.
+        if self.site.draining:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return super().checkPersistence(request, version)
+
+    def finish_and_close(self) -> None:
+        """Close now if no request has arrived, else after its answer."""
+        if not self.requests:
+            self.loseConnection()
+            return
+        self.persistent = False
+        for request in self.requests:
+            if not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+
 class GorgeSite(server.Site):
-    """A Site whose only access log is our structured ``REQUEST`` line."""
+    """A Site whose only access log is our structured ``REQUEST`` line, and
+    which can drain: see :meth:`drain`."""
+
+    protocol = GorgeChannel
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.draining = False
+        self._closed: dict[GorgeChannel, Deferred] = {}
+        self._connections = InFlight()
 
     def log(self, request) -> None:
         pass
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    def connection_opened(self, channel: GorgeChannel) -> None:
+        closed: Deferred = Deferred()
+        self._closed[channel] = closed
+        self._connections.track(closed)
+        if self.draining:
+            channel.finish_and_close()
+
+    def connection_closed(self, channel: GorgeChannel) -> None:
+        closed = self._closed.pop(channel, None)
+        if closed is not None:
+            closed.callback(None)
+
+    def drain(self, timeout: float, clock: IReactorTime) -> Deferred:
+        """Finish the requests that have already arrived, then close.
+
+        Call it once the listener no longer accepts. A connection with no
+        request in progress closes at once; one whose request has begun to
+        arrive (even with most of its body still to come) is read to the end,
+        answered and then closed. Fires True once every connection has
+        closed, which means every answer has left the process, or False after
+        ``timeout`` seconds (the reactor's shutdown then drops what is left).
+        """
+        self.draining = True
+        for channel in list(self._closed):
+            channel.finish_and_close()
+        return self._connections.drain(timeout, clock)
 
 
 def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,

@@ -11,7 +11,7 @@ from twisted.python.failure import Failure
 from gorge.service import InFlight
 from gorge.web import ApiError, add_error_handlers, fail, ok
 
-from .dispatcher import Answer, Dispatch, Dispatcher, send_failed
+from .dispatcher import Answer, Dispatch, Dispatcher
 from .message import MessageError, parse_send_body
 from .metrics import MailerMetrics
 
@@ -28,10 +28,10 @@ class MailerApi:
         self._body_limit = body_limit
         self.inflight = inflight if inflight is not None else InFlight()
         #: Running dispatches, so shutdown can cancel what outlives the drain.
+        #: A send that arrives during the drain began arriving before it
+        #: (the listener no longer accepts, and idle kept-alive connections
+        #: are closed), so it is sent like any other.
         self.running: set[Dispatch] = set()
-        #: Set when the shutdown drain starts: a request arriving on a kept-
-        #: alive connection after that is turned away, safe to resubmit.
-        self.stopping = False
 
     def resource(self):
         return self.app.resource()
@@ -54,8 +54,6 @@ class MailerApi:
             self._metrics.truncations.inc(truncated)
             log.info("MAILER_BODY_TRUNCATED bodies={bodies} limit={limit}",
                      bodies=truncated, limit=self._body_limit)
-        if self.stopping:
-            return self._render(request, send_failed("service is shutting down"))
         started = self._dispatcher.start(message, parsed.mailer_keys)
         if isinstance(started, Answer):
             answer = started

@@ -18,7 +18,8 @@ from twisted.python import usage
 
 from gorge.httpclient import make_http_client
 from gorge.service import (
-    FunctionService, OrderedService, SystemdNotifier, listener, run_make_service, watchdog_heartbeat,
+    DaemonRoot, FunctionService, OrderedService, StopBudget, SystemdNotifier, listener,
+    run_make_service, watchdog_heartbeat,
 )
 from gorge.web import build_site
 
@@ -51,10 +52,10 @@ def makeService(options: Options) -> IService:
         notifier = SystemdNotifier(os.environ, reactor)
         return build_mailer_service(settings, reactor, notifier=notifier)
 
-    return run_make_service("gorge-mailer", build)
+    return run_make_service("gorge-mailer", build, options=options)
 
 
-class MailerService(OrderedService):
+class MailerService(DaemonRoot, OrderedService):
     """The tree, with handles on the parts tests and the demo look at."""
 
     site: Any
@@ -97,14 +98,15 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
                       body_limit=settings.http.body_limit, readiness=readiness,
                       registry=registry, clock=reactor)
 
+    # One budget for the stop: the listener answers the requests already
+    # received (a send arrives as one), this step waits for sends whose
+    # client has gone and cancels what outlives the budget.
+    budget = StopBudget(settings.drain_budget, reactor)
+
     async def drain() -> None:
-        budget = settings.drain_budget
-        api.stopping = True
         if not len(api.inflight):
             return
-        log.info("MAILER_DRAINING sends={sends} budget={budget}",
-                 sends=len(api.inflight), budget=budget)
-        finished = await api.inflight.drain(budget, reactor)
+        finished = await api.inflight.drain(budget.remaining(), reactor)
         if not finished:
             log.warn("MAILER_DRAIN_TIMEOUT cancelled={count}", count=len(api.running))
             api.cancel_all("shutdown drain budget exhausted")
@@ -126,15 +128,20 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
             notifier.ready()
 
     def stopping() -> None:
+        budget.start()
         if notifier is not None:
             notifier.stopping()
+        if len(api.inflight):
+            log.info("MAILER_DRAINING sends={sends} budget={budget}",
+                     sends=len(api.inflight), budget=budget.seconds)
 
     children: list[IService] = [
         FunctionService(stop=close_pool, name="mailer-http-pool"),
         FunctionService(stop=lambda: Deferred.fromCoroutine(drain()), name="mailer-drain"),
     ]
     if listen:
-        children.append(listener(settings.http.endpoint, site))
+        children.append(listener(settings.http.endpoint, site,
+                                 drain_timeout=settings.drain_budget, clock=reactor))
     children.append(FunctionService(start=started, stop=stopping, name="mailer-ready"))
     if notifier is not None and notifier.watchdog_interval is not None:
         children.append(watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))

@@ -10,10 +10,12 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.service import (
+    DaemonRoot,
     FunctionService,
     InFlight,
     OrderedService,
     Poller,
+    StopBudget,
     SystemdNotifier,
     listener,
     run_make_service,
@@ -80,8 +82,10 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
     return fields
 
 
-class TaskQueueService(OrderedService):
-    """Stops in reverse: stats loop, listener, in-flight requests, backend."""
+class TaskQueueService(DaemonRoot, OrderedService):
+    """Stops in reverse: stats loop, listener (which answers the requests
+    already received), store calls still running, backend; one drain budget
+    for the whole stop."""
 
     def __init__(self, *, settings: TaskQueueSettings, reactor, store: TaskStore,
                  notifier: SystemdNotifier | None) -> None:
@@ -92,6 +96,7 @@ class TaskQueueService(OrderedService):
         self.inflight = InFlight()
         self.notifier = notifier
         self._reactor = reactor
+        self._stop_budget = StopBudget(settings.drain_timeout, reactor)
         self.api = TaskQueueApi(store, settings, reactor, self.metrics, inflight=self.inflight)
         self.site = build_site(
             api_resource=self.api.resource(),
@@ -104,7 +109,8 @@ class TaskQueueService(OrderedService):
         )
         self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
                                  "taskqueue_stats")
-        self.listening = listener(settings.http.endpoint, self.site)
+        self.listening = listener(settings.http.endpoint, self.site,
+                                  drain_timeout=settings.drain_timeout, clock=reactor)
         super().__init__(
             FunctionService(stop=self._close_store, name="store"),
             FunctionService(stop=self._drain, name="drain"),
@@ -119,6 +125,7 @@ class TaskQueueService(OrderedService):
         super().startService()
 
     def stopService(self):
+        self._stop_budget.start()
         if self.notifier is not None:
             self.notifier.stopping()
         return super().stopService()
@@ -138,7 +145,9 @@ class TaskQueueService(OrderedService):
                 self.notifier.progress()
 
     async def _drain(self) -> None:
-        if not await self.inflight.drain(self.settings.drain_timeout, self._reactor):
+        # Store calls whose client went away are still running; the listener's
+        # wait for the answers spent part of the budget.
+        if not await self.inflight.drain(self._stop_budget.remaining(), self._reactor):
             log.warn("TASKQUEUE_DRAIN_ABANDONED pending={pending}", pending=len(self.inflight))
 
     async def _close_store(self) -> None:
@@ -165,4 +174,4 @@ def makeService(options: Options) -> IService:
         return build_taskqueue_service(settings, reactor,
                                        notifier=SystemdNotifier(os.environ, reactor))
 
-    return run_make_service(SERVICE_NAME, build)
+    return run_make_service(SERVICE_NAME, build, options=options)

@@ -3,8 +3,9 @@
 The database decides: a hook is open while it has ``threshold`` failed
 attempts within the last ``window`` seconds. This object only remembers which
 hooks were found open, so the candidate query can leave them out, they are
-re-evaluated at least every ``recheck`` seconds, and the log gets one line
-per transition instead of one per row and tick.
+re-evaluated as soon as the window allows (at most ``recheck`` seconds
+later), and the log gets one line per transition instead of one per row and
+tick.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ class Breaker:
         self._window = window
         self._clock = clock
         self._metrics = metrics
-        self._recheck = recheck
+        # A failure is counted while it is at most ``window`` whole seconds
+        # old, so the failures that opened a hook have all left the window
+        # ``window + 1`` seconds after it was found open: the first look
+        # that can find it closed. Long windows are still looked at every
+        # ``recheck`` seconds (another replica's successes may close them).
+        self._recheck = min(recheck, window + 1)
         self._open: dict[str, _Open] = {}
         # Hooks counted closed, and when, with no failure of ours since: their
         # next rows within ``trust`` seconds need no new count. Our own

@@ -6,13 +6,13 @@ import os
 from typing import Mapping
 
 from prometheus_client import CollectorRegistry
-from twisted.application.service import IService, Service
+from twisted.application.service import IService
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger, LogLevel
 from twisted.python import usage
 
 from gorge.config import Env
-from gorge.service import Poller, SystemdNotifier, listener, run_make_service
+from gorge.service import DaemonRoot, Poller, SystemdNotifier, listener, run_make_service
 from gorge.web import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
@@ -34,7 +34,7 @@ class Options(usage.Options):
     ]
 
 
-class WebhookService(Service):
+class WebhookService(DaemonRoot):
     """Start: listener, then the poll loop. Stop: listener, loop, drain, pools (§8.2).
 
     The stop order is not the reverse of the start order, so this parent
@@ -89,8 +89,9 @@ class WebhookService(Service):
             self._notifier.stopping()
         log.info("shutting down budget={budget}", budget=self.drain_budget)
         try:
-            await maybeDeferred(self.http_service.stopService).addTimeout(
-                LISTENER_STOP_BUDGET, self._reactor)
+            # Bounded by the listener itself: LISTENER_STOP_BUDGET for the
+            # requests already received.
+            await maybeDeferred(self.http_service.stopService)
         except Exception:
             log.failure("STOP_FAILED step=listener", level=LogLevel.error)
         # One budget for the last tick, the running deliveries and their writes.
@@ -161,7 +162,9 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
     log_effective_settings(settings, store.dialect, config_warnings or [])
     return WebhookService(settings=settings, reactor=reactor, store=store, transport=transport,
                           dispatcher=dispatcher, site=site,
-                          http_service=listener(settings.http.endpoint, site),
+                          http_service=listener(settings.http.endpoint, site,
+                                                drain_timeout=LISTENER_STOP_BUDGET,
+                                                clock=reactor),
                           notifier=notifier, clock=clock)
 
 
@@ -175,4 +178,4 @@ def makeService(options: Mapping) -> IService:
                                      notifier=SystemdNotifier(os.environ, reactor),
                                      config_warnings=env.warnings)
 
-    return run_make_service("gorge-webhook", build)
+    return run_make_service("gorge-webhook", build, options=options)

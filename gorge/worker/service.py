@@ -19,7 +19,9 @@ from twisted.python import usage
 
 from gorge.config import ConfigError
 from gorge.httpclient import make_http_client
-from gorge.service import FunctionService, OrderedService, Poller, listener, run_make_service
+from gorge.service import (
+    DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service,
+)
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient
@@ -28,6 +30,7 @@ from gorge.worker.handlers import feed_http, herald_webhook, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.handlers.feed_http import FeedHttpHandler
 from gorge.worker.handlers.herald_webhook import LeftToGorgeWebhook
+from gorge.worker.handlers.noop import noop
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
@@ -85,7 +88,7 @@ class ConduitProbe:
         return None
 
 
-class WorkerService(OrderedService):
+class WorkerService(DaemonRoot, OrderedService):
     """The worker's service tree, with its parts exposed for demos and tests."""
 
     consumer: Consumer
@@ -119,6 +122,11 @@ def build_registry(
         # Registered before any delegation, which never replaces a native
         # handler: this class must never reach Conduit.
         registry.register(herald_webhook.TASK_CLASS, LeftToGorgeWebhook(metrics))
+    for name in settings.noop_classes:
+        if name in registry.registered():
+            raise ConfigError("GORGE_WORKER_NOOP_CLASSES",
+                              f"{name} already runs natively; it cannot also be a no-op")
+        registry.register(name, noop(name))
     if delegate is not None:
         native = set(registry.registered())
         for name in allow or DELEGATED_BY_DEFAULT:
@@ -251,7 +259,7 @@ def build_worker_service(
 
     children: list[tservice.IService] = [
         FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
-        listener(settings.http.endpoint, site),
+        listener(settings.http.endpoint, site, clock=clock),
     ]
     if probe is not None:
         children.append(FunctionService(start=probe.start, stop=probe.stop, name="conduit-probe"))
@@ -280,4 +288,4 @@ def makeService(options) -> tservice.IService:
             settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
         )
 
-    return run_make_service("gorge-worker", build)
+    return run_make_service("gorge-worker", build, options=options)

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings
 from gorge.worker.handlers import herald_webhook
-from gorge.worker.registry import parse_class_list
+from gorge.worker.registry import is_php_class_name, parse_class_list
 
 DEFAULT_LISTEN = ":8170"
 DEFAULT_QUEUE_URL = "http://gorge-taskqueue:8090"
@@ -48,6 +48,7 @@ class WorkerSettings:
     feed_policy_file: str = ""
     native_test_worker: bool = False
     webhook_owner: str = ""
+    noop_classes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
     def describe(self) -> dict:
@@ -68,6 +69,7 @@ class WorkerSettings:
             "feed_policy_file": self.feed_policy_file,
             "native_test_worker": self.native_test_worker,
             "webhook_owner": self.webhook_owner,
+            "noop_classes": list(self.noop_classes),
         }
 
 
@@ -118,6 +120,11 @@ def load_worker_settings(
     delegate_classes = parse_class_list(env.str("GORGE_WORKER_DELEGATE_CLASSES", ""))
     webhook_owner = env.choice(herald_webhook.SETTING, "", herald_webhook.OWNERS)
     check_webhook_owner(webhook_owner, conduit_url, delegate_classes)
+    noop_classes = parse_class_list(env.str("GORGE_WORKER_NOOP_CLASSES", ""))
+    for name in noop_classes:
+        if not is_php_class_name(name):
+            raise ConfigError("GORGE_WORKER_NOOP_CLASSES",
+                              f"not a task class name: {name[:80]!r}")
     warnings = list(env.warnings)
     if delegate_classes and not conduit_url:
         warnings.append(
@@ -147,6 +154,7 @@ def load_worker_settings(
         feed_policy_file=env.str("GORGE_WORKER_FEED_POLICY_FILE", ""),
         native_test_worker=env.bool("GORGE_WORKER_NATIVE_TEST_WORKER", False),
         webhook_owner=webhook_owner,
+        noop_classes=noop_classes,
         warnings=(),
     )
     # Legacy-alias warnings are collected by every getter above.

@@ -15,7 +15,8 @@ from twisted.web.server import Site
 
 from gorge.config import ConfigError
 from gorge.service import (
-    FunctionService, InFlight, OrderedService, Poller, SystemdNotifier, listener, run_make_service,
+    DaemonRoot, FunctionService, InFlight, OrderedService, Poller, SystemdNotifier, listener,
+    run_make_service,
 )
 
 
@@ -192,6 +193,46 @@ def test_run_make_service_checks_the_log_level(capsys):
         run_make_service("gorge-mailer", lambda: Service(), environ={"GORGE_LOG_LEVEL": "loud"})
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith("gorge-mailer: GORGE_LOG_LEVEL: ")
+
+
+class _PluginOptions(dict):
+    """A subcommand's parsed options; ``parent`` is twistd's own options."""
+
+    def __init__(self, **server_options) -> None:
+        super().__init__()
+        self.parent = {"nodaemon": False, "logfile": None, "syslog": False, "logger": None,
+                       **server_options}
+
+
+@pytest.mark.parametrize("server_options,installed", [
+    ({"nodaemon": True}, True),
+    ({"nodaemon": True, "logfile": "-"}, True),
+    ({"nodaemon": True, "logger": object()}, False),  # --logger: twistd uses that one
+    ({"nodaemon": True, "logfile": "gorge.log"}, False),
+    ({"nodaemon": True, "syslog": True}, False),
+    ({}, False),  # daemonized: twistd writes twistd.log
+])
+def test_the_daemon_logs_through_its_observer_when_twistd_would_print_to_stdout(
+        server_options, installed, monkeypatch):
+    import logging
+
+    from twisted.application.service import Application
+    from twisted.logger import ILogObserver
+
+    root_logger = logging.getLogger()
+    # Installing also forwards stdlib logging; keep that out of this process.
+    monkeypatch.setattr(root_logger, "handlers", list(root_logger.handlers))
+    monkeypatch.setattr(root_logger, "level", root_logger.level)
+
+    root = run_make_service("gorge-mailer", DaemonRoot, environ={},
+                            options=_PluginOptions(**server_options))
+    application = Application("gorge-mailer")
+    root.setServiceParent(application)
+    observer = application.getComponent(ILogObserver)
+    assert (observer is not None) is installed
+    assert observer is root.log_observer
+    # Outside twistd (no parent options) nothing is chosen for anyone.
+    assert run_make_service("gorge-mailer", DaemonRoot, environ={}).log_observer is None
 
 
 def test_listener_bind_failure_aborts_start_up():

@@ -147,9 +147,7 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
     service = build_taskqueue_service(settings, reactor)
     service.startService()
     try:
-        listening = service.listening
-        port = await listening._waitingForPort
-        base = f"http://127.0.0.1:{port.getHost().port}"
+        base = f"http://127.0.0.1:{service.listening.listening_port.getHost().port}"
         headers = {"X-Service-Token": "contract-token", "Content-Type": "application/json"}
         response = await treq.post(base + "/api/queue/enqueue", headers=headers,
                                    data=json.dumps({"taskClass": "X"}).encode()).addTimeout(10, reactor)

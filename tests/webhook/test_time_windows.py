@@ -165,6 +165,36 @@ async def test_breaker_opens_at_threshold_closes_as_failures_slide_out(
 
 
 @pytest.mark.integration
+async def test_a_short_breaker_window_resumes_delivery_as_soon_as_it_allows(
+        herald, receiver, make_harness, captured_log):
+    # An 8 s window: the hook is looked at again once its failures have left
+    # the window, not after the 30 s that bound long windows.
+    harness = make_harness(breaker_window=8, breaker_threshold=3)
+    hook = herald.insert_hook(uri=f"{receiver.base}/status/500")
+    start = int(harness.clock.seconds())
+    for _ in range(5):
+        herald.insert_request(hook=hook, created=start,
+                              properties={"retry": "forever", "transactionPHIDs": []})
+    await harness.run_tick()
+    assert receiver.count() == 3
+    assert len(captured_log.named("WEBHOOK_HOOK_IN_ERROR_BACKOFF")) == 1
+    herald.execute("UPDATE herald_webhook SET webhookURI = %s", (f"{receiver.base}/ok",))
+
+    # A failure stays counted while it is at most 8 s old (whole seconds):
+    # the earliest the database can find the hook closed is start + 9.
+    while harness.clock.seconds() < start + 8:
+        harness.clock.advance(1)
+        await harness.run_tick()
+        assert receiver.count("/ok") == 0
+    harness.clock.advance(1)
+    await harness.run_tick()
+    await harness.run_tick()  # the rows, now candidates again, go out
+    assert len(captured_log.named("WEBHOOK_HOOK_BACKOFF_CLEARED")) == 1
+    # The two rows never tried; the three that failed wait for their retry.
+    assert receiver.count("/ok") == 2
+
+
+@pytest.mark.integration
 async def test_counters_are_summarised_once_a_minute_and_only_when_non_zero(
         herald, receiver, make_harness, captured_log):
     # Spec §9 item 3: claims, skips and outcomes are counted, not narrated.

@@ -124,6 +124,16 @@ async def test_tasks_are_leased_run_and_archived(stack):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_noop_class_is_leased_and_archived_as_completed(stack):
+    await stack.start(worker_env={"GORGE_WORKER_NOOP_CLASSES": "RetiredWorker"})
+    task_id = await stack.enqueue("RetiredWorker", '{"whatever": true}')
+    done = await stack.until(stack.archived(task_id))
+    assert done["result"] == 0
+    counters = stack.worker.consumer.counters
+    await stack.until(lambda: counters.processed == 1)
+
+
+@pytest_twisted.ensureDeferred
 async def test_temporary_failure_is_retried_after_its_wait(stack):
     await stack.start()
     task_id = await stack.enqueue(

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import pytest_twisted
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -56,6 +57,7 @@ def test_legacy_names_are_read_and_warned_about():
     ({"GORGE_WORKER_CONDUIT_URL": "http://gw:99999", "GORGE_WORKER_CONDUIT_TOKEN": "t"},
      "GORGE_WORKER_CONDUIT_URL"),
     ({"GORGE_WORKER_NATIVE_TEST_WORKER": "maybe"}, "GORGE_WORKER_NATIVE_TEST_WORKER"),
+    ({"GORGE_WORKER_NOOP_CLASSES": "RetiredWorker, Not-A-Class"}, "GORGE_WORKER_NOOP_CLASSES"),
 ])
 def test_bad_settings_name_the_variable(env, setting):
     with pytest.raises(ConfigError) as info:
@@ -110,11 +112,46 @@ def test_filter_that_leaves_nothing_refuses_to_start():
     ({"GORGE_WORKER_DELEGATE_CLASSES": "X", "GORGE_WORKER_NATIVE_TEST_WORKER": "1"},
      ["FeedPublisherHTTPWorker", "PhabricatorTestWorker"],
      ["FeedPublisherHTTPWorker", "PhabricatorTestWorker"]),
+    ({"GORGE_WORKER_NOOP_CLASSES": "RetiredWorker, BenchNoopWorker"},
+     ["BenchNoopWorker", "FeedPublisherHTTPWorker", "RetiredWorker"],
+     ["BenchNoopWorker", "FeedPublisherHTTPWorker", "RetiredWorker"]),
+    # A no-op class is native: the fallback does not take it to PHP.
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150", "GORGE_WORKER_CONDUIT_TOKEN": "t",
+      "GORGE_WORKER_DELEGATE_CLASSES": "RetiredWorker,X",
+      "GORGE_WORKER_NOOP_CLASSES": "RetiredWorker"},
+     ["FeedPublisherHTTPWorker", "RetiredWorker", "X"],
+     ["FeedPublisherHTTPWorker", "RetiredWorker", "X"]),
 ])
 def test_registry_and_lease_classes(env, supported, classes):
     svc = build_worker_service(settings_of(**env), Clock(), http_client=object())
     assert svc.registry.supported_classes() == supported
     assert svc.plan.task_classes == classes
+
+
+@pytest.mark.parametrize("env", [
+    {"GORGE_WORKER_NOOP_CLASSES": "FeedPublisherHTTPWorker"},
+    {"GORGE_WORKER_NOOP_CLASSES": "PhabricatorTestWorker", "GORGE_WORKER_NATIVE_TEST_WORKER": "1"},
+])
+def test_a_noop_class_that_runs_natively_refuses_to_start(env):
+    with pytest.raises(ConfigError) as info:
+        build_worker_service(settings_of(**env), Clock(), http_client=object())
+    assert info.value.setting == "GORGE_WORKER_NOOP_CLASSES"
+    assert env["GORGE_WORKER_NOOP_CLASSES"] in str(info.value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_noop_class_completes_with_one_line():
+    from tests.support.logcapture import logged_events
+
+    svc = build_worker_service(settings_of(GORGE_WORKER_NOOP_CLASSES="RetiredWorker"), Clock(),
+                               http_client=object())
+    handler = svc.registry.get("RetiredWorker")
+    with logged_events() as events:
+        assert await handler({"id": 42, "failureCount": 0}, '{"anything": 1}') is None
+    (line,) = [e for e in events if e.get("log_format", "").startswith("NOOP_TASK")]
+    assert (line["task_class"], line["task_id"]) == ("RetiredWorker", 42)
+    assert settings_of(GORGE_WORKER_NOOP_CLASSES="RetiredWorker").describe()["noop_classes"] == [
+        "RetiredWorker"]
 
 
 def test_allow_list_without_conduit_warns():

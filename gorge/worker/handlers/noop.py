@@ -1,4 +1,9 @@
-"""A handler that acknowledges a class without doing anything (worker.md §11.5)."""
+"""Completes a task without doing anything.
+
+Registered for the classes in ``GORGE_WORKER_NOOP_CLASSES``: task classes a
+site wants drained without running them (a retired feature's workers), and
+the no-op class benchmarks measure the queue and the worker with.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,11 @@ from twisted.logger import Logger
 log = Logger()
 
 
-def noop(task_class: str, *, quiet: bool = False):
+def noop(task_class: str):
+    """A handler that logs one line (class, id) and succeeds."""
+
     async def handle(task: dict, data: str | None) -> None:
-        if not quiet:
-            log.info("NOOP_TASK class={task_class} task_id={task_id}",
-                     task_class=task_class, task_id=task["id"])
+        log.info("NOOP_TASK task_class={task_class} task_id={task_id}",
+                 task_class=task_class, task_id=task["id"])
 
     return handle
