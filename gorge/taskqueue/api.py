@@ -30,7 +30,7 @@ from gorge.taskqueue.model import (
     Task,
 )
 from gorge.taskqueue.settings import TaskQueueSettings
-from gorge.taskqueue.store import TaskNotFound, TaskStore
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStore
 from gorge.web import ApiError, add_error_handlers, ok, read_json_object, render_failure
 
 log = Logger()
@@ -45,6 +45,9 @@ def _bad(message: str) -> ApiError:
 
 def _not_found() -> ApiError:
     return ApiError(404, "ERR_NOT_FOUND", "task not found")
+
+
+LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
 
 
 def _is_int(value: Any) -> bool:
@@ -133,6 +136,28 @@ def parse_task_classes(body: dict) -> list[str] | None:
     return value or None
 
 
+def _header(request, name: bytes) -> str:
+    raw = request.getHeader(name)
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
+
+
+def fence_owner(request, body: dict) -> str | None:
+    """The lease owner a result report is fenced by, or None (unfenced, r4).
+
+    Given as the ``X-Lease-Owner`` header (as on lease) or the ``leaseOwner``
+    body field; empty counts as absent.  Both given and different is a
+    client bug worth a 400 rather than a guess.
+    """
+    header = _header(request, b"x-lease-owner")
+    field = _str_field(body, "leaseOwner", "")
+    if header and field and header != field:
+        raise _bad("leaseOwner and X-Lease-Owner name different owners")
+    owner = field or header
+    if len(owner) > MAX_OWNER_CHARS:
+        raise _bad(f"leaseOwner must be at most {MAX_OWNER_CHARS} characters")
+    return owner or None
+
+
 _DECIMAL = re.compile(rb"[+-]?[0-9]+")
 
 
@@ -181,6 +206,9 @@ class TaskQueueApi:
             return await d
         except TaskNotFound:
             raise _not_found() from None
+        except LeaseConflict:
+            raise ApiError(409, LEASE_CONFLICT,
+                           "task lease no longer belongs to this owner") from None
         except InvalidArgument as e:
             raise _bad(e.message) from None
         except (ApiError, CancelledError):
@@ -215,8 +243,7 @@ class TaskQueueApi:
         return ok(request, [task.to_json() for task in tasks])
 
     def _owner(self, request) -> str:
-        raw = request.getHeader(b"x-lease-owner")
-        owner = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
+        owner = _header(request, b"x-lease-owner")
         if owner == "":
             host = getattr(request.getClientAddress(), "host", "") or "unknown"
             owner = f"{host}:gorge-taskqueue"
@@ -233,8 +260,9 @@ class TaskQueueApi:
         # The column is BIGINT UNSIGNED, but SQLite integers are signed 64-bit:
         # one limit for every backend keeps them answering alike.
         duration = _int_field(body, "duration", 0, maximum=INT64_MAX)
+        owner = fence_owner(request, body)
         archived: ArchivedTask = await self._call(
-            "complete", self._store.complete(task_id, duration))
+            "complete", self._store.complete(task_id, duration, owner))
         self._metrics.completed.labels(archived.task_class).inc()
         return ok(request, archived.to_json())
 
@@ -249,7 +277,8 @@ class TaskQueueApi:
             raise _bad("permanent must be a boolean")
         retry_wait = _int_field(body, "retryWait", self._settings.retry_wait)
         _str_field(body, "message", "")
-        result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait))
+        owner = fence_owner(request, body)
+        result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait, owner))
         task_class = getattr(result, "task_class", "")
         self._metrics.failed.labels(task_class, "true" if permanent else "false").inc()
         return ok(request, {"status": "ok"})
@@ -260,7 +289,8 @@ class TaskQueueApi:
         task_id = _task_id(body)
         # Below the 5 s minimum (negative included) is raised to it by the store.
         duration = _int_field(body, "duration", 0, minimum=None)
-        await self._call("yield", self._store.yield_(task_id, duration))
+        owner = fence_owner(request, body)
+        await self._call("yield", self._store.yield_(task_id, duration, owner))
         return ok(request, {"status": "ok"})
 
     @app.route("/api/queue/cancel", methods=["POST"])

@@ -23,7 +23,7 @@ from gorge.taskqueue.model import (
     check_u32,
     sort_key,
 )
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound
 
 
 class MemoryTaskStore:
@@ -92,30 +92,40 @@ class MemoryTaskStore:
             out.append(replace(task, data=self._payloads.get(task.data_id, "")))
         return sorted(out, key=sort_key)
 
-    def _archive(self, task_id: int, result: int, duration: int) -> ArchivedTask:
+    def _held(self, task_id: int, owner: str | None) -> Task:
+        """The active task a (possibly fenced) call may change; see TaskStore."""
         task = self._active.get(task_id)
         if task is None:
+            if owner is not None and task_id in self._archived:
+                raise LeaseConflict(task_id)
             raise TaskNotFound(task_id)
+        if owner is not None and task.lease_owner != owner:
+            raise LeaseConflict(task_id)
+        return task
+
+    def _archive(self, task_id: int, result: int, duration: int,
+                 owner: str | None = None) -> ArchivedTask:
+        task = self._held(task_id, owner)
         archived = archive_of(task, result=result, duration=duration, now=self._now())
         del self._active[task_id]
         self._archived[task_id] = archived
         return archived
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
         if task_id not in self._active:
             previous = self._archived.get(task_id)
-            if previous is not None and previous.result == RESULT_SUCCESS:
+            if (previous is not None and previous.result == RESULT_SUCCESS
+                    and (owner is None or previous.lease_owner == owner)):
                 return previous
-        return self._archive(task_id, RESULT_SUCCESS, duration)
+        return self._archive(task_id, RESULT_SUCCESS, duration, owner)
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         if permanent:
-            return self._archive(task_id, RESULT_FAILURE, 0)
-        task = self._active.get(task_id)
-        if task is None:
-            raise TaskNotFound(task_id)
+            return self._archive(task_id, RESULT_FAILURE, 0, owner)
+        task = self._held(task_id, owner)
         now = self._now()
         expires = check_u32("retryWait", now + retry_wait)
         task = replace(
@@ -129,10 +139,8 @@ class MemoryTaskStore:
         self._active[task_id] = task
         return task
 
-    async def yield_(self, task_id: int, duration: int) -> None:
-        task = self._active.get(task_id)
-        if task is None:
-            raise TaskNotFound(task_id)
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
+        task = self._held(task_id, owner)
         now = self._now()
         expires = check_u32("duration", now + max(duration, MIN_YIELD))
         self._active[task_id] = replace(

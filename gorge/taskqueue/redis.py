@@ -59,7 +59,7 @@ from gorge.taskqueue.model import (
     sort_key,
     task_from_columns,
 )
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound
 
 log = Logger()
 
@@ -157,6 +157,9 @@ end
 """
 
 _LUA_PRELUDE = "\nlocal base = ARGV[1]\n" + _LUA_HELPERS
+
+# A script's answer for a fenced call whose owner no longer holds the task.
+CONFLICT = "!conflict"
 
 # The hot scripts (enqueue, lease, archive) take their small arguments as one
 # JSON array of strings in ARGV[1] and one routing key, deriving the other
@@ -264,22 +267,29 @@ return cjson.encode(out)
 
 # KEYS: task
 # ARGV: [base, member, result, duration, now, replay ('1' = complete),
-#        prune cutoff ('' = keep archive records forever)] as JSON
-# Returns the archive row as JSON (without the payload copy), or nil when
+#        prune cutoff ('' = keep archive records forever),
+#        lease owner ('' = unfenced)] as JSON
+# Returns the archive row as JSON (without the payload copy), CONFLICT when
+# a fenced call finds the task held by someone else or archived, or nil when
 # the task is not active and no replay applies.
 ARCHIVE = (
     _LUA_PACKED_PRELUDE
     + """
-local m, result, duration, now = A[2], A[3], A[4], A[5]
+local m, result, duration, now, owner = A[2], A[3], A[4], A[5], A[8]
 local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
 local counter_archived = base .. 'counter:archived'
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if A[6] == '1' and redis.call('HGET', archived_key, 'result') == '0' then
+  local was = redis.call('HMGET', archived_key, 'result', 'leaseOwner')
+  if A[6] == '1' and was[1] == '0' and (owner == '' or was[2] == owner) then
     local row = row_of(archived_key)
     row['data'] = nil
     return cjson.encode(row)
   end
+  if owner ~= '' and was[1] then return '""" + CONFLICT + """' end
   return false
+end
+if owner ~= '' and redis.call('HGET', KEYS[1], 'leaseOwner') ~= owner then
+  return '""" + CONFLICT + """'
 end
 local row = redis.call('HGETALL', KEYS[1])
 local fields, failures, data_id = {}, 0, nil
@@ -328,14 +338,33 @@ return cjson.encode(archived)
 """
 )
 
+# Shared by the fenced scripts that get the owner as ARGV[5]: nil when not
+# active and not fenced-archived, CONFLICT when fenced and not held by the owner.
+_LUA_FENCE = """
+local function refused(m, task_key_name, owner)
+  if redis.call('EXISTS', task_key_name) == 0 then
+    if owner ~= '' and redis.call('EXISTS', base .. 'archived:' .. id_of(m)) == 1 then
+      return '""" + CONFLICT + """'
+    end
+    return false
+  end
+  if owner ~= '' and redis.call('HGET', task_key_name, 'leaseOwner') ~= owner then
+    return '""" + CONFLICT + """'
+  end
+  return nil
+end
+"""
+
 # KEYS: task, unleased, leased, counter:failed
-# ARGV: base, member, now, expires
-# Returns the updated row as JSON, or nil when not active.
+# ARGV: base, member, now, expires, lease owner ('' = unfenced)
+# Returns the updated row as JSON, CONFLICT, or nil when not active.
 FAIL_TEMPORARY = (
     _LUA_PRELUDE
+    + _LUA_FENCE
     + """
 local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local refusal = refused(m, KEYS[1], ARGV[5])
+if refusal ~= nil then return refusal end
 local failures = tonumber(redis.call('HGET', KEYS[1], 'failureCount')) or 0
 redis.call('HSET', KEYS[1], 'failureCount', failures + 1, 'failureTime', now,
   'leaseOwner', '', 'leaseExpires', expires, 'dateModified', now)
@@ -347,13 +376,15 @@ return cjson.encode((row_of(KEYS[1])))
 )
 
 # KEYS: task, unleased, leased
-# ARGV: base, member, now, expires, yield owner
+# ARGV: base, member, now, expires, lease owner ('' = unfenced), yield owner
 YIELD = (
     _LUA_PRELUDE
+    + _LUA_FENCE
     + """
 local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'leaseOwner', ARGV[5], 'leaseExpires', expires,
+local refusal = refused(m, KEYS[1], ARGV[5])
+if refusal ~= nil then return refusal end
+redis.call('HSET', KEYS[1], 'leaseOwner', ARGV[6], 'leaseExpires', expires,
   'dateModified', now)
 redis.call('ZREM', KEYS[2], m)
 redis.call('ZADD', KEYS[3], expires, m)
@@ -427,6 +458,14 @@ return cjson.encode(with_payload(KEYS[1]))
 # ensure_ascii off: the text goes to Redis as the same UTF-8 it would have as
 # separate arguments.
 _pack = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _refusal(task_id: int, reply: Any) -> None:
+    """Raise what a script's nil or CONFLICT answer means."""
+    if not reply:
+        raise TaskNotFound(task_id)
+    if reply == CONFLICT:
+        raise LeaseConflict(task_id)
 
 
 def _row(doc: dict[str, Any]) -> Task:
@@ -542,7 +581,7 @@ class RedisTaskStore:
         return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
 
     async def _archive_task(
-        self, task_id: int, result: int, duration: int, replay: bool
+        self, task_id: int, result: int, duration: int, replay: bool, owner: str | None = None
     ) -> ArchivedTask:
         now = self._now()
         cutoff = "" if self._archive_retention is None else now - self._archive_retention
@@ -550,56 +589,64 @@ class RedisTaskStore:
         reply = await self._run_packed(
             self._archive,
             k.task(task_id),
-            [member(task_id), result, duration, now, "1" if replay else "0", cutoff],
+            [member(task_id), result, duration, now, "1" if replay else "0", cutoff,
+             owner or ""],
         )
-        if not reply:
-            raise TaskNotFound(task_id)
+        _refusal(task_id, reply)
         return archived_from_columns(json.loads(reply))
 
-    async def _checked_expiry(self, task_id: int, field: str, expires: int) -> int:
+    async def _checked_expiry(self, task_id: int, field: str, expires: int,
+                              owner: str | None) -> int:
         """``expires`` if it fits the column; else the error the model gives:
-        not found for an unknown id, InvalidArgument for a known one."""
+        not found for an unknown id, a conflict for a fenced call on a task
+        someone else holds, InvalidArgument otherwise."""
         try:
             return check_u32(field, expires)
         except InvalidArgument:
-            if not await self._bounded(self._conn.exists(self.keys.task(task_id))):
+            k = self.keys
+            holder = await self._bounded(self._conn.hmget(k.task(task_id), ["id", "leaseOwner"]))
+            if holder[0] in (None, ""):
+                if owner and await self._bounded(self._conn.exists(k.archived(task_id))):
+                    raise LeaseConflict(task_id) from None
                 raise TaskNotFound(task_id) from None
+            if owner and holder[1] != owner:
+                raise LeaseConflict(task_id) from None
             raise
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
-        return await self._archive_task(task_id, RESULT_SUCCESS, duration, replay=True)
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
+        return await self._archive_task(task_id, RESULT_SUCCESS, duration, True, owner)
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         if permanent:
-            return await self._archive_task(task_id, RESULT_FAILURE, 0, replay=False)
+            return await self._archive_task(task_id, RESULT_FAILURE, 0, False, owner)
         now = self._now()
-        expires = await self._checked_expiry(task_id, "retryWait", now + retry_wait)
+        expires = await self._checked_expiry(task_id, "retryWait", now + retry_wait, owner)
         k = self.keys
         row = await self._run(
             self._fail,
             [k.task(task_id), k.unleased, k.leased, k.counter_failed],
-            [member(task_id), now, expires],
+            [member(task_id), now, expires, owner or ""],
         )
-        if not row:
-            raise TaskNotFound(task_id)
+        _refusal(task_id, row)
         return _row(json.loads(row))
 
-    async def yield_(self, task_id: int, duration: int) -> None:
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
-        expires = await self._checked_expiry(task_id, "duration", now + max(duration, MIN_YIELD))
+        expires = await self._checked_expiry(
+            task_id, "duration", now + max(duration, MIN_YIELD), owner)
         k = self.keys
         found = await self._run(
             self._yield,
             [k.task(task_id), k.unleased, k.leased],
-            [member(task_id), now, expires, YIELD_OWNER],
+            [member(task_id), now, expires, owner or "", YIELD_OWNER],
         )
-        if not found:
-            raise TaskNotFound(task_id)
+        _refusal(task_id, found)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self._archive_task(task_id, RESULT_CANCELLED, 0, replay=False)
+        return await self._archive_task(task_id, RESULT_CANCELLED, 0, False)
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ids = list(dict.fromkeys(task_ids))

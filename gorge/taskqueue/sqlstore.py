@@ -34,7 +34,7 @@ from gorge.taskqueue.model import (
     check_u32,
     task_from_columns,
 )
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound
 
 log = Logger()
 
@@ -279,33 +279,54 @@ class SqlTaskStore:
 
     # -- archive -------------------------------------------------------------
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
         return await self._run(self._archive_txn, task_id, RESULT_SUCCESS, duration,
-                               self._now(), True)
+                               self._now(), True, owner)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(), False)
+        return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(),
+                               False, None)
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
-            return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False)
-        return await self._run(self._temporary_fail_txn, task_id, now, now + retry_wait)
+            return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False,
+                                   owner)
+        return await self._run(self._temporary_fail_txn, task_id, now, now + retry_wait, owner)
 
-    def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
-                     replay: bool) -> ArchivedTask:
-        self._dialect.begin_write(txn)
+    def _held_txn(self, txn, task_id: int, owner: str | None,
+                  replay: bool = False) -> Task | ArchivedTask:
+        """The active row a (possibly fenced) call may change, read with a row
+        lock; TaskNotFound / LeaseConflict as the TaskStore fencing note says.
+        With ``replay``, a success archived (with this owner, when fenced) is
+        returned instead of an active row."""
         self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
         row = txn.fetchone()
         if row is None:
-            if replay:
+            previous = None
+            if replay or owner is not None:
                 previous = self._archived_txn(txn, task_id)
-                if previous is not None and previous.result == RESULT_SUCCESS:
-                    return previous
+            if (replay and previous is not None and previous.result == RESULT_SUCCESS
+                    and (owner is None or previous.lease_owner == owner)):
+                return previous
+            if owner is not None and previous is not None:
+                raise LeaseConflict(task_id)
             raise TaskNotFound(task_id)
-        archived = archive_of(self._task_row(row), result=result, duration=duration, now=now)
+        task = self._task_row(row)
+        if owner is not None and task.lease_owner != owner:
+            raise LeaseConflict(task_id)
+        return task
+
+    def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
+                     replay: bool, owner: str | None) -> ArchivedTask:
+        self._dialect.begin_write(txn)
+        task = self._held_txn(txn, task_id, owner, replay)
+        if isinstance(task, ArchivedTask):
+            return task
+        archived = archive_of(task, result=result, duration=duration, now=now)
         self._exec(
             txn,
             INSERT_ARCHIVE,
@@ -317,37 +338,38 @@ class SqlTaskStore:
         self._exec(txn, DELETE_ACTIVE, (task_id,))
         return archived
 
-    def _check_expiry(self, txn, task_id: int, field: str, expires: int) -> int:
-        """An unknown id is not-found before any range check of a computed
-        expiry (§6.4, §6.5), as in the model and Redis stores."""
+    def _check_expiry(self, txn, task_id: int, field: str, expires: int,
+                      owner: str | None) -> int:
+        """An unknown id is not-found, and a fenced call on a task held by
+        another owner a conflict, before any range check of a computed expiry
+        (§6.4, §6.5), as in the model and Redis stores."""
         try:
             return check_u32(field, expires)
         except InvalidArgument:
-            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
-            if txn.fetchone() is None:
-                raise TaskNotFound(task_id) from None
+            self._held_txn(txn, task_id, owner)
             raise
 
-    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int) -> Task:
+    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int,
+                            owner: str | None) -> Task:
         self._dialect.begin_write(txn)
-        expires = self._check_expiry(txn, task_id, "retryWait", expires)
+        if owner is not None:
+            self._held_txn(txn, task_id, owner)
+        expires = self._check_expiry(txn, task_id, "retryWait", expires, owner)
         self._exec(txn, TEMPORARY_FAIL, (now, expires, now, task_id))
         if txn.rowcount != 1:
             raise TaskNotFound(task_id)
         self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
         return self._task_row(txn.fetchone())
 
-    async def yield_(self, task_id: int, duration: int) -> None:
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
-        await self._run(self._yield_txn, task_id, now, now + max(duration, MIN_YIELD))
+        await self._run(self._yield_txn, task_id, now, now + max(duration, MIN_YIELD), owner)
 
-    def _yield_txn(self, txn, task_id: int, now: int, expires: int) -> None:
+    def _yield_txn(self, txn, task_id: int, now: int, expires: int, owner: str | None) -> None:
         self._dialect.begin_write(txn)
         # Existence by a locking read: an identical yield in the same second
         # changes no row, and the pool reports changed rows, not matched ones.
-        self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
-        if txn.fetchone() is None:
-            raise TaskNotFound(task_id)
+        self._held_txn(txn, task_id, owner)
         expires = check_u32("duration", expires)
         self._exec(txn, YIELD, (YIELD_OWNER, expires, now, task_id))
 

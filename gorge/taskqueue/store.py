@@ -41,7 +41,16 @@ class TaskNotFound(LookupError):
 
 
 class LeaseConflict(Exception):
-    """Reserved for the fenced protocol (spec Appendix A, 409); r4 never raises it."""
+    """A fenced call named a lease owner that no longer holds the task (API: 409).
+
+    Raised when the task is active but held by someone else (its lease expired
+    and another owner leased it, or it was freed), or when it was archived by
+    another call (a cancel, or someone else's complete).
+    """
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id} is no longer held by this owner")
+        self.task_id = task_id
 
 
 @runtime_checkable
@@ -79,7 +88,8 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
         """Archive with result 0 and ``duration`` µs (§6.3, §7.5).
 
         Archive row: the active row's columns except failureTime, ``dateModified``
@@ -87,11 +97,14 @@ class TaskStore(Protocol):
         is deleted in the same transaction; the payload row is kept.
         Not active but archived with result 0 -> return that archived row unchanged
         (idempotent replay, nothing written).  Otherwise :class:`TaskNotFound`.
+
+        Fencing (see the note after :meth:`yield_`): with ``owner`` given, the
+        replay applies only to an archive row carrying that owner.
         """
         ...
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         """Report a failure (§6.4).
 
@@ -104,12 +117,24 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def yield_(self, task_id: int, duration: int) -> None:
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         """``leaseOwner = '(yield)'``, ``leaseExpires = now + max(duration, 5)``,
         ``dateModified = now``; failureCount unchanged (§6.5).  Unknown id ->
         :class:`TaskNotFound` (existence decided by a read, not by a changed-row count).
         """
         ...
+
+    # fenced: complete, fail and yield_ take the lease owner the caller leased
+    # the task with.  ``owner=None`` is the unfenced r4 behaviour above.  With
+    # an owner, checked in the same atomic step as the change:
+    #   * active and ``leaseOwner == owner`` -> the change as above (an expired
+    #     lease nobody has taken over still belongs to its holder);
+    #   * active with another (or no) owner -> :class:`LeaseConflict`;
+    #   * not active but archived -> :class:`LeaseConflict`, except the
+    #     complete replay of a success archived with this owner;
+    #   * neither -> :class:`TaskNotFound`.
+    # Order of the checks: not found, then conflict, then the range of a
+    # computed expiry (InvalidArgument); nothing is written unless all pass.
 
     async def cancel(self, task_id: int) -> ArchivedTask:
         """Archive with result 2, duration 0, owner/expiry copied (§6.6).

@@ -34,6 +34,7 @@ SKIP_RETRY_WAIT = 60
 HANDBACK_YIELD = 5
 DEFAULT_LEASE_SECONDS = 7200
 FAILING_SUMMARY_INTERVAL = 60.0
+LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
 
 
 @dataclass(frozen=True)
@@ -458,6 +459,8 @@ class Consumer:
                     reason = f"queue refused the report (HTTP {exc.status})"
                     if exc.status == 404:
                         reason += "; outcome may already be recorded"
+                    elif exc.code == LEASE_CONFLICT:
+                        reason = "lease lost: another holder has the task"
                     break
             except CancelledError:
                 if run.abandoned:

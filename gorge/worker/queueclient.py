@@ -1,4 +1,4 @@
-"""HTTP client of gorge-taskqueue: lease, complete, fail, yield (worker.md §4).
+"""HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield (worker.md §4).
 
 Every call is bounded for the whole exchange (headers and body) on the
 injected clock, never follows redirects, and succeeds only for a 2xx JSON
@@ -194,11 +194,16 @@ class QueueClient:
             ) from None
         return validate_lease_answer(data, limit)
 
+    def _fenced(self) -> dict[bytes, bytes]:
+        # Result reports name the lease owner, so a queue that fences refuses
+        # a report from a worker whose lease was taken over (409).
+        return {b"X-Lease-Owner": self.owner.encode()}
+
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
         await self._call(
             "/api/queue/complete",
             {"taskID": task_id, "duration": max(0, int(duration_us))},
-            timeout=timeout,
+            timeout=timeout, extra=self._fenced(),
         )
 
     async def fail(
@@ -215,10 +220,10 @@ class QueueClient:
             body["retryWait"] = max(0, int(retry_wait))
         if message:
             body["message"] = message[:1000]
-        await self._call("/api/queue/fail", body, timeout=timeout)
+        await self._call("/api/queue/fail", body, timeout=timeout, extra=self._fenced())
 
     async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
         await self._call(
             "/api/queue/yield", {"taskID": task_id, "duration": max(5, int(seconds))},
-            timeout=timeout,
+            timeout=timeout, extra=self._fenced(),
         )

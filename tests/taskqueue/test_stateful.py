@@ -18,13 +18,17 @@ from twisted.internet.defer import Deferred
 
 from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import EnqueueRequest, InvalidArgument
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound
 from tests.taskqueue.conftest import T0, redis_backend_available
 
 pytestmark = pytest.mark.integration
 
 LEASE = 600
 IDS = st.integers(min_value=1, max_value=10)
+# Competing holders: the same tasks are leased by both, expire, and are taken
+# over; results are reported unfenced (r4, Phorge's PHP) or fenced by either.
+OWNERS = ["w1", "22413:1795947021:vm:1"]
+FENCES = st.sampled_from([None, *OWNERS])
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
                     suppress_health_check=list(HealthCheck))
 
@@ -41,7 +45,7 @@ def _model(coro):
 def _outcome(call):
     try:
         return ("ok", call())
-    except (TaskNotFound, InvalidArgument) as e:
+    except (TaskNotFound, LeaseConflict, InvalidArgument) as e:
         return ("error", type(e).__name__)
 
 
@@ -148,23 +152,24 @@ def _machine(reset: _Reset):
             request = EnqueueRequest(task_class, data, priority, phid, None, delay_until)
             self.check("enqueue", request, drop_data=True)
 
-        @rule(owner=st.sampled_from(["w1", "22413:1795947021:vm:1"]),
+        @rule(owner=st.sampled_from(OWNERS),
               limit=st.integers(1, 4),
               classes=st.sampled_from([None, ["A"], ["B"], ["A", "B"]]))
         def lease(self, owner, limit, classes):
             self.check("lease", owner, limit, LEASE, classes)
 
-        @rule(task_id=IDS, duration=st.integers(0, 10**7))
-        def complete(self, task_id, duration):
-            self.check("complete", task_id, duration)
+        @rule(task_id=IDS, duration=st.integers(0, 10**7), owner=FENCES)
+        def complete(self, task_id, duration, owner):
+            self.check("complete", task_id, duration, owner)
 
-        @rule(task_id=IDS, permanent=st.booleans(), retry_wait=st.sampled_from([0, 5, 300]))
-        def fail(self, task_id, permanent, retry_wait):
-            self.check("fail", task_id, permanent, retry_wait)
+        @rule(task_id=IDS, permanent=st.booleans(), retry_wait=st.sampled_from([0, 5, 300]),
+              owner=FENCES)
+        def fail(self, task_id, permanent, retry_wait, owner):
+            self.check("fail", task_id, permanent, retry_wait, owner)
 
-        @rule(task_id=IDS, duration=st.sampled_from([-3, 0, 5, 60, 4000]))
-        def yield_(self, task_id, duration):
-            self.check("yield_", task_id, duration)
+        @rule(task_id=IDS, duration=st.sampled_from([-3, 0, 5, 60, 4000]), owner=FENCES)
+        def yield_(self, task_id, duration, owner):
+            self.check("yield_", task_id, duration, owner)
 
         @rule(task_id=IDS)
         def cancel(self, task_id):
