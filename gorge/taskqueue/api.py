@@ -24,6 +24,7 @@ from gorge.taskqueue.model import (
     MAX_TASK_CLASS_CHARS,
     PRIORITY_DEFAULT,
     UINT32_MAX,
+    YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
     InvalidArgument,
@@ -94,6 +95,18 @@ def _task_id(body: dict) -> int:
     if value > INT64_MAX:
         raise _bad("invalid task ID")
     return value
+
+
+def _id_list(body: dict, key: str, maximum: int = MAX_LEASE_LIMIT) -> list[int]:
+    """A required, non-empty list of at most ``maximum`` integer task ids."""
+    ids = _opt(body, key)
+    if ids is _MISSING or ids == []:
+        raise _bad(f"{key} is required")
+    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+        raise _bad(f"{key} must be a list of integers")
+    if len(ids) > maximum:
+        raise _bad(f"{key} must have at most {maximum} ids")
+    return ids
 
 
 def _phid(body: dict, key: str) -> str | None:
@@ -292,6 +305,31 @@ class TaskQueueApi:
         owner = fence_owner(request, body)
         await self._call("yield", self._store.yield_(task_id, duration, owner))
         return ok(request, {"status": "ok"})
+
+    @app.route("/api/queue/renew", methods=["POST"])
+    async def renew(self, request):
+        body = read_json_object(request)
+        ids = _id_list(body, "taskIDs")
+        owner = fence_owner(request, body)
+        if owner is None:
+            raise _bad("leaseOwner is required (X-Lease-Owner header or leaseOwner field)")
+        if owner == YIELD_OWNER:
+            raise _bad(f"leaseOwner {YIELD_OWNER} holds no lease")
+        limit = self._settings.lease_duration
+        duration = _int_field(body, "duration", limit, minimum=1, maximum=limit)
+        # Ids outside the column's range cannot name a task: lost, like unknown ones.
+        valid = [i for i in ids if 0 < i <= UINT32_MAX]
+        renewed = await self._call("renew", self._store.renew(owner, valid, duration)) \
+            if valid else {}
+        answer = []
+        for task_id in dict.fromkeys(ids):
+            expires = renewed.get(task_id)
+            if expires is None:
+                answer.append({"taskID": task_id, "status": "lost"})
+            else:
+                answer.append({"taskID": task_id, "status": "renewed", "leaseExpires": expires})
+            self._metrics.renewals.labels("lost" if expires is None else "renewed").inc()
+        return ok(request, answer)
 
     @app.route("/api/queue/cancel", methods=["POST"])
     async def cancel(self, request):

@@ -147,6 +147,20 @@ class MemoryTaskStore:
             task, lease_owner=YIELD_OWNER, lease_expires=expires, date_modified=now
         )
 
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        exp = check_u32("duration", self._now() + duration)
+        out: dict[int, int | None] = {}
+        for task_id in dict.fromkeys(task_ids):
+            task = self._active.get(task_id)
+            if task is None or task.lease_owner != owner:
+                out[task_id] = None
+                continue
+            expires = max(task.lease_expires or 0, exp)
+            self._active[task_id] = replace(task, lease_expires=expires)
+            out[task_id] = expires
+        return out
+
     async def cancel(self, task_id: int) -> ArchivedTask:
         return self._archive(task_id, RESULT_CANCELLED, 0)
 

@@ -414,6 +414,33 @@ return changed
 """
 )
 
+# KEYS: leased, task...  (one task key per distinct id, in ARGV order)
+# ARGV: base, owner, exp, member...
+# Returns, per id, the lease expiry now stored, or '' when the lease is lost.
+RENEW = (
+    _LUA_PRELUDE
+    + """
+local owner, exp = ARGV[2], tonumber(ARGV[3])
+local out = {}
+for i = 2, #KEYS do
+  local f = redis.call('HMGET', KEYS[i], 'leaseOwner', 'leaseExpires')
+  if f[1] == owner and owner ~= '' then
+    local current = tonumber(f[2]) or 0
+    if current < exp then
+      redis.call('HSET', KEYS[i], 'leaseExpires', ARGV[3])
+      redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i + 2])
+      out[#out + 1] = ARGV[3]
+    else
+      out[#out + 1] = f[2]
+    end
+  else
+    out[#out + 1] = ''
+  end
+end
+return out
+"""
+)
+
 # KEYS: active, leased, idx:archived, counter:failed
 # ARGV: base, now
 STATS = (
@@ -506,6 +533,7 @@ class RedisTaskStore:
         self._fail = gredis.LuaScript(FAIL_TEMPORARY)
         self._yield = gredis.LuaScript(YIELD)
         self._awaken = gredis.LuaScript(AWAKEN)
+        self._renew = gredis.LuaScript(RENEW)
         self._stats = gredis.LuaScript(STATS)
         self._list = gredis.LuaScript(LIST)
         self._get = gredis.LuaScript(GET)
@@ -660,6 +688,21 @@ class RedisTaskStore:
             [ago, YIELD_OWNER, *(member(i) for i in ids)],
         )
         return int(changed)
+
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        ids = list(dict.fromkeys(task_ids))
+        exp = check_u32("duration", self._now() + duration)
+        if not ids:
+            return {}
+        k = self.keys
+        answers = await self._run(
+            self._renew,
+            [k.leased, *(k.task(i) for i in ids)],
+            [owner, exp, *(member(i) for i in ids)],
+        )
+        return {task_id: (int(a) if a not in (None, "") else None)
+                for task_id, a in zip(ids, answers)}
 
     async def stats(self) -> Stats:
         k = self.keys

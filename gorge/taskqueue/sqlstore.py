@@ -106,6 +106,13 @@ AWAKEN = (
     "UPDATE worker_activetask SET leaseExpires = %s WHERE id IN ({ids})"
     " AND leaseOwner = %s AND leaseExpires > %s AND failureCount = 0"
 )
+# Renewal: extend only leases the owner holds, never shorten one; then read
+# back (locked, so what we answer is what is stored) the rows still ours.
+RENEW = (
+    "UPDATE worker_activetask SET leaseExpires = %s WHERE id IN ({ids}) AND leaseOwner = %s"
+    " AND (leaseExpires IS NULL OR leaseExpires < %s)"
+)
+RENEWED = "SELECT id, leaseExpires FROM worker_activetask WHERE id IN ({ids}) AND leaseOwner = %s{lock}"
 STATS = (
     "SELECT (SELECT COUNT(*) FROM worker_activetask),"
     " (SELECT COUNT(*) FROM worker_activetask"
@@ -372,6 +379,25 @@ class SqlTaskStore:
         self._held_txn(txn, task_id, owner)
         expires = check_u32("duration", expires)
         self._exec(txn, YIELD, (YIELD_OWNER, expires, now, task_id))
+
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        ids = tuple(dict.fromkeys(int(i) for i in task_ids))
+        exp = check_u32("duration", self._now() + duration)
+        if not ids:
+            return {}
+        return await self._run(self._renew_txn, owner, ids, exp)
+
+    def _renew_txn(self, txn, owner: str, ids: tuple[int, ...], exp: int) -> dict[int, int | None]:
+        self._dialect.begin_write(txn)
+        held: dict[int, int | None] = {}
+        for start in range(0, len(ids), _AWAKEN_CHUNK):
+            chunk = ids[start:start + _AWAKEN_CHUNK]
+            marks = _marks(len(chunk))
+            self._exec(txn, RENEW.format(ids=marks), (exp, *chunk, owner, exp))
+            self._exec(txn, RENEWED.format(ids=marks, lock=self._dialect.lock), (*chunk, owner))
+            held.update((int(row[0]), int(row[1])) for row in txn.fetchall())
+        return {task_id: held.get(task_id) for task_id in ids}
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ids = tuple(dict.fromkeys(int(i) for i in task_ids))

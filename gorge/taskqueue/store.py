@@ -136,6 +136,20 @@ class TaskStore(Protocol):
     # Order of the checks: not found, then conflict, then the range of a
     # computed expiry (InvalidArgument); nothing is written unless all pass.
 
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        """Extend the leases ``owner`` holds on ``task_ids`` (docs/taskqueue.md, Renewal).
+
+        For every distinct id, in the order given: if the task is active and
+        ``leaseOwner == owner`` (expired or not, as for fencing), ``leaseExpires``
+        becomes ``max(leaseExpires, now + duration)`` and the answer is that value;
+        otherwise (unknown, archived, held by someone else, freed) the answer is
+        None ("lost") and nothing is written for it.  ``dateModified`` is not
+        touched (a lease never changes it).  ``now + duration`` out of the
+        unsigned 32-bit range raises InvalidArgument before anything is written.
+        """
+        ...
+
     async def cancel(self, task_id: int) -> ArchivedTask:
         """Archive with result 2, duration 0, owner/expiry copied (§6.6).
         Unknown (not active) id -> :class:`TaskNotFound` (no replay rule here)."""

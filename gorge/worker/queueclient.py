@@ -199,6 +199,26 @@ class QueueClient:
         # a report from a worker whose lease was taken over (409).
         return {b"X-Lease-Owner": self.owner.encode()}
 
+    async def renew(self, task_ids: list[int], *, timeout: float) -> dict[int, int | None]:
+        """Extend our leases on ``task_ids``: each id's new ``leaseExpires``, or
+        None when the queue says the lease is lost.  An id the answer does not
+        mention is left out (its deadline stays as it was)."""
+        data = await self._call("/api/queue/renew", {"taskIDs": list(task_ids)},
+                                timeout=timeout, extra=self._fenced())
+        if not isinstance(data, list):
+            raise QueueError("unmarshal (status 200): /api/queue/renew answered no list",
+                             status=200, transient=True)
+        out: dict[int, int | None] = {}
+        for item in data:
+            if not isinstance(item, dict) or not _is_int(item.get("taskID")):
+                continue
+            expires = item.get("leaseExpires")
+            if item.get("status") == "renewed" and _is_int(expires):
+                out[item["taskID"]] = expires
+            elif item.get("status") == "lost":
+                out[item["taskID"]] = None
+        return out
+
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
         await self._call(
             "/api/queue/complete",

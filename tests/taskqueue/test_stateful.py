@@ -171,6 +171,11 @@ def _machine(reset: _Reset):
         def yield_(self, task_id, duration, owner):
             self.check("yield_", task_id, duration, owner)
 
+        @rule(owner=st.sampled_from(OWNERS), task_ids=st.lists(IDS, min_size=1, max_size=4),
+              duration=st.sampled_from([1, 300, LEASE, 2 * LEASE]))
+        def renew(self, owner, task_ids, duration):
+            self.check("renew", owner, task_ids, duration)
+
         @rule(task_id=IDS)
         def cancel(self, task_id):
             self.check("cancel", task_id)
