@@ -23,6 +23,7 @@ from gorge.taskqueue.model import (
     MAX_PHID_BYTES,
     MAX_TASK_CLASS_CHARS,
     PRIORITY_DEFAULT,
+    RESULT_NAMES,
     UINT32_MAX,
     YIELD_OWNER,
     ArchivedTask,
@@ -31,7 +32,7 @@ from gorge.taskqueue.model import (
     Task,
 )
 from gorge.taskqueue.settings import TaskQueueSettings
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStore
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, TaskStore
 from gorge.web import ApiError, add_error_handlers, ok, read_json_object, render_failure
 
 log = Logger()
@@ -49,6 +50,7 @@ def _not_found() -> ApiError:
 
 
 LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
+TASK_STATE = "ERR_TASK_STATE"
 
 
 def _is_int(value: Any) -> bool:
@@ -183,6 +185,47 @@ def _query_int(request, name: bytes) -> int | None:
     return int(values[0], 10)
 
 
+# Result names and Phorge's numbers alike.
+_RESULTS = {**RESULT_NAMES, **{str(v): v for v in RESULT_NAMES.values()}}
+
+
+def _query_text(request, name: bytes) -> str | None:
+    values = request.args.get(name)
+    if not values:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(f"{name.decode()} must be UTF-8") from None
+
+
+def _page(request) -> tuple[int, int]:
+    """``limit`` (absent/unparsable/<= 0: 100, at most 1000) and ``offset``
+    (absent/unparsable/negative: 0) of a list endpoint (§6.9)."""
+    limit = _query_int(request, b"limit")
+    if limit is None or limit <= 0:
+        limit = DEFAULT_LIST_LIMIT
+    limit = min(limit, MAX_LIST_LIMIT)
+    offset = _query_int(request, b"offset")
+    offset = 0 if offset is None or offset < 0 else min(offset, INT64_MAX)
+    return limit, offset
+
+
+def _path_id(text: str) -> int:
+    """A task id in a path: base-10 64-bit with an optional sign, as the
+    reference's ParseInt reads it (400 otherwise); ids no column can hold are
+    simply not found."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise _bad("invalid task ID")
+    parsed = int(text, 10)
+    if not -(2**63) <= parsed <= INT64_MAX:
+        raise _bad("invalid task ID")
+    if not 0 < parsed <= UINT32_MAX:
+        raise _not_found()
+    return parsed
+
+
 class TaskQueueApi:
     """Routes under ``/api/queue``; auth, body limit and probes are the Site's."""
 
@@ -222,6 +265,8 @@ class TaskQueueApi:
         except LeaseConflict:
             raise ApiError(409, LEASE_CONFLICT,
                            "task lease no longer belongs to this owner") from None
+        except TaskStateError as e:
+            raise ApiError(409, TASK_STATE, e.message) from None
         except InvalidArgument as e:
             raise _bad(e.message) from None
         except (ApiError, CancelledError):
@@ -359,28 +404,58 @@ class TaskQueueApi:
 
     @app.route("/api/queue/tasks", methods=["GET"])
     async def list_tasks(self, request):
-        limit = _query_int(request, b"limit")
-        if limit is None or limit <= 0:
-            limit = DEFAULT_LIST_LIMIT
-        limit = min(limit, MAX_LIST_LIMIT)
-        offset = _query_int(request, b"offset")
-        offset = 0 if offset is None or offset < 0 else min(offset, INT64_MAX)
+        limit, offset = _page(request)
         tasks = await self._call("list", self._store.list_tasks(limit, offset))
         return ok(request, [task.without_data().to_json() for task in tasks])
 
     @app.route("/api/queue/tasks/<string:task_id>", methods=["GET"])
     async def get_task(self, request, task_id: str):
-        # Base-10 64-bit with an optional sign, as the reference's ParseInt reads it.
-        digits = task_id[1:] if task_id[:1] in ("+", "-") else task_id
-        if not (digits.isascii() and digits.isdigit()):
-            raise _bad("invalid task ID")
-        parsed = int(task_id, 10)
-        if not -(2**63) <= parsed <= INT64_MAX:
-            raise _bad("invalid task ID")
-        if not 0 < parsed <= UINT32_MAX:
-            raise _not_found()
-        task = await self._call("get", self._store.get_task(parsed))
+        task = await self._call("get", self._store.get_task(_path_id(task_id)))
         return ok(request, task.to_json())
+
+    # -- dead tasks (docs/taskqueue.md, Dead tasks) -----------------------------
+
+    @app.route("/api/queue/archived", methods=["GET"])
+    async def list_archived(self, request):
+        limit, offset = _page(request)
+        result = _query_text(request, b"result")
+        if result:
+            if result not in _RESULTS:
+                raise _bad("result must be success, failure or cancelled")
+            result = _RESULTS[result]
+        task_class = _query_text(request, b"class")
+        rows = await self._call("archived", self._store.list_archived(
+            result if result != "" else None, task_class or None, limit, offset))
+        return ok(request, [row.to_json() for row in rows])
+
+    @app.route("/api/queue/archived/<string:task_id>", methods=["GET"])
+    async def get_archived(self, request, task_id: str):
+        row = await self._call("archived", self._store.get_archived(_path_id(task_id)))
+        if row is None:
+            raise _not_found()
+        return ok(request, row.to_json())
+
+    @app.route("/api/queue/requeue", methods=["POST"])
+    async def requeue(self, request):
+        ids = _id_list(read_json_object(request), "taskIDs")
+        answer = []
+        for task_id in dict.fromkeys(ids):
+            try:
+                if not 0 < task_id <= UINT32_MAX:
+                    raise _not_found()
+                task = await self._call("requeue", self._store.requeue(task_id))
+            except ApiError as e:
+                if e.status >= 500:
+                    raise
+                answer.append({"taskID": task_id, "status": "refused", "code": e.code,
+                               "message": e.message})
+                continue
+            self._metrics.requeued.labels(task.task_class).inc()
+            log.info("TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} "
+                     "task_class={task_class}", task_id=task_id, new_task_id=task.id,
+                     task_class=task.task_class)
+            answer.append({"taskID": task_id, "status": "requeued", "task": task.to_json()})
+        return ok(request, answer)
 
     add_error_handlers(app)
 

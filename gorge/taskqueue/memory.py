@@ -9,11 +9,13 @@ from dataclasses import replace
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.taskqueue.model import (
+    ACTIVE_NOT_ARCHIVED,
     AWAKEN_WINDOW,
     MIN_YIELD,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
+    SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
@@ -21,9 +23,10 @@ from gorge.taskqueue.model import (
     Task,
     archive_of,
     check_u32,
+    requeue_request,
     sort_key,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
 
 class MemoryTaskStore:
@@ -42,7 +45,9 @@ class MemoryTaskStore:
         return int(self._clock.seconds())
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
-        now = self._now()
+        return self._insert(request, self._now())
+
+    def _insert(self, request: EnqueueRequest, now: int) -> Task:
         data_id, self._next_data_id = self._next_data_id, self._next_data_id + 1
         task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
         self._payloads[data_id] = request.data
@@ -202,6 +207,25 @@ class MemoryTaskStore:
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         return self._archived.get(task_id)
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        rows = [a for a in self._archived.values()
+                if (result is None or a.result == result)
+                and (task_class is None or a.task_class == task_class)]
+        rows.sort(key=lambda a: (a.date_modified, a.id), reverse=True)
+        return rows[offset:offset + limit]
+
+    async def requeue(self, task_id: int) -> Task:
+        archived = self._archived.get(task_id)
+        if archived is None:
+            if task_id in self._active:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS:
+            raise TaskStateError(task_id, SUCCEEDED)
+        return self._insert(requeue_request(archived, self._payloads.get(archived.data_id, "")),
+                            self._now())
 
     async def ping(self) -> str | None:
         return self.unreachable

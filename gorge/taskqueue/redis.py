@@ -42,12 +42,14 @@ from twisted.logger import Logger
 from gorge import redis as gredis
 from gorge.config import ConfigError
 from gorge.taskqueue.model import (
+    ACTIVE_NOT_ARCHIVED,
     ARCHIVE_COLUMNS,
     AWAKEN_WINDOW,
     MIN_YIELD,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
+    SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
@@ -59,7 +61,7 @@ from gorge.taskqueue.model import (
     sort_key,
     task_from_columns,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
 log = Logger()
 
@@ -68,6 +70,8 @@ DEFAULT_OP_TIMEOUT = 10.0
 MEMBER_WIDTH = 20
 # A filtered phase 1 reads the unleased index in pages of this many ids.
 SCAN_BATCH = 200
+# Archive records read per script call when listing dead tasks.
+ARCHIVE_PAGE = 500
 _INT64_MAX = 2**63 - 1
 
 
@@ -441,6 +445,67 @@ return out
 """
 )
 
+# KEYS: idx:archived
+# ARGV: base, first rank, page size, result ('' = any), class ('' = any), wanted
+# Reads one page of the archive, newest first (score = archive time, then id,
+# both descending), and returns {"next": rank to continue from or -1,
+# "rows": [matching records without the payload copy, at most `wanted`]}.
+LIST_ARCHIVED = (
+    _LUA_PRELUDE
+    + """
+local start, count, wanted = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
+local page = redis.call('ZREVRANGE', KEYS[1], start, start + count - 1)
+local rows, scanned = {}, 0
+for _, m in ipairs(page) do
+  scanned = scanned + 1
+  local key = base .. 'archived:' .. id_of(m)
+  local f = redis.call('HMGET', key, 'result', 'taskClass')
+  if f[1] and (ARGV[4] == '' or f[1] == ARGV[4]) and (ARGV[5] == '' or f[2] == ARGV[5]) then
+    local row = row_of(key)
+    row['data'] = nil
+    rows[#rows + 1] = row
+    if #rows >= wanted then break end
+  end
+end
+local next_rank = start + scanned
+if #rows < wanted and #page < count then next_rank = -1 end
+local encoded = '[]'
+if #rows > 0 then encoded = cjson.encode(rows) end
+return '{"next":' .. next_rank .. ',"rows":' .. encoded .. '}'
+"""
+)
+
+# KEYS: archived record
+# ARGV: [base, member, now] as JSON
+# A new active task from an archived failure or cancel (the record stays);
+# returns the new task row as JSON, "active" / "succeeded" when refused, or
+# nil when the id is neither archived nor active.
+REQUEUE = (
+    _LUA_PACKED_PRELUDE
+    + """
+local m, now = A[2], A[3]
+local old, found = row_of(KEYS[1])
+if not found then
+  if redis.call('EXISTS', task_key(m)) == 1 then return 'active' end
+  return false
+end
+if old['result'] == '0' then return 'succeeded' end
+local data_id = redis.call('INCR', base .. 'next_data_id')
+local task_id = redis.call('INCR', base .. 'next_task_id')
+local n = string.format('%020d', task_id)
+redis.call('SET', base .. 'data:' .. data_id, old['data'] or '')
+local key = task_key(n)
+redis.call('HSET', key,
+  'id', id_of(n), 'taskClass', old['taskClass'], 'leaseOwner', '', 'leaseExpires', '',
+  'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', old['priority'],
+  'objectPHID', old['objectPHID'] or '', 'containerPHID', old['containerPHID'] or '',
+  'dateCreated', now, 'dateModified', now)
+redis.call('ZADD', base .. 'idx:active', old['priority'], n)
+redis.call('ZADD', base .. 'idx:unleased', old['priority'], n)
+return cjson.encode((row_of(key)))
+"""
+)
+
 # KEYS: active, leased, idx:archived, counter:failed
 # ARGV: base, now
 STATS = (
@@ -534,6 +599,8 @@ class RedisTaskStore:
         self._yield = gredis.LuaScript(YIELD)
         self._awaken = gredis.LuaScript(AWAKEN)
         self._renew = gredis.LuaScript(RENEW)
+        self._list_archived = gredis.LuaScript(LIST_ARCHIVED)
+        self._requeue = gredis.LuaScript(REQUEUE)
         self._stats = gredis.LuaScript(STATS)
         self._list = gredis.LuaScript(LIST)
         self._get = gredis.LuaScript(GET)
@@ -734,6 +801,37 @@ class RedisTaskStore:
         if cols.get("id") in (None, ""):
             return None
         return archived_from_columns(cols)
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        # Filtered pages are matched inside Redis, a bounded page per call,
+        # so a large archive never blocks the server for long.
+        rows: list[ArchivedTask] = []
+        skip, rank = offset, 0
+        while rank >= 0 and len(rows) < limit:
+            wanted = skip + limit - len(rows)
+            reply = json.loads(await self._run(
+                self._list_archived, [self.keys.archived_idx],
+                [rank, ARCHIVE_PAGE, "" if result is None else result, task_class or "",
+                 wanted]))
+            for doc in reply["rows"]:
+                if skip:
+                    skip -= 1
+                    continue
+                rows.append(archived_from_columns(doc))
+            rank = reply["next"]
+        return rows[:limit]
+
+    async def requeue(self, task_id: int) -> Task:
+        reply = await self._run_packed(self._requeue, self.keys.archived(task_id),
+                                       [member(task_id), self._now()])
+        if not reply:
+            raise TaskNotFound(task_id)
+        if reply == "active":
+            raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+        if reply == "succeeded":
+            raise TaskStateError(task_id, SUCCEEDED)
+        return _row(json.loads(reply))
 
     async def ping(self) -> str | None:
         return await gredis.ping(self._conn, self._clock, self._ping_timeout)

@@ -16,11 +16,13 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from gorge.taskqueue.model import (
+    ACTIVE_NOT_ARCHIVED,
     AWAKEN_WINDOW,
     MIN_YIELD,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
+    SUCCEEDED,
     TASK_COLUMNS,
     ARCHIVE_COLUMNS,
     YIELD_OWNER,
@@ -32,9 +34,10 @@ from gorge.taskqueue.model import (
     archive_of,
     archived_from_columns,
     check_u32,
+    requeue_request,
     task_from_columns,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
 log = Logger()
 
@@ -92,7 +95,13 @@ INSERT_ARCHIVE = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 DELETE_ACTIVE = "DELETE FROM worker_activetask WHERE id = %s"
-SELECT_ARCHIVED = f"SELECT {_A_COLS} FROM worker_archivetask WHERE id = %s"
+SELECT_ARCHIVED = f"SELECT {_A_COLS} FROM worker_archivetask WHERE id = %s{{lock}}"
+# Newest first by the archive time; Phorge keys dateModified, and sets it on archive too.
+LIST_ARCHIVED = (
+    f"SELECT {_A_COLS} FROM worker_archivetask{{where}}"
+    " ORDER BY dateModified DESC, id DESC LIMIT %s OFFSET %s"
+)
+SELECT_DATA = "SELECT data FROM worker_taskdata WHERE id = %s"
 
 TEMPORARY_FAIL = (
     "UPDATE worker_activetask SET failureCount = failureCount + 1, failureTime = %s,"
@@ -206,6 +215,9 @@ class SqlTaskStore:
 
     def _enqueue_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
         self._dialect.begin_write(txn)
+        return self._insert_txn(txn, request, now)
+
+    def _insert_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
         self._exec(txn, INSERT_DATA, (request.data,))
         data_id = int(txn.lastrowid)
         task_id = self._dialect.next_task_id(txn)
@@ -416,6 +428,47 @@ class SqlTaskStore:
             changed += int(txn.rowcount)
         return changed
 
+    # -- dead tasks ------------------------------------------------------------
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        where, args = [], []
+        if result is not None:
+            where.append("result = %s")
+            args.append(result)
+        if task_class is not None:
+            where.append("taskClass = %s")
+            args.append(task_class)
+        statement = LIST_ARCHIVED.format(where=" WHERE " + " AND ".join(where) if where else "")
+
+        def read(txn) -> list[ArchivedTask]:
+            self._exec(txn, statement, (*args, limit, offset))
+            return [archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
+                    for row in txn.fetchall()]
+
+        return await self._run(read)
+
+    async def requeue(self, task_id: int) -> Task:
+        return await self._run(self._requeue_txn, task_id, self._now())
+
+    def _requeue_txn(self, txn, task_id: int, now: int) -> Task:
+        self._dialect.begin_write(txn)
+        archived = self._archived_txn(txn, task_id, self._dialect.lock)
+        if archived is None:
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            if txn.fetchone() is not None:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS:
+            raise TaskStateError(task_id, SUCCEEDED)
+        # The payload row outlives the archive row's move (§7.5).
+        self._exec(txn, SELECT_DATA, (archived.data_id,))
+        row = txn.fetchone()
+        data = "" if row is None or row[0] is None else row[0]
+        if isinstance(data, (bytes, bytearray)):
+            data = bytes(data).decode("utf-8")
+        return self._insert_txn(txn, requeue_request(archived, data), now)
+
     # -- reads ---------------------------------------------------------------
 
     async def stats(self) -> Stats:
@@ -448,8 +501,8 @@ class SqlTaskStore:
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         return await self._run(self._archived_txn, task_id)
 
-    def _archived_txn(self, txn, task_id: int) -> ArchivedTask | None:
-        self._exec(txn, SELECT_ARCHIVED, (task_id,))
+    def _archived_txn(self, txn, task_id: int, lock: str = "") -> ArchivedTask | None:
+        self._exec(txn, SELECT_ARCHIVED.format(lock=lock), (task_id,))
         row = txn.fetchone()
         return None if row is None else archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
 

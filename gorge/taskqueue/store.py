@@ -53,6 +53,16 @@ class LeaseConflict(Exception):
         self.task_id = task_id
 
 
+class TaskStateError(Exception):
+    """The task exists but is in the wrong state for the operation (API: 409
+    ``ERR_TASK_STATE``); ``message`` says which and what to do."""
+
+    def __init__(self, task_id: int, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.message = message
+
+
 @runtime_checkable
 class TaskStore(Protocol):
     """The queue operations.  All methods are coroutines (``async def``)."""
@@ -180,6 +190,23 @@ class TaskStore(Protocol):
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         """The archived row with this id, or None (used by tests and replays)."""
+        ...
+
+    # -- dead tasks (docs/taskqueue.md, Dead tasks) ----------------------------
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        """Archived tasks, newest first (``dateModified`` DESC, id DESC; the
+        archive time for every row we write), optionally only one ``result``
+        and one ``task_class``, paged by ``limit`` (>= 1) / ``offset`` (>= 0)."""
+        ...
+
+    async def requeue(self, task_id: int) -> Task:
+        """A new active task from an archived one: same class, payload, priority
+        and PHIDs; failureCount 0, never leased, ``dateCreated`` =
+        ``dateModified`` = now, a new id and payload id.  The archive row stays.
+        Returns the new Task (without data).  Archived as a success, or active
+        -> :class:`TaskStateError`; neither -> :class:`TaskNotFound`."""
         ...
 
     async def ping(self) -> str | None:

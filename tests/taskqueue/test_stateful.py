@@ -18,7 +18,7 @@ from twisted.internet.defer import Deferred
 
 from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import EnqueueRequest, InvalidArgument
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 from tests.taskqueue.conftest import T0, redis_backend_available
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ def _model(coro):
 def _outcome(call):
     try:
         return ("ok", call())
-    except (TaskNotFound, LeaseConflict, InvalidArgument) as e:
+    except (TaskNotFound, LeaseConflict, TaskStateError, InvalidArgument) as e:
         return ("error", type(e).__name__)
 
 
@@ -179,6 +179,15 @@ def _machine(reset: _Reset):
         @rule(task_id=IDS)
         def cancel(self, task_id):
             self.check("cancel", task_id)
+
+        @rule(task_id=IDS)
+        def requeue(self, task_id):
+            self.check("requeue", task_id)
+
+        @rule(result=st.sampled_from([None, 0, 1, 2]), task_class=st.sampled_from([None, "A"]),
+              limit=st.sampled_from([1, 3, 100]), offset=st.sampled_from([0, 1, 4]))
+        def list_archived(self, result, task_class, limit, offset):
+            self.check("list_archived", result, task_class, limit, offset)
 
         @rule(task_ids=st.lists(IDS, min_size=1, max_size=4))
         def awaken(self, task_ids):
