@@ -413,6 +413,49 @@ class TaskQueueApi:
         task = await self._call("get", self._store.get_task(_path_id(task_id)))
         return ok(request, task.to_json())
 
+    # -- operator verbs (docs/taskqueue.md, Operator verbs) ----------------------
+
+    async def _operated(self, verb: str, coro) -> Any:
+        task: Task = await self._call(verb, coro)
+        log.info("TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
+                 task_id=task.id, task_class=task.task_class)
+        return task.to_json()
+
+    @app.route("/api/queue/delay", methods=["POST"])
+    async def delay(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        if _opt(body, "until") is _MISSING:
+            raise _bad("until is required")
+        until = _int_field(body, "until", 0)
+        return ok(request, await self._operated("delayed", self._store.delay(task_id, until)))
+
+    @app.route("/api/queue/priority", methods=["POST"])
+    async def priority(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        if _opt(body, "priority") is _MISSING:
+            raise _bad("priority is required")
+        priority = _int_field(body, "priority", PRIORITY_DEFAULT)
+        return ok(request, await self._operated(
+            "reprioritized", self._store.set_priority(task_id, priority)))
+
+    @app.route("/api/queue/free", methods=["POST"])
+    async def free(self, request):
+        task_id = _task_id(read_json_object(request))
+        return ok(request, await self._operated("freed", self._store.free(task_id)))
+
+    @app.route("/api/queue/retry", methods=["POST"])
+    async def retry(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        repeat = _opt(body, "repeat")
+        if repeat is _MISSING:
+            repeat = False
+        elif not isinstance(repeat, bool):
+            raise _bad("repeat must be a boolean")
+        return ok(request, await self._operated("retried", self._store.retry(task_id, repeat)))
+
     # -- dead tasks (docs/taskqueue.md, Dead tasks) -----------------------------
 
     @app.route("/api/queue/archived", methods=["GET"])

@@ -10,8 +10,11 @@ from twisted.internet.interfaces import IReactorTime
 
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
+    ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    LEASED,
     MIN_YIELD,
+    NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
@@ -25,6 +28,7 @@ from gorge.taskqueue.model import (
     check_u32,
     requeue_request,
     sort_key,
+    unarchived,
 )
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
@@ -226,6 +230,50 @@ class MemoryTaskStore:
             raise TaskStateError(task_id, SUCCEEDED)
         return self._insert(requeue_request(archived, self._payloads.get(archived.data_id, "")),
                             self._now())
+
+    def _active_task(self, task_id: int) -> Task:
+        task = self._active.get(task_id)
+        if task is None:
+            if task_id in self._archived:
+                raise TaskStateError(task_id, ARCHIVED_NOT_ACTIVE)
+            raise TaskNotFound(task_id)
+        return task
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        task = self._active_task(task_id)
+        if task.lease_owner is not None:
+            raise TaskStateError(task_id, LEASED)
+        task = replace(task, lease_expires=until, date_modified=self._now())
+        self._active[task_id] = task
+        return task
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        task = replace(self._active_task(task_id), priority=priority,
+                       date_modified=self._now())
+        self._active[task_id] = task
+        return task
+
+    async def free(self, task_id: int) -> Task:
+        task = self._active_task(task_id)
+        if task.lease_owner is None:
+            raise TaskStateError(task_id, NOT_LEASED)
+        now = self._now()
+        task = replace(task, lease_owner=None, lease_expires=now, date_modified=now)
+        self._active[task_id] = task
+        return task
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        archived = self._archived.get(task_id)
+        if archived is None:
+            if task_id in self._active:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS and not repeat:
+            raise TaskStateError(task_id, SUCCEEDED)
+        task = unarchived(archived, self._now())
+        del self._archived[task_id]
+        self._active[task_id] = task
+        return task
 
     async def ping(self) -> str | None:
         return self.unreachable

@@ -245,6 +245,26 @@ def requeue_request(archived: ArchivedTask, data: str) -> EnqueueRequest:
     )
 
 
+def unarchived(archived: ArchivedTask, now: int) -> Task:
+    """The active row Phorge's ``unarchiveTask()`` writes back (``bin/worker
+    retry``): same id, payload row, class, priority, PHIDs and dateCreated;
+    never leased with ``leaseExpires = 0``, so phase 2 takes it at once."""
+    return Task(
+        id=archived.id,
+        task_class=archived.task_class,
+        lease_owner=None,
+        lease_expires=0,
+        failure_count=0,
+        data_id=archived.data_id,
+        failure_time=None,
+        priority=archived.priority,
+        object_phid=archived.object_phid,
+        container_phid=archived.container_phid,
+        date_created=archived.date_created,
+        date_modified=now,
+    )
+
+
 RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE,
                 "cancelled": RESULT_CANCELLED}
 

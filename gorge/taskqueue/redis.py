@@ -44,8 +44,11 @@ from gorge.config import ConfigError
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVE_COLUMNS,
+    ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    LEASED,
     MIN_YIELD,
+    NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
@@ -506,6 +509,96 @@ return cjson.encode((row_of(key)))
 """
 )
 
+# Operator verbs.  Shared check: nil when the task is active, "archived" when
+# only its archive record exists, false when neither.
+_LUA_ACTIVE = """
+local function not_active(m, key)
+  if redis.call('EXISTS', key) == 1 then return nil end
+  if redis.call('EXISTS', base .. 'archived:' .. id_of(m)) == 1 then return 'archived' end
+  return false
+end
+"""
+
+# KEYS: task, unleased, leased
+# ARGV: base, member, until, now
+# Returns the updated row as JSON, "archived", "leased", or nil.
+DELAY = (
+    _LUA_PRELUDE
+    + _LUA_ACTIVE
+    + """
+local m = ARGV[2]
+local refusal = not_active(m, KEYS[1])
+if refusal ~= nil then return refusal end
+if redis.call('HGET', KEYS[1], 'leaseOwner') ~= '' then return 'leased' end
+redis.call('HSET', KEYS[1], 'leaseExpires', ARGV[3], 'dateModified', ARGV[4])
+redis.call('ZREM', KEYS[2], m)
+redis.call('ZADD', KEYS[3], ARGV[3], m)
+return cjson.encode((row_of(KEYS[1])))
+"""
+)
+
+# KEYS: task, active, unleased
+# ARGV: base, member, priority, now
+SET_PRIORITY = (
+    _LUA_PRELUDE
+    + _LUA_ACTIVE
+    + """
+local m = ARGV[2]
+local refusal = not_active(m, KEYS[1])
+if refusal ~= nil then return refusal end
+redis.call('HSET', KEYS[1], 'priority', ARGV[3], 'dateModified', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[3], m)
+if redis.call('ZSCORE', KEYS[3], m) then redis.call('ZADD', KEYS[3], ARGV[3], m) end
+return cjson.encode((row_of(KEYS[1])))
+"""
+)
+
+# KEYS: task, unleased, leased
+# ARGV: base, member, now
+FREE = (
+    _LUA_PRELUDE
+    + _LUA_ACTIVE
+    + """
+local m, now = ARGV[2], ARGV[3]
+local refusal = not_active(m, KEYS[1])
+if refusal ~= nil then return refusal end
+if redis.call('HGET', KEYS[1], 'leaseOwner') == '' then return 'not_leased' end
+redis.call('HSET', KEYS[1], 'leaseOwner', '', 'leaseExpires', now, 'dateModified', now)
+redis.call('ZREM', KEYS[2], m)
+redis.call('ZADD', KEYS[3], now, m)
+return cjson.encode((row_of(KEYS[1])))
+"""
+)
+
+# KEYS: archived record
+# ARGV: [base, member, now, repeat ('1' or '0')] as JSON
+# Phorge's unarchiveTask(): the record becomes the active task again, its
+# payload copy the payload string.  Returns the row as JSON, "active",
+# "succeeded", or nil.
+RETRY = (
+    _LUA_PACKED_PRELUDE
+    + """
+local m, now = A[2], A[3]
+local key = task_key(m)
+if redis.call('EXISTS', key) == 1 then return 'active' end
+local old, found = row_of(KEYS[1])
+if not found then return false end
+if old['result'] == '0' and A[4] ~= '1' then return 'succeeded' end
+redis.call('HSET', key,
+  'id', id_of(m), 'taskClass', old['taskClass'], 'leaseOwner', '', 'leaseExpires', '0',
+  'failureCount', '0', 'dataID', old['dataID'], 'failureTime', '', 'priority', old['priority'],
+  'objectPHID', old['objectPHID'] or '', 'containerPHID', old['containerPHID'] or '',
+  'dateCreated', old['dateCreated'], 'dateModified', now)
+redis.call('SET', base .. 'data:' .. old['dataID'], old['data'] or '')
+redis.call('ZADD', base .. 'idx:active', old['priority'], m)
+redis.call('ZADD', base .. 'idx:leased', 0, m)
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', base .. 'idx:archived', m)
+redis.call('DECR', base .. 'counter:archived')
+return cjson.encode((row_of(key)))
+"""
+)
+
 # KEYS: active, leased, idx:archived, counter:failed
 # ARGV: base, now
 STATS = (
@@ -550,6 +643,16 @@ return cjson.encode(with_payload(KEYS[1]))
 # ensure_ascii off: the text goes to Redis as the same UTF-8 it would have as
 # separate arguments.
 _pack = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+# What the operator scripts answer when the task is in the wrong state.
+_REFUSALS = {
+    "archived": ARCHIVED_NOT_ACTIVE,
+    "leased": LEASED,
+    "not_leased": NOT_LEASED,
+    "active": ACTIVE_NOT_ARCHIVED,
+    "succeeded": SUCCEEDED,
+}
 
 
 def _refusal(task_id: int, reply: Any) -> None:
@@ -601,6 +704,10 @@ class RedisTaskStore:
         self._renew = gredis.LuaScript(RENEW)
         self._list_archived = gredis.LuaScript(LIST_ARCHIVED)
         self._requeue = gredis.LuaScript(REQUEUE)
+        self._delay = gredis.LuaScript(DELAY)
+        self._set_priority = gredis.LuaScript(SET_PRIORITY)
+        self._free = gredis.LuaScript(FREE)
+        self._retry = gredis.LuaScript(RETRY)
         self._stats = gredis.LuaScript(STATS)
         self._list = gredis.LuaScript(LIST)
         self._get = gredis.LuaScript(GET)
@@ -823,15 +930,37 @@ class RedisTaskStore:
         return rows[:limit]
 
     async def requeue(self, task_id: int) -> Task:
-        reply = await self._run_packed(self._requeue, self.keys.archived(task_id),
-                                       [member(task_id), self._now()])
+        return await self._operated(task_id, await self._run_packed(
+            self._requeue, self.keys.archived(task_id), [member(task_id), self._now()]))
+
+    async def _operated(self, task_id: int, reply: Any) -> Task:
         if not reply:
             raise TaskNotFound(task_id)
-        if reply == "active":
-            raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
-        if reply == "succeeded":
-            raise TaskStateError(task_id, SUCCEEDED)
+        if reply in _REFUSALS:
+            raise TaskStateError(task_id, _REFUSALS[reply])
         return _row(json.loads(reply))
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        k = self.keys
+        return await self._operated(task_id, await self._run(
+            self._delay, [k.task(task_id), k.unleased, k.leased],
+            [member(task_id), until, self._now()]))
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        k = self.keys
+        return await self._operated(task_id, await self._run(
+            self._set_priority, [k.task(task_id), k.active, k.unleased],
+            [member(task_id), priority, self._now()]))
+
+    async def free(self, task_id: int) -> Task:
+        k = self.keys
+        return await self._operated(task_id, await self._run(
+            self._free, [k.task(task_id), k.unleased, k.leased], [member(task_id), self._now()]))
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        return await self._operated(task_id, await self._run_packed(
+            self._retry, self.keys.archived(task_id),
+            [member(task_id), self._now(), "1" if repeat else "0"]))
 
     async def ping(self) -> str | None:
         return await gredis.ping(self._conn, self._clock, self._ping_timeout)

@@ -17,8 +17,11 @@ from twisted.logger import Logger
 
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
+    ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    LEASED,
     MIN_YIELD,
+    NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
@@ -36,6 +39,7 @@ from gorge.taskqueue.model import (
     check_u32,
     requeue_request,
     task_from_columns,
+    unarchived,
 )
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
@@ -102,6 +106,21 @@ LIST_ARCHIVED = (
     " ORDER BY dateModified DESC, id DESC LIMIT %s OFFSET %s"
 )
 SELECT_DATA = "SELECT data FROM worker_taskdata WHERE id = %s"
+
+# Operator verbs (Phorge's bin/worker delay, priority, free, retry).
+DELAY = "UPDATE worker_activetask SET leaseExpires = %s, dateModified = %s WHERE id = %s"
+SET_PRIORITY = "UPDATE worker_activetask SET priority = %s, dateModified = %s WHERE id = %s"
+FREE = (
+    "UPDATE worker_activetask SET leaseOwner = NULL, leaseExpires = %s, dateModified = %s"
+    " WHERE id = %s"
+)
+# unarchiveTask(): the archived id and payload row come back as an active task.
+UNARCHIVE = (
+    "INSERT INTO worker_activetask (id, taskClass, leaseOwner, leaseExpires, failureCount,"
+    " dataID, failureTime, priority, objectPHID, containerPHID, dateCreated, dateModified)"
+    " VALUES (%s, %s, NULL, 0, 0, %s, NULL, %s, %s, %s, %s, %s)"
+)
+DELETE_ARCHIVED = "DELETE FROM worker_archivetask WHERE id = %s"
 
 TEMPORARY_FAIL = (
     "UPDATE worker_activetask SET failureCount = failureCount + 1, failureTime = %s,"
@@ -468,6 +487,71 @@ class SqlTaskStore:
         if isinstance(data, (bytes, bytearray)):
             data = bytes(data).decode("utf-8")
         return self._insert_txn(txn, requeue_request(archived, data), now)
+
+    # -- operator verbs ----------------------------------------------------------
+
+    def _active_txn(self, txn, task_id: int) -> Task:
+        """The active row, locked; archived -> TaskStateError, else not found."""
+        self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
+        row = txn.fetchone()
+        if row is None:
+            if self._archived_txn(txn, task_id) is not None:
+                raise TaskStateError(task_id, ARCHIVED_NOT_ACTIVE)
+            raise TaskNotFound(task_id)
+        return self._task_row(row)
+
+    async def _operate(self, change, task_id: int, *args) -> Task:
+        now = self._now()
+
+        def txn_fn(txn) -> Task:
+            self._dialect.begin_write(txn)
+            task = change(txn, self._active_txn(txn, task_id), now, *args)
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            return self._task_row(txn.fetchone()) if task is None else task
+
+        return await self._run(txn_fn)
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        def change(txn, task: Task, now: int) -> None:
+            if task.lease_owner is not None:
+                raise TaskStateError(task_id, LEASED)
+            self._exec(txn, DELAY, (until, now, task_id))
+
+        return await self._operate(change, task_id)
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        def change(txn, task: Task, now: int) -> None:
+            self._exec(txn, SET_PRIORITY, (priority, now, task_id))
+
+        return await self._operate(change, task_id)
+
+    async def free(self, task_id: int) -> Task:
+        def change(txn, task: Task, now: int) -> None:
+            if task.lease_owner is None:
+                raise TaskStateError(task_id, NOT_LEASED)
+            self._exec(txn, FREE, (now, now, task_id))
+
+        return await self._operate(change, task_id)
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        return await self._run(self._retry_txn, task_id, repeat, self._now())
+
+    def _retry_txn(self, txn, task_id: int, repeat: bool, now: int) -> Task:
+        self._dialect.begin_write(txn)
+        archived = self._archived_txn(txn, task_id, self._dialect.lock)
+        if archived is None:
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            if txn.fetchone() is not None:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS and not repeat:
+            raise TaskStateError(task_id, SUCCEEDED)
+        task = unarchived(archived, now)
+        self._exec(txn, UNARCHIVE, (task.id, task.task_class, task.data_id, task.priority,
+                                    task.object_phid, task.container_phid, task.date_created,
+                                    task.date_modified))
+        self._exec(txn, DELETE_ARCHIVED, (task_id,))
+        return task
 
     # -- reads ---------------------------------------------------------------
 

@@ -209,6 +209,34 @@ class TaskStore(Protocol):
         -> :class:`TaskStateError`; neither -> :class:`TaskNotFound`."""
         ...
 
+    # -- operator verbs, as Phorge's bin/worker (docs/taskqueue.md, Operator verbs) --
+    # Each answers the changed Task (without data).  An id that is archived
+    # raises TaskStateError (ARCHIVED_NOT_ACTIVE) for the first three, an
+    # unknown one TaskNotFound.  ``dateModified`` becomes now, as Phorge's
+    # save() sets it.
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        """``leaseExpires = until`` for a task nobody holds (``leaseOwner`` NULL;
+        yielded or leased -> TaskStateError LEASED).  Not leasable before then."""
+        ...
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        """A new priority; the task keeps its place among equal priorities by id."""
+        ...
+
+    async def free(self, task_id: int) -> Task:
+        """Break the lease: ``leaseOwner = NULL``, ``leaseExpires = now`` (leasable
+        in phase 2 from the next second).  No owner -> TaskStateError NOT_LEASED."""
+        ...
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        """Phorge's unarchive: the archived task becomes active again under the
+        same id and payload row, never leased with ``leaseExpires = 0``
+        (leasable at once), failureCount 0, failureTime NULL, its dateCreated
+        kept; the archive row is removed.  Active -> TaskStateError
+        ACTIVE_NOT_ARCHIVED; a success without ``repeat`` -> SUCCEEDED."""
+        ...
+
     async def ping(self) -> str | None:
         """None when the backend answers, else a short reason (for /readyz).
         Never raises; bounded by the store (<= 5 s)."""

@@ -180,6 +180,22 @@ def _machine(reset: _Reset):
         def cancel(self, task_id):
             self.check("cancel", task_id)
 
+        @rule(task_id=IDS, ahead=st.sampled_from([-10, 0, 45, 900]))
+        def delay(self, task_id, ahead):
+            self.check("delay", task_id, max(0, int(self.clock.seconds()) + ahead))
+
+        @rule(task_id=IDS, priority=st.sampled_from([1, 2000, 4000]))
+        def set_priority(self, task_id, priority):
+            self.check("set_priority", task_id, priority)
+
+        @rule(task_id=IDS)
+        def free(self, task_id):
+            self.check("free", task_id)
+
+        @rule(task_id=IDS, repeat=st.booleans())
+        def retry(self, task_id, repeat):
+            self.check("retry", task_id, repeat)
+
         @rule(task_id=IDS)
         def requeue(self, task_id):
             self.check("requeue", task_id)
