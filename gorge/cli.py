@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "queue", add_help=False,
         help="inspect and steer a running gorge-taskqueue: stats, ls, show, cancel, delay, "
-             "retry, priority, free, flood, dead ls/requeue (gorge queue --help)")
+             "retry, priority, free, flood, dead ls/requeue, migrate (gorge queue --help)")
     return parser
 
 

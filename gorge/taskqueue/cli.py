@@ -2,7 +2,7 @@
 
 The verbs mean what Phorge's ``bin/worker`` verbs mean (cancel, delay, retry,
 priority, free, flood), plus ``stats``, ``ls``, ``show``, ``dead ls``,
-and ``dead requeue``.
+``dead requeue`` and ``migrate`` (which talks to the backends themselves).
 Human output by default, ``--json`` for scripts.
 
 Exit status: 0 done; 1 a task was not found or in the wrong state (one line
@@ -342,7 +342,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=_wrap("Inspect and steer a running gorge-taskqueue: Phorge's bin/worker "
-                          "verbs over the queue's HTTP API, and dead tasks."),
+                          "verbs over the queue's HTTP API, dead tasks, and moving tasks "
+                          "between backends."),
         epilog=EPILOG)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB",
                                   parser_class=OneLineParser)
@@ -442,6 +443,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _ids(requeue, "to requeue")
 
+    from gorge.taskqueue.migrate import add_migrate_parser
+
+    add_migrate_parser(verbs, wrap=_wrap)
     return parser
 
 
@@ -463,6 +467,10 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
 
     clock = time.time if clock is None else clock
     args = build_parser(env).parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.verb == "migrate":
+        from gorge.taskqueue.migrate import run_migrate
+
+        return run_migrate(args, env, out, err)
     if hasattr(args, "more_ids"):
         args.ids = list(dict.fromkeys([*args.ids, *args.more_ids]))
         if not args.ids:

@@ -43,6 +43,7 @@ class MemoryTaskStore:
         self._payloads: dict[int, str] = {}
         self._next_task_id = 1
         self._next_data_id = 1
+        self._ledgers: dict[str, int] = {}
         self.unreachable: str | None = None
 
     def _now(self) -> int:
@@ -274,6 +275,38 @@ class MemoryTaskStore:
         del self._archived[task_id]
         self._active[task_id] = task
         return task
+
+    async def active_ids(self) -> list[int]:
+        return sorted(self._active)
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        return [replace(self._active[i], data=self._payloads.get(self._active[i].data_id, ""))
+                for i in sorted(set(task_ids)) if i in self._active]
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        out = []
+        for task in tasks:
+            data_id, self._next_data_id = self._next_data_id, self._next_data_id + 1
+            task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
+            self._payloads[data_id] = task.data or ""
+            self._active[task_id] = replace(task, id=task_id, data_id=data_id, data=None)
+            out.append(task_id)
+        self._ledgers[ledger] = mark
+        return out
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        return self._ledgers.get(ledger)
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        self._ledgers.pop(ledger, None)
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        gone = 0
+        for task in tasks:
+            if self._active.pop(task.id, None) is not None:
+                self._payloads.pop(task.data_id, None)
+                gone += 1
+        return gone
 
     async def ping(self) -> str | None:
         return self.unreachable

@@ -138,6 +138,10 @@ class Keys:
     def archived(self, task_id: int) -> str:
         return f"{self.base}archived:{task_id}"
 
+    def migrated(self, ledger: str) -> str:
+        """The watermark of a migration into this queue (docs/taskqueue.md)."""
+        return f"{self.base}migrated:{ledger}"
+
 
 # Shared Lua helpers.  Index members are zero-padded ids; hash keys use the
 # plain id, recovered by stripping the padding (never via tonumber/tostring,
@@ -599,6 +603,82 @@ return cjson.encode((row_of(key)))
 """
 )
 
+# Moving tasks between backends.
+# KEYS: active
+# ARGV: base, member...
+# The active tasks among the members, with payloads, as one JSON array.
+EXPORT = (
+    _LUA_PRELUDE
+    + """
+local out = {}
+for i = 2, #ARGV do
+  local key = task_key(ARGV[i])
+  if redis.call('EXISTS', key) == 1 then out[#out + 1] = with_payload(key) end
+end
+if #out == 0 then return '[]' end
+return cjson.encode(out)
+"""
+)
+
+# KEYS: next_task_id
+# ARGV: base, tasks as JSON [[taskClass, leaseOwner, leaseExpires, failureCount,
+#       failureTime, priority, objectPHID, containerPHID, dateCreated,
+#       dateModified, data], ...] (every value a string, NULL = ''),
+#       ledger name, mark
+# New tasks with every column kept but id and dataID, and the ledger mark,
+# in one step.  Returns the new ids.
+IMPORT = (
+    _LUA_PRELUDE
+    + """
+local ids = {}
+for _, t in ipairs(cjson.decode(ARGV[2])) do
+  local data_id = redis.call('INCR', base .. 'next_data_id')
+  local m = string.format('%020d', redis.call('INCR', KEYS[1]))
+  local key = task_key(m)
+  redis.call('SET', base .. 'data:' .. data_id, t[11])
+  redis.call('HSET', key,
+    'id', id_of(m), 'taskClass', t[1], 'leaseOwner', t[2], 'leaseExpires', t[3],
+    'failureCount', t[4], 'dataID', data_id, 'failureTime', t[5], 'priority', t[6],
+    'objectPHID', t[7], 'containerPHID', t[8], 'dateCreated', t[9], 'dateModified', t[10])
+  redis.call('ZADD', base .. 'idx:active', t[6], m)
+  if t[2] == '' and t[3] == '' then
+    redis.call('ZADD', base .. 'idx:unleased', t[6], m)
+  elseif t[3] ~= '' then
+    redis.call('ZADD', base .. 'idx:leased', t[3], m)
+  end
+  if tonumber(t[4]) > 0 then redis.call('INCR', base .. 'counter:failed') end
+  ids[#ids + 1] = id_of(m)
+end
+redis.call('SET', base .. 'migrated:' .. ARGV[3], ARGV[4])
+return ids
+"""
+)
+
+# KEYS: active
+# ARGV: base, member...
+# Removes the tasks (moved elsewhere) and their payloads; returns how many there were.
+DELETE_TASKS = (
+    _LUA_PRELUDE
+    + """
+local gone = 0
+for i = 2, #ARGV do
+  local m = ARGV[i]
+  local key = task_key(m)
+  local f = redis.call('HMGET', key, 'dataID', 'failureCount')
+  if f[1] then
+    redis.call('DEL', key)
+    redis.call('DEL', base .. 'data:' .. f[1])
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('ZREM', base .. 'idx:unleased', m)
+    redis.call('ZREM', base .. 'idx:leased', m)
+    if (tonumber(f[2]) or 0) > 0 then redis.call('DECR', base .. 'counter:failed') end
+    gone = gone + 1
+  end
+end
+return gone
+"""
+)
+
 # KEYS: active, leased, idx:archived, counter:failed
 # ARGV: base, now
 STATS = (
@@ -708,6 +788,9 @@ class RedisTaskStore:
         self._set_priority = gredis.LuaScript(SET_PRIORITY)
         self._free = gredis.LuaScript(FREE)
         self._retry = gredis.LuaScript(RETRY)
+        self._export = gredis.LuaScript(EXPORT)
+        self._import = gredis.LuaScript(IMPORT)
+        self._delete = gredis.LuaScript(DELETE_TASKS)
         self._stats = gredis.LuaScript(STATS)
         self._list = gredis.LuaScript(LIST)
         self._get = gredis.LuaScript(GET)
@@ -961,6 +1044,47 @@ class RedisTaskStore:
         return await self._operated(task_id, await self._run_packed(
             self._retry, self.keys.archived(task_id),
             [member(task_id), self._now(), "1" if repeat else "0"]))
+
+    async def active_ids(self) -> list[int]:
+        members = await self._bounded(self._conn.zrange(self.keys.active, 0, -1))
+        return sorted(int(m) for m in members)
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        ids = sorted(set(task_ids))
+        out: list[Task] = []
+        for start in range(0, len(ids), ARCHIVE_PAGE):
+            chunk = ids[start:start + ARCHIVE_PAGE]
+            rows = await self._run(self._export, [self.keys.active], [member(i) for i in chunk])
+            out += [_row(doc) for doc in json.loads(rows)]
+        return out
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        def text(value: Any) -> str:
+            return "" if value is None else str(value)
+
+        rows = [[t.task_class, text(t.lease_owner), text(t.lease_expires), str(t.failure_count),
+                 text(t.failure_time), str(t.priority), text(t.object_phid),
+                 text(t.container_phid), str(t.date_created), str(t.date_modified),
+                 t.data or ""] for t in tasks]
+        ids = await self._run(self._import, [self.keys.next_task_id],
+                              [_pack(rows), ledger, mark])
+        return [int(i) for i in ids or []]
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        value = await self._bounded(self._conn.get(self.keys.migrated(ledger)))
+        return None if value in (None, "") else int(value)
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        await self._bounded(self._conn.delete(self.keys.migrated(ledger)))
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        gone = 0
+        tasks = list(tasks)
+        for start in range(0, len(tasks), ARCHIVE_PAGE):
+            chunk = tasks[start:start + ARCHIVE_PAGE]
+            gone += int(await self._run(self._delete, [self.keys.active],
+                                        [member(t.id) for t in chunk]))
+        return gone
 
     async def ping(self) -> str | None:
         return await gredis.ping(self._conn, self._clock, self._ping_timeout)

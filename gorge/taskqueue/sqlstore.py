@@ -154,6 +154,22 @@ GET = (
     " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id = %s"
 )
 
+# Moving tasks between backends.  The ledger is a row of lisk_counter named
+# after the migration: Phorge reads only the counters it names itself.
+ACTIVE_IDS = "SELECT id FROM worker_activetask ORDER BY id"
+EXPORT = (
+    f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
+    " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id IN ({ids}) ORDER BY t.id"
+)
+IMPORT_TASK = (
+    f"INSERT INTO worker_activetask ({_COLS})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+LEDGER = "SELECT counterValue FROM lisk_counter WHERE counterName = %s"
+CLEAR_LEDGER = "DELETE FROM lisk_counter WHERE counterName = %s"
+DELETE_TASKS = "DELETE FROM worker_activetask WHERE id IN ({ids})"
+DELETE_DATA = "DELETE FROM worker_taskdata WHERE id IN ({ids})"
+
 # A concurrent claimer can take candidates between our SELECT and UPDATE;
 # re-select a few times before answering with fewer tasks than asked for.
 _CLAIM_ROUNDS = 4
@@ -187,6 +203,13 @@ class Dialect:
     lock = ""
 
     def next_task_id(self, txn) -> int:
+        raise NotImplementedError
+
+    def reserve_task_ids(self, txn, count: int) -> int:
+        """Take ``count`` consecutive ids from the counter; the first one."""
+        raise NotImplementedError
+
+    def set_counter(self, txn, name: str, value: int) -> None:
         raise NotImplementedError
 
     def is_retryable(self, exc: BaseException) -> bool:
@@ -552,6 +575,77 @@ class SqlTaskStore:
                                     task.date_modified))
         self._exec(txn, DELETE_ARCHIVED, (task_id,))
         return task
+
+    # -- moving tasks between backends --------------------------------------------
+
+    async def active_ids(self) -> list[int]:
+        def read(txn) -> list[int]:
+            self._exec(txn, ACTIVE_IDS)
+            return [int(row[0]) for row in txn.fetchall()]
+
+        return await self._run(read)
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        ids = sorted(set(int(i) for i in task_ids))
+
+        def read(txn) -> list[Task]:
+            out: list[Task] = []
+            for start in range(0, len(ids), _AWAKEN_CHUNK):
+                chunk = ids[start:start + _AWAKEN_CHUNK]
+                self._exec(txn, EXPORT.format(ids=_marks(len(chunk))), chunk)
+                out += [self._task_row(row, with_data=True) for row in txn.fetchall()]
+            return out
+
+        return await self._run(read) if ids else []
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        return await self._run(self._import_txn, list(tasks), ledger, mark)
+
+    def _import_txn(self, txn, tasks: list[Task], ledger: str, mark: int) -> list[int]:
+        self._dialect.begin_write(txn)
+        first = self._dialect.reserve_task_ids(txn, len(tasks)) if tasks else 0
+        ids = []
+        for offset, task in enumerate(tasks):
+            self._exec(txn, INSERT_DATA, (task.data or "",))
+            data_id = int(txn.lastrowid)
+            ids.append(first + offset)
+            self._exec(txn, IMPORT_TASK, (
+                first + offset, task.task_class, task.lease_owner, task.lease_expires,
+                task.failure_count, data_id, task.failure_time, task.priority,
+                task.object_phid, task.container_phid, task.date_created, task.date_modified))
+        self._dialect.set_counter(txn, ledger, mark)
+        return ids
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        def read(txn) -> int | None:
+            self._exec(txn, LEDGER, (ledger,))
+            row = txn.fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run(read)
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        def clear(txn) -> None:
+            self._dialect.begin_write(txn)
+            self._exec(txn, CLEAR_LEDGER, (ledger,))
+
+        await self._run(clear)
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        tasks = list(tasks)
+
+        def delete(txn) -> int:
+            self._dialect.begin_write(txn)
+            gone = 0
+            for start in range(0, len(tasks), _AWAKEN_CHUNK):
+                chunk = tasks[start:start + _AWAKEN_CHUNK]
+                marks = _marks(len(chunk))
+                self._exec(txn, DELETE_TASKS.format(ids=marks), [t.id for t in chunk])
+                gone += int(txn.rowcount)
+                self._exec(txn, DELETE_DATA.format(ids=marks), [t.data_id for t in chunk])
+            return gone
+
+        return await self._run(delete) if tasks else 0
 
     # -- reads ---------------------------------------------------------------
 

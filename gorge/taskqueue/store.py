@@ -237,6 +237,40 @@ class TaskStore(Protocol):
         ACTIVE_NOT_ARCHIVED; a success without ``repeat`` -> SUCCEEDED."""
         ...
 
+    # -- moving tasks between backends (docs/taskqueue.md, Moving between backends) --
+    # A ledger is a named watermark in the target: the highest source id a
+    # migration from that source has imported.  It is written in the same
+    # atomic step as the tasks, which is what makes an interrupted run safe to
+    # run again.
+
+    async def active_ids(self) -> list[int]:
+        """Every active task id, ascending."""
+        ...
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        """The active tasks among ``task_ids``, with data, ascending by id."""
+        ...
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        """Insert ``tasks`` as new active tasks (new ids and payload rows, every
+        other column kept: class, payload, priority, PHIDs, owner, expiry,
+        failure count and time, dates) and set ``ledger`` to ``mark``, all in
+        one atomic step.  Returns the new ids, in order."""
+        ...
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        """The watermark of ``ledger``, or None."""
+        ...
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        """Forget ``ledger`` (a finished migration)."""
+        ...
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        """Remove these active tasks and their payloads (they moved elsewhere);
+        returns how many were still there."""
+        ...
+
     async def ping(self) -> str | None:
         """None when the backend answers, else a short reason (for /readyz).
         Never raises; bounded by the store (<= 5 s)."""

@@ -18,7 +18,8 @@ from tests.support.twistd import TwistdDaemon, daemon_environ
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOKEN = "cli-token"
-VERBS = ["stats", "ls", "show", "cancel", "delay", "retry", "priority", "free", "flood"]
+VERBS = ["stats", "ls", "show", "cancel", "delay", "retry", "priority", "free", "flood",
+         "migrate"]
 
 
 def _http(url: str, path: str, body: dict, **headers) -> dict:
@@ -169,6 +170,86 @@ def test_every_verb_has_help(verb):
     r = gorge("queue", *verb.split(), "--help")
     assert r.returncode == 0 and r.stdout.startswith(f"usage: gorge queue {verb}")
     assert "exit status" in r.stdout
+
+
+def _seed_sqlite(path, n: int) -> None:
+    """``n`` tasks in a SQLite queue file, written as the daemon writes them."""
+    import sqlite3
+
+    from gorge.taskqueue.sqlite import SCHEMA
+
+    db = sqlite3.connect(path)
+    try:
+        db.executescript(SCHEMA)
+        for i in range(n):
+            cur = db.execute("INSERT INTO worker_taskdata (data) VALUES (?)", (f'{{"i":{i}}}',))
+            db.execute("INSERT INTO worker_activetask (id, taskClass, failureCount, dataID,"
+                       " priority, dateCreated, dateModified) VALUES (?, ?, 0, ?, 2000, 1, 1)",
+                       (i + 1, f"C{i % 2}", cur.lastrowid))
+        db.execute("INSERT INTO lisk_counter VALUES ('worker_activetask', ?)", (n,))
+        db.commit()
+    finally:
+        db.close()
+
+
+def _run_on_a_terminal(args: list[str], env: dict) -> tuple[int, str, str]:
+    """Run with stderr on a pseudo-terminal (the progress bar's only home)."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gorge.cli", *args], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:          # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    out = proc.stdout.read()
+    proc.wait(120)
+    os.close(master)
+    return proc.returncode, out, b"".join(chunks).decode()
+
+
+def test_migrate_from_sqlite_to_redis_and_back(tmp_path, redis_server):
+    path = tmp_path / "q.sqlite3"
+    _seed_sqlite(path, 1200)
+    env = daemon_environ({
+        "GORGE_TASKQUEUE_SQLITE_PATH": str(path),
+        "GORGE_TASKQUEUE_REDIS_ADDR": f"{redis_server.host}:{redis_server.port}",
+        "GORGE_TASKQUEUE_REDIS_KEY_PREFIX": redis_server.unique_prefix("cli"),
+    }, drop=("GORGE_",))
+    r = gorge("queue", "migrate", "--from", "sqlite", "--to", "redis", "--dry-run", env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "would move 1200 tasks from sqlite to redis (C0 600, C1 600)\n", "")
+    code, out, err = _run_on_a_terminal(
+        ["queue", "migrate", "--from", "sqlite", "--to", "redis", "--batch", "100"], env)
+    assert code == 0, err
+    assert out.startswith("moved 1200 tasks from sqlite to redis in ")
+    assert "] 600/1200 tasks" in err and err.rstrip().endswith("] 1200/1200 tasks")
+    r = gorge("queue", "migrate", "--from", "redis", "--to", "sqlite", "--json", env=env)
+    summary = json.loads(r.stdout)
+    assert (r.returncode, r.stderr) == (0, "")          # no bar without a terminal
+    assert (summary["moved"], summary["byClass"]) == (1200, {"C0": 600, "C1": 600})
+    r = gorge("queue", "migrate", "--from", "redis", "--to", "sqlite", "--dry-run", env=env)
+    assert r.stdout == "would move 0 tasks from redis to sqlite\n"
+
+
+def test_migrate_usage_and_settings_errors(tmp_path):
+    r = gorge("queue", "migrate", "--from", "redis", "--to", "redis")
+    assert (r.returncode, one_line(r)) == (
+        2, "gorge queue migrate: --from and --to must name different backends")
+    r = gorge("queue", "migrate", "--from", "sqlite", "--to", "redis",
+              env={"GORGE_TASKQUEUE_REDIS_ADDR": "nohost"})
+    assert r.returncode == 2
+    assert one_line(r).startswith("gorge queue migrate: GORGE_TASKQUEUE_REDIS_ADDR: ")
+    r = gorge("queue", "migrate", "--from", "postgres", "--to", "redis")
+    assert r.returncode == 2 and "invalid choice: 'postgres'" in one_line(r)
 
 
 def test_until_accepts_epochs_relative_times_and_iso_dates():

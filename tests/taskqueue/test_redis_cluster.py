@@ -168,6 +168,11 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
         await store.list_archived(1, "D", 10, 0)
         await store.requeue(d.id)
         await store.retry(d.id, False)
+        moved = await store.export_tasks(await store.active_ids())
+        await store.import_tasks(moved, "gorge-migrate-from-x", 9)
+        await store.migration_mark("gorge-migrate-from-x")
+        await store.delete_tasks(moved)
+        await store.clear_migration_mark("gorge-migrate-from-x")
         with redis_server.client() as sync:
             sync.execute("ECHO", "end-of-workload")
         seen = monitor.commands_until("end-of-workload")

@@ -205,6 +205,20 @@ def _machine(reset: _Reset):
         def list_archived(self, result, task_class, limit, offset):
             self.check("list_archived", result, task_class, limit, offset)
 
+        @rule(task_ids=st.lists(IDS, min_size=1, max_size=4), mark=st.integers(1, 50))
+        def copy_in(self, task_ids, mark):
+            """Import copies of some active tasks, as a migration into this queue does."""
+            self.check("export_tasks", task_ids)
+            tasks = _model(self.model.export_tasks(task_ids))
+            self.check("import_tasks", tasks, "gorge-migrate-from-x", mark)
+            self.check("migration_mark", "gorge-migrate-from-x")
+
+        @rule(task_ids=st.lists(IDS, min_size=1, max_size=4))
+        def move_out(self, task_ids):
+            """Delete some active tasks, as a migration out of this queue does."""
+            tasks = _model(self.model.export_tasks(task_ids))
+            self.check("delete_tasks", tasks)
+
         @rule(task_ids=st.lists(IDS, min_size=1, max_size=4))
         def awaken(self, task_ids):
             self.check("awaken", task_ids)
@@ -222,6 +236,7 @@ def _machine(reset: _Reset):
         def same_observable_state(self):
             self.check("stats")
             self.check("list_tasks", 1000, 0)
+            self.check("active_ids")
 
     return QueueMachine
 
