@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -265,3 +266,39 @@ def test_until_accepts_epochs_relative_times_and_iso_dates():
     assert parse_when("2026-11-29T12:00:00+00:00", now) == 1_795_953_600
     with pytest.raises(ArgumentTypeError):
         parse_when("tomorrow", now)
+
+
+def test_migrate_reads_the_mysql_settings_as_the_daemon_does(tmp_path, mariadb):
+    namespace = f"cli{os.getpid()}"
+    database = mariadb.create_database("worker", f"{namespace}_worker")
+    conn = mariadb.connect(database)
+    try:
+        with conn.cursor() as cur:
+            for i in range(30):
+                cur.execute("INSERT INTO worker_taskdata (data) VALUES (%s)", (f'{{"i":{i}}}',))
+                cur.execute("INSERT INTO worker_activetask (id, taskClass, failureCount,"
+                            " dataID, priority, dateCreated, dateModified)"
+                            " VALUES (%s, 'PhabricatorSearchWorker', 0, %s, 3500, 1, 1)",
+                            (100 + i, cur.lastrowid))
+        conn.commit()
+    finally:
+        conn.close()
+    env = daemon_environ({
+        "GORGE_TASKQUEUE_MYSQL_HOST": mariadb.host,
+        "GORGE_TASKQUEUE_MYSQL_PORT": str(mariadb.port),
+        "GORGE_TASKQUEUE_MYSQL_USER": mariadb.user,
+        "GORGE_TASKQUEUE_MYSQL_PASS": mariadb.password,
+        "GORGE_TASKQUEUE_NAMESPACE": namespace,
+        "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "q.sqlite3"),
+    }, drop=("GORGE_",))
+    r = gorge("queue", "migrate", "--from", "mysql", "--to", "sqlite", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["byClass"] == {"PhabricatorSearchWorker": 30}
+    r = gorge("queue", "migrate", "--from", "mysql", "--to", "sqlite", "--dry-run", env=env)
+    assert r.stdout == "would move 0 tasks from mysql to sqlite\n"
+    # A database that is not there: one line, a non-zero exit, a hint to re-run.
+    r = gorge("queue", "migrate", "--from", "mysql", "--to", "sqlite",
+              env={**env, "GORGE_TASKQUEUE_NAMESPACE": "nosuch"})
+    assert r.returncode == 1
+    assert one_line(r).endswith("0 of 0 tasks moved so far; run the same command again to "
+                                "finish")
