@@ -461,14 +461,13 @@ class TaskQueueApi:
     @app.route("/api/queue/archived", methods=["GET"])
     async def list_archived(self, request):
         limit, offset = _page(request)
-        result = _query_text(request, b"result")
-        if result:
-            if result not in _RESULTS:
-                raise _bad("result must be success, failure or cancelled")
-            result = _RESULTS[result]
-        task_class = _query_text(request, b"class")
+        name = _query_text(request, b"result")
+        if name and name not in _RESULTS:
+            raise _bad("result must be success, failure or cancelled")
+        result = _RESULTS[name] if name else None
+        task_class = _query_text(request, b"class") or None
         rows = await self._call("archived", self._store.list_archived(
-            result if result != "" else None, task_class or None, limit, offset))
+            result, task_class, limit, offset))
         return ok(request, [row.to_json() for row in rows])
 
     @app.route("/api/queue/archived/<string:task_id>", methods=["GET"])

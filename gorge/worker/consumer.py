@@ -45,7 +45,6 @@ class LoopSettings:
     idle_timeout: float = 180.0
     hibernate: float = 0.0
     drain_timeout: float = 30.0
-    renew_leases: bool = True
 
 
 @dataclass
@@ -111,7 +110,7 @@ class Consumer:
         self._stopping = False
         self._more_waiting = False
         # Off once the queue refuses a renewal (an older queue has no route).
-        self._renewals = settings.renew_leases
+        self._renewals = True
         # Lease health, for /readyz and state-change logging (§6.5).
         self.lease_attempted = False
         self.lease_error: str | None = None
