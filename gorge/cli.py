@@ -1,7 +1,8 @@
 """The ``gorge`` console command.
 
 The daemons themselves run under twistd (``twistd -n gorge-webhook`` ...);
-this command holds what is not a daemon: ``gorge demo``.
+this command holds what is not a daemon: ``gorge demo``, and ``gorge queue``
+(gorge/taskqueue/cli.py) to inspect and steer a running queue.
 """
 
 from __future__ import annotations
@@ -38,11 +39,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default="", metavar="DIR",
                       help="directory for the SQLite files and the service log "
                            "(default: a new temporary directory)")
+    # Parsed by gorge.taskqueue.cli itself (see main); listed here for --help.
+    commands.add_parser(
+        "queue", add_help=False,
+        help="inspect and steer a running gorge-taskqueue: stats, ls, show, cancel, delay, "
+             "retry, priority, free, flood, dead ls/requeue, migrate (gorge queue --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["queue"]:
+        from gorge.taskqueue.cli import main as queue_main
+
+        raise SystemExit(queue_main(argv[1:]))
+    args = build_parser().parse_args(argv)
     if args.command == "demo":
         from gorge.demo import DemoOptions, main as demo_main
 

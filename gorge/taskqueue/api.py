@@ -23,14 +23,16 @@ from gorge.taskqueue.model import (
     MAX_PHID_BYTES,
     MAX_TASK_CLASS_CHARS,
     PRIORITY_DEFAULT,
+    RESULT_NAMES,
     UINT32_MAX,
+    YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
     InvalidArgument,
     Task,
 )
 from gorge.taskqueue.settings import TaskQueueSettings
-from gorge.taskqueue.store import TaskNotFound, TaskStore
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, TaskStore
 from gorge.web import ApiError, add_error_handlers, ok, read_json_object, render_failure
 
 log = Logger()
@@ -45,6 +47,10 @@ def _bad(message: str) -> ApiError:
 
 def _not_found() -> ApiError:
     return ApiError(404, "ERR_NOT_FOUND", "task not found")
+
+
+LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
+TASK_STATE = "ERR_TASK_STATE"
 
 
 def _is_int(value: Any) -> bool:
@@ -93,6 +99,18 @@ def _task_id(body: dict) -> int:
     return value
 
 
+def _id_list(body: dict, key: str, maximum: int = MAX_LEASE_LIMIT) -> list[int]:
+    """A required, non-empty list of at most ``maximum`` integer task ids."""
+    ids = _opt(body, key)
+    if ids is _MISSING or ids == []:
+        raise _bad(f"{key} is required")
+    if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+        raise _bad(f"{key} must be a list of integers")
+    if len(ids) > maximum:
+        raise _bad(f"{key} must have at most {maximum} ids")
+    return ids
+
+
 def _phid(body: dict, key: str) -> str | None:
     value = _str_field(body, key, "")
     if len(value.encode("utf-8")) > MAX_PHID_BYTES:
@@ -133,6 +151,28 @@ def parse_task_classes(body: dict) -> list[str] | None:
     return value or None
 
 
+def _header(request, name: bytes) -> str:
+    raw = request.getHeader(name)
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
+
+
+def fence_owner(request, body: dict) -> str | None:
+    """The lease owner a result report is fenced by, or None (unfenced, r4).
+
+    Given as the ``X-Lease-Owner`` header (as on lease) or the ``leaseOwner``
+    body field; empty counts as absent.  Both given and different is a
+    client bug worth a 400 rather than a guess.
+    """
+    header = _header(request, b"x-lease-owner")
+    field = _str_field(body, "leaseOwner", "")
+    if header and field and header != field:
+        raise _bad("leaseOwner and X-Lease-Owner name different owners")
+    owner = field or header
+    if len(owner) > MAX_OWNER_CHARS:
+        raise _bad(f"leaseOwner must be at most {MAX_OWNER_CHARS} characters")
+    return owner or None
+
+
 _DECIMAL = re.compile(rb"[+-]?[0-9]+")
 
 
@@ -143,6 +183,47 @@ def _query_int(request, name: bytes) -> int | None:
     if not values or not _DECIMAL.fullmatch(values[0]):
         return None
     return int(values[0], 10)
+
+
+# Result names and Phorge's numbers alike.
+_RESULTS = {**RESULT_NAMES, **{str(v): v for v in RESULT_NAMES.values()}}
+
+
+def _query_text(request, name: bytes) -> str | None:
+    values = request.args.get(name)
+    if not values:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise _bad(f"{name.decode()} must be UTF-8") from None
+
+
+def _page(request) -> tuple[int, int]:
+    """``limit`` (absent/unparsable/<= 0: 100, at most 1000) and ``offset``
+    (absent/unparsable/negative: 0) of a list endpoint (§6.9)."""
+    limit = _query_int(request, b"limit")
+    if limit is None or limit <= 0:
+        limit = DEFAULT_LIST_LIMIT
+    limit = min(limit, MAX_LIST_LIMIT)
+    offset = _query_int(request, b"offset")
+    offset = 0 if offset is None or offset < 0 else min(offset, INT64_MAX)
+    return limit, offset
+
+
+def _path_id(text: str) -> int:
+    """A task id in a path: base-10 64-bit with an optional sign, as the
+    reference's ParseInt reads it (400 otherwise); ids no column can hold are
+    simply not found."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise _bad("invalid task ID")
+    parsed = int(text, 10)
+    if not -(2**63) <= parsed <= INT64_MAX:
+        raise _bad("invalid task ID")
+    if not 0 < parsed <= UINT32_MAX:
+        raise _not_found()
+    return parsed
 
 
 class TaskQueueApi:
@@ -181,6 +262,11 @@ class TaskQueueApi:
             return await d
         except TaskNotFound:
             raise _not_found() from None
+        except LeaseConflict:
+            raise ApiError(409, LEASE_CONFLICT,
+                           "task lease no longer belongs to this owner") from None
+        except TaskStateError as e:
+            raise ApiError(409, TASK_STATE, e.message) from None
         except InvalidArgument as e:
             raise _bad(e.message) from None
         except (ApiError, CancelledError):
@@ -215,8 +301,7 @@ class TaskQueueApi:
         return ok(request, [task.to_json() for task in tasks])
 
     def _owner(self, request) -> str:
-        raw = request.getHeader(b"x-lease-owner")
-        owner = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
+        owner = _header(request, b"x-lease-owner")
         if owner == "":
             host = getattr(request.getClientAddress(), "host", "") or "unknown"
             owner = f"{host}:gorge-taskqueue"
@@ -233,8 +318,9 @@ class TaskQueueApi:
         # The column is BIGINT UNSIGNED, but SQLite integers are signed 64-bit:
         # one limit for every backend keeps them answering alike.
         duration = _int_field(body, "duration", 0, maximum=INT64_MAX)
+        owner = fence_owner(request, body)
         archived: ArchivedTask = await self._call(
-            "complete", self._store.complete(task_id, duration))
+            "complete", self._store.complete(task_id, duration, owner))
         self._metrics.completed.labels(archived.task_class).inc()
         return ok(request, archived.to_json())
 
@@ -249,7 +335,8 @@ class TaskQueueApi:
             raise _bad("permanent must be a boolean")
         retry_wait = _int_field(body, "retryWait", self._settings.retry_wait)
         _str_field(body, "message", "")
-        result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait))
+        owner = fence_owner(request, body)
+        result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait, owner))
         task_class = getattr(result, "task_class", "")
         self._metrics.failed.labels(task_class, "true" if permanent else "false").inc()
         return ok(request, {"status": "ok"})
@@ -260,8 +347,34 @@ class TaskQueueApi:
         task_id = _task_id(body)
         # Below the 5 s minimum (negative included) is raised to it by the store.
         duration = _int_field(body, "duration", 0, minimum=None)
-        await self._call("yield", self._store.yield_(task_id, duration))
+        owner = fence_owner(request, body)
+        await self._call("yield", self._store.yield_(task_id, duration, owner))
         return ok(request, {"status": "ok"})
+
+    @app.route("/api/queue/renew", methods=["POST"])
+    async def renew(self, request):
+        body = read_json_object(request)
+        ids = _id_list(body, "taskIDs")
+        owner = fence_owner(request, body)
+        if owner is None:
+            raise _bad("leaseOwner is required (X-Lease-Owner header or leaseOwner field)")
+        if owner == YIELD_OWNER:
+            raise _bad(f"leaseOwner {YIELD_OWNER} holds no lease")
+        limit = self._settings.lease_duration
+        duration = _int_field(body, "duration", limit, minimum=1, maximum=limit)
+        # Ids outside the column's range cannot name a task: lost, like unknown ones.
+        valid = [i for i in ids if 0 < i <= UINT32_MAX]
+        renewed = await self._call("renew", self._store.renew(owner, valid, duration)) \
+            if valid else {}
+        answer = []
+        for task_id in dict.fromkeys(ids):
+            expires = renewed.get(task_id)
+            if expires is None:
+                answer.append({"taskID": task_id, "status": "lost"})
+            else:
+                answer.append({"taskID": task_id, "status": "renewed", "leaseExpires": expires})
+            self._metrics.renewals.labels("lost" if expires is None else "renewed").inc()
+        return ok(request, answer)
 
     @app.route("/api/queue/cancel", methods=["POST"])
     async def cancel(self, request):
@@ -291,28 +404,100 @@ class TaskQueueApi:
 
     @app.route("/api/queue/tasks", methods=["GET"])
     async def list_tasks(self, request):
-        limit = _query_int(request, b"limit")
-        if limit is None or limit <= 0:
-            limit = DEFAULT_LIST_LIMIT
-        limit = min(limit, MAX_LIST_LIMIT)
-        offset = _query_int(request, b"offset")
-        offset = 0 if offset is None or offset < 0 else min(offset, INT64_MAX)
+        limit, offset = _page(request)
         tasks = await self._call("list", self._store.list_tasks(limit, offset))
         return ok(request, [task.without_data().to_json() for task in tasks])
 
     @app.route("/api/queue/tasks/<string:task_id>", methods=["GET"])
     async def get_task(self, request, task_id: str):
-        # Base-10 64-bit with an optional sign, as the reference's ParseInt reads it.
-        digits = task_id[1:] if task_id[:1] in ("+", "-") else task_id
-        if not (digits.isascii() and digits.isdigit()):
-            raise _bad("invalid task ID")
-        parsed = int(task_id, 10)
-        if not -(2**63) <= parsed <= INT64_MAX:
-            raise _bad("invalid task ID")
-        if not 0 < parsed <= UINT32_MAX:
-            raise _not_found()
-        task = await self._call("get", self._store.get_task(parsed))
+        task = await self._call("get", self._store.get_task(_path_id(task_id)))
         return ok(request, task.to_json())
+
+    # -- operator verbs (docs/taskqueue.md, Operator verbs) ----------------------
+
+    async def _operated(self, verb: str, coro) -> Any:
+        task: Task = await self._call(verb, coro)
+        log.info("TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
+                 task_id=task.id, task_class=task.task_class)
+        return task.to_json()
+
+    @app.route("/api/queue/delay", methods=["POST"])
+    async def delay(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        if _opt(body, "until") is _MISSING:
+            raise _bad("until is required")
+        until = _int_field(body, "until", 0)
+        return ok(request, await self._operated("delayed", self._store.delay(task_id, until)))
+
+    @app.route("/api/queue/priority", methods=["POST"])
+    async def priority(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        if _opt(body, "priority") is _MISSING:
+            raise _bad("priority is required")
+        priority = _int_field(body, "priority", PRIORITY_DEFAULT)
+        return ok(request, await self._operated(
+            "reprioritized", self._store.set_priority(task_id, priority)))
+
+    @app.route("/api/queue/free", methods=["POST"])
+    async def free(self, request):
+        task_id = _task_id(read_json_object(request))
+        return ok(request, await self._operated("freed", self._store.free(task_id)))
+
+    @app.route("/api/queue/retry", methods=["POST"])
+    async def retry(self, request):
+        body = read_json_object(request)
+        task_id = _task_id(body)
+        repeat = _opt(body, "repeat")
+        if repeat is _MISSING:
+            repeat = False
+        elif not isinstance(repeat, bool):
+            raise _bad("repeat must be a boolean")
+        return ok(request, await self._operated("retried", self._store.retry(task_id, repeat)))
+
+    # -- dead tasks (docs/taskqueue.md, Dead tasks) -----------------------------
+
+    @app.route("/api/queue/archived", methods=["GET"])
+    async def list_archived(self, request):
+        limit, offset = _page(request)
+        name = _query_text(request, b"result")
+        if name and name not in _RESULTS:
+            raise _bad("result must be success, failure or cancelled")
+        result = _RESULTS[name] if name else None
+        task_class = _query_text(request, b"class") or None
+        rows = await self._call("archived", self._store.list_archived(
+            result, task_class, limit, offset))
+        return ok(request, [row.to_json() for row in rows])
+
+    @app.route("/api/queue/archived/<string:task_id>", methods=["GET"])
+    async def get_archived(self, request, task_id: str):
+        row = await self._call("archived", self._store.get_archived(_path_id(task_id)))
+        if row is None:
+            raise _not_found()
+        return ok(request, row.to_json())
+
+    @app.route("/api/queue/requeue", methods=["POST"])
+    async def requeue(self, request):
+        ids = _id_list(read_json_object(request), "taskIDs")
+        answer = []
+        for task_id in dict.fromkeys(ids):
+            try:
+                if not 0 < task_id <= UINT32_MAX:
+                    raise _not_found()
+                task = await self._call("requeue", self._store.requeue(task_id))
+            except ApiError as e:
+                if e.status >= 500:
+                    raise
+                answer.append({"taskID": task_id, "status": "refused", "code": e.code,
+                               "message": e.message})
+                continue
+            self._metrics.requeued.labels(task.task_class).inc()
+            log.info("TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} "
+                     "task_class={task_class}", task_id=task_id, new_task_id=task.id,
+                     task_class=task.task_class)
+            answer.append({"taskID": task_id, "status": "requeued", "task": task.to_json()})
+        return ok(request, answer)
 
     add_error_handlers(app)
 

@@ -9,11 +9,16 @@ from dataclasses import replace
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.taskqueue.model import (
+    ACTIVE_NOT_ARCHIVED,
+    ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    LEASED,
     MIN_YIELD,
+    NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
+    SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
@@ -21,9 +26,11 @@ from gorge.taskqueue.model import (
     Task,
     archive_of,
     check_u32,
+    requeue_request,
     sort_key,
+    unarchived,
 )
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
 
 class MemoryTaskStore:
@@ -36,13 +43,16 @@ class MemoryTaskStore:
         self._payloads: dict[int, str] = {}
         self._next_task_id = 1
         self._next_data_id = 1
+        self._ledgers: dict[str, int] = {}
         self.unreachable: str | None = None
 
     def _now(self) -> int:
         return int(self._clock.seconds())
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
-        now = self._now()
+        return self._insert(request, self._now())
+
+    def _insert(self, request: EnqueueRequest, now: int) -> Task:
         data_id, self._next_data_id = self._next_data_id, self._next_data_id + 1
         task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
         self._payloads[data_id] = request.data
@@ -92,30 +102,40 @@ class MemoryTaskStore:
             out.append(replace(task, data=self._payloads.get(task.data_id, "")))
         return sorted(out, key=sort_key)
 
-    def _archive(self, task_id: int, result: int, duration: int) -> ArchivedTask:
+    def _held(self, task_id: int, owner: str | None) -> Task:
+        """The active task a (possibly fenced) call may change; see TaskStore."""
         task = self._active.get(task_id)
         if task is None:
+            if owner is not None and task_id in self._archived:
+                raise LeaseConflict(task_id)
             raise TaskNotFound(task_id)
+        if owner is not None and task.lease_owner != owner:
+            raise LeaseConflict(task_id)
+        return task
+
+    def _archive(self, task_id: int, result: int, duration: int,
+                 owner: str | None = None) -> ArchivedTask:
+        task = self._held(task_id, owner)
         archived = archive_of(task, result=result, duration=duration, now=self._now())
         del self._active[task_id]
         self._archived[task_id] = archived
         return archived
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
         if task_id not in self._active:
             previous = self._archived.get(task_id)
-            if previous is not None and previous.result == RESULT_SUCCESS:
+            if (previous is not None and previous.result == RESULT_SUCCESS
+                    and (owner is None or previous.lease_owner == owner)):
                 return previous
-        return self._archive(task_id, RESULT_SUCCESS, duration)
+        return self._archive(task_id, RESULT_SUCCESS, duration, owner)
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         if permanent:
-            return self._archive(task_id, RESULT_FAILURE, 0)
-        task = self._active.get(task_id)
-        if task is None:
-            raise TaskNotFound(task_id)
+            return self._archive(task_id, RESULT_FAILURE, 0, owner)
+        task = self._held(task_id, owner)
         now = self._now()
         expires = check_u32("retryWait", now + retry_wait)
         task = replace(
@@ -129,15 +149,27 @@ class MemoryTaskStore:
         self._active[task_id] = task
         return task
 
-    async def yield_(self, task_id: int, duration: int) -> None:
-        task = self._active.get(task_id)
-        if task is None:
-            raise TaskNotFound(task_id)
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
+        task = self._held(task_id, owner)
         now = self._now()
         expires = check_u32("duration", now + max(duration, MIN_YIELD))
         self._active[task_id] = replace(
             task, lease_owner=YIELD_OWNER, lease_expires=expires, date_modified=now
         )
+
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        exp = check_u32("duration", self._now() + duration)
+        out: dict[int, int | None] = {}
+        for task_id in dict.fromkeys(task_ids):
+            task = self._active.get(task_id)
+            if task is None or task.lease_owner != owner:
+                out[task_id] = None
+                continue
+            expires = max(task.lease_expires or 0, exp)
+            self._active[task_id] = replace(task, lease_expires=expires)
+            out[task_id] = expires
+        return out
 
     async def cancel(self, task_id: int) -> ArchivedTask:
         return self._archive(task_id, RESULT_CANCELLED, 0)
@@ -180,6 +212,101 @@ class MemoryTaskStore:
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         return self._archived.get(task_id)
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        rows = [a for a in self._archived.values()
+                if (result is None or a.result == result)
+                and (task_class is None or a.task_class == task_class)]
+        rows.sort(key=lambda a: (a.date_modified, a.id), reverse=True)
+        return rows[offset:offset + limit]
+
+    async def requeue(self, task_id: int) -> Task:
+        archived = self._archived.get(task_id)
+        if archived is None:
+            if task_id in self._active:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS:
+            raise TaskStateError(task_id, SUCCEEDED)
+        return self._insert(requeue_request(archived, self._payloads.get(archived.data_id, "")),
+                            self._now())
+
+    def _active_task(self, task_id: int) -> Task:
+        task = self._active.get(task_id)
+        if task is None:
+            if task_id in self._archived:
+                raise TaskStateError(task_id, ARCHIVED_NOT_ACTIVE)
+            raise TaskNotFound(task_id)
+        return task
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        task = self._active_task(task_id)
+        if task.lease_owner is not None:
+            raise TaskStateError(task_id, LEASED)
+        task = replace(task, lease_expires=until, date_modified=self._now())
+        self._active[task_id] = task
+        return task
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        task = replace(self._active_task(task_id), priority=priority,
+                       date_modified=self._now())
+        self._active[task_id] = task
+        return task
+
+    async def free(self, task_id: int) -> Task:
+        task = self._active_task(task_id)
+        if task.lease_owner is None:
+            raise TaskStateError(task_id, NOT_LEASED)
+        now = self._now()
+        task = replace(task, lease_owner=None, lease_expires=now, date_modified=now)
+        self._active[task_id] = task
+        return task
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        archived = self._archived.get(task_id)
+        if archived is None:
+            if task_id in self._active:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS and not repeat:
+            raise TaskStateError(task_id, SUCCEEDED)
+        task = unarchived(archived, self._now())
+        del self._archived[task_id]
+        self._active[task_id] = task
+        return task
+
+    async def active_ids(self) -> list[int]:
+        return sorted(self._active)
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        return [replace(self._active[i], data=self._payloads.get(self._active[i].data_id, ""))
+                for i in sorted(set(task_ids)) if i in self._active]
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        out = []
+        for task in tasks:
+            data_id, self._next_data_id = self._next_data_id, self._next_data_id + 1
+            task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
+            self._payloads[data_id] = task.data or ""
+            self._active[task_id] = replace(task, id=task_id, data_id=data_id, data=None)
+            out.append(task_id)
+        self._ledgers[ledger] = mark
+        return out
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        return self._ledgers.get(ledger)
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        self._ledgers.pop(ledger, None)
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        gone = 0
+        for task in tasks:
+            if self._active.pop(task.id, None) is not None:
+                self._payloads.pop(task.data_id, None)
+                gone += 1
+        return gone
 
     async def ping(self) -> str | None:
         return self.unreachable

@@ -20,6 +20,12 @@ class TaskQueueMetrics:
                               ["task_class", "permanent"], registry=registry)
         self.cancelled = Counter("gorge_taskqueue_tasks_cancelled", "Tasks archived as cancelled.",
                                  ["task_class"], registry=registry)
+        self.requeued = Counter("gorge_taskqueue_tasks_requeued",
+                                "Archived tasks queued again as new tasks.", ["task_class"],
+                                registry=registry)
+        self.renewals = Counter("gorge_taskqueue_lease_renewals",
+                                "Lease renewals by answer (renewed, lost).", ["result"],
+                                registry=registry)
         self.depth = Gauge("gorge_taskqueue_queue_depth",
                            "Tasks by state, as of the last stats read.", ["state"],
                            registry=registry)

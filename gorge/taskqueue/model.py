@@ -226,6 +226,49 @@ def archive_of(task: Task, *, result: int, duration: int, now: int) -> ArchivedT
     )
 
 
+# Why a task is in the wrong state for an operator action (API: 409 ERR_TASK_STATE).
+ACTIVE_NOT_ARCHIVED = "task is active, not archived"
+SUCCEEDED = "task already succeeded"
+ARCHIVED_NOT_ACTIVE = "task is archived, not active"
+LEASED = "task is leased; free it first"
+NOT_LEASED = "task has no lease"
+
+
+def requeue_request(archived: ArchivedTask, data: str) -> EnqueueRequest:
+    """What a requeue enqueues again: class, payload, priority and PHIDs."""
+    return EnqueueRequest(
+        task_class=archived.task_class,
+        data=data,
+        priority=archived.priority,
+        object_phid=archived.object_phid,
+        container_phid=archived.container_phid,
+    )
+
+
+def unarchived(archived: ArchivedTask, now: int) -> Task:
+    """The active row Phorge's ``unarchiveTask()`` writes back (``bin/worker
+    retry``): same id, payload row, class, priority, PHIDs and dateCreated;
+    never leased with ``leaseExpires = 0``, so phase 2 takes it at once."""
+    return Task(
+        id=archived.id,
+        task_class=archived.task_class,
+        lease_owner=None,
+        lease_expires=0,
+        failure_count=0,
+        data_id=archived.data_id,
+        failure_time=None,
+        priority=archived.priority,
+        object_phid=archived.object_phid,
+        container_phid=archived.container_phid,
+        date_created=archived.date_created,
+        date_modified=now,
+    )
+
+
+RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE,
+                "cancelled": RESULT_CANCELLED}
+
+
 @dataclass(frozen=True)
 class Stats:
     """§6.8, computed live from storage."""

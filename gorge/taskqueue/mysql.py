@@ -17,6 +17,16 @@ NEXT_COUNTER = (
     " ON DUPLICATE KEY UPDATE counterValue = LAST_INSERT_ID(counterValue + 1)"
 )
 
+# The same counter, advanced by a whole batch: the insert id is the last id.
+RESERVE_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (%s, LAST_INSERT_ID(%s))"
+    " ON DUPLICATE KEY UPDATE counterValue = LAST_INSERT_ID(counterValue + %s)"
+)
+SET_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (%s, %s)"
+    " ON DUPLICATE KEY UPDATE counterValue = %s"
+)
+
 # Lease re-selects after losing candidates to a concurrent claimer must see
 # that claimer's commit, which REPEATABLE READ's snapshot would hide.
 LEASE_ISOLATION = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
@@ -35,6 +45,13 @@ class MySQLDialect(Dialect):
     def next_task_id(self, txn) -> int:
         txn.execute(NEXT_COUNTER, (COUNTER_NAME,))
         return int(txn.lastrowid)
+
+    def reserve_task_ids(self, txn, count: int) -> int:
+        txn.execute(RESERVE_COUNTER, (COUNTER_NAME, count, count))
+        return int(txn.lastrowid) - count + 1
+
+    def set_counter(self, txn, name: str, value: int) -> None:
+        txn.execute(SET_COUNTER, (name, value, value))
 
     def is_retryable(self, exc: BaseException) -> bool:
         args = getattr(exc, "args", ())

@@ -42,12 +42,17 @@ from twisted.logger import Logger
 from gorge import redis as gredis
 from gorge.config import ConfigError
 from gorge.taskqueue.model import (
+    ACTIVE_NOT_ARCHIVED,
     ARCHIVE_COLUMNS,
+    ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    LEASED,
     MIN_YIELD,
+    NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
+    SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
@@ -59,7 +64,7 @@ from gorge.taskqueue.model import (
     sort_key,
     task_from_columns,
 )
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
 log = Logger()
 
@@ -68,6 +73,8 @@ DEFAULT_OP_TIMEOUT = 10.0
 MEMBER_WIDTH = 20
 # A filtered phase 1 reads the unleased index in pages of this many ids.
 SCAN_BATCH = 200
+# Archive records read per script call when listing dead tasks.
+ARCHIVE_PAGE = 500
 _INT64_MAX = 2**63 - 1
 
 
@@ -131,6 +138,10 @@ class Keys:
     def archived(self, task_id: int) -> str:
         return f"{self.base}archived:{task_id}"
 
+    def migrated(self, ledger: str) -> str:
+        """The watermark of a migration into this queue (docs/taskqueue.md)."""
+        return f"{self.base}migrated:{ledger}"
+
 
 # Shared Lua helpers.  Index members are zero-padded ids; hash keys use the
 # plain id, recovered by stripping the padding (never via tonumber/tostring,
@@ -157,6 +168,9 @@ end
 """
 
 _LUA_PRELUDE = "\nlocal base = ARGV[1]\n" + _LUA_HELPERS
+
+# A script's answer for a fenced call whose owner no longer holds the task.
+CONFLICT = "!conflict"
 
 # The hot scripts (enqueue, lease, archive) take their small arguments as one
 # JSON array of strings in ARGV[1] and one routing key, deriving the other
@@ -264,22 +278,29 @@ return cjson.encode(out)
 
 # KEYS: task
 # ARGV: [base, member, result, duration, now, replay ('1' = complete),
-#        prune cutoff ('' = keep archive records forever)] as JSON
-# Returns the archive row as JSON (without the payload copy), or nil when
+#        prune cutoff ('' = keep archive records forever),
+#        lease owner ('' = unfenced)] as JSON
+# Returns the archive row as JSON (without the payload copy), CONFLICT when
+# a fenced call finds the task held by someone else or archived, or nil when
 # the task is not active and no replay applies.
 ARCHIVE = (
     _LUA_PACKED_PRELUDE
     + """
-local m, result, duration, now = A[2], A[3], A[4], A[5]
+local m, result, duration, now, owner = A[2], A[3], A[4], A[5], A[8]
 local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
 local counter_archived = base .. 'counter:archived'
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if A[6] == '1' and redis.call('HGET', archived_key, 'result') == '0' then
+  local was = redis.call('HMGET', archived_key, 'result', 'leaseOwner')
+  if A[6] == '1' and was[1] == '0' and (owner == '' or was[2] == owner) then
     local row = row_of(archived_key)
     row['data'] = nil
     return cjson.encode(row)
   end
+  if owner ~= '' and was[1] then return '""" + CONFLICT + """' end
   return false
+end
+if owner ~= '' and redis.call('HGET', KEYS[1], 'leaseOwner') ~= owner then
+  return '""" + CONFLICT + """'
 end
 local row = redis.call('HGETALL', KEYS[1])
 local fields, failures, data_id = {}, 0, nil
@@ -328,14 +349,33 @@ return cjson.encode(archived)
 """
 )
 
+# Shared by the fenced scripts that get the owner as ARGV[5]: nil when not
+# active and not fenced-archived, CONFLICT when fenced and not held by the owner.
+_LUA_FENCE = """
+local function refused(m, task_key_name, owner)
+  if redis.call('EXISTS', task_key_name) == 0 then
+    if owner ~= '' and redis.call('EXISTS', base .. 'archived:' .. id_of(m)) == 1 then
+      return '""" + CONFLICT + """'
+    end
+    return false
+  end
+  if owner ~= '' and redis.call('HGET', task_key_name, 'leaseOwner') ~= owner then
+    return '""" + CONFLICT + """'
+  end
+  return nil
+end
+"""
+
 # KEYS: task, unleased, leased, counter:failed
-# ARGV: base, member, now, expires
-# Returns the updated row as JSON, or nil when not active.
+# ARGV: base, member, now, expires, lease owner ('' = unfenced)
+# Returns the updated row as JSON, CONFLICT, or nil when not active.
 FAIL_TEMPORARY = (
     _LUA_PRELUDE
+    + _LUA_FENCE
     + """
 local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local refusal = refused(m, KEYS[1], ARGV[5])
+if refusal ~= nil then return refusal end
 local failures = tonumber(redis.call('HGET', KEYS[1], 'failureCount')) or 0
 redis.call('HSET', KEYS[1], 'failureCount', failures + 1, 'failureTime', now,
   'leaseOwner', '', 'leaseExpires', expires, 'dateModified', now)
@@ -347,13 +387,15 @@ return cjson.encode((row_of(KEYS[1])))
 )
 
 # KEYS: task, unleased, leased
-# ARGV: base, member, now, expires, yield owner
+# ARGV: base, member, now, expires, lease owner ('' = unfenced), yield owner
 YIELD = (
     _LUA_PRELUDE
+    + _LUA_FENCE
     + """
 local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'leaseOwner', ARGV[5], 'leaseExpires', expires,
+local refusal = refused(m, KEYS[1], ARGV[5])
+if refusal ~= nil then return refusal end
+redis.call('HSET', KEYS[1], 'leaseOwner', ARGV[6], 'leaseExpires', expires,
   'dateModified', now)
 redis.call('ZREM', KEYS[2], m)
 redis.call('ZADD', KEYS[3], expires, m)
@@ -380,6 +422,260 @@ for i = 2, #KEYS do
   end
 end
 return changed
+"""
+)
+
+# KEYS: leased, task...  (one task key per distinct id, in ARGV order)
+# ARGV: base, owner, exp, member...
+# Returns, per id, the lease expiry now stored, or '' when the lease is lost.
+RENEW = (
+    _LUA_PRELUDE
+    + """
+local owner, exp = ARGV[2], tonumber(ARGV[3])
+local out = {}
+for i = 2, #KEYS do
+  local f = redis.call('HMGET', KEYS[i], 'leaseOwner', 'leaseExpires')
+  if f[1] == owner and owner ~= '' then
+    local current = tonumber(f[2]) or 0
+    if current < exp then
+      redis.call('HSET', KEYS[i], 'leaseExpires', ARGV[3])
+      redis.call('ZADD', KEYS[1], ARGV[3], ARGV[i + 2])
+      out[#out + 1] = ARGV[3]
+    else
+      out[#out + 1] = f[2]
+    end
+  else
+    out[#out + 1] = ''
+  end
+end
+return out
+"""
+)
+
+# KEYS: idx:archived
+# ARGV: base, first rank, page size, result ('' = any), class ('' = any), wanted
+# Reads one page of the archive, newest first (score = archive time, then id,
+# both descending), and returns {"next": rank to continue from or -1,
+# "rows": [matching records without the payload copy, at most `wanted`]}.
+LIST_ARCHIVED = (
+    _LUA_PRELUDE
+    + """
+local start, count, wanted = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6])
+local page = redis.call('ZREVRANGE', KEYS[1], start, start + count - 1)
+local rows, scanned = {}, 0
+for _, m in ipairs(page) do
+  scanned = scanned + 1
+  local key = base .. 'archived:' .. id_of(m)
+  local f = redis.call('HMGET', key, 'result', 'taskClass')
+  if f[1] and (ARGV[4] == '' or f[1] == ARGV[4]) and (ARGV[5] == '' or f[2] == ARGV[5]) then
+    local row = row_of(key)
+    row['data'] = nil
+    rows[#rows + 1] = row
+    if #rows >= wanted then break end
+  end
+end
+local next_rank = start + scanned
+if #rows < wanted and #page < count then next_rank = -1 end
+local encoded = '[]'
+if #rows > 0 then encoded = cjson.encode(rows) end
+return '{"next":' .. next_rank .. ',"rows":' .. encoded .. '}'
+"""
+)
+
+# KEYS: archived record
+# ARGV: [base, member, now] as JSON
+# A new active task from an archived failure or cancel (the record stays);
+# returns the new task row as JSON, "active" / "succeeded" when refused, or
+# nil when the id is neither archived nor active.
+REQUEUE = (
+    _LUA_PACKED_PRELUDE
+    + """
+local m, now = A[2], A[3]
+local old, found = row_of(KEYS[1])
+if not found then
+  if redis.call('EXISTS', task_key(m)) == 1 then return 'active' end
+  return false
+end
+if old['result'] == '0' then return 'succeeded' end
+local data_id = redis.call('INCR', base .. 'next_data_id')
+local task_id = redis.call('INCR', base .. 'next_task_id')
+local n = string.format('%020d', task_id)
+redis.call('SET', base .. 'data:' .. data_id, old['data'] or '')
+local key = task_key(n)
+redis.call('HSET', key,
+  'id', id_of(n), 'taskClass', old['taskClass'], 'leaseOwner', '', 'leaseExpires', '',
+  'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', old['priority'],
+  'objectPHID', old['objectPHID'] or '', 'containerPHID', old['containerPHID'] or '',
+  'dateCreated', now, 'dateModified', now)
+redis.call('ZADD', base .. 'idx:active', old['priority'], n)
+redis.call('ZADD', base .. 'idx:unleased', old['priority'], n)
+return cjson.encode((row_of(key)))
+"""
+)
+
+# Operator verbs.  Shared check: nil when the task is active, "archived" when
+# only its archive record exists, false when neither.
+_LUA_ACTIVE = """
+local function not_active(m, key)
+  if redis.call('EXISTS', key) == 1 then return nil end
+  if redis.call('EXISTS', base .. 'archived:' .. id_of(m)) == 1 then return 'archived' end
+  return false
+end
+"""
+
+# KEYS: task, unleased, leased
+# ARGV: base, member, until, now
+# Returns the updated row as JSON, "archived", "leased", or nil.
+DELAY = (
+    _LUA_PRELUDE
+    + _LUA_ACTIVE
+    + """
+local m = ARGV[2]
+local refusal = not_active(m, KEYS[1])
+if refusal ~= nil then return refusal end
+if redis.call('HGET', KEYS[1], 'leaseOwner') ~= '' then return 'leased' end
+redis.call('HSET', KEYS[1], 'leaseExpires', ARGV[3], 'dateModified', ARGV[4])
+redis.call('ZREM', KEYS[2], m)
+redis.call('ZADD', KEYS[3], ARGV[3], m)
+return cjson.encode((row_of(KEYS[1])))
+"""
+)
+
+# KEYS: task, active, unleased
+# ARGV: base, member, priority, now
+SET_PRIORITY = (
+    _LUA_PRELUDE
+    + _LUA_ACTIVE
+    + """
+local m = ARGV[2]
+local refusal = not_active(m, KEYS[1])
+if refusal ~= nil then return refusal end
+redis.call('HSET', KEYS[1], 'priority', ARGV[3], 'dateModified', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[3], m)
+if redis.call('ZSCORE', KEYS[3], m) then redis.call('ZADD', KEYS[3], ARGV[3], m) end
+return cjson.encode((row_of(KEYS[1])))
+"""
+)
+
+# KEYS: task, unleased, leased
+# ARGV: base, member, now
+FREE = (
+    _LUA_PRELUDE
+    + _LUA_ACTIVE
+    + """
+local m, now = ARGV[2], ARGV[3]
+local refusal = not_active(m, KEYS[1])
+if refusal ~= nil then return refusal end
+if redis.call('HGET', KEYS[1], 'leaseOwner') == '' then return 'not_leased' end
+redis.call('HSET', KEYS[1], 'leaseOwner', '', 'leaseExpires', now, 'dateModified', now)
+redis.call('ZREM', KEYS[2], m)
+redis.call('ZADD', KEYS[3], now, m)
+return cjson.encode((row_of(KEYS[1])))
+"""
+)
+
+# KEYS: archived record
+# ARGV: [base, member, now, repeat ('1' or '0')] as JSON
+# Phorge's unarchiveTask(): the record becomes the active task again, its
+# payload copy the payload string.  Returns the row as JSON, "active",
+# "succeeded", or nil.
+RETRY = (
+    _LUA_PACKED_PRELUDE
+    + """
+local m, now = A[2], A[3]
+local key = task_key(m)
+if redis.call('EXISTS', key) == 1 then return 'active' end
+local old, found = row_of(KEYS[1])
+if not found then return false end
+if old['result'] == '0' and A[4] ~= '1' then return 'succeeded' end
+redis.call('HSET', key,
+  'id', id_of(m), 'taskClass', old['taskClass'], 'leaseOwner', '', 'leaseExpires', '0',
+  'failureCount', '0', 'dataID', old['dataID'], 'failureTime', '', 'priority', old['priority'],
+  'objectPHID', old['objectPHID'] or '', 'containerPHID', old['containerPHID'] or '',
+  'dateCreated', old['dateCreated'], 'dateModified', now)
+redis.call('SET', base .. 'data:' .. old['dataID'], old['data'] or '')
+redis.call('ZADD', base .. 'idx:active', old['priority'], m)
+redis.call('ZADD', base .. 'idx:leased', 0, m)
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', base .. 'idx:archived', m)
+redis.call('DECR', base .. 'counter:archived')
+return cjson.encode((row_of(key)))
+"""
+)
+
+# Moving tasks between backends.
+# KEYS: active
+# ARGV: base, member...
+# The active tasks among the members, with payloads, as one JSON array.
+EXPORT = (
+    _LUA_PRELUDE
+    + """
+local out = {}
+for i = 2, #ARGV do
+  local key = task_key(ARGV[i])
+  if redis.call('EXISTS', key) == 1 then out[#out + 1] = with_payload(key) end
+end
+if #out == 0 then return '[]' end
+return cjson.encode(out)
+"""
+)
+
+# KEYS: next_task_id
+# ARGV: base, tasks as JSON [[taskClass, leaseOwner, leaseExpires, failureCount,
+#       failureTime, priority, objectPHID, containerPHID, dateCreated,
+#       dateModified, data], ...] (every value a string, NULL = ''),
+#       ledger name, mark
+# New tasks with every column kept but id and dataID, and the ledger mark,
+# in one step.  Returns the new ids.
+IMPORT = (
+    _LUA_PRELUDE
+    + """
+local ids = {}
+for _, t in ipairs(cjson.decode(ARGV[2])) do
+  local data_id = redis.call('INCR', base .. 'next_data_id')
+  local m = string.format('%020d', redis.call('INCR', KEYS[1]))
+  local key = task_key(m)
+  redis.call('SET', base .. 'data:' .. data_id, t[11])
+  redis.call('HSET', key,
+    'id', id_of(m), 'taskClass', t[1], 'leaseOwner', t[2], 'leaseExpires', t[3],
+    'failureCount', t[4], 'dataID', data_id, 'failureTime', t[5], 'priority', t[6],
+    'objectPHID', t[7], 'containerPHID', t[8], 'dateCreated', t[9], 'dateModified', t[10])
+  redis.call('ZADD', base .. 'idx:active', t[6], m)
+  if t[2] == '' and t[3] == '' then
+    redis.call('ZADD', base .. 'idx:unleased', t[6], m)
+  elseif t[3] ~= '' then
+    redis.call('ZADD', base .. 'idx:leased', t[3], m)
+  end
+  if tonumber(t[4]) > 0 then redis.call('INCR', base .. 'counter:failed') end
+  ids[#ids + 1] = id_of(m)
+end
+redis.call('SET', base .. 'migrated:' .. ARGV[3], ARGV[4])
+return ids
+"""
+)
+
+# KEYS: active
+# ARGV: base, member...
+# Removes the tasks (moved elsewhere) and their payloads; returns how many there were.
+DELETE_TASKS = (
+    _LUA_PRELUDE
+    + """
+local gone = 0
+for i = 2, #ARGV do
+  local m = ARGV[i]
+  local key = task_key(m)
+  local f = redis.call('HMGET', key, 'dataID', 'failureCount')
+  if f[1] then
+    redis.call('DEL', key)
+    redis.call('DEL', base .. 'data:' .. f[1])
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('ZREM', base .. 'idx:unleased', m)
+    redis.call('ZREM', base .. 'idx:leased', m)
+    if (tonumber(f[2]) or 0) > 0 then redis.call('DECR', base .. 'counter:failed') end
+    gone = gone + 1
+  end
+end
+return gone
 """
 )
 
@@ -429,6 +725,24 @@ return cjson.encode(with_payload(KEYS[1]))
 _pack = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
+# What the operator scripts answer when the task is in the wrong state.
+_REFUSALS = {
+    "archived": ARCHIVED_NOT_ACTIVE,
+    "leased": LEASED,
+    "not_leased": NOT_LEASED,
+    "active": ACTIVE_NOT_ARCHIVED,
+    "succeeded": SUCCEEDED,
+}
+
+
+def _refusal(task_id: int, reply: Any) -> None:
+    """Raise what a script's nil or CONFLICT answer means."""
+    if not reply:
+        raise TaskNotFound(task_id)
+    if reply == CONFLICT:
+        raise LeaseConflict(task_id)
+
+
 def _row(doc: dict[str, Any]) -> Task:
     """A task row decoded from a script's JSON, ``data`` being the payload if loaded."""
     payload = doc.pop("data", None)
@@ -467,6 +781,16 @@ class RedisTaskStore:
         self._fail = gredis.LuaScript(FAIL_TEMPORARY)
         self._yield = gredis.LuaScript(YIELD)
         self._awaken = gredis.LuaScript(AWAKEN)
+        self._renew = gredis.LuaScript(RENEW)
+        self._list_archived = gredis.LuaScript(LIST_ARCHIVED)
+        self._requeue = gredis.LuaScript(REQUEUE)
+        self._delay = gredis.LuaScript(DELAY)
+        self._set_priority = gredis.LuaScript(SET_PRIORITY)
+        self._free = gredis.LuaScript(FREE)
+        self._retry = gredis.LuaScript(RETRY)
+        self._export = gredis.LuaScript(EXPORT)
+        self._import = gredis.LuaScript(IMPORT)
+        self._delete = gredis.LuaScript(DELETE_TASKS)
         self._stats = gredis.LuaScript(STATS)
         self._list = gredis.LuaScript(LIST)
         self._get = gredis.LuaScript(GET)
@@ -542,7 +866,7 @@ class RedisTaskStore:
         return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
 
     async def _archive_task(
-        self, task_id: int, result: int, duration: int, replay: bool
+        self, task_id: int, result: int, duration: int, replay: bool, owner: str | None = None
     ) -> ArchivedTask:
         now = self._now()
         cutoff = "" if self._archive_retention is None else now - self._archive_retention
@@ -550,56 +874,64 @@ class RedisTaskStore:
         reply = await self._run_packed(
             self._archive,
             k.task(task_id),
-            [member(task_id), result, duration, now, "1" if replay else "0", cutoff],
+            [member(task_id), result, duration, now, "1" if replay else "0", cutoff,
+             owner or ""],
         )
-        if not reply:
-            raise TaskNotFound(task_id)
+        _refusal(task_id, reply)
         return archived_from_columns(json.loads(reply))
 
-    async def _checked_expiry(self, task_id: int, field: str, expires: int) -> int:
+    async def _checked_expiry(self, task_id: int, field: str, expires: int,
+                              owner: str | None) -> int:
         """``expires`` if it fits the column; else the error the model gives:
-        not found for an unknown id, InvalidArgument for a known one."""
+        not found for an unknown id, a conflict for a fenced call on a task
+        someone else holds, InvalidArgument otherwise."""
         try:
             return check_u32(field, expires)
         except InvalidArgument:
-            if not await self._bounded(self._conn.exists(self.keys.task(task_id))):
+            k = self.keys
+            holder = await self._bounded(self._conn.hmget(k.task(task_id), ["id", "leaseOwner"]))
+            if holder[0] in (None, ""):
+                if owner and await self._bounded(self._conn.exists(k.archived(task_id))):
+                    raise LeaseConflict(task_id) from None
                 raise TaskNotFound(task_id) from None
+            if owner and holder[1] != owner:
+                raise LeaseConflict(task_id) from None
             raise
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
-        return await self._archive_task(task_id, RESULT_SUCCESS, duration, replay=True)
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
+        return await self._archive_task(task_id, RESULT_SUCCESS, duration, True, owner)
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         if permanent:
-            return await self._archive_task(task_id, RESULT_FAILURE, 0, replay=False)
+            return await self._archive_task(task_id, RESULT_FAILURE, 0, False, owner)
         now = self._now()
-        expires = await self._checked_expiry(task_id, "retryWait", now + retry_wait)
+        expires = await self._checked_expiry(task_id, "retryWait", now + retry_wait, owner)
         k = self.keys
         row = await self._run(
             self._fail,
             [k.task(task_id), k.unleased, k.leased, k.counter_failed],
-            [member(task_id), now, expires],
+            [member(task_id), now, expires, owner or ""],
         )
-        if not row:
-            raise TaskNotFound(task_id)
+        _refusal(task_id, row)
         return _row(json.loads(row))
 
-    async def yield_(self, task_id: int, duration: int) -> None:
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
-        expires = await self._checked_expiry(task_id, "duration", now + max(duration, MIN_YIELD))
+        expires = await self._checked_expiry(
+            task_id, "duration", now + max(duration, MIN_YIELD), owner)
         k = self.keys
         found = await self._run(
             self._yield,
             [k.task(task_id), k.unleased, k.leased],
-            [member(task_id), now, expires, YIELD_OWNER],
+            [member(task_id), now, expires, owner or "", YIELD_OWNER],
         )
-        if not found:
-            raise TaskNotFound(task_id)
+        _refusal(task_id, found)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self._archive_task(task_id, RESULT_CANCELLED, 0, replay=False)
+        return await self._archive_task(task_id, RESULT_CANCELLED, 0, False)
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ids = list(dict.fromkeys(task_ids))
@@ -613,6 +945,21 @@ class RedisTaskStore:
             [ago, YIELD_OWNER, *(member(i) for i in ids)],
         )
         return int(changed)
+
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        ids = list(dict.fromkeys(task_ids))
+        exp = check_u32("duration", self._now() + duration)
+        if not ids:
+            return {}
+        k = self.keys
+        answers = await self._run(
+            self._renew,
+            [k.leased, *(k.task(i) for i in ids)],
+            [owner, exp, *(member(i) for i in ids)],
+        )
+        return {task_id: (int(a) if a not in (None, "") else None)
+                for task_id, a in zip(ids, answers)}
 
     async def stats(self) -> Stats:
         k = self.keys
@@ -644,6 +991,100 @@ class RedisTaskStore:
         if cols.get("id") in (None, ""):
             return None
         return archived_from_columns(cols)
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        # Filtered pages are matched inside Redis, a bounded page per call,
+        # so a large archive never blocks the server for long.
+        rows: list[ArchivedTask] = []
+        skip, rank = offset, 0
+        while rank >= 0 and len(rows) < limit:
+            wanted = skip + limit - len(rows)
+            reply = json.loads(await self._run(
+                self._list_archived, [self.keys.archived_idx],
+                [rank, ARCHIVE_PAGE, "" if result is None else result, task_class or "",
+                 wanted]))
+            for doc in reply["rows"]:
+                if skip:
+                    skip -= 1
+                    continue
+                rows.append(archived_from_columns(doc))
+            rank = reply["next"]
+        return rows[:limit]
+
+    async def requeue(self, task_id: int) -> Task:
+        return await self._operated(task_id, await self._run_packed(
+            self._requeue, self.keys.archived(task_id), [member(task_id), self._now()]))
+
+    async def _operated(self, task_id: int, reply: Any) -> Task:
+        if not reply:
+            raise TaskNotFound(task_id)
+        if reply in _REFUSALS:
+            raise TaskStateError(task_id, _REFUSALS[reply])
+        return _row(json.loads(reply))
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        k = self.keys
+        return await self._operated(task_id, await self._run(
+            self._delay, [k.task(task_id), k.unleased, k.leased],
+            [member(task_id), until, self._now()]))
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        k = self.keys
+        return await self._operated(task_id, await self._run(
+            self._set_priority, [k.task(task_id), k.active, k.unleased],
+            [member(task_id), priority, self._now()]))
+
+    async def free(self, task_id: int) -> Task:
+        k = self.keys
+        return await self._operated(task_id, await self._run(
+            self._free, [k.task(task_id), k.unleased, k.leased], [member(task_id), self._now()]))
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        return await self._operated(task_id, await self._run_packed(
+            self._retry, self.keys.archived(task_id),
+            [member(task_id), self._now(), "1" if repeat else "0"]))
+
+    async def active_ids(self) -> list[int]:
+        members = await self._bounded(self._conn.zrange(self.keys.active, 0, -1))
+        return sorted(int(m) for m in members)
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        ids = sorted(set(task_ids))
+        out: list[Task] = []
+        for start in range(0, len(ids), ARCHIVE_PAGE):
+            chunk = ids[start:start + ARCHIVE_PAGE]
+            rows = await self._run(self._export, [self.keys.active], [member(i) for i in chunk])
+            out += [_row(doc) for doc in json.loads(rows)]
+        return out
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        def text(value: Any) -> str:
+            return "" if value is None else str(value)
+
+        rows = [[t.task_class, text(t.lease_owner), text(t.lease_expires), str(t.failure_count),
+                 text(t.failure_time), str(t.priority), text(t.object_phid),
+                 text(t.container_phid), str(t.date_created), str(t.date_modified),
+                 t.data or ""] for t in tasks]
+        ids = await self._run(self._import, [self.keys.next_task_id],
+                              [_pack(rows), ledger, mark])
+        return [int(i) for i in ids or []]
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        value = await self._bounded(self._conn.get(self.keys.migrated(ledger)))
+        return None if value in (None, "") else int(value)
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        await self._bounded(self._conn.delete(self.keys.migrated(ledger)))
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        gone = 0
+        tasks = list(tasks)
+        for start in range(0, len(tasks), ARCHIVE_PAGE):
+            chunk = tasks[start:start + ARCHIVE_PAGE]
+            gone += int(await self._run(self._delete, [self.keys.active],
+                                        [member(t.id) for t in chunk]))
+        return gone
 
     async def ping(self) -> str | None:
         return await gredis.ping(self._conn, self._clock, self._ping_timeout)

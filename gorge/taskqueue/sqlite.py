@@ -76,6 +76,16 @@ NEXT_COUNTER = (
     " RETURNING counterValue"
 )
 
+RESERVE_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, ?)"
+    " ON CONFLICT (counterName) DO UPDATE SET counterValue = counterValue + ?"
+    " RETURNING counterValue"
+)
+SET_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, ?)"
+    " ON CONFLICT (counterName) DO UPDATE SET counterValue = ?"
+)
+
 BUSY_TIMEOUT_MS = 5000
 
 
@@ -137,6 +147,13 @@ class SQLiteDialect(Dialect):
     def next_task_id(self, txn) -> int:
         txn.execute(NEXT_COUNTER, (COUNTER_NAME,))
         return int(txn.fetchone()[0])
+
+    def reserve_task_ids(self, txn, count: int) -> int:
+        txn.execute(RESERVE_COUNTER, (COUNTER_NAME, count, count))
+        return int(txn.fetchone()[0]) - count + 1
+
+    def set_counter(self, txn, name: str, value: int) -> None:
+        txn.execute(SET_COUNTER, (name, value, value))
 
     def is_retryable(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)

@@ -16,11 +16,16 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from gorge.taskqueue.model import (
+    ACTIVE_NOT_ARCHIVED,
+    ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    LEASED,
     MIN_YIELD,
+    NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
+    SUCCEEDED,
     TASK_COLUMNS,
     ARCHIVE_COLUMNS,
     YIELD_OWNER,
@@ -32,9 +37,11 @@ from gorge.taskqueue.model import (
     archive_of,
     archived_from_columns,
     check_u32,
+    requeue_request,
     task_from_columns,
+    unarchived,
 )
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
 log = Logger()
 
@@ -92,7 +99,28 @@ INSERT_ARCHIVE = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 DELETE_ACTIVE = "DELETE FROM worker_activetask WHERE id = %s"
-SELECT_ARCHIVED = f"SELECT {_A_COLS} FROM worker_archivetask WHERE id = %s"
+SELECT_ARCHIVED = f"SELECT {_A_COLS} FROM worker_archivetask WHERE id = %s{{lock}}"
+# Newest first by the archive time; Phorge keys dateModified, and sets it on archive too.
+LIST_ARCHIVED = (
+    f"SELECT {_A_COLS} FROM worker_archivetask{{where}}"
+    " ORDER BY dateModified DESC, id DESC LIMIT %s OFFSET %s"
+)
+SELECT_DATA = "SELECT data FROM worker_taskdata WHERE id = %s"
+
+# Operator verbs (Phorge's bin/worker delay, priority, free, retry).
+DELAY = "UPDATE worker_activetask SET leaseExpires = %s, dateModified = %s WHERE id = %s"
+SET_PRIORITY = "UPDATE worker_activetask SET priority = %s, dateModified = %s WHERE id = %s"
+FREE = (
+    "UPDATE worker_activetask SET leaseOwner = NULL, leaseExpires = %s, dateModified = %s"
+    " WHERE id = %s"
+)
+# unarchiveTask(): the archived id and payload row come back as an active task.
+UNARCHIVE = (
+    "INSERT INTO worker_activetask (id, taskClass, leaseOwner, leaseExpires, failureCount,"
+    " dataID, failureTime, priority, objectPHID, containerPHID, dateCreated, dateModified)"
+    " VALUES (%s, %s, NULL, 0, 0, %s, NULL, %s, %s, %s, %s, %s)"
+)
+DELETE_ARCHIVED = "DELETE FROM worker_archivetask WHERE id = %s"
 
 TEMPORARY_FAIL = (
     "UPDATE worker_activetask SET failureCount = failureCount + 1, failureTime = %s,"
@@ -106,6 +134,13 @@ AWAKEN = (
     "UPDATE worker_activetask SET leaseExpires = %s WHERE id IN ({ids})"
     " AND leaseOwner = %s AND leaseExpires > %s AND failureCount = 0"
 )
+# Renewal: extend only leases the owner holds, never shorten one; then read
+# back (locked, so what we answer is what is stored) the rows still ours.
+RENEW = (
+    "UPDATE worker_activetask SET leaseExpires = %s WHERE id IN ({ids}) AND leaseOwner = %s"
+    " AND (leaseExpires IS NULL OR leaseExpires < %s)"
+)
+RENEWED = "SELECT id, leaseExpires FROM worker_activetask WHERE id IN ({ids}) AND leaseOwner = %s{lock}"
 STATS = (
     "SELECT (SELECT COUNT(*) FROM worker_activetask),"
     " (SELECT COUNT(*) FROM worker_activetask"
@@ -118,6 +153,22 @@ GET = (
     f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
     " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id = %s"
 )
+
+# Moving tasks between backends.  The ledger is a row of lisk_counter named
+# after the migration: Phorge reads only the counters it names itself.
+ACTIVE_IDS = "SELECT id FROM worker_activetask ORDER BY id"
+EXPORT = (
+    f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
+    " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id IN ({ids}) ORDER BY t.id"
+)
+IMPORT_TASK = (
+    f"INSERT INTO worker_activetask ({_COLS})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+LEDGER = "SELECT counterValue FROM lisk_counter WHERE counterName = %s"
+CLEAR_LEDGER = "DELETE FROM lisk_counter WHERE counterName = %s"
+DELETE_TASKS = "DELETE FROM worker_activetask WHERE id IN ({ids})"
+DELETE_DATA = "DELETE FROM worker_taskdata WHERE id IN ({ids})"
 
 # A concurrent claimer can take candidates between our SELECT and UPDATE;
 # re-select a few times before answering with fewer tasks than asked for.
@@ -152,6 +203,13 @@ class Dialect:
     lock = ""
 
     def next_task_id(self, txn) -> int:
+        raise NotImplementedError
+
+    def reserve_task_ids(self, txn, count: int) -> int:
+        """Take ``count`` consecutive ids from the counter; the first one."""
+        raise NotImplementedError
+
+    def set_counter(self, txn, name: str, value: int) -> None:
         raise NotImplementedError
 
     def is_retryable(self, exc: BaseException) -> bool:
@@ -199,6 +257,9 @@ class SqlTaskStore:
 
     def _enqueue_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
         self._dialect.begin_write(txn)
+        return self._insert_txn(txn, request, now)
+
+    def _insert_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
         self._exec(txn, INSERT_DATA, (request.data,))
         data_id = int(txn.lastrowid)
         task_id = self._dialect.next_task_id(txn)
@@ -279,33 +340,54 @@ class SqlTaskStore:
 
     # -- archive -------------------------------------------------------------
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
         return await self._run(self._archive_txn, task_id, RESULT_SUCCESS, duration,
-                               self._now(), True)
+                               self._now(), True, owner)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(), False)
+        return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(),
+                               False, None)
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
-            return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False)
-        return await self._run(self._temporary_fail_txn, task_id, now, now + retry_wait)
+            return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False,
+                                   owner)
+        return await self._run(self._temporary_fail_txn, task_id, now, now + retry_wait, owner)
 
-    def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
-                     replay: bool) -> ArchivedTask:
-        self._dialect.begin_write(txn)
+    def _held_txn(self, txn, task_id: int, owner: str | None,
+                  replay: bool = False) -> Task | ArchivedTask:
+        """The active row a (possibly fenced) call may change, read with a row
+        lock; TaskNotFound / LeaseConflict as the TaskStore fencing note says.
+        With ``replay``, a success archived (with this owner, when fenced) is
+        returned instead of an active row."""
         self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
         row = txn.fetchone()
         if row is None:
-            if replay:
+            previous = None
+            if replay or owner is not None:
                 previous = self._archived_txn(txn, task_id)
-                if previous is not None and previous.result == RESULT_SUCCESS:
-                    return previous
+            if (replay and previous is not None and previous.result == RESULT_SUCCESS
+                    and (owner is None or previous.lease_owner == owner)):
+                return previous
+            if owner is not None and previous is not None:
+                raise LeaseConflict(task_id)
             raise TaskNotFound(task_id)
-        archived = archive_of(self._task_row(row), result=result, duration=duration, now=now)
+        task = self._task_row(row)
+        if owner is not None and task.lease_owner != owner:
+            raise LeaseConflict(task_id)
+        return task
+
+    def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
+                     replay: bool, owner: str | None) -> ArchivedTask:
+        self._dialect.begin_write(txn)
+        task = self._held_txn(txn, task_id, owner, replay)
+        if isinstance(task, ArchivedTask):
+            return task
+        archived = archive_of(task, result=result, duration=duration, now=now)
         self._exec(
             txn,
             INSERT_ARCHIVE,
@@ -317,39 +399,59 @@ class SqlTaskStore:
         self._exec(txn, DELETE_ACTIVE, (task_id,))
         return archived
 
-    def _check_expiry(self, txn, task_id: int, field: str, expires: int) -> int:
-        """An unknown id is not-found before any range check of a computed
-        expiry (§6.4, §6.5), as in the model and Redis stores."""
+    def _check_expiry(self, txn, task_id: int, field: str, expires: int,
+                      owner: str | None) -> int:
+        """An unknown id is not-found, and a fenced call on a task held by
+        another owner a conflict, before any range check of a computed expiry
+        (§6.4, §6.5), as in the model and Redis stores."""
         try:
             return check_u32(field, expires)
         except InvalidArgument:
-            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
-            if txn.fetchone() is None:
-                raise TaskNotFound(task_id) from None
+            self._held_txn(txn, task_id, owner)
             raise
 
-    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int) -> Task:
+    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int,
+                            owner: str | None) -> Task:
         self._dialect.begin_write(txn)
-        expires = self._check_expiry(txn, task_id, "retryWait", expires)
+        if owner is not None:
+            self._held_txn(txn, task_id, owner)
+        expires = self._check_expiry(txn, task_id, "retryWait", expires, owner)
         self._exec(txn, TEMPORARY_FAIL, (now, expires, now, task_id))
         if txn.rowcount != 1:
             raise TaskNotFound(task_id)
         self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
         return self._task_row(txn.fetchone())
 
-    async def yield_(self, task_id: int, duration: int) -> None:
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
-        await self._run(self._yield_txn, task_id, now, now + max(duration, MIN_YIELD))
+        await self._run(self._yield_txn, task_id, now, now + max(duration, MIN_YIELD), owner)
 
-    def _yield_txn(self, txn, task_id: int, now: int, expires: int) -> None:
+    def _yield_txn(self, txn, task_id: int, now: int, expires: int, owner: str | None) -> None:
         self._dialect.begin_write(txn)
         # Existence by a locking read: an identical yield in the same second
         # changes no row, and the pool reports changed rows, not matched ones.
-        self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
-        if txn.fetchone() is None:
-            raise TaskNotFound(task_id)
+        self._held_txn(txn, task_id, owner)
         expires = check_u32("duration", expires)
         self._exec(txn, YIELD, (YIELD_OWNER, expires, now, task_id))
+
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        ids = tuple(dict.fromkeys(int(i) for i in task_ids))
+        exp = check_u32("duration", self._now() + duration)
+        if not ids:
+            return {}
+        return await self._run(self._renew_txn, owner, ids, exp)
+
+    def _renew_txn(self, txn, owner: str, ids: tuple[int, ...], exp: int) -> dict[int, int | None]:
+        self._dialect.begin_write(txn)
+        held: dict[int, int | None] = {}
+        for start in range(0, len(ids), _AWAKEN_CHUNK):
+            chunk = ids[start:start + _AWAKEN_CHUNK]
+            marks = _marks(len(chunk))
+            self._exec(txn, RENEW.format(ids=marks), (exp, *chunk, owner, exp))
+            self._exec(txn, RENEWED.format(ids=marks, lock=self._dialect.lock), (*chunk, owner))
+            held.update((int(row[0]), int(row[1])) for row in txn.fetchall())
+        return {task_id: held.get(task_id) for task_id in ids}
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ids = tuple(dict.fromkeys(int(i) for i in task_ids))
@@ -367,6 +469,183 @@ class SqlTaskStore:
             self._exec(txn, AWAKEN.format(ids=_marks(len(chunk))), (ago, *chunk, YIELD_OWNER, ago))
             changed += int(txn.rowcount)
         return changed
+
+    # -- dead tasks ------------------------------------------------------------
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        where, args = [], []
+        if result is not None:
+            where.append("result = %s")
+            args.append(result)
+        if task_class is not None:
+            where.append("taskClass = %s")
+            args.append(task_class)
+        statement = LIST_ARCHIVED.format(where=" WHERE " + " AND ".join(where) if where else "")
+
+        def read(txn) -> list[ArchivedTask]:
+            self._exec(txn, statement, (*args, limit, offset))
+            return [archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
+                    for row in txn.fetchall()]
+
+        return await self._run(read)
+
+    async def requeue(self, task_id: int) -> Task:
+        return await self._run(self._requeue_txn, task_id, self._now())
+
+    def _requeue_txn(self, txn, task_id: int, now: int) -> Task:
+        self._dialect.begin_write(txn)
+        archived = self._archived_txn(txn, task_id, self._dialect.lock)
+        if archived is None:
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            if txn.fetchone() is not None:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS:
+            raise TaskStateError(task_id, SUCCEEDED)
+        # The payload row outlives the archive row's move (§7.5).
+        self._exec(txn, SELECT_DATA, (archived.data_id,))
+        row = txn.fetchone()
+        data = "" if row is None or row[0] is None else row[0]
+        if isinstance(data, (bytes, bytearray)):
+            data = bytes(data).decode("utf-8")
+        return self._insert_txn(txn, requeue_request(archived, data), now)
+
+    # -- operator verbs ----------------------------------------------------------
+
+    def _active_txn(self, txn, task_id: int) -> Task:
+        """The active row, locked; archived -> TaskStateError, else not found."""
+        self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
+        row = txn.fetchone()
+        if row is None:
+            if self._archived_txn(txn, task_id) is not None:
+                raise TaskStateError(task_id, ARCHIVED_NOT_ACTIVE)
+            raise TaskNotFound(task_id)
+        return self._task_row(row)
+
+    async def _operate(self, change, task_id: int, *args) -> Task:
+        now = self._now()
+
+        def txn_fn(txn) -> Task:
+            self._dialect.begin_write(txn)
+            task = change(txn, self._active_txn(txn, task_id), now, *args)
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            return self._task_row(txn.fetchone()) if task is None else task
+
+        return await self._run(txn_fn)
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        def change(txn, task: Task, now: int) -> None:
+            if task.lease_owner is not None:
+                raise TaskStateError(task_id, LEASED)
+            self._exec(txn, DELAY, (until, now, task_id))
+
+        return await self._operate(change, task_id)
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        def change(txn, task: Task, now: int) -> None:
+            self._exec(txn, SET_PRIORITY, (priority, now, task_id))
+
+        return await self._operate(change, task_id)
+
+    async def free(self, task_id: int) -> Task:
+        def change(txn, task: Task, now: int) -> None:
+            if task.lease_owner is None:
+                raise TaskStateError(task_id, NOT_LEASED)
+            self._exec(txn, FREE, (now, now, task_id))
+
+        return await self._operate(change, task_id)
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        return await self._run(self._retry_txn, task_id, repeat, self._now())
+
+    def _retry_txn(self, txn, task_id: int, repeat: bool, now: int) -> Task:
+        self._dialect.begin_write(txn)
+        archived = self._archived_txn(txn, task_id, self._dialect.lock)
+        if archived is None:
+            self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
+            if txn.fetchone() is not None:
+                raise TaskStateError(task_id, ACTIVE_NOT_ARCHIVED)
+            raise TaskNotFound(task_id)
+        if archived.result == RESULT_SUCCESS and not repeat:
+            raise TaskStateError(task_id, SUCCEEDED)
+        task = unarchived(archived, now)
+        self._exec(txn, UNARCHIVE, (task.id, task.task_class, task.data_id, task.priority,
+                                    task.object_phid, task.container_phid, task.date_created,
+                                    task.date_modified))
+        self._exec(txn, DELETE_ARCHIVED, (task_id,))
+        return task
+
+    # -- moving tasks between backends --------------------------------------------
+
+    async def active_ids(self) -> list[int]:
+        def read(txn) -> list[int]:
+            self._exec(txn, ACTIVE_IDS)
+            return [int(row[0]) for row in txn.fetchall()]
+
+        return await self._run(read)
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        ids = sorted(set(int(i) for i in task_ids))
+
+        def read(txn) -> list[Task]:
+            out: list[Task] = []
+            for start in range(0, len(ids), _AWAKEN_CHUNK):
+                chunk = ids[start:start + _AWAKEN_CHUNK]
+                self._exec(txn, EXPORT.format(ids=_marks(len(chunk))), chunk)
+                out += [self._task_row(row, with_data=True) for row in txn.fetchall()]
+            return out
+
+        return await self._run(read) if ids else []
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        return await self._run(self._import_txn, list(tasks), ledger, mark)
+
+    def _import_txn(self, txn, tasks: list[Task], ledger: str, mark: int) -> list[int]:
+        self._dialect.begin_write(txn)
+        first = self._dialect.reserve_task_ids(txn, len(tasks)) if tasks else 0
+        ids = []
+        for offset, task in enumerate(tasks):
+            self._exec(txn, INSERT_DATA, (task.data or "",))
+            data_id = int(txn.lastrowid)
+            ids.append(first + offset)
+            self._exec(txn, IMPORT_TASK, (
+                first + offset, task.task_class, task.lease_owner, task.lease_expires,
+                task.failure_count, data_id, task.failure_time, task.priority,
+                task.object_phid, task.container_phid, task.date_created, task.date_modified))
+        self._dialect.set_counter(txn, ledger, mark)
+        return ids
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        def read(txn) -> int | None:
+            self._exec(txn, LEDGER, (ledger,))
+            row = txn.fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run(read)
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        def clear(txn) -> None:
+            self._dialect.begin_write(txn)
+            self._exec(txn, CLEAR_LEDGER, (ledger,))
+
+        await self._run(clear)
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        tasks = list(tasks)
+
+        def delete(txn) -> int:
+            self._dialect.begin_write(txn)
+            gone = 0
+            for start in range(0, len(tasks), _AWAKEN_CHUNK):
+                chunk = tasks[start:start + _AWAKEN_CHUNK]
+                marks = _marks(len(chunk))
+                self._exec(txn, DELETE_TASKS.format(ids=marks), [t.id for t in chunk])
+                gone += int(txn.rowcount)
+                self._exec(txn, DELETE_DATA.format(ids=marks), [t.data_id for t in chunk])
+            return gone
+
+        return await self._run(delete) if tasks else 0
 
     # -- reads ---------------------------------------------------------------
 
@@ -400,8 +679,8 @@ class SqlTaskStore:
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         return await self._run(self._archived_txn, task_id)
 
-    def _archived_txn(self, txn, task_id: int) -> ArchivedTask | None:
-        self._exec(txn, SELECT_ARCHIVED, (task_id,))
+    def _archived_txn(self, txn, task_id: int, lock: str = "") -> ArchivedTask | None:
+        self._exec(txn, SELECT_ARCHIVED.format(lock=lock), (task_id,))
         row = txn.fetchone()
         return None if row is None else archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
 

@@ -41,7 +41,26 @@ class TaskNotFound(LookupError):
 
 
 class LeaseConflict(Exception):
-    """Reserved for the fenced protocol (spec Appendix A, 409); r4 never raises it."""
+    """A fenced call named a lease owner that no longer holds the task (API: 409).
+
+    Raised when the task is active but held by someone else (its lease expired
+    and another owner leased it, or it was freed), or when it was archived by
+    another call (a cancel, or someone else's complete).
+    """
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(f"task {task_id} is no longer held by this owner")
+        self.task_id = task_id
+
+
+class TaskStateError(Exception):
+    """The task exists but is in the wrong state for the operation (API: 409
+    ``ERR_TASK_STATE``); ``message`` says which and what to do."""
+
+    def __init__(self, task_id: int, message: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.message = message
 
 
 @runtime_checkable
@@ -79,7 +98,8 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def complete(self, task_id: int, duration: int) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int,
+                       owner: str | None = None) -> ArchivedTask:
         """Archive with result 0 and ``duration`` µs (§6.3, §7.5).
 
         Archive row: the active row's columns except failureTime, ``dateModified``
@@ -87,11 +107,14 @@ class TaskStore(Protocol):
         is deleted in the same transaction; the payload row is kept.
         Not active but archived with result 0 -> return that archived row unchanged
         (idempotent replay, nothing written).  Otherwise :class:`TaskNotFound`.
+
+        Fencing (see the note after :meth:`yield_`): with ``owner`` given, the
+        replay applies only to an archive row carrying that owner.
         """
         ...
 
     async def fail(
-        self, task_id: int, permanent: bool, retry_wait: int
+        self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         """Report a failure (§6.4).
 
@@ -104,10 +127,36 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def yield_(self, task_id: int, duration: int) -> None:
+    async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         """``leaseOwner = '(yield)'``, ``leaseExpires = now + max(duration, 5)``,
         ``dateModified = now``; failureCount unchanged (§6.5).  Unknown id ->
         :class:`TaskNotFound` (existence decided by a read, not by a changed-row count).
+        """
+        ...
+
+    # fenced: complete, fail and yield_ take the lease owner the caller leased
+    # the task with.  ``owner=None`` is the unfenced r4 behaviour above.  With
+    # an owner, checked in the same atomic step as the change:
+    #   * active and ``leaseOwner == owner`` -> the change as above (an expired
+    #     lease nobody has taken over still belongs to its holder);
+    #   * active with another (or no) owner -> :class:`LeaseConflict`;
+    #   * not active but archived -> :class:`LeaseConflict`, except the
+    #     complete replay of a success archived with this owner;
+    #   * neither -> :class:`TaskNotFound`.
+    # Order of the checks: not found, then conflict, then the range of a
+    # computed expiry (InvalidArgument); nothing is written unless all pass.
+
+    async def renew(self, owner: str, task_ids: Sequence[int],
+                    duration: int) -> dict[int, int | None]:
+        """Extend the leases ``owner`` holds on ``task_ids`` (docs/taskqueue.md, Renewal).
+
+        For every distinct id, in the order given: if the task is active and
+        ``leaseOwner == owner`` (expired or not, as for fencing), ``leaseExpires``
+        becomes ``max(leaseExpires, now + duration)`` and the answer is that value;
+        otherwise (unknown, archived, held by someone else, freed) the answer is
+        None ("lost") and nothing is written for it.  ``dateModified`` is not
+        touched (a lease never changes it).  ``now + duration`` out of the
+        unsigned 32-bit range raises InvalidArgument before anything is written.
         """
         ...
 
@@ -141,6 +190,85 @@ class TaskStore(Protocol):
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         """The archived row with this id, or None (used by tests and replays)."""
+        ...
+
+    # -- dead tasks (docs/taskqueue.md, Dead tasks) ----------------------------
+
+    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
+                            offset: int) -> list[ArchivedTask]:
+        """Archived tasks, newest first (``dateModified`` DESC, id DESC; the
+        archive time for every row we write), optionally only one ``result``
+        and one ``task_class``, paged by ``limit`` (>= 1) / ``offset`` (>= 0)."""
+        ...
+
+    async def requeue(self, task_id: int) -> Task:
+        """A new active task from an archived one: same class, payload, priority
+        and PHIDs; failureCount 0, never leased, ``dateCreated`` =
+        ``dateModified`` = now, a new id and payload id.  The archive row stays.
+        Returns the new Task (without data).  Archived as a success, or active
+        -> :class:`TaskStateError`; neither -> :class:`TaskNotFound`."""
+        ...
+
+    # -- operator verbs, as Phorge's bin/worker (docs/taskqueue.md, Operator verbs) --
+    # Each answers the changed Task (without data).  An id that is archived
+    # raises TaskStateError (ARCHIVED_NOT_ACTIVE) for the first three, an
+    # unknown one TaskNotFound.  ``dateModified`` becomes now, as Phorge's
+    # save() sets it.
+
+    async def delay(self, task_id: int, until: int) -> Task:
+        """``leaseExpires = until`` for a task nobody holds (``leaseOwner`` NULL;
+        yielded or leased -> TaskStateError LEASED).  Not leasable before then."""
+        ...
+
+    async def set_priority(self, task_id: int, priority: int) -> Task:
+        """A new priority; the task keeps its place among equal priorities by id."""
+        ...
+
+    async def free(self, task_id: int) -> Task:
+        """Break the lease: ``leaseOwner = NULL``, ``leaseExpires = now`` (leasable
+        in phase 2 from the next second).  No owner -> TaskStateError NOT_LEASED."""
+        ...
+
+    async def retry(self, task_id: int, repeat: bool) -> Task:
+        """Phorge's unarchive: the archived task becomes active again under the
+        same id and payload row, never leased with ``leaseExpires = 0``
+        (leasable at once), failureCount 0, failureTime NULL, its dateCreated
+        kept; the archive row is removed.  Active -> TaskStateError
+        ACTIVE_NOT_ARCHIVED; a success without ``repeat`` -> SUCCEEDED."""
+        ...
+
+    # -- moving tasks between backends (docs/taskqueue.md, Moving between backends) --
+    # A ledger is a named watermark in the target: the highest source id a
+    # migration from that source has imported.  It is written in the same
+    # atomic step as the tasks, which is what makes an interrupted run safe to
+    # run again.
+
+    async def active_ids(self) -> list[int]:
+        """Every active task id, ascending."""
+        ...
+
+    async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
+        """The active tasks among ``task_ids``, with data, ascending by id."""
+        ...
+
+    async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
+        """Insert ``tasks`` as new active tasks (new ids and payload rows, every
+        other column kept: class, payload, priority, PHIDs, owner, expiry,
+        failure count and time, dates) and set ``ledger`` to ``mark``, all in
+        one atomic step.  Returns the new ids, in order."""
+        ...
+
+    async def migration_mark(self, ledger: str) -> int | None:
+        """The watermark of ``ledger``, or None."""
+        ...
+
+    async def clear_migration_mark(self, ledger: str) -> None:
+        """Forget ``ledger`` (a finished migration)."""
+        ...
+
+    async def delete_tasks(self, tasks: Sequence[Task]) -> int:
+        """Remove these active tasks and their payloads (they moved elsewhere);
+        returns how many were still there."""
         ...
 
     async def ping(self) -> str | None:

@@ -1,6 +1,6 @@
 """The consume loop: lease within free capacity, run each task in its own
-slot before its lease deadline, report with bounded retries (worker.md §6-8,
-§14).
+slot before its lease deadline (renewing the lease while it runs), report
+with bounded retries (worker.md §6-8, §14; docs/worker.md, Long tasks).
 
 The loop schedules itself on the injected clock instead of using the
 platform Poller because its cadence depends on the outcome of each lease:
@@ -20,7 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger, LogLevel
 
 from gorge.service import InFlight
-from gorge.worker.deadline import within
+from gorge.worker.lease import LeaseGuard, LeaseKeeper, LeaseLost
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.outcome import Outcome, classify
 from gorge.worker.queueclient import QueueClient, QueueError
@@ -34,6 +34,7 @@ SKIP_RETRY_WAIT = 60
 HANDBACK_YIELD = 5
 DEFAULT_LEASE_SECONDS = 7200
 FAILING_SUMMARY_INTERVAL = 60.0
+LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class Consumer:
         self._lease_d: Deferred | None = None
         self._stopping = False
         self._more_waiting = False
+        # Off once the queue refuses a renewal (an older queue has no route).
+        self._renewals = True
         # Lease health, for /readyz and state-change logging (§6.5).
         self.lease_attempted = False
         self.lease_error: str | None = None
@@ -371,13 +374,16 @@ class Consumer:
             return
         started = self._clock.seconds()
         handler_d = _call_handler(handler, task, payload)
-        within(handler_d, remaining, self._clock)
+        guard = LeaseGuard(handler_d, run.deadline, self._clock)
+        keeper = self._keep_lease(run, guard)
         run.current = handler_d
         error: BaseException | None = None
         try:
             await handler_d
+        except LeaseLost:
+            pass  # logged by the keeper; reported below as nothing
         except TimeoutError as exc:
-            if self._clock.seconds() < run.deadline:
+            if not guard.expired:
                 error = exc  # the handler's own timeout, not our deadline
             else:
                 log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
@@ -389,8 +395,17 @@ class Consumer:
             error = exc
         finally:
             run.current = None
+            if keeper is not None:
+                keeper.stop()
+            run.deadline = guard.deadline
         if run.abandoned:
             return  # shutdown gave up on it; its outcome must not be reported
+        if guard.lost:
+            # Another holder has the task: whatever the handler got to, its
+            # outcome is not ours to report.
+            self._unreported(run, "lease lost: another holder has the task", "none",
+                             logged=True, metric="lease_lost")
+            return
         elapsed = self._clock.seconds() - started
         self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
         outcome = classify(error)
@@ -403,10 +418,39 @@ class Consumer:
                      task_class=run.task_class, outcome=outcome.kind, message=outcome.message)
         await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
 
+    def _keep_lease(self, run: _Run, guard: LeaseGuard) -> LeaseKeeper | None:
+        """Renew the lease of a running task until its handler ends."""
+        if not self._renewals:
+            return None
+
+        async def renew(task_id: int, timeout: float) -> int | None:
+            answers = await self._queue.renew([task_id], timeout=timeout)
+            if task_id not in answers:
+                raise QueueError(f"renew: the answer does not mention task {task_id}",
+                                 transient=True)
+            expires = answers[task_id]
+            if expires is not None:
+                run.deadline = float(expires)
+            return expires
+
+        keeper = LeaseKeeper(
+            task_id=run.id, task_class=run.task_class, guard=guard, renew=renew,
+            clock=self._clock,
+            on_result=lambda result: self._metrics.lease_renewals.labels(result=result).inc(),
+            on_refused=self._renewal_refused)
+        keeper.start()
+        return keeper
+
+    def _renewal_refused(self, exc: QueueError) -> None:
+        """A queue without renewal (404) or one refusing ours: stop asking."""
+        if self._renewals:
+            self._renewals = False
+            log.warn("LEASE_RENEWAL_DISABLED error={error}", error=str(exc))
+
     def _unreported(self, run: _Run, reason: str, intended: str, *, logged: bool = False,
-                    error: str = "") -> None:
+                    error: str = "", metric: str = "unreported") -> None:
         self.counters.unreported += 1
-        self._metrics.tasks.labels(task_class=run.task_class, outcome="unreported").inc()
+        self._metrics.tasks.labels(task_class=run.task_class, outcome=metric).inc()
         if not logged:
             log.error("TASK_UNREPORTED task_id={task_id} task_class={task_class} "
                       "outcome={outcome} reason={reason} error={error}",
@@ -458,6 +502,8 @@ class Consumer:
                     reason = f"queue refused the report (HTTP {exc.status})"
                     if exc.status == 404:
                         reason += "; outcome may already be recorded"
+                    elif exc.code == LEASE_CONFLICT:
+                        reason = "lease lost: another holder has the task"
                     break
             except CancelledError:
                 if run.abandoned:

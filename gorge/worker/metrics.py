@@ -30,6 +30,10 @@ class WorkerMetrics:
             "gorge_worker_report_retries", "Report attempts after the first one",
             registry=registry,
         )
+        self.lease_renewals = Counter(
+            "gorge_worker_lease_renewals", "Lease renewals of running tasks by answer",
+            ["result"], registry=registry,
+        )
         self.conduit_calls = Counter(
             "gorge_worker_conduit_calls", "worker.execute calls by result", ["result"],
             registry=registry,

@@ -1,4 +1,4 @@
-"""HTTP client of gorge-taskqueue: lease, complete, fail, yield (worker.md §4).
+"""HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield (worker.md §4).
 
 Every call is bounded for the whole exchange (headers and body) on the
 injected clock, never follows redirects, and succeeds only for a 2xx JSON
@@ -194,11 +194,36 @@ class QueueClient:
             ) from None
         return validate_lease_answer(data, limit)
 
+    def _fenced(self) -> dict[bytes, bytes]:
+        # Result reports name the lease owner, so a queue that fences refuses
+        # a report from a worker whose lease was taken over (409).
+        return {b"X-Lease-Owner": self.owner.encode()}
+
+    async def renew(self, task_ids: list[int], *, timeout: float) -> dict[int, int | None]:
+        """Extend our leases on ``task_ids``: each id's new ``leaseExpires``, or
+        None when the queue says the lease is lost.  An id the answer does not
+        mention is left out (its deadline stays as it was)."""
+        data = await self._call("/api/queue/renew", {"taskIDs": list(task_ids)},
+                                timeout=timeout, extra=self._fenced())
+        if not isinstance(data, list):
+            raise QueueError("unmarshal (status 200): /api/queue/renew answered no list",
+                             status=200, transient=True)
+        out: dict[int, int | None] = {}
+        for item in data:
+            if not isinstance(item, dict) or not _is_int(item.get("taskID")):
+                continue
+            expires = item.get("leaseExpires")
+            if item.get("status") == "renewed" and _is_int(expires):
+                out[item["taskID"]] = expires
+            elif item.get("status") == "lost":
+                out[item["taskID"]] = None
+        return out
+
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
         await self._call(
             "/api/queue/complete",
             {"taskID": task_id, "duration": max(0, int(duration_us))},
-            timeout=timeout,
+            timeout=timeout, extra=self._fenced(),
         )
 
     async def fail(
@@ -215,10 +240,10 @@ class QueueClient:
             body["retryWait"] = max(0, int(retry_wait))
         if message:
             body["message"] = message[:1000]
-        await self._call("/api/queue/fail", body, timeout=timeout)
+        await self._call("/api/queue/fail", body, timeout=timeout, extra=self._fenced())
 
     async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
         await self._call(
             "/api/queue/yield", {"taskID": task_id, "duration": max(5, int(seconds))},
-            timeout=timeout,
+            timeout=timeout, extra=self._fenced(),
         )

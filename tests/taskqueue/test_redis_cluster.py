@@ -83,7 +83,7 @@ def test_every_key_of_one_queue_shares_one_slot(prefix, ids):
 # Commands the store (or its scripts) may send, and which arguments are keys.
 _FIRST_ARG_IS_KEY = {
     "GET", "SET", "DEL", "EXISTS", "INCR", "DECR", "DECRBY", "HSET", "HGET", "HMGET", "HGETALL",
-    "ZADD", "ZREM", "ZRANGE", "ZRANGEBYSCORE", "ZCARD", "ZSCORE",
+    "ZADD", "ZREM", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZCARD", "ZSCORE",
 }
 _ARG = re.compile(r'"((?:\\.|[^"\\])*)"')
 
@@ -158,6 +158,21 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
         clock.advance(20)
         await store.fail(a.id, True, 0)  # prunes the two older archive records
         await store.get_archived(a.id)
+        d = await store.enqueue(EnqueueRequest("D", data="d"))
+        await store.set_priority(d.id, 7)
+        await store.delay(d.id, int(clock.seconds()) - 1)
+        await store.lease("w", 1, 60, task_classes=["D"])
+        await store.renew("w", [d.id, 999], 30)
+        await store.free(d.id)
+        await store.fail(d.id, True, 0)
+        await store.list_archived(1, "D", 10, 0)
+        await store.requeue(d.id)
+        await store.retry(d.id, False)
+        moved = await store.export_tasks(await store.active_ids())
+        await store.import_tasks(moved, "gorge-migrate-from-x", 9)
+        await store.migration_mark("gorge-migrate-from-x")
+        await store.delete_tasks(moved)
+        await store.clear_migration_mark("gorge-migrate-from-x")
         with redis_server.client() as sync:
             sync.execute("ECHO", "end-of-workload")
         seen = monitor.commands_until("end-of-workload")

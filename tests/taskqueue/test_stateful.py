@@ -18,13 +18,17 @@ from twisted.internet.defer import Deferred
 
 from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import EnqueueRequest, InvalidArgument
-from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 from tests.taskqueue.conftest import T0, redis_backend_available
 
 pytestmark = pytest.mark.integration
 
 LEASE = 600
 IDS = st.integers(min_value=1, max_value=10)
+# Competing holders: the same tasks are leased by both, expire, and are taken
+# over; results are reported unfenced (r4, Phorge's PHP) or fenced by either.
+OWNERS = ["w1", "22413:1795947021:vm:1"]
+FENCES = st.sampled_from([None, *OWNERS])
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
                     suppress_health_check=list(HealthCheck))
 
@@ -41,7 +45,7 @@ def _model(coro):
 def _outcome(call):
     try:
         return ("ok", call())
-    except (TaskNotFound, InvalidArgument) as e:
+    except (TaskNotFound, LeaseConflict, TaskStateError, InvalidArgument) as e:
         return ("error", type(e).__name__)
 
 
@@ -148,27 +152,72 @@ def _machine(reset: _Reset):
             request = EnqueueRequest(task_class, data, priority, phid, None, delay_until)
             self.check("enqueue", request, drop_data=True)
 
-        @rule(owner=st.sampled_from(["w1", "22413:1795947021:vm:1"]),
+        @rule(owner=st.sampled_from(OWNERS),
               limit=st.integers(1, 4),
               classes=st.sampled_from([None, ["A"], ["B"], ["A", "B"]]))
         def lease(self, owner, limit, classes):
             self.check("lease", owner, limit, LEASE, classes)
 
-        @rule(task_id=IDS, duration=st.integers(0, 10**7))
-        def complete(self, task_id, duration):
-            self.check("complete", task_id, duration)
+        @rule(task_id=IDS, duration=st.integers(0, 10**7), owner=FENCES)
+        def complete(self, task_id, duration, owner):
+            self.check("complete", task_id, duration, owner)
 
-        @rule(task_id=IDS, permanent=st.booleans(), retry_wait=st.sampled_from([0, 5, 300]))
-        def fail(self, task_id, permanent, retry_wait):
-            self.check("fail", task_id, permanent, retry_wait)
+        @rule(task_id=IDS, permanent=st.booleans(), retry_wait=st.sampled_from([0, 5, 300]),
+              owner=FENCES)
+        def fail(self, task_id, permanent, retry_wait, owner):
+            self.check("fail", task_id, permanent, retry_wait, owner)
 
-        @rule(task_id=IDS, duration=st.sampled_from([-3, 0, 5, 60, 4000]))
-        def yield_(self, task_id, duration):
-            self.check("yield_", task_id, duration)
+        @rule(task_id=IDS, duration=st.sampled_from([-3, 0, 5, 60, 4000]), owner=FENCES)
+        def yield_(self, task_id, duration, owner):
+            self.check("yield_", task_id, duration, owner)
+
+        @rule(owner=st.sampled_from(OWNERS), task_ids=st.lists(IDS, min_size=1, max_size=4),
+              duration=st.sampled_from([1, 300, LEASE, 2 * LEASE]))
+        def renew(self, owner, task_ids, duration):
+            self.check("renew", owner, task_ids, duration)
 
         @rule(task_id=IDS)
         def cancel(self, task_id):
             self.check("cancel", task_id)
+
+        @rule(task_id=IDS, ahead=st.sampled_from([-10, 0, 45, 900]))
+        def delay(self, task_id, ahead):
+            self.check("delay", task_id, max(0, int(self.clock.seconds()) + ahead))
+
+        @rule(task_id=IDS, priority=st.sampled_from([1, 2000, 4000]))
+        def set_priority(self, task_id, priority):
+            self.check("set_priority", task_id, priority)
+
+        @rule(task_id=IDS)
+        def free(self, task_id):
+            self.check("free", task_id)
+
+        @rule(task_id=IDS, repeat=st.booleans())
+        def retry(self, task_id, repeat):
+            self.check("retry", task_id, repeat)
+
+        @rule(task_id=IDS)
+        def requeue(self, task_id):
+            self.check("requeue", task_id)
+
+        @rule(result=st.sampled_from([None, 0, 1, 2]), task_class=st.sampled_from([None, "A"]),
+              limit=st.sampled_from([1, 3, 100]), offset=st.sampled_from([0, 1, 4]))
+        def list_archived(self, result, task_class, limit, offset):
+            self.check("list_archived", result, task_class, limit, offset)
+
+        @rule(task_ids=st.lists(IDS, min_size=1, max_size=4), mark=st.integers(1, 50))
+        def copy_in(self, task_ids, mark):
+            """Import copies of some active tasks, as a migration into this queue does."""
+            self.check("export_tasks", task_ids)
+            tasks = _model(self.model.export_tasks(task_ids))
+            self.check("import_tasks", tasks, "gorge-migrate-from-x", mark)
+            self.check("migration_mark", "gorge-migrate-from-x")
+
+        @rule(task_ids=st.lists(IDS, min_size=1, max_size=4))
+        def move_out(self, task_ids):
+            """Delete some active tasks, as a migration out of this queue does."""
+            tasks = _model(self.model.export_tasks(task_ids))
+            self.check("delete_tasks", tasks)
 
         @rule(task_ids=st.lists(IDS, min_size=1, max_size=4))
         def awaken(self, task_ids):
@@ -187,6 +236,7 @@ def _machine(reset: _Reset):
         def same_observable_state(self):
             self.check("stats")
             self.check("list_tasks", 1000, 0)
+            self.check("active_ids")
 
     return QueueMachine
 

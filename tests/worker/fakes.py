@@ -52,6 +52,12 @@ class FakeQueue:
         self.report_errors: list[Any] = []
         self.lease_hold: Deferred | None = None
         self.report_waiters: list[tuple[int, Deferred]] = []
+        # Renewals: every call, and the answers to give in order (an int is the
+        # new leaseExpires, "lost", an exception, or "hang"); once they run
+        # out, a renewal answers the expiry the task already has.
+        self.renewals: list[tuple[list[int], float]] = []
+        self.renew_answers: list[Any] = []
+        self.expiry: dict[int, int | None] = {}
 
     async def lease(self, limit: int, task_classes):
         self.leases.append((limit, task_classes))
@@ -64,7 +70,27 @@ class FakeQueue:
                 await Deferred()
             raise error
         batch, self.waiting = self.waiting[:limit], self.waiting[limit:]
+        for task in batch:
+            self.expiry[task["id"]] = task.get("leaseExpires")
         return batch
+
+    async def renew(self, task_ids, *, timeout):
+        self.renewals.append((list(task_ids), timeout))
+        out = {}
+        for task_id in task_ids:
+            answer = self.renew_answers.pop(0) if self.renew_answers else self.expiry.get(task_id)
+            if answer == "hang":
+                await Deferred()
+            if isinstance(answer, Exception):
+                raise answer
+            if answer is None:
+                continue  # a task leased without an expiry: nothing to answer
+            if answer == "lost":
+                answer = None
+            else:
+                self.expiry[task_id] = answer
+            out[task_id] = answer
+        return out
 
     async def _report(self, report: Report) -> None:
         self.attempts.append(report)

@@ -229,6 +229,22 @@ def test_a_refused_report_is_not_retried():
         assert "may already be recorded" in captured.named("TASK_UNREPORTED")[0]["reason"]
 
 
+def test_a_report_refused_for_a_lost_lease_says_so_and_is_not_retried():
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(9)]
+    queue.report_errors = [QueueError("api error [ERR_LEASE_CONFLICT]: task lease no longer "
+                                      "belongs to this owner", status=409,
+                                      code="ERR_LEASE_CONFLICT")]
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.pump([1.0] * 3)
+        assert len(queue.attempts) == 1
+        (line,) = captured.named("TASK_UNREPORTED")
+    assert line["reason"] == "lease lost: another holder has the task"
+    assert consumer.counters.unreported == 1 and consumer.counters.processed == 0
+
+
 def test_handler_outliving_its_lease_is_abandoned_not_reported():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(3, expires=31)]

@@ -33,8 +33,12 @@ class Stack:
     def __init__(self, reactor, mariadb, database):
         self.reactor, self.mariadb, self.database = reactor, mariadb, database
 
-    async def start(self, *, worker_env=None, extra_handlers=None):
-        await self.start_queue()
+    async def start(self, *, worker_env=None, extra_handlers=None, **queue_settings):
+        await self.start_queue(**queue_settings)
+        self.worker = self.worker_service(worker_env, extra_handlers)
+        self.worker.startService()
+
+    def worker_service(self, worker_env=None, extra_handlers=None):
         env = {
             "GORGE_LISTEN_ADDR": "127.0.0.1:0",
             "GORGE_WORKER_TASK_QUEUE_URL": self.queue_url,
@@ -43,15 +47,15 @@ class Stack:
             "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
             **(worker_env or {}),
         }
-        self.worker = build_worker_service(load_worker_settings(env), self.reactor,
-                                           extra_handlers=extra_handlers)
-        self.worker.startService()
+        return build_worker_service(load_worker_settings(env), self.reactor,
+                                    extra_handlers=extra_handlers)
 
-    async def start_queue(self):
+    async def start_queue(self, **overrides):
         settings = TaskQueueSettings(
             http=HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1",
                               token=QUEUE_TOKEN),
             mysql=self.mariadb.settings(self.database),
+            **overrides,
         )
         self.store = MySQLTaskStore.from_settings(settings.mysql, self.reactor)
         self.queue = build_taskqueue_service(settings, self.reactor, store=self.store)
@@ -234,3 +238,38 @@ async def test_webhook_task_follows_its_owner(owner, sent, stack, raw_server):
     other = await stack.enqueue("PhabricatorSearchWorker")
     assert (await stack.until(stack.archived(other)))["result"] == 0
     assert sorted(_classes_sent(server)) == sent
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_task_keeps_its_lease_and_runs_once_with_two_workers(stack):
+    """With a 3 s lease, a task that runs for several leases is renewed by
+    the worker running it; the second worker on the queue never gets a copy."""
+    runs: list[tuple[str, int]] = []
+    release: Deferred = Deferred()
+
+    def long_task(name):
+        def handler(task, data):
+            runs.append((name, task["id"]))
+            return release
+        return handler
+
+    await stack.start(lease_duration=3, extra_handlers={"LongWorker": long_task("first")})
+    task_id = await stack.enqueue("LongWorker")
+    await stack.until(lambda: runs)
+    first_expiry = stack.row("worker_activetask", task_id)["leaseExpires"]
+    second = stack.worker_service(extra_handlers={"LongWorker": long_task("second")})
+    second.startService()
+    try:
+        # Two full leases past the first one, with the second worker polling.
+        await stack.until(lambda: stack.reactor.seconds() > first_expiry + 6, bound=30)
+        row = stack.row("worker_activetask", task_id)
+        assert row["leaseExpires"] > stack.reactor.seconds()   # renewed, still held
+        assert runs == [("first", task_id)]
+        release.callback(None)
+        archived = await stack.until(stack.archived(task_id))
+    finally:
+        await second.stopService()
+    assert archived["result"] == 0 and archived["duration"] >= 6_000_000
+    assert runs == [("first", task_id)]
+    assert second.consumer.counters.processed == 0
+    assert stack.worker.consumer.counters.processed == 1

@@ -87,6 +87,9 @@ def test_report_bodies():
     result_of(client.fail(7, False, retry_wait=60, message="m" * 2000, timeout=10))
     result_of(client.yield_task(8, 2, timeout=10))
     bodies = [(r["path"], json.loads(r["body"])) for r in resource.requests]
+    # Every report names the owner, so a fencing queue refuses a stale one.
+    assert {r["headers"][b"x-lease-owner"] for r in resource.requests} == {
+        b"host:1:2:gorge-worker"}
     assert bodies == [
         (b"/api/queue/complete", {"taskID": 5, "duration": 1234}),
         (b"/api/queue/fail", {"taskID": 6, "permanent": True}),
@@ -104,6 +107,8 @@ def test_report_bodies():
     (404, b'{"error":{"code":"ERR_NOT_FOUND","message":"task not found"}}',
      "api error [ERR_NOT_FOUND]: task not found", False),
     (401, b'{"error":{"code":"ERR_UNAUTHORIZED","message":"x"}}', "ERR_UNAUTHORIZED", False),
+    (409, b'{"error":{"code":"ERR_LEASE_CONFLICT","message":"task lease no longer belongs '
+          b'to this owner"}}', "api error [ERR_LEASE_CONFLICT]", False),
     (429, b'{"error":{"code":"ERR_BAD_REQUEST","message":"slow"}}', "slow", True),
     (503, b'{"status":"unavailable"}', "unexpected status 503", True),
     (303, b'{"data":[]}', "unexpected status 303", True),
