@@ -93,6 +93,10 @@ class Switched:
             return None
         return await self.until(done, f"all tasks after {marker} archived ({what})")
 
+    def forget_task(self, task_id: int) -> None:
+        """Remove a delayed task a test made only to call worker.execute with."""
+        self.site.execute("worker", "DELETE FROM worker_activetask WHERE id = %s", task_id)
+
     def conduit_calls(self, method: str) -> int:
         return self.site.rows(
             "conduit", "SELECT COUNT(*) AS n FROM conduit_methodcalllog WHERE method = %s",

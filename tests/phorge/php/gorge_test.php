@@ -42,10 +42,11 @@ switch ($command) {
 echo phutil_json_encode($result)."\n";
 exit(0);
 
-// An administrator bot account (what gorge-worker's Conduit token belongs
-// to) and its API token.
+// A bot account and its API token: an administrator for gorge-worker's
+// token, or not, to see worker.execute refuse it.
 function gorge_test_setup(array $args) {
   $username = $args['username'];
+  $is_admin = isset($args['admin']) ? (bool)$args['admin'] : true;
 
   $user = id(new PhabricatorUser())
     ->setUsername($username)
@@ -62,7 +63,7 @@ function gorge_test_setup(array $args) {
 
   $user
     ->setIsSystemAgent(1)
-    ->setIsAdmin(1)
+    ->setIsAdmin((int)$is_admin)
     ->save();
 
   $token = PhabricatorConduitToken::initializeNewToken(
@@ -156,6 +157,9 @@ function gorge_test_schedule(array $args) {
   $options = array();
   if (isset($args['priority'])) {
     $options['priority'] = (int)$args['priority'];
+  }
+  if (isset($args['delayUntil'])) {
+    $options['delayUntil'] = (int)$args['delayUntil'];
   }
 
   $task = PhabricatorWorker::scheduleTask(
