@@ -106,7 +106,10 @@ function gorge_test_webhook(array $args) {
     ->setAuthorPHID($viewer->getPHID())
     ->setMustMatchAll(1)
     ->setContentType($adapter->getAdapterContentType())
-    ->setRuleType(HeraldRuleTypeConfig::RULE_TYPE_GLOBAL);
+    ->setRuleType(HeraldRuleTypeConfig::RULE_TYPE_GLOBAL)
+    ->setRepetitionPolicyStringConstant(HeraldRule::REPEAT_EVERY)
+    ->attachConditions(array())
+    ->attachActions(array());
 
   $state = id(new HeraldRuleSerializer())->serializeRuleComponents(
     true,
