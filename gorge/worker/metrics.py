@@ -34,5 +34,10 @@ class WorkerMetrics:
             "gorge_worker_conduit_calls", "worker.execute calls by result", ["result"],
             registry=registry,
         )
+        self.webhook_tasks_left = Counter(
+            "gorge_worker_webhook_tasks_left_to_gorge_webhook",
+            "HeraldWebhookWorker tasks completed without delivery, because "
+            "gorge-webhook delivers their request", registry=registry,
+        )
         self.idle = Gauge("gorge_worker_idle", "1 while the worker declares itself idle",
                           registry=registry)

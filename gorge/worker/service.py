@@ -24,9 +24,10 @@ from gorge.web import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient
 from gorge.worker.consumer import Consumer, LoopSettings
-from gorge.worker.handlers import feed_http, test_worker
+from gorge.worker.handlers import feed_http, herald_webhook, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.handlers.feed_http import FeedHttpHandler
+from gorge.worker.handlers.herald_webhook import LeftToGorgeWebhook
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
@@ -114,17 +115,36 @@ def build_registry(
     )
     if settings.native_test_worker:
         registry.register(test_worker.TASK_CLASS, TestWorker(clock))
+    if settings.webhook_owner == herald_webhook.OWNER_GORGE_WEBHOOK:
+        # Registered before any delegation, which never replaces a native
+        # handler: this class must never reach Conduit.
+        registry.register(herald_webhook.TASK_CLASS, LeftToGorgeWebhook(metrics))
     if delegate is not None:
-        if allow:
-            native = set(registry.registered())
-            for name in allow:
-                if name not in native:
-                    registry.register(name, delegate)
-        else:
-            for name in DELEGATED_BY_DEFAULT:
+        native = set(registry.registered())
+        for name in allow or DELEGATED_BY_DEFAULT:
+            if name not in native:
                 registry.register(name, delegate)
+        if not allow:
             registry.set_fallback(delegate)
+        if settings.webhook_owner == herald_webhook.OWNER_PHORGE:
+            # The owner setting decides, also when the allow list omits it.
+            registry.register(herald_webhook.TASK_CLASS, delegate)
     return registry, conduit
+
+
+def check_webhook_owner_needed(settings: WorkerSettings, registry: Registry,
+                               plan: LeasePlan) -> None:
+    """Refuse to start when this worker would run webhook tasks through PHP
+    without being told who delivers webhooks: guessing could deliver each
+    one twice (gorge-webhook and PHP) or never."""
+    task_class = herald_webhook.TASK_CLASS
+    if (not settings.webhook_owner and plan.runnable(task_class)
+            and isinstance(registry.get(task_class), ConduitDelegate)):
+        raise ConfigError(
+            herald_webhook.SETTING,
+            f"must be set, because this worker would run {task_class} tasks: "
+            f"{herald_webhook.CHOICES_EXPLAINED}",
+        )
 
 
 def build_worker_service(
@@ -146,6 +166,7 @@ def build_worker_service(
     for task_class, handler in (extra_handlers or {}).items():
         registry.register(task_class, handler)
     plan = LeasePlan(registry, settings.class_filter)
+    check_webhook_owner_needed(settings, registry, plan)
     if plan.empty:
         raise ConfigError(
             "GORGE_WORKER_TASK_CLASS_FILTER",

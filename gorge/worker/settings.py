@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings
+from gorge.worker.handlers import herald_webhook
 from gorge.worker.registry import parse_class_list
 
 DEFAULT_LISTEN = ":8170"
@@ -46,6 +47,7 @@ class WorkerSettings:
     conduit_probe_sec: int = 60
     feed_policy_file: str = ""
     native_test_worker: bool = False
+    webhook_owner: str = ""
     warnings: tuple[str, ...] = ()
 
     def describe(self) -> dict:
@@ -65,7 +67,31 @@ class WorkerSettings:
             "conduit_probe_sec": self.conduit_probe_sec,
             "feed_policy_file": self.feed_policy_file,
             "native_test_worker": self.native_test_worker,
+            "webhook_owner": self.webhook_owner,
         }
+
+
+def check_webhook_owner(owner: str, conduit_url: str, delegate_classes: tuple[str, ...]) -> None:
+    """Refuse the owner settings that contradict the rest of the setup.
+
+    Whether an unset owner matters depends on what the worker would lease,
+    which only the assembled registry knows: the service checks that.
+    """
+    task_class = herald_webhook.TASK_CLASS
+    if owner == herald_webhook.OWNER_GORGE_WEBHOOK and task_class in delegate_classes:
+        raise ConfigError(
+            herald_webhook.SETTING,
+            f"{owner} contradicts GORGE_WORKER_DELEGATE_CLASSES, which lists {task_class}: "
+            f"remove {task_class} from that list (gorge-webhook delivers webhooks), or set "
+            f"{herald_webhook.OWNER_PHORGE} if Phorge should deliver them",
+        )
+    if owner == herald_webhook.OWNER_PHORGE and not conduit_url:
+        raise ConfigError(
+            herald_webhook.SETTING,
+            f"{owner} needs GORGE_WORKER_CONDUIT_URL (Phorge's base URI) and "
+            f"GORGE_WORKER_CONDUIT_TOKEN: {task_class} tasks then run in Phorge through "
+            f"worker.execute",
+        )
 
 
 def load_worker_settings(
@@ -90,6 +116,8 @@ def load_worker_settings(
         )
     drain = env.int("GORGE_WORKER_DRAIN_TIMEOUT_SEC", DEFAULT_DRAIN_SEC, min=0, max=3600)
     delegate_classes = parse_class_list(env.str("GORGE_WORKER_DELEGATE_CLASSES", ""))
+    webhook_owner = env.choice(herald_webhook.SETTING, "", herald_webhook.OWNERS)
+    check_webhook_owner(webhook_owner, conduit_url, delegate_classes)
     warnings = list(env.warnings)
     if delegate_classes and not conduit_url:
         warnings.append(
@@ -118,6 +146,7 @@ def load_worker_settings(
         conduit_probe_sec=env.int("GORGE_WORKER_CONDUIT_PROBE_SEC", 60, min=0),
         feed_policy_file=env.str("GORGE_WORKER_FEED_POLICY_FILE", ""),
         native_test_worker=env.bool("GORGE_WORKER_NATIVE_TEST_WORKER", False),
+        webhook_owner=webhook_owner,
         warnings=(),
     )
     # Legacy-alias warnings are collected by every getter above.

@@ -60,3 +60,29 @@ def test_busy_port_makes_start_up_fail(tapname, tmp_path):
         taken.close()
     assert result.returncode != 0
     assert "Address already in use" in result.stdout + result.stderr
+
+
+WORKER_CONDUIT = {"GORGE_WORKER_CONDUIT_URL": "http://127.0.0.1:9",
+                  "GORGE_WORKER_CONDUIT_TOKEN": "api-token"}
+
+
+@pytest.mark.parametrize("extra_env, words", [
+    # Conduit with a catch-all: the worker would run HeraldWebhookWorker.
+    (WORKER_CONDUIT, ["must be set", "gorge-webhook (gorge-webhook delivers webhooks",
+                      "phorge (no gorge-webhook; Phorge delivers them"]),
+    ({"GORGE_WORKER_WEBHOOK_OWNER": "phorge"}, ["GORGE_WORKER_CONDUIT_URL"]),
+    ({**WORKER_CONDUIT, "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
+      "GORGE_WORKER_DELEGATE_CLASSES": "HeraldWebhookWorker"},
+     ["contradicts GORGE_WORKER_DELEGATE_CLASSES"]),
+    ({"GORGE_WORKER_WEBHOOK_OWNER": "yes"}, ["unknown value 'yes'"]),
+], ids=["unset-with-conduit", "phorge-without-conduit", "gorge-webhook-and-delegated",
+        "unknown"])
+def test_worker_refuses_an_unclear_webhook_owner(extra_env, words, tmp_path):
+    result = _twistd("gorge-worker", extra_env, tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gorge-worker: GORGE_WORKER_WEBHOOK_OWNER: ")
+    for word in words:
+        assert word in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout

@@ -4,6 +4,7 @@ store on the throwaway MariaDB) and the real worker service, talking HTTP."""
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qsl
 
 import pymysql
 import pytest
@@ -19,6 +20,8 @@ from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.worker.outcome import Yield
 from gorge.worker.service import build_worker_service
 from gorge.worker.settings import load_worker_settings
+
+from .rawhttp import Answer
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +189,38 @@ async def test_stop_lets_the_running_task_finish_and_report(stack):
     assert archived["duration"] >= 1_000_000
     assert leases_seen == []
     assert stack.worker.consumer.counters.processed == 1
+
+
+def _conduit_answer(request):
+    """worker.execute as Phorge's method answers it: success for a task, the
+    expected error for the readiness probe's empty class."""
+    params = json.loads(dict(parse_qsl(request.body.decode("ascii")))["params"])
+    if params["taskClass"] == "":
+        return Answer(body=b'{"result":null,"error_code":"ERR-NO-TASK-CLASS","error_info":"-"}')
+    return Answer(body=b'{"result":{"result":"success"},"error_code":null,"error_info":null}')
+
+
+def _classes_sent(server) -> list[str]:
+    return [json.loads(dict(parse_qsl(r.body.decode("ascii")))["params"])["taskClass"]
+            for r in server.requests]
+
+
+@pytest.mark.parametrize("owner, sent", [
+    ("gorge-webhook", ["PhabricatorSearchWorker"]),
+    ("phorge", ["HeraldWebhookWorker", "PhabricatorSearchWorker"]),
+])
+@pytest_twisted.ensureDeferred
+async def test_webhook_task_follows_its_owner(owner, sent, stack, raw_server):
+    server, conduit_url = raw_server(_conduit_answer)
+    await stack.start(worker_env={
+        "GORGE_WORKER_CONDUIT_URL": conduit_url, "GORGE_WORKER_CONDUIT_TOKEN": "api-token",
+        "GORGE_WORKER_CONDUIT_PROBE_SEC": "0", "GORGE_WORKER_WEBHOOK_OWNER": owner})
+    webhook = await stack.enqueue("HeraldWebhookWorker",
+                                  '{"webhookRequestPHID":"PHID-HWBR-abcdefghijklmnopqrst"}')
+    archived = await stack.until(stack.archived(webhook))
+    assert archived["result"] == 0
+    # A later task of another class reaches the same Conduit receiver, so an
+    # empty record for webhooks is not just a receiver nobody could reach.
+    other = await stack.enqueue("PhabricatorSearchWorker")
+    assert (await stack.until(stack.archived(other)))["result"] == 0
+    assert sorted(_classes_sent(server)) == sent

@@ -93,7 +93,8 @@ def test_filter_that_leaves_nothing_refuses_to_start():
 
 @pytest.mark.parametrize("env, supported, classes", [
     ({}, ["FeedPublisherHTTPWorker"], ["FeedPublisherHTTPWorker"]),
-    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150", "GORGE_WORKER_CONDUIT_TOKEN": "t"},
+    ({"GORGE_WORKER_CONDUIT_URL": "http://gw:8150", "GORGE_WORKER_CONDUIT_TOKEN": "t",
+      "GORGE_WORKER_WEBHOOK_OWNER": "phorge"},
      ["FeedPublisherHTTPWorker", "HeraldWebhookWorker",
       "PhabricatorApplicationTransactionPublishWorker", "PhabricatorMetaMTAWorker",
       "PhabricatorSearchWorker", "*"], None),
@@ -179,7 +180,8 @@ def test_readiness_with_delegation_needs_a_passing_probe():
     clock, queue = Clock(), FakeQueueResource()
     stub = StubTreq(queue)
     svc = build_worker_service(settings_of(GORGE_WORKER_CONDUIT_URL="http://gw:8150",
-                                           GORGE_WORKER_CONDUIT_TOKEN="t"),
+                                           GORGE_WORKER_CONDUIT_TOKEN="t",
+                                           GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook"),
                                clock, http_client=stub)
     svc.consumer.start()
     clock.advance(1.0)
