@@ -10,18 +10,11 @@ webhook modules; the rollback module builds its own, since it switches back.
 from __future__ import annotations
 
 import pytest
-import pytest_twisted
-from twisted.internet.defer import Deferred
 
-from tests.phorge.site import HOW_TO_RUN, find_checkout
+from tests.phorge.site import HOW_TO_RUN, find_checkout, wait
 from tests.phorge.switched import Switched, gorge_mailer_entry
 
 CHECKOUT, PROBLEM = find_checkout()
-
-
-def wait(coroutine):
-    """Run a coroutine on the reactor from a fixture."""
-    return pytest_twisted.blockon(Deferred.fromCoroutine(coroutine))
 
 
 def pytest_report_header(config):

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
+import pytest_twisted
 import treq
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 
@@ -97,6 +99,11 @@ def find_checkout() -> tuple[Checkout | None, str | None]:
                       "./scripts/test.sh installs it (php-cli php-mysql php-curl php-mbstring "
                       "php-xml php-zip php-gd php-intl)")
     return Checkout(root, arcanist, php), None
+
+
+def wait(coroutine) -> Any:
+    """Run a coroutine on the reactor from a fixture."""
+    return pytest_twisted.blockon(Deferred.fromCoroutine(coroutine))
 
 
 async def until(check, what: str, bound: float = BOUND, watch=()) -> Any:
