@@ -4,6 +4,8 @@
 #     instances of their own on random loopback ports; the system services
 #     that the packages ship are never used),
 #   - a Python >= 3.11 with venv support,
+#   - when GORGE_PHORGE_ROOT names a Phorge checkout (the real-Phorge tests in
+#     tests/phorge), PHP's command line and the extensions Phorge needs,
 #   - .venv with gorge installed editable (compat mode, so twistd sees
 #     twisted/plugins) plus the [test] extra, and a fresh twistd plugin cache.
 # Idempotent: when everything is in place it only checks and returns.
@@ -32,6 +34,12 @@ find_python() {
     return 1
 }
 
+# The PHP command line with the extensions Phorge loads.
+php_works() {
+    command -v php >/dev/null 2>&1 &&
+        php -r 'foreach (["mysqli", "curl", "mbstring", "dom", "zip", "gd", "intl"] as $e) { if (!extension_loaded($e)) { exit(1); } }' >/dev/null 2>&1
+}
+
 venv_works() {
     [ -x "$VENV/bin/python" ] &&
         "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
@@ -44,6 +52,9 @@ have_cmd mariadbd && have_cmd mariadb-install-db || packages+=(mariadb-server)
 have_cmd redis-server || packages+=(redis-server)
 if ! venv_works && ! find_python >/dev/null; then
     packages+=(python3 python3-venv)
+fi
+if [ -n "${GORGE_PHORGE_ROOT:-}" ] && ! php_works; then
+    packages+=(php-cli php-mysql php-curl php-mbstring php-xml php-zip php-gd php-intl)
 fi
 
 if [ "${#packages[@]}" -gt 0 ]; then
