@@ -32,6 +32,7 @@ async def test_send_test_reaches_the_sink_through_gorge_mailer(switched, tmp_pat
     message = parsed(delivery)
     assert "gorge send-test" in message["Subject"]
     assert message["From"].addresses[0].addr_spec == "noreply@example.com"
+    assert message["X-Phabricator-Sent-This-Message"] == "Yes"  # Phorge's headers pass through
     html = message.get_body(("html",)).get_content()
     assert "Hello from <b>Phorge</b>" in html
     [part] = list(message.iter_attachments())
@@ -107,6 +108,26 @@ async def test_mail_queued_while_gorge_mailer_is_down_is_sent_once_when_it_is_ba
     assert (task["result"], task["failureCount"]) == (SUCCESS, 1)
     assert switched.mail(mail["mailID"])["status"] == "sent"
     assert len(switched.deliveries_to("later@example.com")) == 1
+
+
+async def test_any_other_answer_leaves_the_mail_queued_for_a_retry(switched):
+    entry = gorge_mailer_entry(switched.gorge.mailer_uri)
+    entry["options"]["token"] = "not-the-mailer-token"
+    switched.site.configure({"cluster.mailers": [entry]})
+    try:
+        status, out, err = await switched.site.bin(
+            "mail", "send-test", "--to", "unauthorized@example.com", "--subject", "wrong token",
+            stdin=b"refused by gorge-mailer", check=False)
+    finally:
+        switched.site.configure({"cluster.mailers": [gorge_mailer_entry(switched.gorge.mailer_uri)]})
+
+    # send-test runs in-process: a temporary failure ends the command, and
+    # the mail stays queued.
+    assert status != 0
+    row = switched.site.rows("metamta", "SELECT * FROM metamta_mail ORDER BY id DESC LIMIT 1")[0]
+    assert row["status"] == "queued"
+    assert "HTTP 401, ERR_UNAUTHORIZED" in row["message"]
+    assert switched.deliveries_to("unauthorized@example.com") == []
 
 
 async def test_bin_config_checks_the_adapter_options(switched):
