@@ -41,7 +41,10 @@ async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gor
     assert {"PhabricatorSearchWorker", "FeedPublisherWorker", "FeedPublisherHTTPWorker"} <= set(by_class)
     assert all(r["result"] == SUCCESS for r in rows), [(r["taskClass"], r["result"]) for r in rows]
     assert switched.leased_by_gorge(rows)
-    assert switched.conduit_calls("worker.execute") - calls_before >= len(rows)
+    # Every one of them is PHP-only here (a Herald webhook's task, if a rule
+    # fires, is completed without PHP).
+    php_only = [r for r in rows if r["taskClass"] != "HeraldWebhookWorker"]
+    assert switched.conduit_calls("worker.execute") - calls_before >= len(php_only)
     # FeedPublisherHTTPWorker (PHP) posted the story to the configured feed hook.
     story_posts = [r for r in switched.receiver.requests
                    if r.path == "/feed" and task["phid"].encode() in r.body]
