@@ -105,7 +105,7 @@ final class GorgeWorkerTaskRunner extends Phobject {
 
       $worker->executeTask();
     } catch (PhabricatorWorkerPermanentFailureException $ex) {
-      return $this->newPermanentFailure($ex->getMessage());
+      return $this->newPermanentFailure($this->describeException($ex));
     } catch (PhabricatorWorkerYieldException $ex) {
       return array(
         'result' => self::RESULT_YIELD,
@@ -239,10 +239,15 @@ final class GorgeWorkerTaskRunner extends Phobject {
   }
 
   private function describeException($ex) {
-    $message = $ex->getMessage();
-    if ($ex instanceof Exception && phutil_nonempty_string($message)) {
+    $message = (string)$ex->getMessage();
+    if (!strlen($message)) {
+      // Some workers fail without a message; the class still says why.
+      return get_class($ex);
+    }
+    if ($ex instanceof Exception) {
       return $message;
     }
+    // A PHP error (TypeError and the like): its class is half the story.
     return pht('%s: %s', get_class($ex), $message);
   }
 
