@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.mailer.smtpserver import ScriptedFactory, ServerState
@@ -27,7 +27,6 @@ class Switched:
     smtp_port: object
     receiver: Receiver
     token: str
-    _listening: list = field(default_factory=list)
 
     @classmethod
     def build(cls, checkout: Checkout, mariadb, workdir: Path, label: str) -> "Switched":
