@@ -13,6 +13,10 @@
 #   --print-packages  print the Debian packages the mode needs, one a line,
 #           and exit without installing anything.
 #
+#   With GORGE_PHORGE_ROOT naming a Phorge checkout (the real-Phorge tests in
+#   tests/phorge), --test also installs PHP's command line and the extensions
+#   Phorge needs.
+#
 # Idempotent: when everything is in place it only checks and returns.
 set -euo pipefail
 
@@ -50,6 +54,12 @@ find_python() {
     return 1
 }
 
+# The PHP command line with the extensions Phorge loads.
+php_works() {
+    command -v php >/dev/null 2>&1 &&
+        php -r 'foreach (["mysqli", "curl", "mbstring", "dom", "zip", "gd", "intl"] as $e) { if (!extension_loaded($e)) { exit(1); } }' >/dev/null 2>&1
+}
+
 venv_works() {
     [ -x "$VENV/bin/python" ] &&
         "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
@@ -57,12 +67,17 @@ venv_works() {
 
 # --- Debian packages ----------------------------------------------------------
 
+php_packages=(php-cli php-mysql php-curl php-mbstring php-xml php-zip php-gd php-intl)
+
 if [ "$print_packages" = 1 ]; then
     echo python3
     echo python3-venv
     if [ "$mode" = test ]; then
         echo mariadb-server
         echo redis-server
+        if [ -n "${GORGE_PHORGE_ROOT:-}" ]; then
+            printf '%s\n' "${php_packages[@]}"
+        fi
     fi
     exit 0
 fi
@@ -74,6 +89,9 @@ if [ "$mode" = test ]; then
 fi
 if ! venv_works && ! find_python >/dev/null; then
     packages+=(python3 python3-venv)
+fi
+if [ "$mode" = test ] && [ -n "${GORGE_PHORGE_ROOT:-}" ] && ! php_works; then
+    packages+=("${php_packages[@]}")
 fi
 
 if [ "${#packages[@]}" -gt 0 ]; then

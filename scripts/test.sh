@@ -2,7 +2,10 @@
 # The test command: ./scripts/test.sh [pytest arguments]
 # Installs what is missing (see install-deps.sh), then runs the suite with
 # pytest. MariaDB and Redis are started by the test fixtures themselves, on
-# random loopback ports, and stopped at the end. Exits with pytest's status;
+# random loopback ports, and stopped at the end. With GORGE_PHORGE_ROOT set to
+# a Phorge checkout (arcanist/ beside it), the real-Phorge tests in
+# tests/phorge run too, and PHP is installed first if it is missing; without
+# it they are skipped. Exits with pytest's status;
 # "no tests collected" (5) counts as a failure like any other non-zero status.
 set -euo pipefail
 

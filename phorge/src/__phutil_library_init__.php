@@ -1,0 +1,3 @@
+<?php
+
+phutil_register_library('gorge', __FILE__);

@@ -1,0 +1,145 @@
+"""The gorge daemons of one switched-over Phorge, as real ``twistd`` processes."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import treq
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+
+from tests.phorge.site import BOUND, STEP, PhorgeSite
+from tests.support.procs import free_port
+from tests.support.twistd import TwistdDaemon, daemon_environ
+
+QUEUE_TOKEN = "queue-token"
+MAILER_TOKEN = "mailer-token"
+WORKER_SUFFIX = ":gorge-worker"  # how gorge-worker's lease owners end
+
+
+class Daemon(TwistdDaemon):
+    def __init__(self, tapname: str, env: dict[str, str], log_path: Path, port: int) -> None:
+        self.name = tapname
+        self.port = port
+        environ = daemon_environ(
+            {"GORGE_LISTEN_ADDR": f"127.0.0.1:{port}", "GORGE_LOG_LEVEL": "info", **env},
+            drop=("GORGE_",))
+        super().__init__(tapname, environ, log_path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def require_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"{self.name} exited with status {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+
+    async def wait_ready(self, path: str = "/readyz") -> None:
+        deadline = reactor.seconds() + BOUND
+        last = "no answer"
+        while True:
+            self.require_alive()
+            try:
+                response = await treq.get(self.url + path, reactor=reactor, timeout=10)
+                body = await response.content()
+                if response.code == 200:
+                    return
+                last = f"HTTP {response.code}: {body[:300]!r}"
+            except Exception as exc:  # noqa: BLE001 - not listening yet
+                last = repr(exc)
+            if reactor.seconds() > deadline:
+                raise AssertionError(f"{self.name} not ready ({last}):\n{self.log_text()[-3000:]}")
+            await deferLater(reactor, STEP)
+
+    async def terminate(self) -> int:
+        """SIGTERM, then wait for the exit (a worker drains and reports first)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        deadline = reactor.seconds() + BOUND
+        while self.proc.poll() is None:
+            if reactor.seconds() > deadline:
+                self.kill()
+                raise AssertionError(f"{self.name} ignored SIGTERM:\n{self.log_text()[-3000:]}")
+            await deferLater(reactor, STEP)
+        self.kill()  # closes the log
+        return self.proc.returncode
+
+
+class GorgeStack:
+    """gorge-taskqueue, gorge-worker, gorge-mailer and gorge-webhook for one site."""
+
+    def __init__(self, site: PhorgeSite, workdir: Path, smtp_port: int) -> None:
+        self.site = site
+        self.dir = workdir
+        self.smtp_port = smtp_port
+        self.ports = {name: free_port() for name in ("taskqueue", "worker", "mailer", "webhook")}
+        self.daemons: dict[str, Daemon] = {}
+        self.worker_token = ""
+        self._starts = 0
+
+    @property
+    def mailer_uri(self) -> str:
+        return f"http://127.0.0.1:{self.ports['mailer']}"
+
+    def _mysql(self, prefix: str) -> dict[str, str]:
+        db = self.site.mariadb
+        return {
+            f"{prefix}_MYSQL_HOST": db.host,
+            f"{prefix}_MYSQL_PORT": str(db.port),
+            f"{prefix}_MYSQL_USER": db.user,
+            f"{prefix}_MYSQL_PASS": db.password,
+            f"{prefix}_NAMESPACE": self.site.namespace,
+        }
+
+    def environment(self, name: str) -> dict[str, str]:
+        if name == "taskqueue":
+            return {"GORGE_SERVICE_TOKEN": QUEUE_TOKEN, "GORGE_TASKQUEUE_BACKEND": "mysql",
+                    **self._mysql("GORGE_TASKQUEUE")}
+        if name == "worker":
+            return {
+                "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{self.ports['taskqueue']}",
+                "GORGE_WORKER_TASK_QUEUE_TOKEN": QUEUE_TOKEN,
+                "GORGE_WORKER_POLL_INTERVAL_MS": "100",
+                # worker.execute on Phorge's own /api/, with the bot's API token.
+                "GORGE_WORKER_CONDUIT_URL": self.site.base_uri,
+                "GORGE_WORKER_CONDUIT_TOKEN": self.worker_token,
+                # One probe at start-up is enough to prove the method answers.
+                "GORGE_WORKER_CONDUIT_PROBE_SEC": "3600",
+                "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
+                "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
+            }
+        if name == "mailer":
+            return {"GORGE_SERVICE_TOKEN": MAILER_TOKEN, "GORGE_MAILER_TYPE": "smtp",
+                    "GORGE_MAILER_KEY": "sink", "SMTP_HOST": "127.0.0.1",
+                    "SMTP_PORT": str(self.smtp_port), "GORGE_MAILER_MAX_RETRIES": "0",
+                    "GORGE_MAILER_SEND_TIMEOUT": "20", "GORGE_MAILER_STRICT": "1"}
+        if name == "webhook":
+            return {"GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
+                    "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
+                    **self._mysql("GORGE_WEBHOOK")}
+        raise ValueError(name)
+
+    def start(self, name: str, **overrides: str) -> Daemon:
+        self._starts += 1
+        daemon = Daemon(f"gorge-{name}", {**self.environment(name), **overrides},
+                        self.dir / f"{name}-{self._starts}.log", self.ports[name])
+        self.daemons[name] = daemon
+        return daemon
+
+    async def start_ready(self, name: str, **overrides: str) -> Daemon:
+        daemon = self.start(name, **overrides)
+        await daemon.wait_ready()
+        return daemon
+
+    async def stop(self, name: str) -> int:
+        return await self.daemons.pop(name).terminate()
+
+    def alive(self) -> list[Daemon]:
+        return list(self.daemons.values())
+
+    def kill_all(self) -> None:
+        for daemon in self.daemons.values():
+            daemon.kill()
+        self.daemons.clear()

@@ -1,0 +1,146 @@
+"""A Phorge switched over to gorge, and what the tests ask of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.mailer.smtpserver import ScriptedFactory, ServerState
+from tests.phorge.daemons import MAILER_TOKEN, WORKER_SUFFIX, GorgeStack
+from tests.phorge.site import Checkout, PhorgeSite, until
+from tests.webhook.conftest import Receiver
+
+WORKER_BOT = "gorge-worker"
+TASK_TABLES = ("worker_activetask", "worker_archivetask")
+
+
+def gorge_mailer_entry(uri: str) -> dict:
+    return {"key": "gorge", "type": "gorge", "inbound": False,
+            "options": {"uri": uri, "token": MAILER_TOKEN}}
+
+
+@dataclass
+class Switched:
+    site: PhorgeSite
+    gorge: GorgeStack
+    smtp: ServerState
+    smtp_port: object
+    receiver: Receiver
+    token: str
+
+    @classmethod
+    def build(cls, checkout: Checkout, mariadb, workdir: Path, label: str) -> "Switched":
+        """Storage, the worker's bot and the sinks; nothing started yet."""
+        from twisted.internet import reactor
+
+        site = PhorgeSite(checkout, mariadb, workdir / "phorge", label)
+        site.upgrade_storage()
+        token = site.helper_sync("setup", username=WORKER_BOT)["token"]
+        smtp = ServerState()
+        smtp_port = reactor.listenTCP(0, ScriptedFactory(smtp), interface="127.0.0.1")
+        receiver = Receiver()
+        gorge = GorgeStack(site, workdir, smtp_port.getHost().port)
+        gorge.worker_token = token
+        return cls(site, gorge, smtp, smtp_port, receiver, token)
+
+    @property
+    def watched(self) -> list:
+        return [p for p in [self.site.web, *self.gorge.alive()] if p is not None]
+
+    async def until(self, check, what: str, bound: float | None = None):
+        kwargs = {} if bound is None else {"bound": bound}
+        return await until(check, what, watch=self.watched, **kwargs)
+
+    # -- the task tables ---------------------------------------------------------
+
+    def task_marker(self) -> int:
+        """The highest task ID so far: later tasks are the ones a step caused."""
+        highest = 0
+        for table in TASK_TABLES:
+            row = self.site.rows("worker", f"SELECT MAX(id) AS m FROM {table}")[0]
+            highest = max(highest, row["m"] or 0)
+        return highest
+
+    def tasks_since(self, marker: int) -> list[dict]:
+        rows = []
+        for table in TASK_TABLES:
+            for row in self.site.rows(
+                    "worker",
+                    f"SELECT t.*, d.data FROM {table} t"
+                    " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id > %s", marker):
+                row["table"] = table
+                rows.append(row)
+        return sorted(rows, key=lambda r: r["id"])
+
+    def task(self, task_id: int) -> dict | None:
+        for table in TASK_TABLES:
+            found = self.site.rows("worker", f"SELECT * FROM {table} WHERE id = %s", task_id)
+            if found:
+                return {**found[0], "table": table}
+        return None
+
+    def archived(self, task_id: int) -> dict | None:
+        row = self.task(task_id)
+        return row if row and row["table"] == "worker_archivetask" else None
+
+    async def settled(self, marker: int, what: str) -> list[dict]:
+        """Wait until every task after ``marker`` is archived; all of them."""
+        def done():
+            rows = self.tasks_since(marker)
+            if rows and all(r["table"] == "worker_archivetask" for r in rows):
+                return rows
+            return None
+        return await self.until(done, f"all tasks after {marker} archived ({what})")
+
+    def forget_task(self, task_id: int) -> None:
+        """Remove a delayed task a test made only to call worker.execute with."""
+        self.site.execute("worker", "DELETE FROM worker_activetask WHERE id = %s", task_id)
+
+    def conduit_calls(self, method: str) -> int:
+        return self.site.rows(
+            "conduit", "SELECT COUNT(*) AS n FROM conduit_methodcalllog WHERE method = %s",
+            method)[0]["n"]
+
+    # -- Phorge objects -----------------------------------------------------------
+
+    async def create_maniphest_task(self, title: str) -> dict:
+        result = await self.site.call(
+            "maniphest.edit", {"transactions": [{"type": "title", "value": title}]}, self.token)
+        return result["object"]
+
+    async def edit_maniphest_task(self, phid: str, title: str) -> None:
+        await self.site.call(
+            "maniphest.edit",
+            {"objectIdentifier": phid, "transactions": [{"type": "title", "value": title}]},
+            self.token)
+
+    def mail(self, mail_id: int) -> dict:
+        return self.site.rows("metamta", "SELECT * FROM metamta_mail WHERE id = %s", mail_id)[0]
+
+    def mail_task(self, mail_id: int) -> dict | None:
+        """The PhabricatorMetaMTAWorker task of a mail (its data is the bare ID)."""
+        for table in TASK_TABLES:
+            found = self.site.rows(
+                "worker",
+                f"SELECT t.* FROM {table} t JOIN worker_taskdata d ON d.id = t.dataID"
+                " WHERE t.taskClass = 'PhabricatorMetaMTAWorker' AND d.data = %s",
+                str(mail_id))
+            if found:
+                return {**found[0], "table": table}
+        return None
+
+    def deliveries_to(self, address: str) -> list:
+        return [d for d in self.smtp.deliveries if address in d.rcpt_to]
+
+    def leased_by_gorge(self, rows: list[dict]) -> bool:
+        return all((r["leaseOwner"] or "").endswith(WORKER_SUFFIX) for r in rows)
+
+    # -- start and stop -------------------------------------------------------------
+
+    async def stop_listening(self) -> None:
+        await self.smtp_port.stopListening()
+        await self.receiver.port.stopListening()
+
+    def close(self) -> None:
+        self.gorge.kill_all()
+        self.site.close()
