@@ -108,6 +108,7 @@ class QueueView:
     def reset(self) -> None:
         """Forget everything (the table was emptied or recreated): load again."""
         self.loaded = False
+        self.loaded_upto = 0
         self.cursor = 0
         self.now = 0  # the latest database second seen
         self._at = 0.0  # the latest pacing-clock reading seen (holes, tombstones)
@@ -298,14 +299,13 @@ class QueueView:
         if lowest is None:  # empty: every id seen so far is gone
             for request_id in list(self._ids):
                 self._remove(request_id)
-            self._holes.clear()
             for block in list(self._blocks):
                 self._drop_block(block)
             return True
+        # Holes below the lowest row stay: an id handed out before the oldest
+        # committed row may still commit (they expire like any hole).
         for request_id in self._ids[:bisect.bisect_left(self._ids, lowest)]:
             self._remove(request_id)
-        for request_id in [i for i in self._holes if i < lowest]:
-            del self._holes[request_id]
         low_block = block_of(lowest)
         if low_block > self._low_block:
             for block in [b for b in self._blocks if b < low_block]:
@@ -326,6 +326,7 @@ class QueueView:
             self.saw(seen, stamp)
 
     def finish_load(self, cursor: int, lowest: int | None) -> None:
+        self.loaded_upto = cursor  # ids up to here were counted, not watched for late commits
         self.cursor = cursor
         self._low_block = block_of(lowest) if lowest else 0
         self._sweep_block = self._low_block

@@ -442,8 +442,8 @@ class WebhookStore:
                 return
             assert lowest is not None
             # The newest ids are read as new ones, so commits arriving late
-            # among them are waited for (holes) like any poll's.
-            start = max(highest - START_OVERLAP, lowest - 1)
+            # among them (or below the lowest row) are waited for like any poll's.
+            start = max(highest - START_OVERLAP, 0)
             self._loading = _Loading(position=block_of(lowest) * BLOCK, start=start,
                                      lowest=lowest, highest=highest, started=self._pace())
         loading = self._loading
