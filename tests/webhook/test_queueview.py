@@ -18,12 +18,14 @@ import sqlite3
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 from twisted.internet import task
 from twisted.internet.defer import Deferred, fail, succeed
 
-from gorge.webhook import queueview, store as store_module
+from gorge.webhook import queueview
+from gorge.webhook import store as store_module
 from gorge.webhook.queueview import QueueView, Seen
 from gorge.webhook.store import SQLITE_SCHEMA, SQLiteDialect, WebhookStore
 from tests.webhook.conftest import T0
@@ -38,11 +40,11 @@ class ImmediatePool:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
 
-    def runInteraction(self, fn, *args):  # noqa: N802 - adbapi's name
+    def runInteraction(self, fn, *args):
         cursor = self.conn.cursor()
         try:
             return succeed(fn(cursor, *args))
-        except Exception:
+        except Exception:  # noqa: BLE001 - handed to the caller, as adbapi does
             return fail()
         finally:
             cursor.close()
