@@ -61,17 +61,19 @@ SQL_NEW_ROWS = (
 
 SQL_ROWS_BY_ID = f"SELECT {_STATE_COLUMNS} FROM herald_webhookrequest WHERE id IN ({{marks}})"
 
-# Per block of ids: how many rows are in each status (start-up pass, sweep).
+_STATUS_COUNTS = (
+    "COUNT(CASE WHEN status = 'queued' THEN 1 END), COUNT(CASE WHEN status = 'sent' THEN 1 END),"
+    " COUNT(CASE WHEN status = 'failed' THEN 1 END)")
+
+# Per block of ids: how many rows are in each status (start-up pass).
 SQL_BLOCK_COUNTS = (
-    f"SELECT (id - 1) DIV {BLOCK}, SUM(status = 'queued'), SUM(status = 'sent'),"
-    " SUM(status = 'failed')"
-    " FROM herald_webhookrequest WHERE id > %s AND id <= %s GROUP BY 1"
+    f"SELECT (id - 1) DIV {BLOCK}, {_STATUS_COUNTS}"
+    " FROM herald_webhookrequest WHERE id > %s AND id <= %s GROUP BY 1 ORDER BY NULL"
 )
 
-# The same for one block (no GROUP BY: no temporary table).
+# The same for one block (the recount; no GROUP BY, no temporary table).
 SQL_RANGE_COUNTS = (
-    "SELECT SUM(status = 'queued'), SUM(status = 'sent'), SUM(status = 'failed')"
-    " FROM herald_webhookrequest WHERE id > %s AND id <= %s"
+    f"SELECT {_STATUS_COUNTS} FROM herald_webhookrequest WHERE id > %s AND id <= %s"
 )
 
 SQL_QUEUED_IN_RANGE = (
