@@ -108,10 +108,10 @@ AWAKEN = (
     "UPDATE worker_activetask SET leaseExpires = %s WHERE id IN ({ids})"
     " AND leaseOwner = %s AND leaseExpires > %s AND failureCount = 0"
 )
-# activeCount and archivedCount are kept by gorge/taskqueue/counts.py: a
-# COUNT(*) would read a whole table. failureTime is set with every failure
-# (ours and Phorge's), so key_failuretime serves the failed count.
 STATS = (
+    # activeCount and archivedCount are kept by gorge/taskqueue/counts.py: a
+    # COUNT(*) would read a whole table. failureTime is set with every failure
+    # (ours and Phorge's), so key_failuretime serves the failed count.
     "SELECT (SELECT COUNT(*) FROM worker_activetask"
     "   WHERE leaseOwner IS NOT NULL AND leaseOwner <> '' AND leaseExpires >= %s),"
     " (SELECT COUNT(*) FROM worker_activetask"
