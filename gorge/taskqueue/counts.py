@@ -13,8 +13,10 @@ what changed since the last one (docs/taskqueue.md, "Stats"):
   ``key_modified`` (an archive row's ``dateModified`` is the time it was
   archived), minus the active rows they replace;
 * the garbage collector: the lowest archived id moving up;
-* anything else (a row deleted by hand, a task moved by a migration): one
-  block of each table is recounted per read, round and round.
+* anything else (a row deleted by hand, a task moved back from the archive or
+  to another backend): one block of each table is recounted per read, round
+  and round; a table whose ids span at most 10,000 is recounted whole, so
+  small queues are always exact.
 
 Every read runs in one transaction, so its statements see one snapshot.
 """
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 
 BLOCK = 1000
 LOAD_CHUNK = 10 * BLOCK  # ids counted per statement when the counts are first taken
+# A table whose ids span no more than this is simply recounted on every read.
+EXACT_SPAN = LOAD_CHUNK
 # Archive rows are stamped with the clock of whichever host archived them.
 ARCHIVE_SKEW = 120
 
@@ -72,11 +76,13 @@ class _Table:
             del self.blocks[block]
 
     def recount_plan(self, lowest: int | None, highest: int | None) -> list[tuple[int, int]]:
-        """The id ranges to recount on this read: the lowest block (the collector
-        deletes from there) and the next block of the round."""
+        """The id ranges to recount on this read: all of a small table; else the
+        lowest block (the collector deletes from there) and the next block of the round."""
         if lowest is None or highest is None:
             return []
         low_block, high_block = block_of(lowest), block_of(highest)
+        if (high_block - low_block + 1) * BLOCK <= EXACT_SPAN:
+            return [(low_block * BLOCK, (high_block + 1) * BLOCK)]
         if not low_block <= self.next_recount <= high_block:
             self.next_recount = low_block
         plan = {low_block, self.next_recount}
