@@ -13,7 +13,23 @@ concurrency (GORGE_WEBHOOK_MAX_CONCURRENT, default 8):
 
 Prints deliveries/s next to both bounds and the ratio to the lower one.
 
+With ``--history`` it measures instead what polling costs MariaDB when the
+table holds a long delivery history (Phorge's stock keys: no index on
+status). For each size H (default 0, 100,000 and 1,000,000 finished rows,
+filled by INSERT … SELECT doubling), one gorge-webhook polls every 100 ms:
+
+* rows read per idle poll: Handler_read_* (SHOW GLOBAL STATUS) over the idle
+  polls, divided by their number;
+* MariaDB CPU per idle poll: the server process's user + system time over the
+  same polls;
+* new-row latency: rows inserted at phases spread over the poll interval, time
+  from the INSERT's commit to the receiver;
+* stats latency: GET /api/webhook/stats;
+* the start-up pass, and for comparison the former candidate query
+  (``status = 'queued' … ORDER BY id LIMIT``) run directly.
+
 Usage: python bench/webhook.py [--rows 2000] [--hooks 50] [--latency-samples 30]
+       python bench/webhook.py --history [--sizes 0,100000,1000000] [--idle-seconds 10]
 """
 
 from __future__ import annotations
@@ -248,7 +264,212 @@ class Bench:
         return float(line)
 
 
+class BenchMariaDB(MariaDBServer):
+    """The test server, with a buffer pool that holds a million-row history."""
+
+    def _argv(self, log_path):
+        return [*super()._argv(log_path), "--innodb-buffer-pool-size=1G"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def handler_reads(conn) -> int:
+    with conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Handler_read%%'")
+        return sum(int(value) for _, value in cur.fetchall())
+
+
+# The candidate query before this daemon kept a view of the queue.
+FORMER_CANDIDATES = (
+    "SELECT id, phid, webhookPHID, objectPHID, status, properties, lastRequestResult,"
+    " lastRequestEpoch, dateCreated, dateModified FROM herald_webhookrequest"
+    " WHERE status = 'queued' AND (dateModified = dateCreated OR dateModified <= %s)"
+    " AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s) ORDER BY id ASC LIMIT 256"
+)
+FORMER_STATS = (
+    "SELECT (SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'queued'),"
+    " (SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'sent'),"
+    " (SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'failed')"
+)
+
+
+class HistoryBench:
+    POLL = 0.1
+
+    def __init__(self, reactor, db: BenchMariaDB, base: str, receiver_stdout, args) -> None:
+        self.reactor = reactor
+        self.db = db
+        self.base = base
+        self.receiver_stdout = receiver_stdout
+        self.args = args
+
+    async def run(self, size: int) -> dict:
+        from prometheus_client import CollectorRegistry
+
+        from gorge.config import HttpSettings
+        from gorge.webhook.service import build_webhook_service
+        from gorge.webhook.settings import WebhookSettings
+        from tests.webhook.history import fill_history
+
+        name = self.db.create_database("herald", f"hist{size}_herald")
+        conn = self.db.connect(name)
+        now = int(time.time())
+        started = time.perf_counter()
+        fill_history(conn, size, [f"PHID-HWBH-old{i:016d}" for i in range(20)],
+                     created=now - 3 * 86400)
+        fill_seconds = time.perf_counter() - started
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy,"
+                        " editPolicy, status, hmacKey, dateCreated, dateModified) VALUES"
+                        " ('PHID-HWBH-pickup', 'p', %s, 'u', 'u', 'enabled', %s, 1, 1)",
+                        (f"{self.base}/pickup", "k" * 32))
+            cur.execute("ANALYZE TABLE herald_webhookrequest")
+            cur.fetchall()
+        former = self.former_queries(conn, now)
+
+        settings = WebhookSettings(
+            http=HttpSettings("127.0.0.1:0", "tcp:0:interface=127.0.0.1"),
+            mysql=self.db.settings(name), poll_interval=self.POLL, outbound_blacklist=())
+        service = build_webhook_service(settings, self.reactor, registry=CollectorRegistry())
+        ticks: list[float] = []
+        tick = service.dispatcher.tick
+
+        async def timed_tick() -> None:
+            ticks.append(time.time())
+            await tick()
+
+        service.dispatcher.tick = timed_tick
+        port = self.reactor.listenTCP(0, service.site, interface="127.0.0.1")
+        started = time.perf_counter()
+        service.startService()
+        while len(ticks) < 2:  # the first tick holds the start-up pass
+            await deferLater(self.reactor, 0.01)
+        load_seconds = time.perf_counter() - started
+        await deferLater(self.reactor, 2.0)  # settle: connections open, caches warm
+
+        reads, polls = handler_reads(conn), len(ticks)
+        cpu = cpu_seconds(self.db.pid)
+        await deferLater(self.reactor, self.args.idle_seconds)
+        polls = len(ticks) - polls
+        cpu = cpu_seconds(self.db.pid) - cpu
+        reads = handler_reads(conn) - reads
+
+        latencies = await self.pickup(conn, ticks)
+        stats = await self.stats_latency(port.getHost().port)
+        await service.stopService()
+        await port.stopListening()
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE {name}")
+        conn.close()
+        return dict(size=size, fill=fill_seconds, load=load_seconds, polls=polls,
+                    reads=reads / polls, cpu_ms=cpu * 1000 / polls,
+                    latency=statistics.median(latencies), latency_max=max(latencies),
+                    stats=statistics.median(stats), former=former)
+
+    def former_queries(self, conn, now: int) -> dict:
+        """The former candidate and stats queries, run directly, for comparison."""
+        out = {}
+        for label, sql, params in (("poll", FORMER_CANDIDATES, (now - 30, now - 60)),
+                                   ("stats", FORMER_STATS, ())):
+            runs = 5
+            reads, cpu = handler_reads(conn), cpu_seconds(self.db.pid)
+            started = time.perf_counter()
+            with conn.cursor() as cur:
+                for _ in range(runs):
+                    cur.execute(sql, params)
+                    cur.fetchall()
+            out[label] = dict(reads=(handler_reads(conn) - reads) / runs,
+                              cpu_ms=(cpu_seconds(self.db.pid) - cpu) * 1000 / runs,
+                              ms=(time.perf_counter() - started) * 1000 / runs)
+        return out
+
+    async def pickup(self, conn, ticks: list[float]) -> list[float]:
+        samples = self.args.latency_samples
+        phases = [(i + 0.5) / samples for i in range(samples)]
+        random.shuffle(phases)
+        latencies = []
+        for n, phase in enumerate(phases):
+            seen = len(ticks)
+            while len(ticks) == seen:
+                await deferLater(self.reactor, 0.002)
+            await deferLater(self.reactor, max(ticks[-1] + phase * self.POLL - time.time(), 0))
+            stamp = int(time.time())
+            with conn.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status,"
+                    " properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
+                    " VALUES (%s, 'PHID-HWBH-pickup', 'PHID-TASK-pickup', 'queued', '{}',"
+                    " 'none', 0, %s, %s)", (f"PHID-HWBR-pickup{n:010d}", stamp, stamp))
+            inserted = time.time()
+            from twisted.internet.threads import deferToThread
+
+            arrived = float(await deferToThread(self.receiver_stdout.readline))
+            latencies.append(arrived - inserted)
+        return latencies
+
+    async def stats_latency(self, port: int) -> list[float]:
+        import treq
+
+        url = f"http://127.0.0.1:{port}/api/webhook/stats"
+        out = []
+        for _ in range(self.args.stats_samples):
+            started = time.perf_counter()
+            response = await treq.get(url, persistent=False)
+            body = await response.content()
+            assert response.code == 200, body
+            out.append(time.perf_counter() - started)
+        return out
+
+
+async def history_main(reactor, args) -> None:
+    log_stream = open(os.devnull, "w")
+    globalLogBeginner.beginLoggingTo(
+        [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)],
+        redirectStandardIO=False)
+    db = BenchMariaDB()
+    db.start()
+    receiver, port = start_receiver()
+    results = []
+    try:
+        bench = HistoryBench(reactor, db, f"http://127.0.0.1:{port}", receiver.stdout, args)
+        for size in [int(s) for s in args.sizes.split(",")]:
+            result = await bench.run(size)
+            results.append(result)
+            print(f"H={size:>9,}: filled in {result['fill']:.1f} s, start-up pass"
+                  f" {result['load']:.2f} s, {result['polls']} idle polls", flush=True)
+    finally:
+        receiver.terminate()
+        receiver.wait(10)
+        db.stop()
+    print()
+    print(f"gorge-webhook, poll {HistoryBench.POLL * 1000:.0f} ms, idle, H finished rows"
+          f" (Phorge's stock keys)")
+    print("| H | rows read per idle poll | MariaDB CPU per poll | new-row latency p50 (max)"
+          " | stats p50 | start-up pass |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['size']:,} | {r['reads']:.1f} | {r['cpu_ms']:.2f} ms"
+              f" | {r['latency'] * 1000:.0f} ms ({r['latency_max'] * 1000:.0f} ms)"
+              f" | {r['stats'] * 1000:.1f} ms | {r['load']:.2f} s |")
+    print()
+    print("for comparison, the former statements run directly on the same tables:")
+    print("| H | former poll: rows read | CPU | former stats: rows read | CPU |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        poll, stats = r["former"]["poll"], r["former"]["stats"]
+        print(f"| {r['size']:,} | {poll['reads']:,.0f} | {poll['cpu_ms']:.1f} ms"
+              f" | {stats['reads']:,.0f} | {stats['cpu_ms']:.1f} ms |")
+
+
 async def main(reactor, args) -> None:
+    if args.history:
+        await history_main(reactor, args)
+        return
     log_stream = open(os.devnull, "w")
     # A deployment logs at info: one line per delivery is part of the cost measured.
     globalLogBeginner.beginLoggingTo(
@@ -293,4 +514,10 @@ if __name__ == "__main__":
     parser.add_argument("--hooks", type=int, default=50)
     parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--history", action="store_true",
+                        help="measure idle polling over a long history instead")
+    parser.add_argument("--sizes", default="0,100000,1000000",
+                        help="history sizes for --history, comma-separated")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--stats-samples", type=int, default=50)
     react(main, (parser.parse_args(),))

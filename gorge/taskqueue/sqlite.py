@@ -137,7 +137,8 @@ class SQLiteDialect(Dialect):
     name = "sqlite"
 
     def sql(self, statement: str) -> str:
-        return statement.replace("%s", "?")
+        # Integer operands: SQLite's "/" is MySQL's DIV there.
+        return statement.replace("%s", "?").replace(" DIV ", " / ")
 
     def begin_write(self, txn) -> None:
         # The connection runs in autocommit mode (isolation_level=None), so a

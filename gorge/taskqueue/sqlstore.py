@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from twisted.enterprise import adbapi
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
+from gorge.taskqueue.counts import TaskCounts
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
@@ -142,13 +144,24 @@ RENEW = (
 )
 RENEWED = "SELECT id, leaseExpires FROM worker_activetask WHERE id IN ({ids}) AND leaseOwner = %s{lock}"
 STATS = (
-    "SELECT (SELECT COUNT(*) FROM worker_activetask),"
-    " (SELECT COUNT(*) FROM worker_activetask"
+    # activeCount and archivedCount are kept by gorge/taskqueue/counts.py: a
+    # COUNT(*) would read a whole table. failureTime is set with every failure
+    # (ours and Phorge's), so key_failuretime serves the failed count.
+    "SELECT (SELECT COUNT(*) FROM worker_activetask"
     "   WHERE leaseOwner IS NOT NULL AND leaseOwner <> '' AND leaseExpires >= %s),"
-    " (SELECT COUNT(*) FROM worker_archivetask),"
-    " (SELECT COUNT(*) FROM worker_activetask WHERE failureCount > 0)"
+    " (SELECT COUNT(*) FROM worker_activetask"
+    "   WHERE failureTime IS NOT NULL AND failureCount > 0)"
 )
-LIST = f"SELECT {_COLS} FROM worker_activetask ORDER BY priority, id LIMIT %s OFFSET %s"
+# Phorge has no (priority, id) key: each half is read in key_owner's order
+# (leaseOwner, priority, id), never the whole table; a page needs at most
+# offset + limit rows of each.
+LIST = (
+    f"SELECT {_COLS} FROM (SELECT {_COLS} FROM worker_activetask WHERE leaseOwner IS NULL"
+    " ORDER BY priority, id LIMIT %s) AS unleased"
+    f" UNION ALL SELECT {_COLS} FROM (SELECT {_COLS} FROM worker_activetask"
+    " WHERE leaseOwner IS NOT NULL ORDER BY priority, id LIMIT %s) AS leased"
+    " ORDER BY priority, id LIMIT %s OFFSET %s"
+)
 GET = (
     f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
     " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id = %s"
@@ -174,6 +187,7 @@ DELETE_DATA = "DELETE FROM worker_taskdata WHERE id IN ({ids})"
 # re-select a few times before answering with fewer tasks than asked for.
 _CLAIM_ROUNDS = 4
 _TXN_ATTEMPTS = 3
+_INT64_MAX = 2**63 - 1  # the largest LIMIT both databases take
 _AWAKEN_CHUNK = 500
 
 
@@ -227,6 +241,8 @@ class SqlTaskStore:
         self._pool = pool
         self._clock = clock
         self._dialect = dialect
+        self._counts = TaskCounts()
+        self._stats_lock = DeferredLock()
 
     @property
     def pool(self) -> adbapi.ConnectionPool:
@@ -650,18 +666,26 @@ class SqlTaskStore:
     # -- reads ---------------------------------------------------------------
 
     async def stats(self) -> Stats:
+        # One read at a time: each brings the kept counts up to date from the last.
+        return await self._stats_lock.run(lambda: Deferred.fromCoroutine(self._stats()))
+
+    async def _stats(self) -> Stats:
         now = self._now()
 
-        def read(txn) -> Stats:
+        def read(txn):
             self._exec(txn, STATS, (now,))
-            a, l, r, f = txn.fetchone()
-            return Stats(active=int(a), leased=int(l), archived=int(r), failed=int(f))
+            leased, failed = txn.fetchone()
+            return int(leased), int(failed), self._counts.read(txn, self._exec, now)
 
-        return await self._run(read)
+        leased, failed, found = await self._run(read)
+        active, archived = self._counts.apply(found)
+        return Stats(active=active, leased=leased, archived=archived, failed=failed)
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
+        each = min(limit + offset, _INT64_MAX)  # rows a page can need from each half
+
         def read(txn) -> list[Task]:
-            self._exec(txn, LIST, (limit, offset))
+            self._exec(txn, LIST, (each, each, limit, offset))
             return [self._task_row(row) for row in txn.fetchall()]
 
         return await self._run(read)

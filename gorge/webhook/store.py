@@ -1,9 +1,16 @@
 """The herald tables: candidates, claim, outcome writes, hook lookups, counts.
 
-Every statement stands alone (one short ``runInteraction``, spec §2.1).
-Every time value compared with or stored into ``dateModified`` /
-``lastRequestEpoch`` is the database's clock (§3.8), so several instances
-agree on every window.
+Every statement stands alone (autocommit; a few of them may share one short
+``runInteraction``). Every time value compared with or stored into
+``dateModified`` / ``lastRequestEpoch`` is the database's clock, so several
+instances agree on every window.
+
+Phorge's table has no index on ``status``: a query "WHERE status = 'queued'"
+would read the whole delivery history. No statement here does. The store
+keeps a :class:`~gorge.webhook.queueview.QueueView` of the table and reads
+only primary-key ranges above the last id seen, rows by id, one block of ids
+at a time for the background recount, and ``key_ratelimit`` for the breaker
+(docs/webhook.md, "Polling").
 
 The SQL is written once, in MySQL's spelling; :class:`Dialect` is the one
 place that adapts it to another engine (SQLite for the demo).
@@ -14,36 +21,78 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from twisted.enterprise import adbapi
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from gorge import mysql as platform_mysql
 from gorge.config import MySQLSettings
+from gorge.webhook.queueview import BLOCK, Counts, QueueView, Seen, SweepStep, block_of
+
+log = Logger()
 
 QUEUED, SENT, FAILED = "queued", "sent", "failed"
 RESULT_NONE, RESULT_OKAY, RESULT_FAIL = "none", "okay", "fail"
 
 STATEMENT_TIMEOUT = 35.0  # above pymysql's 30 s read/write timeouts
 
+NEW_ROWS_PER_POLL = 5000  # new ids read per poll; a larger burst is read over several
+START_OVERLAP = 1000  # the newest ids at start-up are read as new ones (holes tracked)
+LOAD_CHUNK = 40 * BLOCK  # ids counted per statement by the start-up pass
+SWEEP_RATE = 2000.0  # ids recounted per second by the background pass
+SWEEP_MAX_STEPS = 4  # blocks per poll at most, however long since the last one
+IDS_PER_STATEMENT = 500  # SQLite's old limit is 999 bound parameters
+
 SQL_NOW = "SELECT UNIX_TIMESTAMP()"
 
-# Spec §3.2: the two time conditions stay separate; status = … ORDER BY id
-# lets key_status(status, id) serve both the filter and the order.
+SQL_BOUNDS = "SELECT MIN(id), MAX(id) FROM herald_webhookrequest"
+
+_STATE_COLUMNS = (
+    "id, webhookPHID, status, lastRequestResult, lastRequestEpoch, dateCreated, dateModified")
+
+# New ids, oldest first: a primary-key range, whatever the history below it.
+SQL_NEW_ROWS = (
+    f"SELECT {_STATE_COLUMNS} FROM herald_webhookrequest"
+    " WHERE id > %s AND id <= %s ORDER BY id ASC LIMIT %s"
+)
+
+SQL_ROWS_BY_ID = f"SELECT {_STATE_COLUMNS} FROM herald_webhookrequest WHERE id IN ({{marks}})"
+
+_STATUS_COUNTS = (
+    "COUNT(CASE WHEN status = 'queued' THEN 1 END), COUNT(CASE WHEN status = 'sent' THEN 1 END),"
+    " COUNT(CASE WHEN status = 'failed' THEN 1 END)")
+
+# Per block of ids: how many rows are in each status (start-up pass).
+SQL_BLOCK_COUNTS = (
+    f"SELECT (id - 1) DIV {BLOCK}, {_STATUS_COUNTS}"
+    " FROM herald_webhookrequest WHERE id > %s AND id <= %s GROUP BY 1 ORDER BY NULL"
+)
+
+# The same for one block (the recount; no GROUP BY, no temporary table).
+SQL_RANGE_COUNTS = (
+    f"SELECT {_STATUS_COUNTS} FROM herald_webhookrequest WHERE id > %s AND id <= %s"
+)
+
+SQL_QUEUED_IN_RANGE = (
+    f"SELECT {_STATE_COLUMNS} FROM herald_webhookrequest"
+    " WHERE id > %s AND id <= %s AND status = 'queued'"
+)
+
+# Spec §3.2's candidate query, asked only about rows known to be queued and
+# due: the two time conditions stay separate and are judged by the database.
 SQL_CANDIDATES = (
     "SELECT id, phid, webhookPHID, objectPHID, status, properties,"
     " lastRequestResult, lastRequestEpoch, dateCreated, dateModified"
     " FROM herald_webhookrequest"
-    " WHERE status = 'queued'"
+    " WHERE status = 'queued' AND id IN ({ids})"
     " AND (dateModified = dateCreated OR dateModified <= %s)"
     " AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s)"
-    "{exclude}"
     " ORDER BY id ASC"
     " LIMIT %s"
 )
-SQL_EXCLUDE_HOOKS = " AND webhookPHID NOT IN ({marks})"
 
 # Spec §3.4: "+ 1" makes a same-second claim still change the version.
 SQL_CLAIM = (
@@ -70,24 +119,16 @@ SQL_RETIRE = (
 
 SQL_HOOKS = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
 
-# Spec §3.7: every row of the hook counts, whatever its status.
+# Spec §3.7: every row of the hook counts, whatever its status. A range of
+# key_ratelimit(webhookPHID, lastRequestResult, lastRequestEpoch).
 SQL_BREAKER_COUNT = (
     "SELECT COUNT(*) FROM herald_webhookrequest"
     " WHERE webhookPHID = %s AND lastRequestResult = 'fail'"
     " AND lastRequestEpoch >= UNIX_TIMESTAMP() - %s"
 )
 
-SQL_QUEUED_FOR_HOOK = (
-    "SELECT COUNT(*) FROM herald_webhookrequest WHERE webhookPHID = %s AND status = 'queued'"
-)
-
-SQL_STATS = (
-    "SELECT"
-    " (SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'queued'),"
-    " (SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'sent'),"
-    " (SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'failed'),"
-    " (SELECT COUNT(*) FROM herald_webhook WHERE status <> 'disabled')"
-)
+# herald_webhook holds one row per hook, never a history.
+SQL_ACTIVE_HOOKS = "SELECT COUNT(*) FROM herald_webhook WHERE status <> 'disabled'"
 
 SQL_HOOK_TOTAL = "SELECT COUNT(*) FROM herald_webhook"
 
@@ -117,6 +158,27 @@ class Candidate:
             object_phid=_text(row[3]), properties=_text(row[5]), last_result=_text(row[6]),
             last_epoch=int(row[7]), date_created=int(row[8]), version=int(row[9]),
         )
+
+
+def _seen(row: Sequence[Any]) -> Seen:
+    """A row of ``_STATE_COLUMNS``."""
+    return Seen(id=int(row[0]), hook=_text(row[1]), status=_text(row[2]), result=_text(row[3]),
+                epoch=int(row[4]), created=int(row[5]), modified=int(row[6]))
+
+
+def _seen_candidate(row: Sequence[Any]) -> Seen:
+    """The state columns of a row of the candidate query."""
+    return Seen(id=int(row[0]), hook=_text(row[2]), status=_text(row[4]), result=_text(row[6]),
+                epoch=int(row[7]), created=int(row[8]), modified=int(row[9]))
+
+
+def _chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        yield ids[start:start + IDS_PER_STATEMENT]
+
+
+def _marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
 
 
 @dataclass(frozen=True)
@@ -156,7 +218,7 @@ class Dialect:
 
 
 class SQLiteDialect(Dialect):
-    """SQLite speaks ``?`` and lacks UNIX_TIMESTAMP()/GREATEST(): both are registered."""
+    """SQLite speaks ``?`` and lacks UNIX_TIMESTAMP()/GREATEST()/DIV: all are adapted."""
 
     name = "sqlite"
 
@@ -164,7 +226,8 @@ class SQLiteDialect(Dialect):
         self._now = now
 
     def sql(self, statement: str) -> str:
-        return statement.replace("%s", "?")
+        # Integer operands: SQLite's "/" is integer division there.
+        return statement.replace("%s", "?").replace(" DIV ", " / ")
 
     def pin_clock(self, txn, seconds: int | None) -> None:
         pass  # UNIX_TIMESTAMP() below already reads the injected clock
@@ -174,6 +237,7 @@ class SQLiteDialect(Dialect):
         connection.create_function("GREATEST", -1, max)
 
 
+# Phorge's layout and keys, nothing more: the demo must behave as production does.
 SQLITE_SCHEMA = (
     """CREATE TABLE IF NOT EXISTS herald_webhook (
         id INTEGER PRIMARY KEY AUTOINCREMENT, phid BLOB NOT NULL UNIQUE,
@@ -190,7 +254,6 @@ SQLITE_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS key_ratelimit ON herald_webhookrequest"
     " (webhookPHID, lastRequestResult, lastRequestEpoch)",
     "CREATE INDEX IF NOT EXISTS key_collect ON herald_webhookrequest (dateCreated)",
-    "CREATE INDEX IF NOT EXISTS key_status ON herald_webhookrequest (status, id)",
 )
 
 
@@ -201,21 +264,39 @@ class _AutocommitConnection(adbapi.Connection):
         pass
 
 
+@dataclass
+class _Loading:
+    """Progress of the start-up pass, kept across a failure so it resumes."""
+
+    position: int
+    start: int
+    lowest: int
+    highest: int
+    started: float
+
+
 class WebhookStore:
-    """The herald tables behind one adbapi pool.
+    """The herald tables behind one adbapi pool, and what this process knows of them.
 
     ``reactor`` bounds every statement; ``db_clock`` (tests only) pins the
-    database clock to an injected clock.
+    database clock to an injected clock, and then also paces the background
+    recount.
     """
 
     def __init__(self, pool: adbapi.ConnectionPool, reactor: IReactorTime, *,
                  dialect: Dialect | None = None, db_clock: IReactorTime | None = None,
-                 timeout: float = STATEMENT_TIMEOUT) -> None:
+                 timeout: float = STATEMENT_TIMEOUT, view: QueueView | None = None) -> None:
         self.pool = pool
         self._reactor = reactor
         self._dialect = dialect or Dialect()
         self._db_clock = db_clock
         self._timeout = timeout
+        self._view = view if view is not None else QueueView()
+        self._pace = (db_clock if db_clock is not None else reactor).seconds
+        self._load_lock = DeferredLock()
+        self._loading: _Loading | None = None
+        self._sweep_budget = 0.0
+        self._swept_at: float | None = None
 
     @classmethod
     def mysql(cls, settings: MySQLSettings, reactor, *,
@@ -259,6 +340,10 @@ class WebhookStore:
     def dialect(self) -> str:
         return self._dialect.name
 
+    @property
+    def view(self) -> QueueView:
+        return self._view
+
     def _run(self, fn: Callable, *args) -> Deferred:
         pinned = int(self._db_clock.seconds()) if self._db_clock is not None else None
 
@@ -271,23 +356,187 @@ class WebhookStore:
     def _execute(self, txn, statement: str, params: Sequence[Any] = ()) -> None:
         txn.execute(self._dialect.sql(statement), tuple(params))
 
+    # -- reads run inside one interaction (pool thread: no view access) ----
+
+    def _read_bounds(self, txn) -> tuple[int | None, int | None]:
+        self._execute(txn, SQL_BOUNDS)
+        lowest, highest = txn.fetchone()
+        return (None if lowest is None else int(lowest),
+                None if highest is None else int(highest))
+
+    def _read_new(self, txn, cursor: int, highest: int | None) -> tuple[list[Seen], int]:
+        """Rows above the cursor, and how far they reach."""
+        if highest is None or highest <= cursor:
+            return [], cursor
+        self._execute(txn, SQL_NEW_ROWS, (cursor, highest, NEW_ROWS_PER_POLL))
+        rows = [_seen(row) for row in txn.fetchall()]
+        return rows, rows[-1].id if len(rows) == NEW_ROWS_PER_POLL else highest
+
+    def _read_by_id(self, txn, ids: Sequence[int]) -> list[Seen]:
+        rows: list[Seen] = []
+        for chunk in _chunks(ids):
+            self._execute(txn, SQL_ROWS_BY_ID.format(marks=_marks(len(chunk))), chunk)
+            rows.extend(_seen(row) for row in txn.fetchall())
+        return rows
+
+    def _read_counts(self, txn, low: int, high: int) -> dict[int, Counts]:
+        self._execute(txn, SQL_BLOCK_COUNTS, (low, high))
+        return {int(row[0]): Counts(*(int(value or 0) for value in row[1:]))
+                for row in txn.fetchall()}
+
+    def _read_queued(self, txn, low: int, high: int) -> list[Seen]:
+        self._execute(txn, SQL_QUEUED_IN_RANGE, (low, high))
+        return [_seen(row) for row in txn.fetchall()]
+
+    def _read_range(self, txn, low: int, high: int) -> tuple[dict[int, Counts], list[Seen]]:
+        counts = self._read_counts(txn, low, high)
+        queued = self._read_queued(txn, low, high) if any(c.queued for c in counts.values()) else []
+        return counts, queued
+
+    def _read_changes(self, txn, cursor: int, recheck: list[int], plan: list[SweepStep]):
+        """One poll's reads: clock, bounds, new ids, rows to look at again by id (holes,
+        rows leased elsewhere), the blocks due for a recount."""
+        self._execute(txn, SQL_NOW)
+        now = int(txn.fetchone()[0])
+        lowest, highest = self._read_bounds(txn)
+        if highest is not None and highest < cursor:
+            return now, lowest, highest, [], cursor, [], []
+        new_rows, upto = self._read_new(txn, cursor, highest)
+        rechecked = self._read_by_id(txn, recheck)
+        swept = []
+        for step in plan:
+            refreshed = self._read_by_id(txn, step.known)
+            self._execute(txn, SQL_RANGE_COUNTS, (step.low, step.high))
+            counts = Counts(*(int(value or 0) for value in txn.fetchone()))
+            still_queued = sum(1 for seen in refreshed if seen.status == QUEUED)
+            queued = (self._read_queued(txn, step.low, step.high)
+                      if counts.queued > still_queued else [])
+            swept.append((step, refreshed, counts, queued))
+        return now, lowest, highest, new_rows, upto, rechecked, swept
+
+    def _read_candidates(self, txn, ids: list[int], lease_cutoff: int, fail_cutoff: int,
+                         limit: int):
+        rows: list = []
+        for chunk in _chunks(ids):
+            statement = SQL_CANDIDATES.format(ids=_marks(len(chunk)))
+            self._execute(txn, statement, (*chunk, lease_cutoff, fail_cutoff, limit))
+            rows.extend(txn.fetchall())
+        rows.sort(key=lambda row: int(row[0]))
+        answered = {int(row[0]) for row in rows}
+        others = self._read_by_id(txn, [i for i in ids if i not in answered])
+        return rows, others
+
+    # -- what this process knows of the table --------------------------------
+
+    async def _load(self) -> None:
+        """The start-up pass, once (again after the table was emptied or recreated)."""
+        if not self._view.loaded:
+            await self._load_lock.run(lambda: Deferred.fromCoroutine(self._load_once()))
+
+    async def _load_once(self) -> None:
+        view = self._view
+        if view.loaded:
+            return
+        if self._loading is None:
+            lowest, highest = await self._run(self._read_bounds)
+            if highest is None:
+                view.finish_load(0, None)
+                return
+            assert lowest is not None
+            # The newest ids are read as new ones, so commits arriving late
+            # among them (or below the lowest row) are waited for like any poll's.
+            start = max(highest - START_OVERLAP, 0)
+            self._loading = _Loading(position=block_of(lowest) * BLOCK, start=start,
+                                     lowest=lowest, highest=highest, started=self._pace())
+        loading = self._loading
+        while loading.position < loading.start:
+            upto = min(loading.position + LOAD_CHUNK, loading.start)
+            stamp = view.stamp()
+            counts, queued = await self._run(self._read_range, loading.position, upto)
+            view.loaded_range(counts, queued, stamp, self._pace())
+            loading.position = upto
+        stamp = view.stamp()
+        rows, upto = await self._run(self._read_new, loading.start, loading.highest)
+        view.finish_load(loading.start, loading.lowest)
+        view.scanned(rows, upto, stamp, self._pace())
+        self._loading = None
+        counts = view.counts()
+        log.info("WEBHOOK_QUEUE_LOADED lowest_id={lowest} highest_id={highest} queued={queued}"
+                 " sent={sent} failed={failed} seconds={seconds}", lowest=loading.lowest,
+                 highest=loading.highest, queued=counts.queued, sent=counts.sent,
+                 failed=counts.failed, seconds=round(self._pace() - loading.started, 3))
+
+    def _sweep_steps(self, at: float) -> int:
+        """Blocks to recount this poll: SWEEP_RATE ids a second, spread over the polls."""
+        if self._swept_at is not None:
+            self._sweep_budget = min(self._sweep_budget + (at - self._swept_at) * SWEEP_RATE,
+                                     float(SWEEP_MAX_STEPS * BLOCK))
+        self._swept_at = at
+        steps = int(self._sweep_budget // BLOCK)
+        self._sweep_budget -= steps * BLOCK
+        return steps
+
+    async def _observe(self) -> int:
+        """Read what changed since the last poll into the view; returns the database clock."""
+        view = self._view
+        at = self._pace()
+        plan = view.sweep_plan(self._sweep_steps(at))
+        holes, leased = view.holes(), view.leased_elsewhere()
+        stamp = view.stamp()
+        try:
+            now, lowest, highest, new_rows, upto, rechecked, swept = await self._run(
+                self._read_changes, view.cursor, holes + leased, plan)
+        except Exception:
+            view.sweep_rewind(plan)
+            raise
+        if not view.bounds(lowest, highest, at):
+            log.info("WEBHOOK_QUEUE_RELOAD reason={reason} highest_id={highest} cursor={cursor}",
+                     reason="ids went back: the table was emptied or recreated",
+                     highest=highest, cursor=view.cursor)
+            view.reset()
+            await self._load()
+            return now
+        view.scanned(new_rows, upto, stamp, at)
+        view.holes_checked([seen for seen in rechecked if not view.knows(seen.id)], stamp, at)
+        answered = {seen.id for seen in rechecked}
+        for seen in rechecked:
+            if view.knows(seen.id):
+                view.saw(seen, stamp)
+        for request_id in leased:
+            if request_id not in answered:
+                view.gone(request_id)
+        found = 0
+        for step, refreshed, counts, queued in swept:
+            found += view.swept(step, refreshed, counts, queued, stamp, at)
+        if found:
+            # Queued rows nobody told us about: put back to queued from outside
+            # (Phorge, an operator), or committed later than the hole window.
+            log.info("WEBHOOK_QUEUED_ROWS_FOUND rows={rows}", rows=found)
+        return now
+
     async def candidates(self, *, limit: int, lease: int, backoff: int,
                          exclude_hooks: Sequence[str] = ()) -> list[Candidate]:
         """Queued rows due now, oldest first; both cutoffs from one reading of the DB clock."""
+        await self._load()
+        view = self._view
+        view.configure(lease, backoff)
+        now = await self._observe()
+        ids = view.take(now, limit, exclude_hooks)
+        if not ids:
+            return []
+        stamp = view.stamp()
+        rows, others = await self._run(self._read_candidates, ids, now - lease, now - backoff,
+                                       limit)
+        answered = set()
+        for seen in [_seen_candidate(row) for row in rows] + others:
+            view.saw(seen, stamp)
+            answered.add(seen.id)
+        for request_id in ids:
+            if request_id not in answered:
+                view.gone(request_id)
+        return [Candidate.from_row(row) for row in rows]
 
-        def select(txn) -> list[Candidate]:
-            self._execute(txn, SQL_NOW)
-            now = int(txn.fetchone()[0])
-            exclude = ""
-            params: list[Any] = [now - lease, now - backoff]
-            if exclude_hooks:
-                exclude = SQL_EXCLUDE_HOOKS.format(marks=", ".join(["%s"] * len(exclude_hooks)))
-                params.extend(hook.encode("utf-8") for hook in exclude_hooks)
-            params.append(limit)
-            self._execute(txn, SQL_CANDIDATES.format(exclude=exclude), params)
-            return [Candidate.from_row(row) for row in txn.fetchall()]
-
-        return await self._run(select)
+    # -- writes --------------------------------------------------------------
 
     def _rowcount(self, statement: str, params: Sequence[Any]) -> Deferred:
         def update(txn) -> int:
@@ -298,16 +547,49 @@ class WebhookStore:
 
     async def claim(self, candidate: Candidate) -> bool:
         """True iff this process now owns the row (exactly one row changed)."""
-        return await self._rowcount(SQL_CLAIM, (candidate.id, candidate.version)) == 1
+        try:
+            won = await self._rowcount(SQL_CLAIM, (candidate.id, candidate.version)) == 1
+        except Exception:
+            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+            raise
+        stamp = self._view.stamp()
+        if won:
+            self._view.claimed(candidate.id, candidate.version, stamp)
+        else:
+            self._view.changed_elsewhere(candidate.id, stamp)
+        return won
 
     async def finish(self, candidate: Candidate, status: str, result: str,
                      properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
-        return await self._rowcount(SQL_FINISH, (status, result, properties, candidate.id))
+        try:
+            changed = await self._rowcount(SQL_FINISH, (status, result, properties, candidate.id))
+        except Exception:
+            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+            raise
+        if changed:
+            self._view.finished(candidate.id, candidate.version, status, result,
+                                self._view.stamp())
+        else:
+            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+        return changed
 
     async def retire(self, candidate: Candidate, properties: str) -> int:
         """Configuration failure: failed / none / 0, only over the version read."""
-        return await self._rowcount(SQL_RETIRE, (properties, candidate.id, candidate.version))
+        try:
+            changed = await self._rowcount(SQL_RETIRE,
+                                           (properties, candidate.id, candidate.version))
+        except Exception:
+            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+            raise
+        if changed:
+            self._view.finished(candidate.id, candidate.version, FAILED, RESULT_NONE,
+                                self._view.stamp())
+        else:
+            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+        return changed
+
+    # -- hooks, breaker, diagnostics -----------------------------------------
 
     async def load_hooks(self, phids: Sequence[str]) -> dict[str, Hook]:
         """The hooks of one batch of candidates, by PHID; a missing hook is absent."""
@@ -315,7 +597,7 @@ class WebhookStore:
             return {}
 
         def select(txn) -> dict[str, Hook]:
-            statement = SQL_HOOKS.format(marks=", ".join(["%s"] * len(phids)))
+            statement = SQL_HOOKS.format(marks=_marks(len(phids)))
             self._execute(txn, statement, [phid.encode("utf-8") for phid in phids])
             hooks = (Hook(id=int(row[0]), phid=_text(row[1]), name=_text(row[2]),
                           uri=_text(row[3]), status=_text(row[4]), hmac_key=_text(row[5]))
@@ -335,15 +617,17 @@ class WebhookStore:
         return await self._count(SQL_BREAKER_COUNT, (hook_phid.encode("utf-8"), window))
 
     async def queued_for_hook(self, hook_phid: str) -> int:
-        return await self._count(SQL_QUEUED_FOR_HOOK, (hook_phid.encode("utf-8"),))
+        """Queued rows of the hook as this process knows them (no query: no index serves it)."""
+        await self._load()
+        return self._view.queued_for_hook(hook_phid)
 
     async def stats(self) -> Stats:
-        def select(txn) -> Stats:
-            self._execute(txn, SQL_STATS)
-            row = txn.fetchone()
-            return Stats(*(int(value) for value in row))
-
-        return await self._run(select)
+        """Status counts as of the last poll (docs/webhook.md, "HTTP API"); hooks counted live."""
+        await self._load()
+        active_hooks = await self._count(SQL_ACTIVE_HOOKS)
+        counts = self._view.counts()
+        return Stats(queued=counts.queued, sent=counts.sent, failed=counts.failed,
+                     active_hooks=active_hooks)
 
     async def hook_total(self) -> int:
         return await self._count(SQL_HOOK_TOTAL)

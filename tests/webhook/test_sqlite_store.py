@@ -96,3 +96,38 @@ async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
     stats = await service.store.stats()
     assert (stats.queued, stats.sent, stats.failed, stats.active_hooks) == (1, 0, 0, 1)
     assert await service.store.hook_total() == 1
+
+
+async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, receiver):
+    # Enough rows for the start-up pass's per-block counts (integer division on
+    # SQLite) and for the background recount to find a row put back to queued.
+    service, clock, path = sqlite_service
+    assert await service.store.ping(reactor) is None
+    db = SQLiteHerald(path)
+    db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
+                                     viewPolicy="u", editPolicy="u", status="enabled",
+                                     hmacKey="k" * 32, dateCreated=T0, dateModified=T0))
+    old = db.insert("herald_webhookrequest", dict(
+        phid="PHID-HWBR-old", webhookPHID="PHID-HWBH-a", objectPHID="PHID-TASK-a",
+        status="queued", properties="{}", lastRequestResult="none", lastRequestEpoch=0,
+        dateCreated=T0 - 10, dateModified=T0 - 10))
+    db.conn.executemany(
+        "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,"
+        " lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
+        " VALUES (?, 'PHID-HWBH-a', 'PHID-TASK-a', ?, '{}', ?, 1, 1, 2)",
+        [(f"PHID-HWBR-h{n}".encode(), "failed" if n % 4 == 0 else "sent",
+          "fail" if n % 4 == 0 else "okay") for n in range(3000)])
+    stats = await service.store.stats()
+    assert (stats.queued, stats.sent, stats.failed) == (1, 2250, 750)
+    await run_tick(service)
+    assert db.request(old)["status"] == "sent" and receiver.count("/a") == 1
+    db.conn.execute("UPDATE herald_webhookrequest SET status = 'queued', dateModified = ?"
+                    " WHERE id = 1000", (T0,))
+    # dateModified now differs from dateCreated: the row counts as leased for one lease.
+    clock.advance(30)
+    for _ in range(3):  # 2,000 ids a second: the whole table within two seconds
+        clock.advance(1)
+        await run_tick(service)
+    assert receiver.count("/a") == 2
+    stats = await service.store.stats()
+    assert (stats.queued, stats.sent, stats.failed) == (0, 2251, 750)
