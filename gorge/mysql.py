@@ -14,10 +14,16 @@ from twisted.internet.interfaces import IReactorTime
 
 from gorge.config import MySQLSettings
 
-__all__ = ["make_pool", "ping", "is_transient", "error_reason"]
+__all__ = ["make_pool", "ping", "is_transient", "is_retryable", "error_reason"]
 
-# Client-side codes for a connection that is gone or never came up.
-_TRANSIENT_CODES = frozenset({2002, 2003, 2005, 2006, 2013, 2014, 2055, 1040, 1205, 1213})
+DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
+
+# A transaction the server rolled back because of other transactions: the
+# same transaction run again may well succeed.
+_RETRYABLE_CODES = frozenset({DEADLOCK, LOCK_WAIT_TIMEOUT})
+
+# Those, and client-side codes for a connection that is gone or never came up.
+_TRANSIENT_CODES = frozenset({2002, 2003, 2005, 2006, 2013, 2014, 2055, 1040}) | _RETRYABLE_CODES
 
 _REASONS = {
     1044: "access denied to database",
@@ -72,6 +78,11 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, adbapi.ConnectionLost):
         return True
     return _error_code(exc) in _TRANSIENT_CODES
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A deadlock or lock wait timeout: worth running the whole transaction again."""
+    return _error_code(exc) in _RETRYABLE_CODES
 
 
 def error_reason(exc: BaseException) -> str:

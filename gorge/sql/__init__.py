@@ -1,0 +1,14 @@
+"""The SQL layer the stores stand on: an engine per database kind, one way to run
+a transaction (gorge/sql/database.py), and its metrics."""
+
+from gorge.sql.database import (
+    ATTEMPTS,
+    DEADLINE,
+    Database,
+    Transactions,
+    TransactionTimeout,
+)
+from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
+
+__all__ = ["ATTEMPTS", "DEADLINE", "Database", "Engine", "MySQLEngine", "SQLiteEngine",
+           "TransactionTimeout", "Transactions"]

@@ -1,0 +1,172 @@
+"""One database of a service: its engine, its adbapi pool, and how a transaction runs.
+
+Every transaction of a store goes through :meth:`Database.run` with a short
+description that names it ("lease", "claim", "poll") in the retry log line
+and in the ``gorge_sql_*`` metrics (docs/operations.md, "SQL transactions"):
+
+* it runs in a pool thread and commits when the function returns (rolled
+  back if it raises);
+* the engine's retryable errors (a MySQL deadlock or lock wait timeout, a
+  locked SQLite file) run the whole transaction again at once, up to
+  ``ATTEMPTS`` times in all; anything else is the caller's to handle;
+* one deadline covers all attempts, waiting for a pool thread included.
+  When it passes the caller gets :class:`TransactionTimeout`; the thread
+  finishes the statement it is in (the drivers bound each one) and its
+  result is dropped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from twisted.enterprise import adbapi
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from gorge.config import MySQLSettings
+from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
+
+__all__ = ["ATTEMPTS", "DEADLINE", "Database", "TransactionTimeout", "Transactions"]
+
+log = Logger()
+
+# Above pymysql's 30 s read/write timeouts, so a hung statement is normally
+# reported by the driver first, with its own error.
+DEADLINE = 35.0
+ATTEMPTS = 3
+PING_TIMEOUT = 5.0
+
+T = TypeVar("T")
+
+
+class TransactionTimeout(DeferredTimeoutError):
+    """The transaction did not finish within the deadline."""
+
+    def __init__(self, description: str, seconds: float) -> None:
+        super().__init__(f"transaction {description!r} did not finish within {seconds:g} s")
+        self.description = description
+
+
+@dataclass
+class Transactions:
+    """What one description's transactions did, for the metrics."""
+
+    ok: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return self.ok + self.failed + self.timed_out
+
+
+def _pinned(engine: Engine, seconds: int, fn: Callable[..., T]) -> Callable[..., T]:
+    def interaction(txn, *args) -> T:
+        engine.pin_clock(txn, seconds)
+        return fn(txn, *args)
+
+    return interaction
+
+
+class Database:
+    """``name`` prefixes the retry log event (``TASKQUEUE_TXN_RETRY``).
+
+    ``reactor`` bounds every transaction; the engine's ``clock``, when set,
+    is what the database's own clock follows (:attr:`clock`).
+    """
+
+    def __init__(self, engine: Engine, pool: adbapi.ConnectionPool, reactor: IReactorTime, *,
+                 name: str, deadline: float = DEADLINE, attempts: int = ATTEMPTS) -> None:
+        self.engine = engine
+        self.pool = pool
+        self.name = name
+        self._reactor = reactor
+        self._deadline = deadline
+        self._attempts = attempts
+        self._retry_event = (name.upper()
+                             + "_TXN_RETRY txn={txn} attempt={attempt} error={error}")
+        self.transactions: dict[str, Transactions] = {}
+
+    @classmethod
+    def mysql(cls, settings: MySQLSettings, reactor, *, name: str, autocommit: bool = False,
+              db_clock: IReactorTime | None = None) -> Database:
+        engine = MySQLEngine(autocommit=autocommit, clock=db_clock)
+        return cls(engine, engine.make_pool(settings, reactor), reactor, name=name)
+
+    @classmethod
+    def sqlite(cls, path: str, reactor, *, name: str, schema: str = "",
+               prepare: Callable[[sqlite3.Connection], None] | None = None,
+               db_clock: IReactorTime | None = None) -> Database:
+        engine = SQLiteEngine(schema=schema, prepare=prepare, clock=db_clock)
+        return cls(engine, engine.make_pool(path, reactor), reactor, name=name)
+
+    @property
+    def clock(self) -> IReactorTime:
+        """The clock the database's ``UNIX_TIMESTAMP()`` follows."""
+        return self.engine.clock if self.engine.clock is not None else self._reactor
+
+    async def run(self, description: str, fn: Callable[..., T], *args: Any,
+                  bounded: bool = True) -> T:
+        """``fn(txn, *args)`` as one transaction; see the module doc.
+
+        ``bounded=False`` leaves out the deadline, for the rare transaction
+        whose length grows with a table (each statement is still bounded by
+        the driver).
+        """
+        if not isinstance(description, str):
+            raise TypeError(f"run() takes a description first, not {description!r}")
+        reactor = self._reactor
+        started = reactor.seconds()
+        pin = self.engine.clock_pin()
+        work = fn if pin is None else _pinned(self.engine, pin, fn)
+        stats = self.transactions.get(description)
+        if stats is None:
+            stats = self.transactions[description] = Transactions()
+        attempt = 1
+        try:
+            while True:
+                left = self._deadline - (reactor.seconds() - started)
+                if bounded and left <= 0:
+                    raise TransactionTimeout(description, self._deadline)
+                d = self.pool.runInteraction(work, *args)
+                if bounded:
+                    d.addTimeout(left, reactor, onTimeoutCancel=lambda _, __: Failure(
+                        TransactionTimeout(description, self._deadline)))
+                try:
+                    result = await d
+                except Exception as e:
+                    if attempt >= self._attempts or not self.engine.retryable(e):
+                        raise
+                    log.info(self._retry_event, txn=description, attempt=attempt,
+                             error=type(e).__name__)
+                    stats.retries += 1
+                    attempt += 1
+                    continue
+                stats.ok += 1
+                return result
+        except TransactionTimeout:
+            stats.timed_out += 1
+            raise
+        except BaseException:
+            stats.failed += 1
+            raise
+        finally:
+            stats.seconds += reactor.seconds() - started
+
+    def execute(self, txn, statement: str, params=()) -> None:
+        """Run one statement written in MySQL's spelling (in a pool thread)."""
+        self.engine.execute(txn, statement, params)
+
+    async def ping(self, timeout: float = PING_TIMEOUT) -> str | None:
+        """None when the database answers in time, else a short reason for ``/readyz``."""
+        return await self.engine.ping(self.pool, self._reactor, timeout)
+
+    def close(self) -> None:
+        self.pool.close()

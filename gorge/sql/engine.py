@@ -1,0 +1,287 @@
+"""What differs between the SQL databases gorge speaks: one engine per kind.
+
+The stores write their statements once, in MySQL's spelling with ``%s``
+placeholders. An engine is the one place that knows how its database differs:
+the placeholder style and the few functions SQLite lacks, how a connection is
+set up, how a write transaction starts, whether a read can lock its rows,
+Phorge's ``lisk_counter`` upsert, which errors are worth running a
+transaction again, and how an unavailable database is described to
+``/readyz``. Engines hold no connection; :class:`gorge.sql.Database` does.
+
+``clock`` (tests and the demo's injected time) makes the database's own clock
+(``UNIX_TIMESTAMP()``) follow an injected one.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+from twisted.enterprise import adbapi
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
+from twisted.internet.interfaces import IReactorTime
+
+from gorge import mysql
+from gorge.config import MySQLSettings
+
+__all__ = ["Engine", "MySQLEngine", "SQLiteEngine"]
+
+# LiskDAO::loadNextCounterValue: both branches publish the value through
+# LAST_INSERT_ID(expr), so the insert id is exactly this call's counter value.
+MYSQL_NEXT_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (%s, LAST_INSERT_ID(1))"
+    " ON DUPLICATE KEY UPDATE counterValue = LAST_INSERT_ID(counterValue + 1)"
+)
+# The same counter, advanced by a whole batch: the insert id is the last value taken.
+MYSQL_RESERVE_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (%s, LAST_INSERT_ID(%s))"
+    " ON DUPLICATE KEY UPDATE counterValue = LAST_INSERT_ID(counterValue + %s)"
+)
+MYSQL_SET_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (%s, %s)"
+    " ON DUPLICATE KEY UPDATE counterValue = %s"
+)
+# Re-selects inside a write transaction must see other transactions' commits,
+# which REPEATABLE READ's snapshot would hide.
+MYSQL_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+# The session clock: UNIX_TIMESTAMP() answers this until the next SET.
+MYSQL_PIN_CLOCK = "SET timestamp = %s"
+
+# The upsert MySQL spells with LAST_INSERT_ID(); SQLite hands the value back directly.
+SQLITE_NEXT_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, 1)"
+    " ON CONFLICT (counterName) DO UPDATE SET counterValue = counterValue + 1"
+    " RETURNING counterValue"
+)
+SQLITE_RESERVE_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, ?)"
+    " ON CONFLICT (counterName) DO UPDATE SET counterValue = counterValue + ?"
+    " RETURNING counterValue"
+)
+SQLITE_SET_COUNTER = (
+    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, ?)"
+    " ON CONFLICT (counterName) DO UPDATE SET counterValue = ?"
+)
+# The connection runs in autocommit mode (isolation_level=None), so a write
+# transaction is opened explicitly and takes the write lock up front.
+SQLITE_BEGIN_WRITE = "BEGIN IMMEDIATE"
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+
+def _sqlite_spelling(statement: str) -> str:
+    # Integer operands only: SQLite's "/" is MySQL's DIV there, and its
+    # multi-argument MAX() is GREATEST().
+    return statement.replace("%s", "?").replace(" DIV ", " / ").replace("GREATEST(", "MAX(")
+
+
+def _select_one(txn) -> None:
+    txn.execute("SELECT 1")
+    txn.fetchall()
+
+
+class Engine:
+    """The interface; see the module doc. Methods taking ``txn`` run in a pool thread."""
+
+    name = "sql"
+    # Appended to a SELECT that reads rows the transaction is about to change.
+    for_update = ""
+    # What failed, for /readyz: "<unavailable>: <reason>".
+    unavailable = "database"
+    timed_out = "timed out"
+
+    def __init__(self, *, clock: IReactorTime | None = None) -> None:
+        self.clock = clock
+
+    def sql(self, statement: str) -> str:
+        return statement
+
+    def execute(self, txn, statement: str, params=()) -> None:
+        txn.execute(self.sql(statement), tuple(params))
+
+    def begin_write(self, txn, *, read_committed: bool = False) -> None:
+        """Start a transaction that will write. ``read_committed``: later reads in it
+        see what other transactions committed meanwhile."""
+
+    def clock_pin(self) -> int | None:
+        """Read in the reactor thread before each transaction; see :meth:`pin_clock`."""
+        return None
+
+    def pin_clock(self, txn, seconds: int) -> None:
+        """Make the database's clock read ``seconds`` for this transaction."""
+
+    def next_counter(self, txn, name: str) -> int:
+        """Advance Phorge's ``lisk_counter`` row ``name`` by one; the new value."""
+        raise NotImplementedError
+
+    def reserve_counter(self, txn, name: str, count: int) -> int:
+        """Take ``count`` consecutive values from the counter; the first one."""
+        raise NotImplementedError
+
+    def set_counter(self, txn, name: str, value: int) -> None:
+        raise NotImplementedError
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether running the whole transaction again may succeed (it was rolled back
+        because of other transactions, not because of what it does)."""
+        return False
+
+    def reason(self, exc: BaseException) -> str:
+        """A short cause, never the DSN, host, path or password."""
+        return type(exc).__name__
+
+    async def ping(self, pool: adbapi.ConnectionPool, clock: IReactorTime,
+                   timeout: float) -> str | None:
+        """None when the database answers ``SELECT 1`` in time, else
+        ``"<unavailable>: <reason>"``."""
+        try:
+            await pool.runInteraction(_select_one).addTimeout(timeout, clock)
+        except DeferredTimeoutError:
+            return f"{self.unavailable}: {self.timed_out}"
+        except Exception as e:
+            return f"{self.unavailable}: {self.reason(e)}"
+        return None
+
+
+class MySQLEngine(Engine):
+    """MariaDB/MySQL through pymysql.
+
+    ``autocommit``: every statement commits on its own (the webhook's
+    statements each stand alone); the store then never calls
+    :meth:`begin_write`, and adbapi's COMMIT after each interaction, a
+    wasted round trip, is skipped.
+    """
+
+    name = "mysql"
+    for_update = " FOR UPDATE"
+    unavailable = "ping database"
+    timed_out = "database ping timed out"
+
+    def __init__(self, *, autocommit: bool = False, clock: IReactorTime | None = None) -> None:
+        super().__init__(clock=clock)
+        self.autocommit = autocommit
+
+    def make_pool(self, settings: MySQLSettings, reactor) -> adbapi.ConnectionPool:
+        pool = mysql.make_pool(settings, reactor)
+        if self.autocommit:
+            session = pool.openfun
+
+            def open_connection(connection) -> None:
+                if session is not None:
+                    session(connection)
+                connection.autocommit(True)
+
+            pool.openfun = open_connection
+            pool.connectionFactory = _AutocommitConnection
+        return pool
+
+    def begin_write(self, txn, *, read_committed: bool = False) -> None:
+        if self.autocommit:
+            raise RuntimeError("a write transaction on an autocommit connection")
+        # Without autocommit the first statement opens the transaction.
+        if read_committed:
+            txn.execute(MYSQL_READ_COMMITTED)
+
+    def clock_pin(self) -> int | None:
+        return None if self.clock is None else int(self.clock.seconds())
+
+    def pin_clock(self, txn, seconds: int) -> None:
+        txn.execute(MYSQL_PIN_CLOCK, (seconds,))
+
+    def next_counter(self, txn, name: str) -> int:
+        txn.execute(MYSQL_NEXT_COUNTER, (name,))
+        return int(txn.lastrowid)
+
+    def reserve_counter(self, txn, name: str, count: int) -> int:
+        txn.execute(MYSQL_RESERVE_COUNTER, (name, count, count))
+        return int(txn.lastrowid) - count + 1
+
+    def set_counter(self, txn, name: str, value: int) -> None:
+        txn.execute(MYSQL_SET_COUNTER, (name, value, value))
+
+    def retryable(self, exc: BaseException) -> bool:
+        return mysql.is_retryable(exc)
+
+    def reason(self, exc: BaseException) -> str:
+        return mysql.error_reason(exc)
+
+
+class _AutocommitConnection(adbapi.Connection):
+    """adbapi commits after every interaction; in autocommit mode that is a wasted round trip."""
+
+    def commit(self) -> None:
+        pass
+
+
+class SQLiteEngine(Engine):
+    """The embedded database: one file, one connection, tables created on first use.
+
+    ``schema`` is a script of ``CREATE ... IF NOT EXISTS`` statements run
+    on every connection (nobody else creates this file); ``prepare`` runs
+    before it (a store's one-off upgrade of an older file).
+    """
+
+    name = "sqlite"
+    unavailable = "open database"
+
+    def __init__(self, *, schema: str = "",
+                 prepare: Callable[[sqlite3.Connection], None] | None = None,
+                 clock: IReactorTime | None = None) -> None:
+        super().__init__(clock=clock)
+        self._schema = schema
+        self._prepare = prepare
+        # Statements repeat (ids lists vary in length only): translate each once.
+        self._translate = functools.lru_cache(maxsize=1024)(_sqlite_spelling)
+
+    def sql(self, statement: str) -> str:
+        return self._translate(statement)
+
+    def open_connection(self, connection: sqlite3.Connection) -> None:
+        """Set up one connection: waits for a locked file, WAL, the clock, the tables."""
+        connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA journal_mode = WAL")
+        clock = self.clock
+        now: Callable[[], Any] = ((lambda: int(clock.seconds())) if clock is not None
+                                  else (lambda: int(time.time())))
+        connection.create_function("UNIX_TIMESTAMP", 0, now)
+        if self._prepare is not None:
+            self._prepare(connection)
+        if self._schema:
+            connection.executescript(self._schema)
+
+    def make_pool(self, path: str, reactor) -> adbapi.ConnectionPool:
+        # One connection: SQLite serialises writers anyway, and one connection
+        # keeps BEGIN IMMEDIATE from ever waiting on ourselves.
+        return adbapi.ConnectionPool(
+            "sqlite3",
+            path,
+            check_same_thread=False,
+            isolation_level=None,
+            cp_min=1,
+            cp_max=1,
+            cp_noisy=False,
+            cp_openfun=self.open_connection,
+            cp_reactor=reactor,
+        )
+
+    def begin_write(self, txn, *, read_committed: bool = False) -> None:
+        # Writers are serialised: every read after BEGIN IMMEDIATE sees all commits.
+        txn.execute(SQLITE_BEGIN_WRITE)
+
+    def next_counter(self, txn, name: str) -> int:
+        txn.execute(SQLITE_NEXT_COUNTER, (name,))
+        return int(txn.fetchone()[0])
+
+    def reserve_counter(self, txn, name: str, count: int) -> int:
+        txn.execute(SQLITE_RESERVE_COUNTER, (name, count, count))
+        return int(txn.fetchone()[0]) - count + 1
+
+    def set_counter(self, txn, name: str, value: int) -> None:
+        txn.execute(SQLITE_SET_COUNTER, (name, value, value))
+
+    def retryable(self, exc: BaseException) -> bool:
+        # SQLITE_BUSY ("database is locked") and SQLITE_LOCKED ("database table is locked").
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
