@@ -21,8 +21,10 @@ from gorge.service import (
     run_make_service,
 )
 from gorge.taskqueue.api import TaskQueueApi
+from gorge.sql.metrics import TransactionMetrics
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.settings import TaskQueueSettings, load_settings
+from gorge.taskqueue.sqlstore import SqlTaskStore
 from gorge.taskqueue.store import TaskStore
 from gorge.web import build_site
 
@@ -93,6 +95,8 @@ class TaskQueueService(DaemonRoot, OrderedService):
         self.store = store
         self.registry = CollectorRegistry()
         self.metrics = TaskQueueMetrics(self.registry)
+        if isinstance(store, SqlTaskStore):
+            self.registry.register(TransactionMetrics(store.db))
         self.inflight = InFlight()
         self.notifier = notifier
         self._reactor = reactor

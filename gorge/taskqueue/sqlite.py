@@ -6,11 +6,10 @@ from __future__ import annotations
 import sqlite3
 
 from twisted.enterprise import adbapi
-from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.taskqueue.model import COUNTER_NAME
-from gorge.taskqueue.sqlstore import Dialect, SqlTaskStore
+from gorge.sql import Database, SQLiteEngine
+from gorge.taskqueue.sqlstore import DATABASE_NAME, SqlTaskStore
 
 # Same tables, columns and keys as schema/phabricator_worker.sql; nobody else
 # creates this file, so the store does (the one exception to "no DDL").
@@ -69,26 +68,6 @@ CREATE TABLE IF NOT EXISTS lisk_counter (
 );
 """
 
-# The upsert MySQL spells with LAST_INSERT_ID(); SQLite hands the value back directly.
-NEXT_COUNTER = (
-    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, 1)"
-    " ON CONFLICT (counterName) DO UPDATE SET counterValue = counterValue + 1"
-    " RETURNING counterValue"
-)
-
-RESERVE_COUNTER = (
-    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, ?)"
-    " ON CONFLICT (counterName) DO UPDATE SET counterValue = counterValue + ?"
-    " RETURNING counterValue"
-)
-SET_COUNTER = (
-    "INSERT INTO lisk_counter (counterName, counterValue) VALUES (?, ?)"
-    " ON CONFLICT (counterName) DO UPDATE SET counterValue = ?"
-)
-
-BUSY_TIMEOUT_MS = 5000
-
-
 # Files created before the PHID columns had TEXT affinity declared them
 # VARBINARY(64); these tables are rebuilt once so new PHIDs keep their text.
 _PHID_TABLES = ("worker_activetask", "worker_archivetask")
@@ -125,74 +104,24 @@ def _rebuild_numeric_phid_tables(connection: sqlite3.Connection) -> None:
         connection.execute("COMMIT")
 
 
-def _open(connection: sqlite3.Connection) -> None:
-    connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    connection.execute("PRAGMA journal_mode = WAL")
-    _rebuild_numeric_phid_tables(connection)
-    # Also recreates the indexes a rebuilt table lost with its old copy.
-    connection.executescript(SCHEMA)
-
-
-class SQLiteDialect(Dialect):
-    name = "sqlite"
-
-    def sql(self, statement: str) -> str:
-        # Integer operands: SQLite's "/" is MySQL's DIV there.
-        return statement.replace("%s", "?").replace(" DIV ", " / ")
-
-    def begin_write(self, txn) -> None:
-        # The connection runs in autocommit mode (isolation_level=None), so a
-        # write transaction is opened explicitly and takes the write lock up front.
-        txn.execute("BEGIN IMMEDIATE")
-
-    def next_task_id(self, txn) -> int:
-        txn.execute(NEXT_COUNTER, (COUNTER_NAME,))
-        return int(txn.fetchone()[0])
-
-    def reserve_task_ids(self, txn, count: int) -> int:
-        txn.execute(RESERVE_COUNTER, (COUNTER_NAME, count, count))
-        return int(txn.fetchone()[0]) - count + 1
-
-    def set_counter(self, txn, name: str, value: int) -> None:
-        txn.execute(SET_COUNTER, (name, value, value))
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
-
-    async def ping(self, pool: adbapi.ConnectionPool, clock: IReactorTime) -> str | None:
-        def select_one(txn) -> None:
-            txn.execute("SELECT 1")
-            txn.fetchall()
-
-        try:
-            await pool.runInteraction(select_one).addTimeout(5, clock)
-        except DeferredTimeoutError:
-            return "open database: timed out"
-        except Exception as e:
-            return f"open database: {type(e).__name__}"
-        return None
-
-
 def make_sqlite_pool(path: str, reactor) -> adbapi.ConnectionPool:
-    # One connection: SQLite serialises writers anyway, and one connection
-    # keeps BEGIN IMMEDIATE from ever waiting on ourselves.
-    return adbapi.ConnectionPool(
-        "sqlite3",
-        path,
-        check_same_thread=False,
-        isolation_level=None,
-        cp_min=1,
-        cp_max=1,
-        cp_noisy=False,
-        cp_openfun=_open,
-        cp_reactor=reactor,
-    )
+    return _engine().make_pool(path, reactor)
+
+
+def _engine() -> SQLiteEngine:
+    # Rebuilding first also recreates the indexes a rebuilt table lost with its old copy.
+    return SQLiteEngine(schema=SCHEMA, prepare=_rebuild_numeric_phid_tables)
 
 
 class SQLiteTaskStore(SqlTaskStore):
-    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime) -> None:
-        super().__init__(pool, clock, SQLiteDialect())
+    """``clock`` gives "now"; ``reactor`` (default: ``clock``) bounds each transaction."""
+
+    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime, *,
+                 reactor: IReactorTime | None = None) -> None:
+        super().__init__(Database(_engine(), pool, reactor if reactor is not None else clock,
+                                  name=DATABASE_NAME), clock)
 
     @classmethod
     def open(cls, path: str, reactor, clock: IReactorTime | None = None) -> SQLiteTaskStore:
-        return cls(make_sqlite_pool(path, reactor), clock if clock is not None else reactor)
+        return cls(make_sqlite_pool(path, reactor), clock if clock is not None else reactor,
+                   reactor=reactor)

@@ -1,9 +1,11 @@
 """TaskStore over Phorge's worker tables, shared by the MySQL and SQLite backends.
 
-The statements are written once, with ``%s`` placeholders; everything that
-differs between the two databases (placeholder style, the lisk_counter
-upsert, row locks, transaction start, which errors are worth a retry) lives
-in a :class:`Dialect` object, so the methods below have no per-backend branches.
+The statements are written once, in MySQL's spelling with ``%s``
+placeholders; everything that differs between the two databases (placeholder
+style, the lisk_counter upsert, row locks, transaction start, which errors
+are worth a retry) is the engine's (gorge/sql/engine.py), so the methods
+below have no per-backend branches. Every transaction runs through
+:meth:`gorge.sql.Database.run`, named after the store method.
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
+from gorge.sql import Database
 from gorge.taskqueue.counts import TaskCounts
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
+    COUNTER_NAME,
     LEASED,
     MIN_YIELD,
     NOT_LEASED,
@@ -45,7 +47,7 @@ from gorge.taskqueue.model import (
 )
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 
-log = Logger()
+DATABASE_NAME = "taskqueue"  # prefixes the transactions' log events: TASKQUEUE_TXN_RETRY
 
 _COLS = ", ".join(TASK_COLUMNS)
 _T_COLS = ", ".join(f"t.{c}" for c in TASK_COLUMNS)
@@ -186,7 +188,6 @@ DELETE_DATA = "DELETE FROM worker_taskdata WHERE id IN ({ids})"
 # A concurrent claimer can take candidates between our SELECT and UPDATE;
 # re-select a few times before answering with fewer tasks than asked for.
 _CLAIM_ROUNDS = 4
-_TXN_ATTEMPTS = 3
 _INT64_MAX = 2**63 - 1  # the largest LIMIT both databases take
 _AWAKEN_CHUNK = 500
 
@@ -199,86 +200,37 @@ class _Contended(Exception):
     """A one-statement claim lost some candidates to a concurrent claimer."""
 
 
-class Dialect:
-    """What differs between SQL databases.  Subclasses override; methods take a txn."""
-
-    name = "sql"
-
-    def sql(self, statement: str) -> str:
-        return statement
-
-    def begin_write(self, txn) -> None:
-        """Start a transaction that will write."""
-
-    def begin_lease(self, txn) -> None:
-        """Start the lease transaction (MySQL lowers isolation so re-selects see commits)."""
-        self.begin_write(txn)
-
-    lock = ""
-
-    def next_task_id(self, txn) -> int:
-        raise NotImplementedError
-
-    def reserve_task_ids(self, txn, count: int) -> int:
-        """Take ``count`` consecutive ids from the counter; the first one."""
-        raise NotImplementedError
-
-    def set_counter(self, txn, name: str, value: int) -> None:
-        raise NotImplementedError
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return False
-
-    async def ping(self, pool: adbapi.ConnectionPool, clock: IReactorTime) -> str | None:
-        raise NotImplementedError
-
-
 class SqlTaskStore:
     """TaskStore over ``worker_activetask`` / ``worker_archivetask`` /
     ``worker_taskdata`` / ``lisk_counter``; see :mod:`gorge.taskqueue.store`."""
 
-    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime, dialect: Dialect) -> None:
-        self._pool = pool
+    def __init__(self, db: Database, clock: IReactorTime) -> None:
+        self.db = db
+        self._engine = db.engine
         self._clock = clock
-        self._dialect = dialect
         self._counts = TaskCounts()
         self._stats_lock = DeferredLock()
-
-    @property
-    def pool(self) -> adbapi.ConnectionPool:
-        return self._pool
 
     def _now(self) -> int:
         return int(self._clock.seconds())
 
     def _exec(self, txn, statement: str, args: Sequence[Any] = ()) -> None:
-        txn.execute(self._dialect.sql(statement), tuple(args))
-
-    async def _run(self, fn, *args) -> Any:
-        for attempt in range(1, _TXN_ATTEMPTS + 1):
-            try:
-                return await self._pool.runInteraction(fn, *args)
-            except Exception as e:
-                if attempt == _TXN_ATTEMPTS or not self._dialect.is_retryable(e):
-                    raise
-                log.info("TASKQUEUE_TXN_RETRY attempt={attempt} error={error}",
-                         attempt=attempt, error=type(e).__name__)
-        raise AssertionError("unreachable")
+        self._engine.execute(txn, statement, args)
 
     # -- enqueue -------------------------------------------------------------
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
         now = self._now()
-        return await self._run(self._enqueue_txn, request, now)
+        return await self.db.run("enqueue", self._enqueue_txn, request, now)
 
     def _enqueue_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
-        self._dialect.begin_write(txn)
+        self._engine.begin_write(txn)
         return self._insert_txn(txn, request, now)
 
     def _insert_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
         self._exec(txn, INSERT_DATA, (request.data,))
         data_id = int(txn.lastrowid)
-        task_id = self._dialect.next_task_id(txn)
+        task_id = self._engine.next_counter(txn, COUNTER_NAME)
         self._exec(
             txn,
             INSERT_TASK,
@@ -301,18 +253,18 @@ class SqlTaskStore:
         now = self._now()
         exp = check_u32("leaseExpires", now + lease_duration)
         classes = tuple(dict.fromkeys(task_classes or ()))
-        return await self._run(self._lease_txn, owner, limit, exp, now, classes)
+        return await self.db.run("lease", self._lease_txn, owner, limit, exp, now, classes)
 
     def _lease_txn(self, txn, owner: str, limit: int, exp: int, now: int,
                    classes: tuple[str, ...]) -> list[Task]:
-        self._dialect.begin_lease(txn)
+        self._engine.begin_write(txn, read_committed=True)
         try:
             won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=True)
         except _Contended:
             # Which rows the statement took is unknowable: undo it and claim
             # row by row, which tells each row's winner.
             txn.execute("ROLLBACK")
-            self._dialect.begin_lease(txn)
+            self._engine.begin_write(txn, read_committed=True)
             won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=False)
         if not won:
             return []
@@ -358,21 +310,22 @@ class SqlTaskStore:
 
     async def complete(self, task_id: int, duration: int,
                        owner: str | None = None) -> ArchivedTask:
-        return await self._run(self._archive_txn, task_id, RESULT_SUCCESS, duration,
-                               self._now(), True, owner)
+        return await self.db.run("complete", self._archive_txn, task_id, RESULT_SUCCESS,
+                                 duration, self._now(), True, owner)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self._run(self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(),
-                               False, None)
+        return await self.db.run("cancel", self._archive_txn, task_id, RESULT_CANCELLED, 0,
+                                 self._now(), False, None)
 
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
-            return await self._run(self._archive_txn, task_id, RESULT_FAILURE, 0, now, False,
-                                   owner)
-        return await self._run(self._temporary_fail_txn, task_id, now, now + retry_wait, owner)
+            return await self.db.run("fail", self._archive_txn, task_id, RESULT_FAILURE, 0, now,
+                                     False, owner)
+        return await self.db.run("fail_temporarily", self._temporary_fail_txn, task_id, now,
+                                 now + retry_wait, owner)
 
     def _held_txn(self, txn, task_id: int, owner: str | None,
                   replay: bool = False) -> Task | ArchivedTask:
@@ -380,7 +333,7 @@ class SqlTaskStore:
         lock; TaskNotFound / LeaseConflict as the TaskStore fencing note says.
         With ``replay``, a success archived (with this owner, when fenced) is
         returned instead of an active row."""
-        self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
+        self._exec(txn, SELECT_ACTIVE.format(lock=self._engine.for_update), (task_id,))
         row = txn.fetchone()
         if row is None:
             previous = None
@@ -399,7 +352,7 @@ class SqlTaskStore:
 
     def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
                      replay: bool, owner: str | None) -> ArchivedTask:
-        self._dialect.begin_write(txn)
+        self._engine.begin_write(txn)
         task = self._held_txn(txn, task_id, owner, replay)
         if isinstance(task, ArchivedTask):
             return task
@@ -428,7 +381,7 @@ class SqlTaskStore:
 
     def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int,
                             owner: str | None) -> Task:
-        self._dialect.begin_write(txn)
+        self._engine.begin_write(txn)
         if owner is not None:
             self._held_txn(txn, task_id, owner)
         expires = self._check_expiry(txn, task_id, "retryWait", expires, owner)
@@ -440,10 +393,11 @@ class SqlTaskStore:
 
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
-        await self._run(self._yield_txn, task_id, now, now + max(duration, MIN_YIELD), owner)
+        await self.db.run("yield", self._yield_txn, task_id, now, now + max(duration, MIN_YIELD),
+                          owner)
 
     def _yield_txn(self, txn, task_id: int, now: int, expires: int, owner: str | None) -> None:
-        self._dialect.begin_write(txn)
+        self._engine.begin_write(txn)
         # Existence by a locking read: an identical yield in the same second
         # changes no row, and the pool reports changed rows, not matched ones.
         self._held_txn(txn, task_id, owner)
@@ -456,16 +410,17 @@ class SqlTaskStore:
         exp = check_u32("duration", self._now() + duration)
         if not ids:
             return {}
-        return await self._run(self._renew_txn, owner, ids, exp)
+        return await self.db.run("renew", self._renew_txn, owner, ids, exp)
 
     def _renew_txn(self, txn, owner: str, ids: tuple[int, ...], exp: int) -> dict[int, int | None]:
-        self._dialect.begin_write(txn)
+        self._engine.begin_write(txn)
         held: dict[int, int | None] = {}
         for start in range(0, len(ids), _AWAKEN_CHUNK):
             chunk = ids[start:start + _AWAKEN_CHUNK]
             marks = _marks(len(chunk))
             self._exec(txn, RENEW.format(ids=marks), (exp, *chunk, owner, exp))
-            self._exec(txn, RENEWED.format(ids=marks, lock=self._dialect.lock), (*chunk, owner))
+            self._exec(txn, RENEWED.format(ids=marks, lock=self._engine.for_update),
+                       (*chunk, owner))
             held.update((int(row[0]), int(row[1])) for row in txn.fetchall())
         return {task_id: held.get(task_id) for task_id in ids}
 
@@ -474,10 +429,10 @@ class SqlTaskStore:
         if not ids:
             return 0
         ago = self._now() - AWAKEN_WINDOW
-        return await self._run(self._awaken_txn, ids, ago)
+        return await self.db.run("awaken", self._awaken_txn, ids, ago)
 
     def _awaken_txn(self, txn, ids: tuple[int, ...], ago: int) -> int:
-        self._dialect.begin_write(txn)
+        self._engine.begin_write(txn)
         changed = 0
         # Chunked: SQLite caps the number of bound parameters per statement.
         for start in range(0, len(ids), _AWAKEN_CHUNK):
@@ -504,14 +459,14 @@ class SqlTaskStore:
             return [archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
                     for row in txn.fetchall()]
 
-        return await self._run(read)
+        return await self.db.run("list_archived", read)
 
     async def requeue(self, task_id: int) -> Task:
-        return await self._run(self._requeue_txn, task_id, self._now())
+        return await self.db.run("requeue", self._requeue_txn, task_id, self._now())
 
     def _requeue_txn(self, txn, task_id: int, now: int) -> Task:
-        self._dialect.begin_write(txn)
-        archived = self._archived_txn(txn, task_id, self._dialect.lock)
+        self._engine.begin_write(txn)
+        archived = self._archived_txn(txn, task_id, self._engine.for_update)
         if archived is None:
             self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
             if txn.fetchone() is not None:
@@ -531,7 +486,7 @@ class SqlTaskStore:
 
     def _active_txn(self, txn, task_id: int) -> Task:
         """The active row, locked; archived -> TaskStateError, else not found."""
-        self._exec(txn, SELECT_ACTIVE.format(lock=self._dialect.lock), (task_id,))
+        self._exec(txn, SELECT_ACTIVE.format(lock=self._engine.for_update), (task_id,))
         row = txn.fetchone()
         if row is None:
             if self._archived_txn(txn, task_id) is not None:
@@ -539,16 +494,16 @@ class SqlTaskStore:
             raise TaskNotFound(task_id)
         return self._task_row(row)
 
-    async def _operate(self, change, task_id: int, *args) -> Task:
+    async def _operate(self, description: str, change, task_id: int, *args) -> Task:
         now = self._now()
 
         def txn_fn(txn) -> Task:
-            self._dialect.begin_write(txn)
+            self._engine.begin_write(txn)
             task = change(txn, self._active_txn(txn, task_id), now, *args)
             self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
             return self._task_row(txn.fetchone()) if task is None else task
 
-        return await self._run(txn_fn)
+        return await self.db.run(description, txn_fn)
 
     async def delay(self, task_id: int, until: int) -> Task:
         def change(txn, task: Task, now: int) -> None:
@@ -556,13 +511,13 @@ class SqlTaskStore:
                 raise TaskStateError(task_id, LEASED)
             self._exec(txn, DELAY, (until, now, task_id))
 
-        return await self._operate(change, task_id)
+        return await self._operate("delay", change, task_id)
 
     async def set_priority(self, task_id: int, priority: int) -> Task:
         def change(txn, task: Task, now: int) -> None:
             self._exec(txn, SET_PRIORITY, (priority, now, task_id))
 
-        return await self._operate(change, task_id)
+        return await self._operate("set_priority", change, task_id)
 
     async def free(self, task_id: int) -> Task:
         def change(txn, task: Task, now: int) -> None:
@@ -570,14 +525,14 @@ class SqlTaskStore:
                 raise TaskStateError(task_id, NOT_LEASED)
             self._exec(txn, FREE, (now, now, task_id))
 
-        return await self._operate(change, task_id)
+        return await self._operate("free", change, task_id)
 
     async def retry(self, task_id: int, repeat: bool) -> Task:
-        return await self._run(self._retry_txn, task_id, repeat, self._now())
+        return await self.db.run("retry", self._retry_txn, task_id, repeat, self._now())
 
     def _retry_txn(self, txn, task_id: int, repeat: bool, now: int) -> Task:
-        self._dialect.begin_write(txn)
-        archived = self._archived_txn(txn, task_id, self._dialect.lock)
+        self._engine.begin_write(txn)
+        archived = self._archived_txn(txn, task_id, self._engine.for_update)
         if archived is None:
             self._exec(txn, SELECT_ACTIVE.format(lock=""), (task_id,))
             if txn.fetchone() is not None:
@@ -599,7 +554,7 @@ class SqlTaskStore:
             self._exec(txn, ACTIVE_IDS)
             return [int(row[0]) for row in txn.fetchall()]
 
-        return await self._run(read)
+        return await self.db.run("active_ids", read)
 
     async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
         ids = sorted(set(int(i) for i in task_ids))
@@ -612,14 +567,14 @@ class SqlTaskStore:
                 out += [self._task_row(row, with_data=True) for row in txn.fetchall()]
             return out
 
-        return await self._run(read) if ids else []
+        return await self.db.run("export_tasks", read) if ids else []
 
     async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
-        return await self._run(self._import_txn, list(tasks), ledger, mark)
+        return await self.db.run("import_tasks", self._import_txn, list(tasks), ledger, mark)
 
     def _import_txn(self, txn, tasks: list[Task], ledger: str, mark: int) -> list[int]:
-        self._dialect.begin_write(txn)
-        first = self._dialect.reserve_task_ids(txn, len(tasks)) if tasks else 0
+        self._engine.begin_write(txn)
+        first = self._engine.reserve_counter(txn, COUNTER_NAME, len(tasks)) if tasks else 0
         ids = []
         for offset, task in enumerate(tasks):
             self._exec(txn, INSERT_DATA, (task.data or "",))
@@ -629,7 +584,7 @@ class SqlTaskStore:
                 first + offset, task.task_class, task.lease_owner, task.lease_expires,
                 task.failure_count, data_id, task.failure_time, task.priority,
                 task.object_phid, task.container_phid, task.date_created, task.date_modified))
-        self._dialect.set_counter(txn, ledger, mark)
+        self._engine.set_counter(txn, ledger, mark)
         return ids
 
     async def migration_mark(self, ledger: str) -> int | None:
@@ -638,20 +593,20 @@ class SqlTaskStore:
             row = txn.fetchone()
             return None if row is None else int(row[0])
 
-        return await self._run(read)
+        return await self.db.run("migration_mark", read)
 
     async def clear_migration_mark(self, ledger: str) -> None:
         def clear(txn) -> None:
-            self._dialect.begin_write(txn)
+            self._engine.begin_write(txn)
             self._exec(txn, CLEAR_LEDGER, (ledger,))
 
-        await self._run(clear)
+        await self.db.run("clear_migration_mark", clear)
 
     async def delete_tasks(self, tasks: Sequence[Task]) -> int:
         tasks = list(tasks)
 
         def delete(txn) -> int:
-            self._dialect.begin_write(txn)
+            self._engine.begin_write(txn)
             gone = 0
             for start in range(0, len(tasks), _AWAKEN_CHUNK):
                 chunk = tasks[start:start + _AWAKEN_CHUNK]
@@ -661,7 +616,7 @@ class SqlTaskStore:
                 self._exec(txn, DELETE_DATA.format(ids=marks), [t.data_id for t in chunk])
             return gone
 
-        return await self._run(delete) if tasks else 0
+        return await self.db.run("delete_tasks", delete) if tasks else 0
 
     # -- reads ---------------------------------------------------------------
 
@@ -677,7 +632,9 @@ class SqlTaskStore:
             leased, failed = txn.fetchone()
             return int(leased), int(failed), self._counts.read(txn, self._exec, now)
 
-        leased, failed, found = await self._run(read)
+        # The first read counts whole tables: its length grows with them, and
+        # each of its statements is bounded by the driver.
+        leased, failed, found = await self.db.run("stats", read, bounded=self._counts.loaded)
         active, archived = self._counts.apply(found)
         return Stats(active=active, leased=leased, archived=archived, failed=failed)
 
@@ -688,7 +645,7 @@ class SqlTaskStore:
             self._exec(txn, LIST, (each, each, limit, offset))
             return [self._task_row(row) for row in txn.fetchall()]
 
-        return await self._run(read)
+        return await self.db.run("list_tasks", read)
 
     async def get_task(self, task_id: int) -> Task:
         def read(txn) -> Task:
@@ -698,10 +655,10 @@ class SqlTaskStore:
                 raise TaskNotFound(task_id)
             return self._task_row(row, with_data=True)
 
-        return await self._run(read)
+        return await self.db.run("get_task", read)
 
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
-        return await self._run(self._archived_txn, task_id)
+        return await self.db.run("get_archived", self._archived_txn, task_id)
 
     def _archived_txn(self, txn, task_id: int, lock: str = "") -> ArchivedTask | None:
         self._exec(txn, SELECT_ARCHIVED.format(lock=lock), (task_id,))
@@ -717,7 +674,7 @@ class SqlTaskStore:
         return task_from_columns(cols, data)
 
     async def ping(self) -> str | None:
-        return await self._dialect.ping(self._pool, self._clock)
+        return await self.db.ping()
 
     async def close(self) -> None:
-        self._pool.close()
+        self.db.close()

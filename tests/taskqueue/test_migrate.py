@@ -162,9 +162,9 @@ async def _seed_many(store, backend: str, n: int) -> None:
         def wrapped(txn) -> None:
             txn.execute("BEGIN IMMEDIATE")
             insert(txn)
-        await store.pool.runInteraction(wrapped)
+        await store.db.pool.runInteraction(wrapped)
     else:
-        await store.pool.runInteraction(insert)
+        await store.db.pool.runInteraction(insert)
 
 
 @pytest.mark.time_limit(900)

@@ -158,7 +158,7 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
     finally:
         await service.stopService()
     assert not service.running
-    assert service.store.pool.running is False
+    assert service.store.db.pool.running is False
 
 
 class _Notifier:

@@ -71,6 +71,7 @@ class _Reset:
 
         self.backend = backend
         self._request = request
+        self._reactor = reactor
         if backend == "mysql":
             from gorge.mysql import make_pool
 
@@ -97,7 +98,7 @@ class _Reset:
                     txn.execute(f"TRUNCATE TABLE {table}")
 
             _in_reactor(lambda: self._pool.runInteraction(wipe))
-            return MySQLTaskStore(self._pool, clock)
+            return MySQLTaskStore(self._pool, clock, reactor=self._reactor)
         if self.backend == "sqlite":
             from gorge.taskqueue.sqlite import SQLiteTaskStore
 
@@ -107,7 +108,7 @@ class _Reset:
                     txn.execute(f"DELETE FROM {table}")
 
             _in_reactor(lambda: self._pool.runInteraction(wipe))
-            return SQLiteTaskStore(self._pool, clock)
+            return SQLiteTaskStore(self._pool, clock, reactor=self._reactor)
         from gorge.taskqueue.redis import RedisTaskStore
 
         return RedisTaskStore(self._conn, clock=clock,
