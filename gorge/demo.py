@@ -37,9 +37,9 @@ from gorge.demo_seed import (
     REQUESTS,
     TASKS,
     Endpoint,
+    DemoHerald,
     call_api,
     enqueue_task,
-    insert_webhook_rows,
     send_mail,
 )
 from gorge.demo_services import DemoSettings, DemoStack, build_stack, demo_settings
@@ -54,7 +54,6 @@ STOP_BUDGET = 30.0
 STORE_TIMEOUT = 10.0
 
 BREAKER_OPENED = "WEBHOOK_HOOK_IN_ERROR_BACKOFF "
-SQL_REQUEST_STATES = "SELECT phid, status, lastRequestResult FROM herald_webhookrequest"
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ class Demo:
         self.receiver_url = ""
         self.settings: DemoSettings | None = None
         self.stack: DemoStack | None = None
+        self._herald: DemoHerald | None = None
         self._late_requests = [r for r in REQUESTS if r.after_hits]
 
     # -- events from the demo's own parts ----------------------------------
@@ -119,6 +119,7 @@ class Demo:
         self.receiver_url = f"http://127.0.0.1:{receiver_port}"
         self.settings = demo_settings(self._options.workdir, smtp_port)
         self.stack = build_stack(self.settings, self._reactor, self._on_task_run)
+        self._herald = DemoHerald(self.stack.webhook_store.db)
         globalLogPublisher.addObserver(self._on_log_event)
         self._pool = HTTPConnectionPool(self._reactor, persistent=True)
         self._client = HTTPClient(Agent(self._reactor, pool=self._pool, connectTimeout=5))
@@ -130,9 +131,9 @@ class Demo:
             self._progress.say("demo", f"gorge-{name} on {endpoint.base_url}")
 
     async def _insert_requests(self, hooks, requests) -> None:
-        await insert_webhook_rows(self.stack.webhook_store.pool, hooks, requests,
-                                  self.receiver_url, int(self._reactor.seconds())
-                                  ).addTimeout(STORE_TIMEOUT, self._reactor)
+        await Deferred.fromCoroutine(self._herald.insert(
+            hooks, requests, self.receiver_url, int(self._reactor.seconds())
+        )).addTimeout(STORE_TIMEOUT, self._reactor)
 
     async def seed(self) -> None:
         endpoints = self.settings.endpoints()
@@ -167,12 +168,7 @@ class Demo:
 
     async def refresh(self) -> None:
         """Read the final-state evidence the events alone cannot give."""
-
-        def select(txn):
-            txn.execute(SQL_REQUEST_STATES)
-            return txn.fetchall()
-
-        rows = await self.stack.webhook_store.pool.runInteraction(select).addTimeout(
+        rows = await Deferred.fromCoroutine(self._herald.request_states()).addTimeout(
             STORE_TIMEOUT, self._reactor)
         self.state.webhook_rows = {_text(phid): (_text(status), _text(result))
                                    for phid, status, result in rows}

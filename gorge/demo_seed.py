@@ -1,8 +1,9 @@
 """What the demo seeds, what each item must end as, and the seeding itself.
 
 Webhook rows are inserted into the herald tables the way Phorge inserts them
-(``queued`` / ``none`` / epoch 0); tasks go through the taskqueue's HTTP API
-and mails through the mailer's, as Phorge would send them.
+(``queued`` / ``none`` / epoch 0), by :class:`DemoHerald` playing Phorge;
+tasks go through the taskqueue's HTTP API and mails through the mailer's, as
+Phorge would send them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.demo_handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
+from gorge.sql import Database
 from gorge.taskqueue.model import (
     PRIORITY_ALERTS,
     PRIORITY_BULK,
@@ -107,13 +109,15 @@ REJECTED_ADDRESSES = frozenset(
 
 SQL_INSERT_HOOK = (
     "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status,"
-    " hmacKey, dateCreated, dateModified) VALUES (?, ?, ?, 'users', 'admin', 'enabled', ?, ?, ?)"
+    " hmacKey, dateCreated, dateModified)"
+    " VALUES (%s, %s, %s, 'users', 'admin', 'enabled', %s, %s, %s)"
 )
 SQL_INSERT_REQUEST = (
     "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,"
     " lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
-    " VALUES (?, ?, ?, 'queued', ?, 'none', 0, ?, ?)"
+    " VALUES (%s, %s, %s, 'queued', %s, 'none', 0, %s, %s)"
 )
+SQL_REQUEST_STATES = "SELECT phid, status, lastRequestResult FROM herald_webhookrequest"
 
 
 def hook_named(name: str) -> DemoHook:
@@ -132,22 +136,38 @@ def request_properties(request: DemoRequest) -> str:
     }, separators=(",", ":"))
 
 
-def insert_webhook_rows(pool, hooks: tuple[DemoHook, ...], requests: tuple[DemoRequest, ...],
-                        receiver_url: str, now: int) -> Deferred:
-    """Insert hooks and queued requests in one transaction (through the store's pool)."""
+class DemoHerald:
+    """Phorge's side of the herald tables, which the demo plays: it shares the
+    webhook store's database, as Phorge shares it with gorge-webhook."""
 
-    def insert(txn) -> None:
-        for hook in hooks:
-            txn.execute(SQL_INSERT_HOOK, (hook.phid.encode(), hook.name,
-                                          f"{receiver_url}/hooks/{hook.name}",
-                                          hook.hmac_key, now, now))
-        for request in requests:
-            txn.execute(SQL_INSERT_REQUEST, (request.phid.encode(),
-                                             hook_named(request.hook).phid.encode(),
-                                             request.object_phid.encode(),
-                                             request_properties(request), now, now))
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
-    return pool.runInteraction(insert)
+    async def insert(self, hooks: tuple[DemoHook, ...], requests: tuple[DemoRequest, ...],
+                     receiver_url: str, now: int) -> None:
+        """Hooks and queued requests, in one transaction."""
+
+        def insert(txn) -> None:
+            self._db.engine.begin_write(txn)
+            for hook in hooks:
+                self._db.execute(txn, SQL_INSERT_HOOK, (
+                    hook.phid.encode(), hook.name, f"{receiver_url}/hooks/{hook.name}",
+                    hook.hmac_key, now, now))
+            for request in requests:
+                self._db.execute(txn, SQL_INSERT_REQUEST, (
+                    request.phid.encode(), hook_named(request.hook).phid.encode(),
+                    request.object_phid.encode(), request_properties(request), now, now))
+
+        await self._db.run("demo_insert", insert)
+
+    async def request_states(self) -> list[tuple[Any, Any, Any]]:
+        """(phid, status, lastRequestResult) of every request, as stored."""
+
+        def select(txn) -> list[tuple[Any, Any, Any]]:
+            self._db.execute(txn, SQL_REQUEST_STATES)
+            return txn.fetchall()
+
+        return await self._db.run("demo_request_states", select)
 
 
 @dataclass(frozen=True)

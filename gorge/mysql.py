@@ -1,20 +1,18 @@
-"""MySQL access through ``twisted.enterprise.adbapi`` with pymysql.
+"""MySQL access through ``twisted.enterprise.adbapi`` with pymysql: the pool,
+and what the error codes mean. The MySQL engine of the SQL layer
+(gorge/sql/engine.py) stands on these; stores use the layer, not the pool.
 
 The pool is lazy: creating it connects nowhere, so a daemon starts (and
-answers ``/healthz``) before Phorge has created its databases. Every call is
-``pool.runInteraction(fn, ...)``; ``fn`` runs in a pool thread and commits
-when it returns.
+answers ``/healthz``) before Phorge has created its databases.
 """
 
 from __future__ import annotations
 
 from twisted.enterprise import adbapi
-from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
-from twisted.internet.interfaces import IReactorTime
 
 from gorge.config import MySQLSettings
 
-__all__ = ["make_pool", "ping", "is_transient", "is_retryable", "error_reason"]
+__all__ = ["make_pool", "is_transient", "is_retryable", "error_reason"]
 
 DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
 
@@ -93,20 +91,3 @@ def error_reason(exc: BaseException) -> str:
     if code in _REASONS:
         return _REASONS[code]
     return f"database error {code}" if code is not None else "database unavailable"
-
-
-async def ping(pool: adbapi.ConnectionPool, clock: IReactorTime, timeout: float = 5) -> str | None:
-    """None when the database answers ``SELECT 1`` in time, else a short reason."""
-
-    def select_one(txn) -> None:
-        txn.execute("SELECT 1")
-        txn.fetchall()
-
-    try:
-        d: Deferred = pool.runInteraction(select_one)
-        await d.addTimeout(timeout, clock)
-    except DeferredTimeoutError:
-        return "database ping timed out"
-    except Exception as e:
-        return error_reason(e)
-    return None

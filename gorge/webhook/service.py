@@ -13,6 +13,7 @@ from twisted.python import usage
 
 from gorge.config import Env
 from gorge.service import DaemonRoot, Poller, SystemdNotifier, listener, run_make_service
+from gorge.sql.metrics import TransactionMetrics
 from gorge.web import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
@@ -111,7 +112,7 @@ class WebhookService(DaemonRoot):
         log.info("WEBHOOK_STOPPED")
 
 
-def log_effective_settings(settings: WebhookSettings, dialect: str,
+def log_effective_settings(settings: WebhookSettings, engine: str,
                            warnings: list[str]) -> None:
     log.info("WEBHOOK_CONFIG poll_ms={poll_ms} max_concurrent={max_concurrent}"
              " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
@@ -122,7 +123,7 @@ def log_effective_settings(settings: WebhookSettings, dialect: str,
              timeout=settings.delivery_timeout, lease=settings.effective_lease,
              retry_backoff=settings.retry_backoff, effective_retry=settings.effective_retry,
              threshold=settings.breaker_threshold, window=settings.breaker_window,
-             database=settings.mysql.describe(), store=dialect,
+             database=settings.mysql.describe(), store=engine,
              blacklist=len(settings.outbound_blacklist))
     for warning in warnings + settings.startup_warnings():
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
@@ -143,6 +144,7 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
     registry = registry if registry is not None else CollectorRegistry()
     metrics = WebhookMetrics(registry)
     store = store if store is not None else WebhookStore.mysql(settings.mysql, reactor)
+    registry.register(TransactionMetrics(store.db))
     policy = UriPolicy(settings.outbound_blacklist, resolver or system_resolver(reactor),
                        reactor, settings.delivery_timeout)
     transport = http_client if http_client is not None else Transport(
@@ -152,14 +154,10 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
     dispatcher = Dispatcher(store=store, transport=transport, policy=policy, breaker=breaker,
                             settings=settings, clock=clock, metrics=metrics)
 
-    async def readiness() -> str | None:
-        reason = await store.ping(reactor)
-        return None if reason is None else f"ping database: {reason}"
-
     site = build_site(api_resource=WebhookApi(store).resource(), prefix=PREFIX,
                       token=settings.http.token, body_limit=settings.http.body_limit,
-                      readiness=readiness, registry=registry, clock=reactor)
-    log_effective_settings(settings, store.dialect, config_warnings or [])
+                      readiness=store.ping, registry=registry, clock=reactor)
+    log_effective_settings(settings, store.db.engine.name, config_warnings or [])
     return WebhookService(settings=settings, reactor=reactor, store=store, transport=transport,
                           dispatcher=dispatcher, site=site,
                           http_service=listener(settings.http.endpoint, site,

@@ -12,24 +12,22 @@ only primary-key ranges above the last id seen, rows by id, one block of ids
 at a time for the background recount, and ``key_ratelimit`` for the breaker
 (docs/webhook.md, "Polling").
 
-The SQL is written once, in MySQL's spelling; :class:`Dialect` is the one
-place that adapts it to another engine (SQLite for the demo).
+The SQL is written once, in MySQL's spelling; the engine (gorge/sql/engine.py)
+adapts it to SQLite for the demo, and every read or write runs through
+:meth:`gorge.sql.Database.run`, named after what it does.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from gorge import mysql as platform_mysql
 from gorge.config import MySQLSettings
+from gorge.sql import Database
 from gorge.webhook.queueview import BLOCK, Counts, QueueView, Seen, SweepStep, block_of
 
 log = Logger()
@@ -37,7 +35,7 @@ log = Logger()
 QUEUED, SENT, FAILED = "queued", "sent", "failed"
 RESULT_NONE, RESULT_OKAY, RESULT_FAIL = "none", "okay", "fail"
 
-STATEMENT_TIMEOUT = 35.0  # above pymysql's 30 s read/write timeouts
+DATABASE_NAME = "webhook"  # prefixes the transactions' log events: WEBHOOK_TXN_RETRY
 
 NEW_ROWS_PER_POLL = 5000  # new ids read per poll; a larger burst is read over several
 START_OVERLAP = 1000  # the newest ids at start-up are read as new ones (holes tracked)
@@ -203,65 +201,24 @@ class Stats:
     active_hooks: int
 
 
-class Dialect:
-    """What differs between engines: placeholders, connection set-up, the clock."""
-
-    name = "mysql"
-
-    def sql(self, statement: str) -> str:
-        return statement
-
-    def pin_clock(self, txn, seconds: int | None) -> None:
-        # Tests inject a clock: the session timestamp makes UNIX_TIMESTAMP() follow it.
-        if seconds is not None:
-            txn.execute("SET timestamp = %s", (seconds,))
-
-
-class SQLiteDialect(Dialect):
-    """SQLite speaks ``?`` and lacks UNIX_TIMESTAMP()/GREATEST()/DIV: all are adapted."""
-
-    name = "sqlite"
-
-    def __init__(self, now: Callable[[], int]) -> None:
-        self._now = now
-
-    def sql(self, statement: str) -> str:
-        # Integer operands: SQLite's "/" is integer division there.
-        return statement.replace("%s", "?").replace(" DIV ", " / ")
-
-    def pin_clock(self, txn, seconds: int | None) -> None:
-        pass  # UNIX_TIMESTAMP() below already reads the injected clock
-
-    def open_connection(self, connection: sqlite3.Connection) -> None:
-        connection.create_function("UNIX_TIMESTAMP", 0, self._now)
-        connection.create_function("GREATEST", -1, max)
-
-
 # Phorge's layout and keys, nothing more: the demo must behave as production does.
-SQLITE_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS herald_webhook (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, phid BLOB NOT NULL UNIQUE,
-        name TEXT NOT NULL, webhookURI TEXT NOT NULL, viewPolicy BLOB NOT NULL,
-        editPolicy BLOB NOT NULL, status TEXT NOT NULL, hmacKey TEXT NOT NULL,
-        dateCreated INTEGER NOT NULL, dateModified INTEGER NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS key_status ON herald_webhook (status)",
-    """CREATE TABLE IF NOT EXISTS herald_webhookrequest (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, phid BLOB NOT NULL UNIQUE,
-        webhookPHID BLOB NOT NULL, objectPHID BLOB NOT NULL, status TEXT NOT NULL,
-        properties TEXT NOT NULL, lastRequestResult TEXT NOT NULL,
-        lastRequestEpoch INTEGER NOT NULL, dateCreated INTEGER NOT NULL,
-        dateModified INTEGER NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS key_ratelimit ON herald_webhookrequest"
-    " (webhookPHID, lastRequestResult, lastRequestEpoch)",
-    "CREATE INDEX IF NOT EXISTS key_collect ON herald_webhookrequest (dateCreated)",
-)
-
-
-class _AutocommitConnection(adbapi.Connection):
-    """adbapi commits after every interaction; in autocommit mode that is a wasted round trip."""
-
-    def commit(self) -> None:
-        pass
+SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS herald_webhook (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, phid BLOB NOT NULL UNIQUE,
+  name TEXT NOT NULL, webhookURI TEXT NOT NULL, viewPolicy BLOB NOT NULL,
+  editPolicy BLOB NOT NULL, status TEXT NOT NULL, hmacKey TEXT NOT NULL,
+  dateCreated INTEGER NOT NULL, dateModified INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS key_status ON herald_webhook (status);
+CREATE TABLE IF NOT EXISTS herald_webhookrequest (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, phid BLOB NOT NULL UNIQUE,
+  webhookPHID BLOB NOT NULL, objectPHID BLOB NOT NULL, status TEXT NOT NULL,
+  properties TEXT NOT NULL, lastRequestResult TEXT NOT NULL,
+  lastRequestEpoch INTEGER NOT NULL, dateCreated INTEGER NOT NULL,
+  dateModified INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS key_ratelimit ON herald_webhookrequest
+  (webhookPHID, lastRequestResult, lastRequestEpoch);
+CREATE INDEX IF NOT EXISTS key_collect ON herald_webhookrequest (dateCreated);
+"""
 
 
 @dataclass
@@ -276,23 +233,17 @@ class _Loading:
 
 
 class WebhookStore:
-    """The herald tables behind one adbapi pool, and what this process knows of them.
+    """The herald tables in one database, and what this process knows of them.
 
-    ``reactor`` bounds every statement; ``db_clock`` (tests only) pins the
-    database clock to an injected clock, and then also paces the background
-    recount.
+    The database's clock (``db.clock``: an injected one in tests) also
+    paces the background recount.
     """
 
-    def __init__(self, pool: adbapi.ConnectionPool, reactor: IReactorTime, *,
-                 dialect: Dialect | None = None, db_clock: IReactorTime | None = None,
-                 timeout: float = STATEMENT_TIMEOUT, view: QueueView | None = None) -> None:
-        self.pool = pool
-        self._reactor = reactor
-        self._dialect = dialect or Dialect()
-        self._db_clock = db_clock
-        self._timeout = timeout
+    def __init__(self, db: Database, *, view: QueueView | None = None) -> None:
+        self.db = db
+        self._engine = db.engine
         self._view = view if view is not None else QueueView()
-        self._pace = (db_clock if db_clock is not None else reactor).seconds
+        self._pace = db.clock.seconds
         self._load_lock = DeferredLock()
         self._loading: _Loading | None = None
         self._sweep_budget = 0.0
@@ -301,60 +252,22 @@ class WebhookStore:
     @classmethod
     def mysql(cls, settings: MySQLSettings, reactor, *,
               db_clock: IReactorTime | None = None) -> "WebhookStore":
-        pool = platform_mysql.make_pool(settings, reactor)
-        # Every statement stands alone (spec §2.1): run them in autocommit
-        # mode and skip the COMMIT round trip adbapi would add after each.
-        session = pool.openfun
-
-        def open_connection(connection) -> None:
-            if session is not None:
-                session(connection)
-            connection.autocommit(True)
-
-        pool.openfun = open_connection
-        pool.connectionFactory = _AutocommitConnection
-        return cls(pool, reactor, db_clock=db_clock)
+        # Every statement stands alone: autocommit, no COMMIT round trips.
+        return cls(Database.mysql(settings, reactor, name=DATABASE_NAME, autocommit=True,
+                                  db_clock=db_clock))
 
     @classmethod
-    def sqlite(cls, path: str, reactor, *, db_clock: IReactorTime | None = None,
-               create_schema: bool = True) -> "WebhookStore":
-        clock = db_clock
-        dialect = SQLiteDialect(
-            (lambda: int(clock.seconds())) if clock is not None else (lambda: int(time.time())))
-
-        def open_connection(connection) -> None:
-            dialect.open_connection(connection)
-            if create_schema:
-                for statement in SQLITE_SCHEMA:
-                    connection.execute(statement)
-                connection.commit()
-
-        # One connection: SQLite serialises writers anyway, and a second one
-        # would only meet "database is locked".
-        pool = adbapi.ConnectionPool(
-            "sqlite3", path, check_same_thread=False, cp_min=1, cp_max=1,
-            cp_openfun=open_connection, cp_reactor=reactor, cp_noisy=False)
-        return cls(pool, reactor, dialect=dialect, db_clock=db_clock)
-
-    @property
-    def dialect(self) -> str:
-        return self._dialect.name
+    def sqlite(cls, path: str, reactor, *, db_clock: IReactorTime | None = None) -> "WebhookStore":
+        """The embedded store (the demo's): the file and its tables are created on first use."""
+        return cls(Database.sqlite(path, reactor, name=DATABASE_NAME, schema=SQLITE_SCHEMA,
+                                   db_clock=db_clock))
 
     @property
     def view(self) -> QueueView:
         return self._view
 
-    def _run(self, fn: Callable, *args) -> Deferred:
-        pinned = int(self._db_clock.seconds()) if self._db_clock is not None else None
-
-        def interaction(txn):
-            self._dialect.pin_clock(txn, pinned)
-            return fn(txn, *args)
-
-        return self.pool.runInteraction(interaction).addTimeout(self._timeout, self._reactor)
-
     def _execute(self, txn, statement: str, params: Sequence[Any] = ()) -> None:
-        txn.execute(self._dialect.sql(statement), tuple(params))
+        self._engine.execute(txn, statement, params)
 
     # -- reads run inside one interaction (pool thread: no view access) ----
 
@@ -438,7 +351,7 @@ class WebhookStore:
         if view.loaded:
             return
         if self._loading is None:
-            lowest, highest = await self._run(self._read_bounds)
+            lowest, highest = await self.db.run("load_bounds", self._read_bounds)
             if highest is None:
                 view.finish_load(0, None)
                 return
@@ -452,11 +365,13 @@ class WebhookStore:
         while loading.position < loading.start:
             upto = min(loading.position + LOAD_CHUNK, loading.start)
             stamp = view.stamp()
-            counts, queued = await self._run(self._read_range, loading.position, upto)
+            counts, queued = await self.db.run("load_range", self._read_range, loading.position,
+                                               upto)
             view.loaded_range(counts, queued, stamp, self._pace())
             loading.position = upto
         stamp = view.stamp()
-        rows, upto = await self._run(self._read_new, loading.start, loading.highest)
+        rows, upto = await self.db.run("load_newest", self._read_new, loading.start,
+                                       loading.highest)
         view.finish_load(loading.start, loading.lowest)
         view.scanned(rows, upto, stamp, self._pace())
         self._loading = None
@@ -484,8 +399,8 @@ class WebhookStore:
         holes, leased = view.holes(), view.leased_elsewhere()
         stamp = view.stamp()
         try:
-            now, lowest, highest, new_rows, upto, rechecked, swept = await self._run(
-                self._read_changes, view.cursor, holes + leased, plan)
+            now, lowest, highest, new_rows, upto, rechecked, swept = await self.db.run(
+                "poll", self._read_changes, view.cursor, holes + leased, plan)
         except Exception:
             view.sweep_rewind(plan)
             raise
@@ -525,8 +440,8 @@ class WebhookStore:
         if not ids:
             return []
         stamp = view.stamp()
-        rows, others = await self._run(self._read_candidates, ids, now - lease, now - backoff,
-                                       limit)
+        rows, others = await self.db.run("candidates", self._read_candidates, ids, now - lease,
+                                         now - backoff, limit)
         answered = set()
         for seen in [_seen_candidate(row) for row in rows] + others:
             view.saw(seen, stamp)
@@ -538,17 +453,18 @@ class WebhookStore:
 
     # -- writes --------------------------------------------------------------
 
-    def _rowcount(self, statement: str, params: Sequence[Any]) -> Deferred:
+    async def _rowcount(self, statement: str, params: Sequence[Any], *, description: str) -> int:
         def update(txn) -> int:
             self._execute(txn, statement, params)
             return txn.rowcount
 
-        return self._run(update)
+        return await self.db.run(description, update)
 
     async def claim(self, candidate: Candidate) -> bool:
         """True iff this process now owns the row (exactly one row changed)."""
         try:
-            won = await self._rowcount(SQL_CLAIM, (candidate.id, candidate.version)) == 1
+            won = await self._rowcount(SQL_CLAIM, (candidate.id, candidate.version),
+                                       description="claim") == 1
         except Exception:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
             raise
@@ -563,7 +479,8 @@ class WebhookStore:
                      properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
         try:
-            changed = await self._rowcount(SQL_FINISH, (status, result, properties, candidate.id))
+            changed = await self._rowcount(SQL_FINISH, (status, result, properties, candidate.id),
+                                           description="finish")
         except Exception:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
             raise
@@ -578,7 +495,8 @@ class WebhookStore:
         """Configuration failure: failed / none / 0, only over the version read."""
         try:
             changed = await self._rowcount(SQL_RETIRE,
-                                           (properties, candidate.id, candidate.version))
+                                           (properties, candidate.id, candidate.version),
+                                           description="retire")
         except Exception:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
             raise
@@ -604,17 +522,19 @@ class WebhookStore:
                      for row in txn.fetchall())
             return {hook.phid: hook for hook in hooks}
 
-        return await self._run(select)
+        return await self.db.run("hooks", select)
 
-    def _count(self, statement: str, params: Sequence[Any] = ()) -> Deferred:
+    async def _count(self, statement: str, params: Sequence[Any] = (), *,
+                     description: str) -> int:
         def select(txn) -> int:
             self._execute(txn, statement, params)
             return int(txn.fetchone()[0])
 
-        return self._run(select)
+        return await self.db.run(description, select)
 
     async def recent_failures(self, hook_phid: str, window: int) -> int:
-        return await self._count(SQL_BREAKER_COUNT, (hook_phid.encode("utf-8"), window))
+        return await self._count(SQL_BREAKER_COUNT, (hook_phid.encode("utf-8"), window),
+                                 description="recent_failures")
 
     async def queued_for_hook(self, hook_phid: str) -> int:
         """Queued rows of the hook as this process knows them (no query: no index serves it)."""
@@ -624,16 +544,17 @@ class WebhookStore:
     async def stats(self) -> Stats:
         """Status counts as of the last poll (docs/webhook.md, "HTTP API"); hooks counted live."""
         await self._load()
-        active_hooks = await self._count(SQL_ACTIVE_HOOKS)
+        active_hooks = await self._count(SQL_ACTIVE_HOOKS, description="active_hooks")
         counts = self._view.counts()
         return Stats(queued=counts.queued, sent=counts.sent, failed=counts.failed,
                      active_hooks=active_hooks)
 
     async def hook_total(self) -> int:
-        return await self._count(SQL_HOOK_TOTAL)
+        return await self._count(SQL_HOOK_TOTAL, description="hook_total")
 
-    async def ping(self, clock: IReactorTime, timeout: float = 5) -> str | None:
-        return await platform_mysql.ping(self.pool, clock, timeout)
+    async def ping(self) -> str | None:
+        """None when the database answers, else a short reason for ``/readyz``."""
+        return await self.db.ping()
 
     def close(self) -> None:
-        self.pool.close()
+        self.db.close()

@@ -1,14 +1,20 @@
-"""gorge.mysql and gorge.redis against the throwaway servers."""
+"""gorge.mysql (through the SQL layer's MySQL engine) and gorge.redis against the
+throwaway servers."""
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 
 from gorge.config import MySQLSettings
-from gorge.mysql import is_transient, make_pool, ping as mysql_ping
+from gorge.sql import MySQLEngine
+from gorge.mysql import is_transient, make_pool
 from gorge.redis import LuaScript, RedisSettings, make_redis, ping as redis_ping
 
 pytestmark = pytest.mark.integration
+
+
+async def mysql_ping(pool, clock) -> str | None:
+    return await MySQLEngine().ping(pool, clock, 5)
 
 
 @pytest_twisted.ensureDeferred
@@ -18,7 +24,7 @@ async def test_pool_is_lazy_and_readiness_follows_database_creation(mariadb):
                              password=mariadb.password, database=name)
     pool = make_pool(settings, reactor)  # connects nowhere yet
     try:
-        assert await mysql_ping(pool, reactor) == "unknown database"
+        assert await mysql_ping(pool, reactor) == "ping database: unknown database"
         mariadb.create_database("worker", name=name)
         assert await mysql_ping(pool, reactor) is None  # same pool, no restart
     finally:
@@ -34,7 +40,7 @@ async def test_ping_reports_unreachable_server_without_secrets():
         reason = await mysql_ping(pool, reactor)
     finally:
         pool.close()
-    assert reason == "unreachable"
+    assert reason == "ping database: unreachable"
     assert "hunter2" not in reason
 
 

@@ -1,7 +1,7 @@
 """Contract fixtures (platform.md §12) replayed in-process through the real site.
 
 The seeded store is the SQLite one (same tables, same SQL as MySQL through
-the store's dialect): 2 hooks, 1 disabled; queued/sent/failed = 3/2/1.
+the SQLite engine): 2 hooks, 1 disabled; queued/sent/failed = 3/2/1.
 ``unavailable/`` runs against a store whose every call fails.
 """
 
@@ -54,7 +54,7 @@ def contract_site(tmp_path):
         store = WebhookStore.sqlite(path, reactor)
         made.append(store)
         if available:
-            assert await store.ping(reactor) is None  # creates the tables
+            assert await store.ping() is None  # creates the tables
             seed(path)
         settings = webhook_settings(MySQLSettings(database="contract_herald"), http=HttpSettings(
             listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=CONTRACT_TOKEN))

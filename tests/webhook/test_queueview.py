@@ -27,7 +27,8 @@ from twisted.internet.defer import Deferred, fail, succeed
 from gorge.webhook import queueview
 from gorge.webhook import store as store_module
 from gorge.webhook.queueview import QueueView, Seen
-from gorge.webhook.store import SQLITE_SCHEMA, SQLiteDialect, WebhookStore
+from gorge.sql import Database, SQLiteEngine
+from gorge.webhook.store import DATABASE_NAME, SQLITE_SCHEMA, WebhookStore
 from tests.webhook.conftest import T0
 
 LEASE, BACKOFF = 30, 60
@@ -78,10 +79,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock = task.Clock()
         self.clock.advance(T0)
         self.conn = sqlite3.connect(":memory:", isolation_level=None)
-        self.dialect = SQLiteDialect(lambda: int(self.clock.seconds()))
-        self.dialect.open_connection(self.conn)
-        for statement in SQLITE_SCHEMA:
-            self.conn.execute(statement)
+        self.engine = SQLiteEngine(schema=SQLITE_SCHEMA, clock=self.clock)
+        self.engine.open_connection(self.conn)
         self.next_id = 1
         self.reserved: list[Reserved] = []
         self.surprises: set[int] = set()  # queued behind the store's back
@@ -90,8 +89,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.store = self.new_store()
 
     def new_store(self) -> WebhookStore:
-        return WebhookStore(ImmediatePool(self.conn), self.clock, dialect=self.dialect,
-                            db_clock=self.clock)
+        return WebhookStore(Database(self.engine, ImmediatePool(self.conn), self.clock,
+                                     name=DATABASE_NAME))
 
     @property
     def now(self) -> int:

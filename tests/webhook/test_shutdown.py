@@ -49,7 +49,7 @@ async def test_stop_lets_the_delivery_finish_and_write_then_closes_the_pool(
     assert json.loads(row["properties"])["errorCode"] == 200  # never a fake timeout (28)
     late_row = herald.request(late)
     assert late_row["status"] == "queued" and late_row["dateModified"] == late_row["dateCreated"]
-    assert service.store.pool.running is False
+    assert service.store.db.pool.running is False
     names = captured_log.names()
     assert names.index("WEBHOOK_DELIVERED") < names.index("WEBHOOK_STOPPED")
     assert "WEBHOOK_DELIVERY_ABANDONED" not in names

@@ -1,4 +1,4 @@
-"""The webhook store on SQLite (demo): same tables, same SQL through the dialect."""
+"""The webhook store on SQLite (demo): same tables, same SQL through the SQLite engine."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ async def run_tick(service) -> None:
 
 async def test_golden_cases_on_sqlite(sqlite_service, receiver):
     service, clock, path = sqlite_service
-    assert await service.store.ping(reactor) is None  # creates the tables
+    assert await service.store.ping() is None  # creates the tables
     db = SQLiteHerald(path)
     expected = {}
     for case in all_cases():
@@ -80,7 +80,7 @@ async def test_golden_cases_on_sqlite(sqlite_service, receiver):
 
 async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
     service, clock, path = sqlite_service
-    assert await service.store.ping(reactor) is None
+    assert await service.store.ping() is None
     db = SQLiteHerald(path)
     db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
                                      viewPolicy="u", editPolicy="u", status="enabled",
@@ -102,7 +102,7 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
     # Enough rows for the start-up pass's per-block counts (integer division on
     # SQLite) and for the background recount to find a row put back to queued.
     service, clock, path = sqlite_service
-    assert await service.store.ping(reactor) is None
+    assert await service.store.ping() is None
     db = SQLiteHerald(path)
     db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
                                      viewPolicy="u", editPolicy="u", status="enabled",
@@ -131,3 +131,19 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
     assert receiver.count("/a") == 2
     stats = await service.store.stats()
     assert (stats.queued, stats.sent, stats.failed) == (0, 2251, 750)
+
+
+async def test_the_demo_file_is_opened_like_the_taskqueue_one(sqlite_service):
+    # WAL lets the demo's readers (and Phorge-side writers) work beside the
+    # store; the busy timeout makes a writer wait rather than fail.
+    service, _, path = sqlite_service
+    assert await service.store.ping() is None
+
+    def pragmas(txn) -> tuple:
+        txn.execute("PRAGMA journal_mode")
+        journal = txn.fetchone()[0]
+        txn.execute("PRAGMA busy_timeout")
+        return journal, txn.fetchone()[0]
+
+    assert await service.store.db.run("pragmas", pragmas) == ("wal", 5000)
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
