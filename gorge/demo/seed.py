@@ -14,7 +14,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.demo_handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
+from gorge.demo.handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
 from gorge.taskqueue.model import (
     PRIORITY_ALERTS,
     PRIORITY_BULK,
