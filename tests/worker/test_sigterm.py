@@ -15,7 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.protocol import ProcessProtocol
 
 from tests.support.paths import REPO_ROOT
-from tests.support.procs import free_port
+from gorge.testing.procs import free_port
 
 from .test_e2e import Stack
 
