@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import ConfigError
+from gorge.hangup import ReloadOnHangup
 from gorge.httpclient import make_http_client
 from gorge.service import (
     DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service,
@@ -28,7 +29,7 @@ from gorge.worker.conduit import ConduitClient
 from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.handlers import feed_http, herald_webhook, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
-from gorge.worker.handlers.feed_http import FeedHttpHandler
+from gorge.worker.handlers.feed_http import FeedHttpHandler, FeedPolicy
 from gorge.worker.handlers.herald_webhook import LeftToGorgeWebhook
 from gorge.worker.handlers.noop import noop
 from gorge.worker.handlers.test_worker import TestWorker
@@ -100,7 +101,8 @@ class WorkerService(DaemonRoot, OrderedService):
 
 
 def build_registry(
-    settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics
+    settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics,
+    feed_policy: FeedPolicy | None = None,
 ) -> tuple[Registry, ConduitClient | None]:
     registry = Registry()
     conduit = None
@@ -113,8 +115,7 @@ def build_registry(
         not allow or feed_http.TASK_CLASS in allow) else None
     registry.register(
         feed_http.TASK_CLASS,
-        FeedHttpHandler(http_client, clock, delegate=feed_delegate,
-                        policy_file=settings.feed_policy_file),
+        FeedHttpHandler(http_client, clock, delegate=feed_delegate, policy=feed_policy),
     )
     if settings.native_test_worker:
         registry.register(test_worker.TASK_CLASS, TestWorker(clock))
@@ -170,7 +171,9 @@ def build_worker_service(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
-    registry, conduit = build_registry(settings, http_client, clock, metrics)
+    # Read once here and again on SIGHUP, never per task (docs/worker.md).
+    feed_policy = FeedPolicy(settings.feed_policy_file) if settings.feed_policy_file else None
+    registry, conduit = build_registry(settings, http_client, clock, metrics, feed_policy)
     for task_class, handler in (extra_handlers or {}).items():
         registry.register(task_class, handler)
     plan = LeasePlan(registry, settings.class_filter)
@@ -261,6 +264,8 @@ def build_worker_service(
         FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
         listener(settings.http.endpoint, site, clock=clock),
     ]
+    if feed_policy is not None:
+        children.append(ReloadOnHangup(feed_policy.reload, reactor, name="feed-policy-reload"))
     if probe is not None:
         children.append(FunctionService(start=probe.start, stop=probe.stop, name="conduit-probe"))
     children.append(

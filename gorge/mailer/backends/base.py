@@ -20,7 +20,9 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
 ``build`` validates every option it reads and raises ``ConfigError`` via
 ``entry.error(field, reason)`` / the ``entry.*`` getters for anything it
 cannot use (missing credential, bad port, unknown protocol). It must not do
-I/O: no dialling, no DNS, no file checks beyond what is free.
+I/O: no dialling, no DNS. A backend that depends on a local file looks at it
+once when built and again in ``reload()`` (see :class:`Reloadable`), never
+per send on the reactor thread.
 
 The returned object satisfies :class:`Backend`. Its ``send`` contract:
 
@@ -71,6 +73,13 @@ class Backend(Protocol):
     priority: int  # effective priority (§9.3)
 
     async def send(self, message: Message, *, deadline: float) -> Outcome: ...
+
+
+@runtime_checkable
+class Reloadable(Protocol):
+    """A backend with local state to read again on SIGHUP (sendmail's binary)."""
+
+    def reload(self) -> None: ...
 
 
 @dataclass(frozen=True)
