@@ -363,8 +363,11 @@ class GorgeRoot(Resource):
                 log.error("READINESS_FAILED error={error}", error=str(e))
                 return "readiness check failed"
 
+        gone: list[bool] = []  # the client hung up before the answer
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
         def answer(reason: str | None) -> None:
-            if request.finished or getattr(request, "_disconnected", False):
+            if request.finished or gone:
                 return
             if reason is None:
                 body = envelope(request, 200, {"status": "ok"})
@@ -479,6 +482,9 @@ def stub_client(site: server.Site):
     from treq.testing import StubTreq
 
     stub = StubTreq(site.resource)
+    # treq offers no public way to the Site it builds; its private
+    # ``_agent._serverFactory`` is read here and nowhere else, and
+    # tests/platform/test_stub_client.py fails loudly if treq renames it.
     server_factory = stub._agent._serverFactory
     server_factory.requestFactory = site.requestFactory
     server_factory.displayTracebacks = False

@@ -12,12 +12,13 @@ from hypothesis import given, strategies as st
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionRefusedError, TimeoutError as ConnectTimeout
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived, _DataLoss
+from OpenSSL import SSL
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 from twisted.python.failure import Failure
 from twisted.internet.error import ConnectionDone, ConnectionLost
 
 from gorge.config import ConfigError, Env
-from gorge.webhook.transport import transport_code
+from gorge.webhook.transport import BodyCutShort, transport_code
 from gorge.webhook.uripolicy import Unresolvable, UriPolicy, UriRefused
 from gorge.webhook.settings import DEFAULT_OUTBOUND_BLACKLIST, load_webhook_settings, parse_blacklist
 from tests.support.paths import REPO_ROOT
@@ -177,8 +178,12 @@ def test_public_ipv4_is_allowed_exactly_when_outside_every_range(value):
     (ConnectTimeout(), 28),
     (ResponseNeverReceived([Failure(ConnectionDone())]), 52),
     (ResponseNeverReceived([Failure(ConnectionLost())]), 56),
-    (ResponseFailed([Failure(_DataLoss())]), 18),
-    (ResponseFailed([Failure(ConnectionDone()), Failure(_DataLoss())]), 18),  # body cut short
+    # The connection failed while the body was read: cut short, however it ended...
+    (BodyCutShort(Failure(ResponseFailed([Failure(ConnectionDone())]))), 18),
+    (BodyCutShort(Failure(ResponseFailed([Failure(ConnectionLost())]))), 18),
+    # ...unless TLS broke underneath.
+    (BodyCutShort(Failure(ResponseFailed([Failure(SSL.Error([("", "", "bad record mac")]))]))),
+     35),
     # Closed part-way through the status line or headers: not a body cut short,
     # so "anything else" (spec §4.5), whatever the close looked like.
     (ResponseFailed([Failure(ConnectionDone())]), 0),
