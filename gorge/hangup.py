@@ -8,7 +8,8 @@ thread for each task or send; ``kill -HUP`` makes it read them again.
 from __future__ import annotations
 
 import signal
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.application.service import Service
 from twisted.logger import Logger

@@ -8,7 +8,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.web import resource, server
-from twisted.web.client import Agent
+from twisted.web.client import Agent, ResponseNeverReceived
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
@@ -145,7 +145,7 @@ async def test_a_body_written_before_the_tls_handshake_is_not_handed_over(reacto
     finally:
         request.cancel()
         await port.stopListening()
-    with pytest.raises(Exception):
+    with pytest.raises(ResponseNeverReceived):
         await request
 
 

@@ -29,8 +29,7 @@ from typing import Any
 from OpenSSL import SSL
 from twisted.internet import ssl
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import ClientFactory
+from twisted.internet.protocol import ClientFactory, connectionDone
 from twisted.mail.smtp import (
     Address,
     ESMTPClient,
@@ -330,7 +329,7 @@ class _Session(ESMTPClient):
             pass
         super().connectionMade()
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self.connected = False
         if self.done.called:
@@ -470,7 +469,7 @@ class _Session(ESMTPClient):
     def getMailFrom(self) -> Address:
         return self.sender
 
-    def getMailTo(self) -> list[Address]:
+    def getMailTo(self) -> list[_Verbatim]:
         return self.recipients
 
     def getMailData(self) -> _Content:
