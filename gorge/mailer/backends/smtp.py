@@ -61,8 +61,9 @@ _STAGE_NAMES = {
     "rcpt": "RCPT TO", "data": "DATA", "content": "message content",
     "dot": "end of DATA",
 }
-#: The stage a command's reply belongs to, by the command's verb.
-_COMMAND_STAGES = {b"EHLO": "ehlo", b"HELO": "helo", b"STARTTLS": "starttls",
+#: The stage a command's reply belongs to, by the first four bytes of the
+#: command as the stock client writes it (STARTTLS included).
+_COMMAND_STAGES = {b"EHLO": "ehlo", b"HELO": "helo", b"STAR": "starttls",
                    b"AUTH": "auth", b"MAIL": "mail", b"RCPT": "rcpt", b"DATA": "data"}
 #: LOGIN asks for the user name, then the password; a third challenge is a failure.
 _LOGIN_CHALLENGES = 2
@@ -248,6 +249,10 @@ class _Session(ESMTPClient):
     # the outcome is classified from the replies alone.
     debug = False
     MAX_LENGTH = 65536
+    # ESMTPClient sends every attribute write (about a hundred a message)
+    # through a Python __setattr__ that only warns about its deprecated
+    # ``tlsMode``, a name this client never uses.
+    __setattr__ = object.__setattr__
 
     def __init__(self, cfg: SmtpConfig, tls: Any, sender: str, recipients: list[str],
                  content: bytes) -> None:
@@ -255,7 +260,8 @@ class _Session(ESMTPClient):
                        if cfg.user else None)
         super().__init__(credentials, None if cfg.mode == "ssl" else tls,
                          cfg.helo.encode("utf-8"))
-        self.authenticators = [_Plain(), _Login()]
+        self.registerAuthenticator(_Plain())  # tried in this order
+        self.registerAuthenticator(_Login())
         self.heloFallback = not cfg.user and cfg.mode == "plain"
         self.requireAuthentication = bool(cfg.user)
         self.requireTransportSecurity = cfg.mode == "starttls"
@@ -273,7 +279,7 @@ class _Session(ESMTPClient):
         self.auth_challenges = 0
         self.connector: Any = None
         self._ahead: deque[bytes] = deque()
-        self._data: _Content | None = None
+        self._reader: _Content | None = None
 
     @property
     def secure(self) -> bool:
@@ -382,10 +388,9 @@ class _Session(ESMTPClient):
         super().sendLine(line)
 
     def _note_stage(self, line: bytes) -> None:
-        verb = line.split(b" ", 1)[0].split(b":", 1)[0].upper()
-        if self.stage == "auth" and verb != b"MAIL":
+        if self.stage == "auth" and not line.startswith(b"MAIL FROM:"):
             return  # SASL responses: still the AUTH exchange
-        stage = _COMMAND_STAGES.get(verb)
+        stage = _COMMAND_STAGES.get(line[:4])
         if stage == "ehlo" and self.started_tls:
             stage = "tls-ehlo"
         if stage == "auth":
@@ -474,8 +479,8 @@ class _Session(ESMTPClient):
 
     def getMailData(self) -> _Content:
         content = stuff_mime(self.content)
-        self._data = _Content(content, terminate=len(content) <= CHUNK_SIZE)
-        return self._data
+        self._reader = _Content(content, terminate=len(content) <= CHUNK_SIZE)
+        return self._reader
 
     def smtpState_data(self, code: int, resp: bytes) -> None:
         self.stage = "content"
@@ -483,7 +488,7 @@ class _Session(ESMTPClient):
 
     def transformChunk(self, chunk: bytes) -> bytes:
         # Already CRLF and dot-stuffed (stuff_mime).
-        if self._data is not None and self._data.dot_taken and not self.dot_sent:
+        if self._reader is not None and self._reader.dot_taken and not self.dot_sent:
             self._handed_over_dot()
         return chunk
 
