@@ -312,9 +312,9 @@ class HistoryBench:
         from prometheus_client import CollectorRegistry
 
         from gorge.config import HttpSettings
+        from gorge.testing.herald_history import fill_history
         from gorge.webhook.service import build_webhook_service
         from gorge.webhook.settings import WebhookSettings
-        from tests.webhook.history import fill_history
 
         name = self.db.create_database("herald", f"hist{size}_herald")
         conn = self.db.connect(name)

@@ -3,6 +3,7 @@
 Both start a real server on a loopback port in a temporary directory
 (:class:`~gorge.testing.mariadb_server.MariaDBServer`,
 :class:`~gorge.testing.redis_server.RedisServer`), with Phorge's tables on
-demand (:mod:`~gorge.testing.phorge_schema`). Nothing here runs in a daemon
-and nothing starts at import time.
+demand (:mod:`~gorge.testing.phorge_schema`) and a long webhook delivery
+history to fill them with (:mod:`~gorge.testing.herald_history`). Nothing
+here runs in a daemon and nothing starts at import time.
 """
