@@ -1,4 +1,4 @@
-"""The outbound HTTP client each service builds once (``style.md`` §7), and
+"""The outbound HTTP client each service builds once, and
 the request body both senders use."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The HTTP surface every gorge daemon shares (``spec/platform.md`` §2-§8).
+"""The HTTP surface every gorge daemon shares.
 
 * :func:`ok` / :func:`fail`: the compact ``{data}`` / ``{error}`` envelope.
 * :func:`add_error_handlers`: Klein error handlers in the one order that works.
@@ -104,7 +104,7 @@ def render_failure(request, failure) -> bytes:
     if isinstance(e, ApiError):
         return fail(request, e.status, e.code, e.message)
     if isinstance(e, (NotFound, MethodNotAllowed)):
-        # platform.md §3.1: a wrong method under the API prefix is a 404.
+        # A wrong method under the API prefix is a 404.
         return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
     if isinstance(e, HTTPException):
         code = getattr(e, "code", 500) or 500
@@ -215,7 +215,7 @@ class LimitedRequest(server.Request):
 
     Also assigns the request id and writes the access log line. Subclass with
     a ``limit`` class attribute (a ``functools.partial`` would lose the
-    ``INonQueuedRequestFactory`` marker, see ``style.md`` §6).
+    ``INonQueuedRequestFactory`` marker).
     """
 
     limit: int = 2 * 1024 * 1024

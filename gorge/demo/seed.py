@@ -121,7 +121,7 @@ def hook_named(name: str) -> DemoHook:
 
 
 def request_properties(request: DemoRequest) -> str:
-    """The document Phorge's editor writes (spec webhook.md §2.5)."""
+    """The document Phorge's editor writes."""
     return json.dumps({
         "retry": "forever" if request.retry_forever else "never",
         "transactionPHIDs": [request.object_phid.replace("PHID-", "PHID-XACT-", 1)],

@@ -78,7 +78,7 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     if settings.config_problem:
         log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
 
-    # One pool per service (style.md §7); providers share it.
+    # One pool per service; providers share it.
     http_client, pool = make_http_client(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
     backends = [build_backend(entry, reactor=reactor, http_client=http_client)
                 for entry in settings.entries]
@@ -92,7 +92,7 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     api = MailerApi(dispatcher, metrics=metrics, body_limit=settings.body_limit)
 
     async def readiness() -> str | None:
-        # Never dials out (§2): a 200 only says an attempt can be made.
+        # Never dials out: a 200 only says an attempt can be made.
         if backends:
             return None
         return settings.config_problem or "no mailers configured"

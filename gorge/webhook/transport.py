@@ -1,4 +1,4 @@
-"""One bounded delivery POST (spec §4.4) and the code it records (§4.5).
+"""One bounded delivery POST and the code it records.
 
 The connection goes to an address the URI policy checked, while ``Host``,
 SNI and certificate checks still use the hook's host name.
@@ -129,7 +129,7 @@ def _reasons(exc: BaseException) -> list[BaseException]:
 
 
 def transport_code(exc: BaseException) -> int:
-    """cURL's code for a transport failure (spec §4.5); our own deadline is decided elsewhere."""
+    """cURL's code for a transport failure; our own deadline is decided elsewhere."""
     if isinstance(exc, Unresolvable):
         return CODE_UNRESOLVED
     if isinstance(exc, net_error.TimeoutError):
@@ -239,7 +239,7 @@ class Transport:
                     urljoin(target.uri, location[0].decode("latin-1")))
             except UriRefused:
                 return response.code
-            # Unresolvable propagates: not a refusal, a failed attempt (code 6, §4.6).
+            # Unresolvable propagates: not a refusal, a failed attempt (code 6).
         return response.code
 
     def abort_all(self) -> None:

@@ -3,7 +3,7 @@
 Start order: HTTP pool, listener, Conduit probe, consume loop. Stop runs in
 reverse: the loop stops leasing and drains first (while /readyz says
 "shutting down" and the listener still answers), then the probe, then the
-listener, and the HTTP connection pool is closed last (worker.md §14).
+listener, and the HTTP connection pool is closed last.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from gorge.worker.settings import WorkerSettings, load_worker_settings
 
 log = Logger()
 
-# worker.md §9.2: classes the reference delegates by name when Conduit is set.
+# Classes the reference delegates by name when Conduit is set.
 DELEGATED_BY_DEFAULT = (
     "PhabricatorSearchWorker",
     "PhabricatorMetaMTAWorker",
@@ -57,7 +57,7 @@ class Options(usage.Options):
 
 
 class ConduitProbe:
-    """The periodic delegation readiness probe (worker.md §12.2)."""
+    """The periodic delegation readiness probe."""
 
     def __init__(self, client: ConduitClient, clock, period: float) -> None:
         self._client = client

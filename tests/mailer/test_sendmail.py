@@ -146,7 +146,7 @@ class _ExitedTransport:
 ])
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 def test_stop_during_the_pipe_grace_keeps_the_exit_verdict(exit_reason, kind, how):
-    # §10.3: once the main process has exited, only the wait for its pipes
+    # Once the main process has exited, only the wait for its pipes
     # remains; a deadline or cancel then must not turn its exit status (exit
     # 0 = accepted) into "outcome unknown", nor wait for the grace timer.
     from twisted.internet import task

@@ -1,4 +1,4 @@
-"""Configuration (spec §7) and the outbound URI policy (spec §4.6), without a database."""
+"""Configuration and the outbound URI policy, without a database."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_blacklist_parsing():
 
 @pytest.mark.parametrize("value", [" ", "  \t", ",", " , ,"])  # "," is "${A},${B}" with both unset
 def test_a_blank_or_item_less_blacklist_is_the_default_not_allow_all(value):
-    # Spec §4.6: a blank or badly interpolated setting can never switch the guard off.
+    # A blank or badly interpolated setting can never switch the guard off.
     settings = load_webhook_settings({"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": value})
     assert settings.outbound_blacklist == parse_blacklist(None)
     assert len(settings.outbound_blacklist) == 29
@@ -171,7 +171,7 @@ def test_public_ipv4_is_allowed_exactly_when_outside_every_range(value):
     assert policy().blocked(str(address)) is inside
 
 
-# -- transport error codes (spec §4.5) ---------------------------------------
+# -- transport error codes ---------------------------------------
 
 @pytest.mark.parametrize("exc,code", [
     (ConnectionRefusedError(), 7),
@@ -185,7 +185,7 @@ def test_public_ipv4_is_allowed_exactly_when_outside_every_range(value):
     (BodyCutShort(Failure(ResponseFailed([Failure(SSL.Error([("", "", "bad record mac")]))]))),
      35),
     # Closed part-way through the status line or headers: not a body cut short,
-    # so "anything else" (spec §4.5), whatever the close looked like.
+    # so "anything else", whatever the close looked like.
     (ResponseFailed([Failure(ConnectionDone())]), 0),
     (ResponseFailed([Failure(ConnectionLost())]), 0),
     (ResponseNeverReceived([Failure(ConnectionRefusedError())]), 7),

@@ -1,5 +1,5 @@
 """Native FeedPublisherHTTPWorker: byte-exact against Phorge's own requests
-(golden/feed), shapes and policy (worker.md §11.3-11.4)."""
+(tests/fixtures/feed), shapes and policy."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
 
     def build(entry: BackendEntry, *, reactor, http_client) -> Backend
 
-* ``entry`` -- one parsed element of the backend list (spec/mailer.md §9.3):
+* ``entry`` -- one parsed element of the backend list:
   ``key``, ``type``, effective ``priority`` (auto-assigned negatives
   included), ``options`` (every value already a ``str``: numbers/booleans
   were coerced, ``587`` -> ``"587"``, ``true`` -> ``"true"``) and
@@ -70,7 +70,7 @@ class Backend(Protocol):
 
     key: str
     type: str
-    priority: int  # effective priority (§9.3)
+    priority: int  # effective priority
 
     async def send(self, message: Message, *, deadline: float) -> Outcome: ...
 
@@ -116,7 +116,7 @@ class BackendEntry:
 
     def required(self, name: str) -> str:
         """A non-empty option, else ``ConfigError`` "<type>: <name> is
-        required" (the spec's wording, e.g. ``sendgrid: api-key is required``)."""
+        required" (for example ``sendgrid: api-key is required``)."""
         value = self.options.get(name, "")
         if value.strip() == "":
             raise self.error(name, f"{self.type}: {name} is required")

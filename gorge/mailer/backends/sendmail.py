@@ -150,7 +150,7 @@ class SendmailBackend:
             return Outcome.rejected_backend(self._unusable)
         child = _Child(clock, build_mime(message, now=now))
         try:
-            # The child inherits the service's environment (§10.3); an explicit
+            # The child inherits the service's environment; an explicit
             # copy because Twisted's fork path does not accept env=None.
             self._reactor.spawnProcess(child, self.path, self.argv(message),
                                        env=dict(os.environ))

@@ -1,4 +1,4 @@
-"""Native FeedPublisherHTTPWorker (worker.md §11.3-11.4).
+"""Native FeedPublisherHTTPWorker.
 
 Sends what Phorge sends: a form built like PHP's ``http_build_query`` from the
 story fields, in PHP's order, or a snapshot body that PHP precomputed. A task
