@@ -1,6 +1,6 @@
 """Benchmark: enqueue -> lease (in batches) -> complete cycles through gorge-taskqueue.
 
-Starts a throwaway MariaDB and Redis (tests/support). For each backend:
+Starts a throwaway MariaDB and Redis (gorge.testing). For each backend:
 
 1. direct bound: the same TaskStore calls (the same SQL or the same Redis
    scripts) issued in this process, without HTTP, by C concurrent clients;
@@ -205,7 +205,7 @@ async def main(reactor, args) -> None:
         if "mysql" in backends:
             from gorge.mysql import make_pool
             from gorge.taskqueue.mysql import MySQLTaskStore
-            from tests.support.mariadb_server import MariaDBServer
+            from gorge.testing.mariadb_server import MariaDBServer
 
             mariadb = MariaDBServer()
             mariadb.start()
@@ -223,7 +223,7 @@ async def main(reactor, args) -> None:
         if "redis" in backends:
             from gorge.redis import make_redis
             from gorge.taskqueue.redis import RedisTaskStore
-            from tests.support.redis_server import RedisServer
+            from gorge.testing.redis_server import RedisServer
 
             redis = RedisServer()
             redis.start()

@@ -1,6 +1,6 @@
 """Benchmark: no-op tasks through gorge-taskqueue + gorge-worker on MySQL.
 
-Starts a throwaway MariaDB (tests/support) and gorge-taskqueue as its own
+Starts a throwaway MariaDB (gorge.testing) and gorge-taskqueue as its own
 twistd process, then in this process measures, on the same queue:
 
 1. the queue-only cycle rate: a bare HTTP client leases and completes the
@@ -34,8 +34,8 @@ from twisted.internet.task import deferLater, react  # noqa: E402
 from twisted.logger import globalLogBeginner  # noqa: E402
 
 from gorge.logging import make_observer  # noqa: E402
-from tests.support.mariadb_server import MariaDBServer  # noqa: E402
-from tests.support.procs import free_port  # noqa: E402
+from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
+from gorge.testing.procs import free_port  # noqa: E402
 
 NAMESPACE = "bench"
 TOKEN = "bench-token"

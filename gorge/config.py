@@ -188,7 +188,7 @@ def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1
 
     ``listen_override`` comes from the twistd ``--listen`` option and wins
     over the environment. ``legacy_names`` accepts the bare ``LISTEN_ADDR`` /
-    ``SERVICE_TOKEN`` where a domain spec still lists them.
+    ``SERVICE_TOKEN`` where an older deployment still sets them.
     """
     listen_names = ("GORGE_LISTEN_ADDR", "LISTEN_ADDR") if legacy_names else "GORGE_LISTEN_ADDR"
     token_names = ("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN") if legacy_names else "GORGE_SERVICE_TOKEN"

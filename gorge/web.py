@@ -1,4 +1,4 @@
-"""The HTTP surface every gorge daemon shares (``spec/platform.md`` §2-§8).
+"""The HTTP surface every gorge daemon shares.
 
 * :func:`ok` / :func:`fail`: the compact ``{data}`` / ``{error}`` envelope.
 * :func:`add_error_handlers`: Klein error handlers in the one order that works.
@@ -104,7 +104,7 @@ def render_failure(request, failure) -> bytes:
     if isinstance(e, ApiError):
         return fail(request, e.status, e.code, e.message)
     if isinstance(e, (NotFound, MethodNotAllowed)):
-        # platform.md §3.1: a wrong method under the API prefix is a 404.
+        # A wrong method under the API prefix is a 404.
         return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
     if isinstance(e, HTTPException):
         code = getattr(e, "code", 500) or 500
@@ -215,7 +215,7 @@ class LimitedRequest(server.Request):
 
     Also assigns the request id and writes the access log line. Subclass with
     a ``limit`` class attribute (a ``functools.partial`` would lose the
-    ``INonQueuedRequestFactory`` marker, see ``style.md`` §6).
+    ``INonQueuedRequestFactory`` marker).
     """
 
     limit: int = 2 * 1024 * 1024
@@ -363,8 +363,11 @@ class GorgeRoot(Resource):
                 log.error("READINESS_FAILED error={error}", error=str(e))
                 return "readiness check failed"
 
+        gone: list[bool] = []  # the client hung up before the answer
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
         def answer(reason: str | None) -> None:
-            if request.finished or getattr(request, "_disconnected", False):
+            if request.finished or gone:
                 return
             if reason is None:
                 body = envelope(request, 200, {"status": "ok"})
@@ -479,6 +482,9 @@ def stub_client(site: server.Site):
     from treq.testing import StubTreq
 
     stub = StubTreq(site.resource)
+    # treq offers no public way to the Site it builds; its private
+    # ``_agent._serverFactory`` is read here and nowhere else, and
+    # tests/platform/test_stub_client.py fails loudly if treq renames it.
     server_factory = stub._agent._serverFactory
     server_factory.requestFactory = site.requestFactory
     server_factory.displayTracebacks = False

@@ -23,9 +23,9 @@ settings.register_profile(
     "gorge", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 settings.load_profile("gorge")
 
-from tests.support.mariadb_server import MariaDBServer
-from tests.support.procs import ServerUnavailable
-from tests.support.redis_server import RedisServer
+from gorge.testing.mariadb_server import MariaDBServer
+from gorge.testing.procs import ServerUnavailable
+from gorge.testing.redis_server import RedisServer
 
 # A test that waits forever would otherwise hold a CI run until it is killed
 # from outside, with no word on which test it was.

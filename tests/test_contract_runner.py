@@ -1,4 +1,4 @@
-"""The shared contract-fixture runner (platform.md §12) on its own."""
+"""The shared contract-fixture runner on its own."""
 
 from __future__ import annotations
 

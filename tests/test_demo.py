@@ -19,12 +19,12 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from gorge.cli import build_parser
-from gorge.demo_handlers import FailOnce, Observed, YieldOnce
-from gorge.demo_progress import summary_table
-from gorge.demo_receiver import ReceiverPath, build_receiver, signature_of
-from gorge.demo_seed import MAILS, REQUESTS, TASKS, request_properties
-from gorge.demo_smtp import SinkFactory, SmtpSink
-from gorge.demo_state import Check, DemoState
+from gorge.demo.handlers import FailOnce, Observed, YieldOnce
+from gorge.demo.progress import summary_table
+from gorge.demo.receiver import ReceiverPath, build_receiver, signature_of
+from gorge.demo.seed import MAILS, REQUESTS, TASKS, request_properties
+from gorge.demo.smtp import SinkFactory, SmtpSink
+from gorge.demo.state import Check, DemoState
 from gorge.worker.outcome import RetryLater, Yield, classify
 
 REPO = Path(__file__).resolve().parents[1]

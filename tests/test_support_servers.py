@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.paths import FIXTURES_DIR, REPO_ROOT
-from tests.support.phorge_schema import create_statements
-from tests.support.procs import ServerUnavailable, find_binary
-from tests.support.resp import RedisReplyError, encode_command
+from gorge.testing.phorge_schema import create_statements
+from gorge.testing.procs import ServerUnavailable, find_binary
+from gorge.testing.resp import RedisReplyError, encode_command
 
 
 def _tables(conn: pymysql.connections.Connection) -> set[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import free_port
+from gorge.testing.procs import free_port
 from tests.support.twistd import TwistdDaemon, daemon_environ
 
 pytestmark = pytest.mark.slow
@@ -182,7 +182,7 @@ def test_ready_then_watchdog_pings_then_stopping_and_a_clean_exit(
     assert "STOPPING=1" not in notify.names()
     status = daemon.terminate()
     assert notify.wait_for("STOPPING=1", 5.0), notify.names()
-    # twistd re-raises the signal that stopped it: both count as clean (platform.md §10).
+    # twistd re-raises the signal that stopped it: both count as clean.
     assert status in (0, -signal.SIGTERM), daemon.log_tail()
     order = [m for m in notify.names() if m in ("READY=1", "STOPPING=1")]
     assert order == ["READY=1", "STOPPING=1"]

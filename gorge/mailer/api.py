@@ -1,4 +1,4 @@
-"""HTTP API of gorge-mailer (spec/mailer.md §4, §5): the Klein resource that
+"""HTTP API of gorge-mailer: the Klein resource that
 ``gorge.web.build_site`` mounts under ``/api/mailer/`` behind the token gate
 and the 10 MiB body limit."""
 

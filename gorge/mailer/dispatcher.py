@@ -1,10 +1,10 @@
-"""Walk the backends in priority order until one answers (spec/mailer.md §8).
+"""Walk the backends in priority order until one answers.
 
 ``Dispatcher.start(message, mailer_keys)`` returns a :class:`Dispatch`
 whose ``result`` fires with an :class:`Answer` (never errbacks) and whose
 ``cancel(reason)`` stops it: the dispatch deadline, a client disconnect and
 the shutdown drain all come through there. A cancelled attempt is
-classified by the backend (§8.3), so cancellation still yields a
+classified by the backend, so cancellation still yields a
 classified answer.
 """
 
@@ -30,7 +30,7 @@ MESSAGE_LIMIT = 2048
 
 @dataclass(frozen=True)
 class Answer:
-    """The final answer of a send (§7.3): HTTP status, error code (``None``
+    """The final answer of a send: HTTP status, error code (``None``
     on success), text, and on success the accepting key and message id."""
 
     status: int
@@ -54,7 +54,7 @@ def _cap(text: str) -> str:
 
 
 def order_backends(backends: Sequence[Backend]) -> list[Backend]:
-    """Descending effective priority; ties keep declaration order (§8.1)."""
+    """Descending effective priority; ties keep declaration order."""
     return sorted(backends, key=lambda b: -b.priority)
 
 
@@ -141,7 +141,7 @@ class Dispatch:
                 if outcome.retry_after is not None:
                     wait = max(wait, outcome.retry_after)
                     if clock.seconds() + wait > self.deadline:
-                        # §8.4: fail over instead of waiting past the deadline.
+                        # Fail over instead of waiting past the deadline.
                         finals.append(kind)
                         break
                 if wait > 0:
@@ -212,7 +212,7 @@ class Dispatcher:
 
     def start(self, message: Message, mailer_keys: Sequence[str] | None = None) -> Dispatch | Answer:
         """A running :class:`Dispatch`, or an immediate :class:`Answer` when
-        there is nothing to try (§7.3, §8.1)."""
+        there is nothing to try."""
         if not self.backends:
             return send_failed("no mailers configured")
         candidates = self.candidates(mailer_keys)

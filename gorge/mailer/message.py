@@ -1,4 +1,4 @@
-"""The validated outbound message (spec/mailer.md §4.1, §4.3, §4.4).
+"""The validated outbound message.
 
 ``parse_send_body(raw)`` turns the request body of ``POST /api/mailer/send``
 into a :class:`SendRequest` or raises :class:`MessageError` (answered as 400
@@ -21,7 +21,7 @@ has passed these rules, so backends may rely on them:
   removed (what SendGrid/Postmark pass on), and ``mime_type`` a valid
   ``type/subtype`` token pair, else ``application/octet-stream``.
 * ``text_body``/``html_body`` are ``""`` when absent, already truncated to
-  the configured body limit (§4.4) by the API before dispatch.
+  the configured body limit by the API before dispatch.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class Message:
         return [a.address for a in (*self.to, *self.cc, *self.bcc)]
 
     def truncated(self, limit: int) -> tuple[Message, int]:
-        """Bodies cut to ``limit`` UTF-8 bytes (§4.4); returns the message and
+        """Bodies cut to ``limit`` UTF-8 bytes; returns the message and
         how many bodies were shortened. ``limit <= 0`` disables truncation."""
         text = truncate_utf8(self.text_body, limit)
         html = truncate_utf8(self.html_body, limit)
@@ -126,7 +126,7 @@ def truncate_utf8(text: str, limit: int) -> str:
 
 
 def format_address(addr: Address) -> str:
-    """``addr`` bare, or ``name <addr>`` (§11): a non-ASCII name is RFC 2047
+    """``addr`` bare, or ``name <addr>``: a non-ASCII name is RFC 2047
     encoded (UTF-8), a name with specials becomes an RFC 5322 quoted-string.
     Used by the MIME builder and by providers that want a "formatted" address."""
     name = addr.name
@@ -160,7 +160,7 @@ def encode_words(text: str) -> list[str]:
 
 
 def parse_send_body(raw: bytes) -> SendRequest:
-    """Decode and validate a ``POST /api/mailer/send`` body (§4.3, in order)."""
+    """Decode and validate a ``POST /api/mailer/send`` body (in order)."""
     if not raw:
         raise MessageError("request body is empty; expected a JSON object")
     try:
@@ -177,7 +177,7 @@ def parse_send_body(raw: bytes) -> SendRequest:
 
 
 def parse_send_request(doc: dict[str, Any]) -> SendRequest:
-    """Validate an already decoded request object (§4.3 rules 2-9)."""
+    """Validate an already decoded request object."""
     raw = _opt(doc, "message", dict, "message") or {}
     keys = _opt(doc, "mailerKeys", list, "mailerKeys")
     mailer_keys = None
@@ -223,7 +223,7 @@ def parse_send_request(doc: dict[str, Any]) -> SendRequest:
         to=tuple(_mk_address(a) for a in to),
         cc=tuple(_mk_address(a) for a in cc),
         bcc=tuple(_mk_address(a) for a in bcc),
-        # §4.1 [fix]: an empty replyTo address means "no Reply-To".
+        # An empty replyTo address means "no Reply-To".
         reply_to=_mk_address(reply_to) if reply_to is not None and reply_to[0] else None,
         subject=subject,
         text_body=text_body,
@@ -325,7 +325,7 @@ def _check_address(address: str, path: str) -> None:
 
 
 def _check_header(i: int, name: str, value: str) -> Header:
-    # Only CR/LF are stripped from a name (§4.3 rule 9); any other control
+    # Only CR/LF are stripped from a name; any other control
     # character, NUL included, makes it invalid rather than silently renamed.
     name = name.translate(_CRLF)
     if not _HEADER_NAME_RE.match(name):

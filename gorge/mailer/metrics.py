@@ -1,4 +1,4 @@
-"""Prometheus metrics of one mailer service (spec/mailer.md §2).
+"""Prometheus metrics of one mailer service.
 
 Registered on the service's own registry; labels never carry addresses,
 subjects or message ids.

@@ -1,10 +1,10 @@
-"""Raw RFC 5322/MIME message for the smtp, sendmail and ses backends (spec §11).
+"""Raw RFC 5322/MIME message for the smtp, sendmail and ses backends.
 
 ``build_mime(message, now=clock.seconds())`` returns the whole message as
 bytes with CRLF line endings, not dot-stuffed (the SMTP client stuffs,
 sendmail runs with ``-oi``). Written by hand rather than with
 ``email.message`` so header order, folding and the verbatim Message-ID are
-exactly what §11 says; only RFC 2047 encoding is borrowed from the stdlib.
+exactly what docs/mailer.md says about the raw message; only RFC 2047 encoding is borrowed from the stdlib.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def build_mime(
     now: float,
     token_hex: Callable[[int], str] = secrets.token_hex,
 ) -> bytes:
-    """The complete message (§11). ``now`` is the injected clock's
+    """The complete message. ``now`` is the injected clock's
     ``seconds()`` (used for ``Date`` unless the caller supplied one);
     ``token_hex`` makes boundaries and generated Message-IDs deterministic
     in tests."""

@@ -1,10 +1,10 @@
-"""The outcome of one backend attempt (spec/mailer.md §7.1).
+"""The outcome of one backend attempt.
 
 Every ``Backend.send`` call ends in exactly one :class:`Outcome`. Backends
-never raise for a delivery failure: they classify it. The dispatcher (§8)
+never raise for a delivery failure: they classify it. The dispatcher
 decides from ``Outcome.kind`` alone whether to answer, retry, or fail over.
 
-Two rules govern every classification (§7.1):
+Two rules govern every classification:
 
 1. If unsure, never ``REJECTED_MESSAGE``.
 2. Retry or fail over only what provably was not accepted; if the whole
@@ -63,9 +63,9 @@ class Outcome:
       resolved against the injected clock (see :func:`parse_retry_after`);
       ``None`` when absent or unparseable. The dispatcher waits
       ``max(retry_wait, retry_after)`` and fails over instead when that
-      would overrun the dispatch deadline (§8.4).
+      would overrun the dispatch deadline.
 
-    Build instances through the class methods; they read like the spec.
+    Build instances through the class methods; they read like the classification tables in docs/mailer.md.
     """
 
     kind: Kind
@@ -118,7 +118,7 @@ class Outcome:
 
     @property
     def label(self) -> str:
-        """The ``outcome`` metrics label (§2)."""
+        """The ``outcome`` metrics label."""
         return self.kind.value
 
 

@@ -16,6 +16,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
 
+from gorge.hangup import ReloadOnHangup
 from gorge.httpclient import make_http_client
 from gorge.service import (
     DaemonRoot, FunctionService, OrderedService, StopBudget, SystemdNotifier, listener,
@@ -25,6 +26,7 @@ from gorge.web import build_site
 
 from .api import MailerApi
 from .backends import build_backend
+from .backends.base import Reloadable
 from .dispatcher import Dispatcher
 from .metrics import MailerMetrics
 from .settings import MailerSettings, load_mailer_settings
@@ -76,10 +78,11 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     if settings.config_problem:
         log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
 
-    # One pool per service (style.md §7); providers share it.
+    # One pool per service; providers share it.
     http_client, pool = make_http_client(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
     backends = [build_backend(entry, reactor=reactor, http_client=http_client)
                 for entry in settings.entries]
+    reloadable = [backend for backend in backends if isinstance(backend, Reloadable)]
 
     registry = CollectorRegistry()
     metrics = MailerMetrics(registry)
@@ -89,7 +92,7 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
     api = MailerApi(dispatcher, metrics=metrics, body_limit=settings.body_limit)
 
     async def readiness() -> str | None:
-        # Never dials out (§2): a 200 only says an attempt can be made.
+        # Never dials out: a 200 only says an attempt can be made.
         if backends:
             return None
         return settings.config_problem or "no mailers configured"
@@ -139,6 +142,12 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         FunctionService(stop=close_pool, name="mailer-http-pool"),
         FunctionService(stop=lambda: Deferred.fromCoroutine(drain()), name="mailer-drain"),
     ]
+    if reloadable:
+        def reload_backends() -> None:
+            for backend in reloadable:
+                backend.reload()
+
+        children.append(ReloadOnHangup(reload_backends, reactor, name="mailer-reload"))
     if listen:
         children.append(listener(settings.http.endpoint, site,
                                  drain_timeout=settings.drain_budget, clock=reactor))

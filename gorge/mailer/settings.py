@@ -1,8 +1,8 @@
-"""Mailer configuration from the environment or a JSON file (spec/mailer.md §9).
+"""Mailer configuration from the environment or a JSON file.
 
 ``load_mailer_settings(environ, listen=..., config_file=...)`` returns a
 frozen :class:`MailerSettings` or raises ``ConfigError`` for anything that
-stops start-up (§9.6). It only shape-checks the backend list; building each
+stops start-up. It only shape-checks the backend list; building each
 entry (unknown type, missing credential, bad port) happens in the service
 builder, also before listening.
 """
@@ -21,7 +21,7 @@ SERVICE = "gorge-mailer"
 DEFAULT_LISTEN = ":8110"
 TRANSPORT_BODY_LIMIT = 10 * 1024 * 1024
 
-# Flat single-backend variables (§9.2) -> option keys; only these are mapped.
+# Flat single-backend variables -> option keys; only these are mapped.
 FLAT_OPTIONS = {
     "SMTP_HOST": "host",
     "SMTP_PORT": "port",
@@ -41,7 +41,7 @@ _FILE_KEYS = {
     "listenAddr", "serviceToken", "mailers", "maxRetries", "retryWaitSec",
     "bodyLimit", "sendTimeoutSec",
 }
-# Read in env mode only (§9.1); in file mode each one that is set is named
+# Read in env mode only; in file mode each one that is set is named
 # in a warning. Legacy spellings and the flat backend variables included.
 _ENV_ONLY = (
     "GORGE_LISTEN_ADDR", "LISTEN_ADDR", "GORGE_MAILER_CONFIG", "MAILER_CONFIG",
@@ -72,12 +72,12 @@ class MailerSettings:
 
     @property
     def drain_budget(self) -> float:
-        """Shutdown waits this long for in-flight sends (§2)."""
+        """Shutdown waits this long for in-flight sends."""
         return self.send_timeout + 5.0
 
 
 def parse_backend_list(text: str, source: str) -> list[BackendEntry] | None:
-    """Entries of a JSON backend list, with effective priorities (§9.3).
+    """Entries of a JSON backend list, with effective priorities.
 
     Returns ``None`` for JSON ``null`` (= unset). Raises
     :class:`MalformedList` for syntax/shape errors and ``ConfigError`` for
@@ -102,7 +102,7 @@ def entries_from_json(doc: Any, source: str) -> list[BackendEntry]:
         if not isinstance(item, dict):
             raise MalformedList(f"{where} is not an object")
         # Absent (or null) is not a shape error but an empty value, which
-        # the semantic checks below reject in both modes (§9.3: required).
+        # the semantic checks below reject in both modes (required).
         key, typ = item.get("key", ""), item.get("type", "")
         key = "" if key is None else key
         typ = "" if typ is None else typ

@@ -1,4 +1,4 @@
-"""The ``/api/queue`` routes (spec taskqueue.md §6), over one TaskStore."""
+"""The ``/api/queue`` routes, over one TaskStore."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ _DECIMAL = re.compile(rb"[+-]?[0-9]+")
 
 def _query_int(request, name: bytes) -> int | None:
     """An optional sign and ASCII digits, as the reference's Atoi reads them;
-    anything else (``1_0``, surrounding spaces) is unparsable (§6.9)."""
+    anything else (``1_0``, surrounding spaces) is unparsable."""
     values = request.args.get(name)
     if not values or not _DECIMAL.fullmatch(values[0]):
         return None
@@ -201,7 +201,7 @@ def _query_text(request, name: bytes) -> str | None:
 
 def _page(request) -> tuple[int, int]:
     """``limit`` (absent/unparsable/<= 0: 100, at most 1000) and ``offset``
-    (absent/unparsable/negative: 0) of a list endpoint (§6.9)."""
+    (absent/unparsable/negative: 0) of a list endpoint."""
     limit = _query_int(request, b"limit")
     if limit is None or limit <= 0:
         limit = DEFAULT_LIST_LIMIT
@@ -230,7 +230,7 @@ class TaskQueueApi:
     """Routes under ``/api/queue``; auth, body limit and probes are the Site's."""
 
     app = Klein()
-    # Paths match exactly (§3.5): werkzeug would otherwise answer a doubled
+    # Paths match exactly: werkzeug would otherwise answer a doubled
     # slash with a redirect. Set before any route binds to the map.
     app.url_map.merge_slashes = False
 
@@ -306,7 +306,7 @@ class TaskQueueApi:
             host = getattr(request.getClientAddress(), "host", "") or "unknown"
             owner = f"{host}:gorge-taskqueue"
         # The column is VARCHAR(64): refuse rather than let the database cut it,
-        # which would strand the claimed rows (spec §10 item 6).
+        # which would strand the claimed rows.
         if len(owner) > MAX_OWNER_CHARS:
             raise _bad(f"leaseOwner must be at most {MAX_OWNER_CHARS} characters")
         return owner

@@ -1,4 +1,4 @@
-"""Task queue value objects, constants and JSON shaping (spec taskqueue.md §5).
+"""Task queue value objects, constants and JSON shaping.
 
 Every backend converts its storage rows into :class:`Task` / :class:`ArchivedTask`
 and the HTTP layer turns those into JSON with :meth:`Task.to_json` and
@@ -109,7 +109,7 @@ def check_u32(field: str, value: int) -> int:
 
 @dataclass(frozen=True)
 class EnqueueRequest:
-    """A validated enqueue (§6.1).  ``delay_until`` is None unless > 0."""
+    """A validated enqueue.  ``delay_until`` is None unless > 0."""
 
     task_class: str
     data: str = ""
@@ -145,12 +145,12 @@ class Task:
         return replace(self, data=None)
 
     def is_held(self, now: int) -> bool:
-        """§6.8: owner set and lease not yet expired (yielded tasks count)."""
+        """Owner set and lease not yet expired (yielded tasks count)."""
         expires = self.lease_expires
         return bool(self.lease_owner) and expires is not None and expires >= now
 
     def to_json(self) -> dict[str, Any]:
-        """§5.1: absent keys stay absent; failureCount always present."""
+        """Absent keys stay absent; failureCount always present."""
         out = _row_json(self, self.failure_time)
         if self.data:
             out["data"] = self.data
@@ -159,7 +159,7 @@ class Task:
 
 @dataclass(frozen=True)
 class ArchivedTask:
-    """One row of ``worker_archivetask`` (no failureTime, no payload; §5.2)."""
+    """One row of ``worker_archivetask`` (no failureTime, no payload)."""
 
     id: int
     task_class: str
@@ -207,7 +207,7 @@ def _row_json(row: Task | ArchivedTask, failure_time: int | None) -> dict[str, A
 
 
 def archive_of(task: Task, *, result: int, duration: int, now: int) -> ArchivedTask:
-    """The archive row §7.5 writes for ``task``: owner/expiry copied as they stand."""
+    """The archive row written for ``task``: owner/expiry copied as they stand."""
     return ArchivedTask(
         id=task.id,
         task_class=task.task_class,
@@ -271,7 +271,7 @@ RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE,
 
 @dataclass(frozen=True)
 class Stats:
-    """§6.8, computed live from storage."""
+    """Computed live from storage."""
 
     active: int
     leased: int

@@ -1,4 +1,4 @@
-"""The MySQL backend: Phorge's own ``{namespace}_worker`` tables (spec §7)."""
+"""The MySQL backend: Phorge's own ``{namespace}_worker`` tables."""
 
 from __future__ import annotations
 

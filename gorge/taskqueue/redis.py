@@ -1,10 +1,10 @@
-"""The Redis TaskStore (spec taskqueue.md §8): hashes, sorted sets and Lua.
+"""The Redis TaskStore: hashes, sorted sets and Lua.
 
 Every change that touches more than one key runs as one Lua script, so a
 concurrent caller never sees half of it.  "now" comes from the injected clock
 and is passed to the scripts; Redis' own clock is never read.
 
-Key layout (§8.1), ``B`` being the key base derived from the prefix
+Key layout, ``B`` being the key base derived from the prefix
 (:func:`key_base`):
 
 * ``B task:{id}`` hash, ``B data:{dataID}`` string, ``B archived:{id}`` hash;
@@ -15,7 +15,7 @@ Key layout (§8.1), ``B`` being the key base derived from the prefix
   ``B counter:failed``.
 
 The prefix is used verbatim (``gorge:tq:task:17``), as in the reference, so
-an existing single-instance queue keeps its keys (§8.3).  On a Redis Cluster
+an existing single-instance queue keeps its keys.  On a Redis Cluster
 the operator picks a prefix that is a hash tag (``{gorge:tq}:``): every key of
 the queue then lies in one slot, and every script declares at least one key
 so the Cluster can route it.
@@ -26,7 +26,7 @@ One deliberate departure from the reference layout:
   ``idx:active``/``idx:unleased`` is the bare priority: Redis orders equal
   scores by member, so ``priority ASC, id ASC`` holds exactly for every
   unsigned 32-bit priority, where the reference's ``priority * 10^12 + id``
-  double loses FIFO order above priority ~9000 (§8.12).
+  double loses FIFO order above priority ~9000.
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ for i = 1, #row, 2 do
   local name, value = row[i], row[i + 1]
   if name == 'failureCount' then failures = tonumber(value) end
   if name == 'dataID' then data_id = value end
-  -- The archive has no failureTime (§5.2); dateModified is the archive time.
+  -- The archive has no failureTime; dateModified is the archive time.
   if name ~= 'failureTime' and name ~= 'dateModified' then
     fields[#fields + 1] = name
     fields[#fields + 1] = value
@@ -327,13 +327,13 @@ redis.call('ZREM', base .. 'idx:active', m)
 redis.call('ZREM', base .. 'idx:unleased', m)
 redis.call('ZREM', base .. 'idx:leased', m)
 redis.call('DEL', KEYS[1])
--- The archive record keeps the payload copy (§8.6); the string would
--- otherwise live forever (§8.11).
+-- The archive record keeps the payload copy; the string would
+-- otherwise live forever.
 redis.call('DEL', data_key)
 redis.call('ZADD', archived_idx, now, m)
 redis.call('INCR', counter_archived)
 if failures > 0 then redis.call('DECR', base .. 'counter:failed') end
--- Bounded retention (§8.11): each archive call removes a few records older
+-- Bounded retention: each archive call removes a few records older
 -- than the cutoff, which keeps up with any archive rate.
 if A[7] ~= '' then
   local old = redis.call('ZRANGEBYSCORE', archived_idx, '-inf', '(' .. A[7], 'LIMIT', 0, 100)
@@ -416,7 +416,7 @@ for i = 2, #KEYS do
       and tonumber(f[3]) == 0 then
     redis.call('HSET', KEYS[i], 'leaseExpires', ago)
     -- Stays in the leased index: an awakened yield is taken in phase 2,
-    -- exactly as in MySQL (§8.9).
+    -- exactly as in MySQL.
     redis.call('ZADD', KEYS[1], ago, ARGV[i + 2])
     changed = changed + 1
   end
@@ -972,7 +972,7 @@ class RedisTaskStore:
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
         # Ranks are Redis 64-bit integers: the last one is clamped so the
-        # largest offset is an empty page, not an overflow (§6.9).
+        # largest offset is an empty page, not an overflow.
         last = min(offset + limit - 1, _INT64_MAX)
         rows = await self._run(self._list, [self.keys.active], [offset, last])
         return [_row(doc) for doc in json.loads(rows)]
@@ -1100,7 +1100,7 @@ def make_redis_task_store(
     key_prefix: str = DEFAULT_KEY_PREFIX,
     archive_retention: int | None = None,
 ) -> RedisTaskStore:
-    """A store on a lazy pool: nothing connects until the first call (§2.2).
+    """A store on a lazy pool: nothing connects until the first call.
 
     Raises ConfigError for a key prefix whose hash tag is malformed.
     """

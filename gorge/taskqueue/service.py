@@ -41,7 +41,7 @@ class Options(usage.Options):
 
 
 def make_store(settings: TaskQueueSettings, reactor) -> TaskStore:
-    """The configured backend, connecting lazily (spec §2.2)."""
+    """The configured backend, connecting lazily."""
     if settings.backend == "sqlite":
         from gorge.taskqueue.sqlite import SQLiteTaskStore
 
@@ -57,7 +57,7 @@ def make_store(settings: TaskQueueSettings, reactor) -> TaskStore:
 
 
 def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
-    """What start-up logs (platform.md §9): every value in effect, for the
+    """What start-up logs: every value in effect, for the
     chosen backend only; secrets appear only as whether they are set."""
     fields: dict[str, object] = {
         "backend": settings.backend,

@@ -1,4 +1,4 @@
-"""gorge-taskqueue configuration from the environment (spec taskqueue.md §2)."""
+"""gorge-taskqueue configuration from the environment."""
 
 from __future__ import annotations
 

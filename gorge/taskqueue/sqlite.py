@@ -1,5 +1,5 @@
 """The embedded SQLite backend: Phorge's three worker tables and the counter
-in one file (spec §2.1), for single-node use and the demo."""
+in one file, for single-node use and the demo."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ INSERT_TASK = (
     " VALUES (%s, %s, NULL, %s, 0, %s, NULL, %s, %s, %s, %s, %s)"
 )
 
-# Phase 1: never leased and not delayed (r4 predicate, spec §6.2).
+# Phase 1: never leased and not delayed (r4 predicate).
 PHASE1_CANDIDATES = (
     "SELECT id FROM worker_activetask WHERE leaseOwner IS NULL AND leaseExpires IS NULL{classes}"
     " ORDER BY priority, id LIMIT %s"
@@ -371,8 +371,7 @@ class SqlTaskStore:
     def _check_expiry(self, txn, task_id: int, field: str, expires: int,
                       owner: str | None) -> int:
         """An unknown id is not-found, and a fenced call on a task held by
-        another owner a conflict, before any range check of a computed expiry
-        (§6.4, §6.5), as in the model and Redis stores."""
+        another owner a conflict, before any range check of a computed expiry, as in the model and Redis stores."""
         try:
             return check_u32(field, expires)
         except InvalidArgument:
@@ -474,7 +473,7 @@ class SqlTaskStore:
             raise TaskNotFound(task_id)
         if archived.result == RESULT_SUCCESS:
             raise TaskStateError(task_id, SUCCEEDED)
-        # The payload row outlives the archive row's move (§7.5).
+        # The payload row outlives the archive row's move.
         self._exec(txn, SELECT_DATA, (archived.data_id,))
         row = txn.fetchone()
         data = "" if row is None or row[0] is None else row[0]

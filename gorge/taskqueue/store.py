@@ -1,4 +1,4 @@
-"""The one ``TaskStore`` interface every backend implements (spec taskqueue.md §6-§8).
+"""The one ``TaskStore`` interface every backend implements.
 
 Conventions (all backends, pinned so the behaviour tests can compare them):
 
@@ -68,7 +68,7 @@ class TaskStore(Protocol):
     """The queue operations.  All methods are coroutines (``async def``)."""
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
-        """Create the payload row and the active task atomically (§6.1, §7.3).
+        """Create the payload row and the active task atomically.
 
         The new task: ``failureCount`` 0, ``failureTime`` None, ``leaseOwner``
         None, ``leaseExpires`` = ``request.delay_until`` (None when not delayed),
@@ -84,7 +84,7 @@ class TaskStore(Protocol):
         lease_duration: int,
         task_classes: Sequence[str] | None = None,
     ) -> list[Task]:
-        """Claim up to ``limit`` tasks for ``owner`` until ``now + lease_duration`` (§6.2).
+        """Claim up to ``limit`` tasks for ``owner`` until ``now + lease_duration``.
 
         Phase 1: ``leaseOwner IS NULL AND leaseExpires IS NULL``, priority ASC, id ASC.
         Phase 2 (only if phase 1 claimed fewer than ``limit``): ``leaseExpires < now``
@@ -100,7 +100,7 @@ class TaskStore(Protocol):
 
     async def complete(self, task_id: int, duration: int,
                        owner: str | None = None) -> ArchivedTask:
-        """Archive with result 0 and ``duration`` µs (§6.3, §7.5).
+        """Archive with result 0 and ``duration`` µs.
 
         Archive row: the active row's columns except failureTime, ``dateModified``
         = ``archivedEpoch`` = now, owner/expiry copied as they stand; the active row
@@ -116,7 +116,7 @@ class TaskStore(Protocol):
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
-        """Report a failure (§6.4).
+        """Report a failure.
 
         ``permanent``: archive with result 1, duration 0 and return the ArchivedTask.
         Temporary: ``failureCount += 1``, ``failureTime = now``, ``leaseOwner = None``,
@@ -129,7 +129,7 @@ class TaskStore(Protocol):
 
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         """``leaseOwner = '(yield)'``, ``leaseExpires = now + max(duration, 5)``,
-        ``dateModified = now``; failureCount unchanged (§6.5).  Unknown id ->
+        ``dateModified = now``; failureCount unchanged.  Unknown id ->
         :class:`TaskNotFound` (existence decided by a read, not by a changed-row count).
         """
         ...
@@ -161,7 +161,7 @@ class TaskStore(Protocol):
         ...
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        """Archive with result 2, duration 0, owner/expiry copied (§6.6).
+        """Archive with result 2, duration 0, owner/expiry copied.
         Unknown (not active) id -> :class:`TaskNotFound` (no replay rule here)."""
         ...
 
@@ -170,17 +170,17 @@ class TaskStore(Protocol):
         ``leaseOwner == '(yield)'`` and ``leaseExpires > ago`` and
         ``failureCount == 0`` gets ``leaseExpires = ago`` (owner stays, dateModified
         unchanged).  Duplicates count once, unknown ids are ignored.  Returns the
-        number of tasks changed (§6.7).
+        number of tasks changed.
         """
         ...
 
     async def stats(self) -> Stats:
-        """§6.8: active, held (owner non-empty and ``leaseExpires >= now``),
+        """Active, held (owner non-empty and ``leaseExpires >= now``),
         archived, active with ``failureCount > 0``."""
         ...
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
-        """Active tasks, priority ASC, id ASC, paged; ``data`` is None (§6.9).
+        """Active tasks, priority ASC, id ASC, paged; ``data`` is None.
         ``limit`` >= 1 and ``offset`` >= 0 (the API clamps them)."""
         ...
 

@@ -1,4 +1,4 @@
-"""Read-only diagnostics under /api/webhook/ (spec §6): counts, never hook details."""
+"""Read-only diagnostics under /api/webhook/: counts, never hook details."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-hook circuit breaker (spec §3.7, §9 item 2).
+"""Per-hook circuit breaker.
 
 The database decides: a hook is open while it has ``threshold`` failed
 attempts within the last ``window`` seconds. This object only remembers which

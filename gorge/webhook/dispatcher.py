@@ -1,6 +1,6 @@
 """The delivery loop: candidates -> per-hook lines -> slots -> claim -> POST -> write-back.
 
-Scheduling (spec §3.6): a slot only starts a candidate whose hook is idle,
+Scheduling: a slot only starts a candidate whose hook is idle,
 so a slow or broken hook never holds more than one slot; when a delivery
 ends its slot goes on with the next row of the same hook, else with the
 oldest row of any idle hook. Each tick replaces the lines with fresh
@@ -42,7 +42,7 @@ HOOK_LOOKUP_FAILED = "WEBHOOK_HOOK_LOOKUP_FAILED error={error} reason={reason} s
 
 
 class _Summary:
-    """Counters behind the once-a-minute summary line (§9 item 3)."""
+    """Counters behind the once-a-minute summary line."""
 
     FIELDS = ("claims_won", "claims_lost", "breaker_skips", "delivered", "failed",
               "config_failures")
@@ -99,12 +99,12 @@ class Dispatcher:
     # -- the tick ---------------------------------------------------------
 
     async def tick(self) -> None:
-        """One poll; never waits for the deliveries it starts (§3.1)."""
+        """One poll; never waits for the deliveries it starts."""
         if self._stopping:
             return
         self._maybe_summary()
         # Read even with every slot busy: the lines and their hook rows are
-        # replaced on every tick (§3.6), so a hook disabled, re-pointed or
+        # replaced on every tick, so a hook disabled, re-pointed or
         # re-keyed while its backlog is worked takes effect at the next tick.
         try:
             await self._breaker.recheck_due()
@@ -116,7 +116,7 @@ class Dispatcher:
             self._poll_failed(e)
             return
         try:
-            # One lookup per tick for every hook of the batch (spec §3.5 step 2).
+            # One lookup per tick for every hook of the batch.
             hooks = await self._store.load_hooks(sorted({c.hook_phid for c in rows}))
         except Exception as e:
             self._poll_failed(e, HOOK_LOOKUP_FAILED)
@@ -138,8 +138,8 @@ class Dispatcher:
         self._fill()
 
     def _poll_failed(self, exc: Exception, event: str = POLL_FAILED) -> None:
-        """A database outage: logged when it starts, then at most once a minute (§9 item 5)."""
-        # Candidates not started by this tick are dropped as on any tick (§3.6):
+        """A database outage: logged when it starts, then at most once a minute."""
+        # Candidates not started by this tick are dropped as on any tick:
         # with the database gone they would each fail and log on their own.
         self._lines = {}
         self._metrics.poll_failures.inc()
@@ -228,7 +228,7 @@ class Dispatcher:
             self._more_waiting = False
             self._wake()
 
-    # -- one candidate (spec §3.5) ----------------------------------------
+    # -- one candidate ----------------------------------------
 
     async def _process(self, candidate: Candidate) -> None:
         try:
@@ -322,7 +322,7 @@ class Dispatcher:
 
     def _drop_line(self, hook_phid: str) -> None:
         """A statement failed: the hook's other rows would only fail the same way
-        (one error line per row, §9 item 5); the next tick reads them again."""
+        (one error line per row); the next tick reads them again."""
         self._lines.pop(hook_phid, None)
 
     async def _record(self, candidate: Candidate, hook_phid: str,
@@ -388,7 +388,7 @@ class Dispatcher:
                 await deferLater(self._clock, WRITE_RETRY_DELAY * attempt)
         return None
 
-    # -- shutdown (spec §8.2 steps 2-3) -----------------------------------
+    # -- shutdown -----------------------------------
 
     async def drain(self, budget: float) -> None:
         """No new work; in-flight deliveries finish and write; past the budget, abort."""

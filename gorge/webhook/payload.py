@@ -1,6 +1,6 @@
 """The request document: reading ``properties``, the signed body, the write-back.
 
-Pure functions only; the byte formats here are contracts (spec §2.5, §4, §5.3).
+Pure functions only; the byte formats here are contracts.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _ESCAPED_DEL = re.compile(r"(\\+)u007f")
 
 
 class InvalidProperties(ValueError):
-    """The stored document breaks a read rule of spec §2.5.
+    """The stored document breaks a read rule.
 
     ``document`` is the parsed object when the text was a JSON object that
     only failed a type rule (its keys are then preserved on write), else None.
@@ -80,7 +80,7 @@ def _flag(document: dict, key: str) -> bool:
 
 
 def parse_properties(text: str | bytes | None) -> Properties:
-    """Apply the read rules of spec §2.5; raise InvalidProperties otherwise."""
+    """Apply the read rules; raise InvalidProperties otherwise."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     try:
@@ -105,7 +105,7 @@ def parse_properties(text: str | bytes | None) -> Properties:
 
 
 def newest_first(transactions: Any) -> list[str]:
-    """Transaction PHIDs in the order Phorge sends them (spec §4.2).
+    """Transaction PHIDs in the order Phorge sends them.
 
     An id-keyed object (test page, ``bin/webhook call``) sorts by id,
     descending; anything else is stored oldest first, so it is reversed.
@@ -160,7 +160,7 @@ def sign(key: str, body: bytes) -> str:
 
 
 def with_outcome(document: dict | None, error_type: str, error_code: int | str) -> str:
-    """The ``properties`` column after an outcome, compact as PHP's json_encode (§5.3)."""
+    """The ``properties`` column after an outcome, compact as PHP's json_encode."""
     updated = dict(document) if document is not None else {}
     # Assigning to an existing key keeps its position; new keys append.
     updated["errorType"] = error_type

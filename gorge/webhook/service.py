@@ -1,4 +1,4 @@
-"""gorge-webhook: the twistd entry point and the service tree (spec §8)."""
+"""gorge-webhook: the twistd entry point and the service tree."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Options(usage.Options):
 
 
 class WebhookService(DaemonRoot):
-    """Start: listener, then the poll loop. Stop: listener, loop, drain, pools (§8.2).
+    """Start: listener, then the poll loop. Stop: listener, loop, drain, pools.
 
     The stop order is not the reverse of the start order, so this parent
     sequences it explicitly rather than using OrderedService.
@@ -75,7 +75,7 @@ class WebhookService(DaemonRoot):
 
     def startService(self) -> None:
         super().startService()
-        # A listener that cannot bind raises here, before any polling (§8.1).
+        # A listener that cannot bind raises here, before any polling.
         if not self.http_service.running:
             self.http_service.startService()
         log.info("listening address={address}", address=self.settings.http.listen_addr)

@@ -1,4 +1,4 @@
-"""gorge-webhook settings: environment (spec §7) -> one frozen dataclass."""
+"""gorge-webhook settings: environment -> one frozen dataclass."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gorge.config import ConfigError, Env, HttpSettings, MySQLSettings, load_htt
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-# Phorge's default security.outbound-blacklist (spec §4.6), in its order.
+# Phorge's default security.outbound-blacklist, in its order.
 DEFAULT_OUTBOUND_BLACKLIST = (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
     "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
@@ -28,7 +28,7 @@ def parse_blacklist(text: str | None) -> tuple[IPNetwork, ...]:
 
     A value with no items at all (blank, or only commas as a badly
     interpolated "${A},${B}" gives) also means the default: only the explicit
-    ``none`` may switch the guard off (spec §4.6).
+    ``none`` may switch the guard off.
     """
     if text is not None and text.strip().lower() == "none":
         return ()
@@ -64,7 +64,7 @@ class WebhookSettings:
 
     @property
     def effective_retry(self) -> int:
-        """A failure write refreshes both the lease and the backoff clock (§3.3)."""
+        """A failure write refreshes both the lease and the backoff clock."""
         return max(self.effective_lease, self.retry_backoff)
 
     @property

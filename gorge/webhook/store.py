@@ -79,7 +79,7 @@ SQL_QUEUED_IN_RANGE = (
     " WHERE id > %s AND id <= %s AND status = 'queued'"
 )
 
-# Spec §3.2's candidate query, asked only about rows known to be queued and
+# The candidate query, asked only about rows known to be queued and
 # due: the two time conditions stay separate and are judged by the database.
 SQL_CANDIDATES = (
     "SELECT id, phid, webhookPHID, objectPHID, status, properties,"
@@ -92,14 +92,14 @@ SQL_CANDIDATES = (
     " LIMIT %s"
 )
 
-# Spec §3.4: "+ 1" makes a same-second claim still change the version.
+# "+ 1" makes a same-second claim still change the version.
 SQL_CLAIM = (
     "UPDATE herald_webhookrequest"
     " SET dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
 
-# Spec §5.2: a delivery result follows a won claim.
+# A delivery result follows a won claim.
 SQL_FINISH = (
     "UPDATE herald_webhookrequest"
     " SET status = %s, lastRequestResult = %s, lastRequestEpoch = UNIX_TIMESTAMP(),"
@@ -117,7 +117,7 @@ SQL_RETIRE = (
 
 SQL_HOOKS = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
 
-# Spec §3.7: every row of the hook counts, whatever its status. A range of
+# Every row of the hook counts, whatever its status. A range of
 # key_ratelimit(webhookPHID, lastRequestResult, lastRequestEpoch).
 SQL_BREAKER_COUNT = (
     "SELECT COUNT(*) FROM herald_webhookrequest"

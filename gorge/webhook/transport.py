@@ -1,4 +1,4 @@
-"""One bounded delivery POST (spec §4.4) and the code it records (§4.5).
+"""One bounded delivery POST and the code it records.
 
 The connection goes to an address the URI policy checked, while ``Host``,
 SNI and certificate checks still use the hook's host name.
@@ -16,14 +16,19 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, w
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseNeverReceived, _DataLoss
-from twisted.web.client import Agent, HTTPConnectionPool, PartialDownloadError, ResponseDone
+from twisted.web.client import (
+    Agent,
+    HTTPConnectionPool,
+    PartialDownloadError,
+    ResponseDone,
+    ResponseNeverReceived,
+)
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from gorge.httpclient import OneShotBody, make_pool
+from gorge.httpclient import OneShotBody, QuietEndpoint, make_pool
 from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
@@ -61,7 +66,7 @@ class _CheckedEndpointFactory:
         if uri.scheme == b"https":
             endpoint = wrapClientTLS(
                 optionsForClientTLS(self._target.host, trustRoot=self._trust_root), endpoint)
-        return endpoint
+        return QuietEndpoint(endpoint)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,15 @@ class Attempt:
     code: int | str = CODE_OTHER
     detail: str = ""
     aborted: bool = False
+
+
+class BodyCutShort(Exception):
+    """The connection failed while the response body was being read: the
+    body ended before its declared end. ``reasons`` holds the failure."""
+
+    def __init__(self, reason: Failure) -> None:
+        super().__init__(str(reason.value))
+        self.reasons = [reason]
 
 
 class _Discard(Protocol):
@@ -90,7 +104,7 @@ class _Discard(Protocol):
         if reason.check(ResponseDone, PotentialDataLoss):
             self._done.callback(None)
         else:
-            self._done.errback(reason)
+            self._done.errback(BodyCutShort(reason))
 
 
 def _discard_body(response) -> Deferred:
@@ -115,7 +129,7 @@ def _reasons(exc: BaseException) -> list[BaseException]:
 
 
 def transport_code(exc: BaseException) -> int:
-    """cURL's code for a transport failure (spec §4.5); our own deadline is decided elsewhere."""
+    """cURL's code for a transport failure; our own deadline is decided elsewhere."""
     if isinstance(exc, Unresolvable):
         return CODE_UNRESOLVED
     if isinstance(exc, net_error.TimeoutError):
@@ -130,21 +144,21 @@ def transport_code(exc: BaseException) -> int:
             return CODE_TIMEOUT
         if isinstance(reason, net_error.ConnectError):
             return CODE_CONNECT
-        if isinstance(reason, _DataLoss):
-            return CODE_PARTIAL
         name = type(reason).__name__
         text = str(reason)
         if name == "VerificationError" or "certificate verify failed" in text:
             return CODE_CERTIFICATE
         if type(reason).__module__.startswith("OpenSSL"):
             return CODE_TLS
+    if isinstance(exc, BodyCutShort):
+        return CODE_PARTIAL
     if isinstance(exc, ResponseNeverReceived):
         if any(isinstance(r, net_error.ConnectionDone) for r in reasons):
             return CODE_EMPTY_REPLY
         if any(isinstance(r, net_error.ConnectionLost) for r in reasons):
             return CODE_RESET
-    # A ResponseFailed without _DataLoss closed inside the status line or the
-    # headers: "anything else" in spec §4.5, not a body cut short.
+    # A ResponseFailed before the body closed inside the status line or the
+    # headers: "anything else", not a body cut short.
     return CODE_OTHER
 
 
@@ -225,7 +239,7 @@ class Transport:
                     urljoin(target.uri, location[0].decode("latin-1")))
             except UriRefused:
                 return response.code
-            # Unresolvable propagates: not a refusal, a failed attempt (code 6, §4.6).
+            # Unresolvable propagates: not a refusal, a failed attempt (code 6).
         return response.code
 
     def abort_all(self) -> None:

@@ -1,4 +1,4 @@
-"""The outbound URI policy (spec §4.6): scheme, host, one lookup, the blacklist.
+"""The outbound URI policy: scheme, host, one lookup, the blacklist.
 
 The host is resolved once and every address is checked; the transport then
 connects only to a checked address, so a second lookup can never rebind it.

@@ -1,4 +1,4 @@
-"""The worker's own API: ``GET /api/worker/stats`` (worker.md §12.3)."""
+"""The worker's own API: ``GET /api/worker/stats``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Client of Phorge's ``worker.execute`` through the Conduit gateway
-(worker.md §10.1-10.2, §12.2 probe).
+"""Client of Phorge's ``worker.execute`` on Phorge's Conduit API (gorge's Phorge library).
 
 The body is a form with exactly ``params`` (JSON text) and ``output=json``:
 Phorge rejects a JSON request body and answers errors with HTTP 200, so the
@@ -56,7 +55,7 @@ def build_execute_body(
 
 
 def parse_conduit_answer(status: int, raw: bytes) -> Any:
-    """Return ``result`` of a Conduit envelope or raise ConduitError (§10.2)."""
+    """Return ``result`` of a Conduit envelope or raise ConduitError."""
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):

@@ -1,6 +1,6 @@
 """The consume loop: lease within free capacity, run each task in its own
 slot before its lease deadline (renewing the lease while it runs), report
-with bounded retries (worker.md §6-8, §14; docs/worker.md, Long tasks).
+with bounded retries (docs/worker.md, Long tasks).
 
 The loop schedules itself on the injected clock instead of using the
 platform Poller because its cadence depends on the outcome of each lease:
@@ -65,8 +65,8 @@ class _Run:
         self.deadline = 0.0
         self.current: Deferred | None = None  # handler, report or back-off wait
         self.abandoned = False
-        # False for shutdown hand-backs and class skips: they move no counter
-        # (§6.3, §14 step 2), not even when the drain budget cuts them.
+        # False for shutdown hand-backs and class skips: they move no counter,
+        # not even when the drain budget cuts them.
         self.counted = True
         self.intended = "none"  # the outcome an uncounted run was reporting
 
@@ -111,12 +111,12 @@ class Consumer:
         self._more_waiting = False
         # Off once the queue refuses a renewal (an older queue has no route).
         self._renewals = True
-        # Lease health, for /readyz and state-change logging (§6.5).
+        # Lease health, for /readyz and state-change logging.
         self.lease_attempted = False
         self.lease_error: str | None = None
         self._failing_since_count = 0
         self._failing_summary_at = 0.0
-        # Idle tracking (§6.6).
+        # Idle tracking.
         self.idle = False
         self._idle_since: float | None = None
         self._hibernate_until: float | None = None
@@ -250,7 +250,7 @@ class Consumer:
             self._failing_since_count += 1
             if error != self.lease_error:
                 # A different failure is a new state; it also names the rows
-                # of a rejected answer, which stay leased to us (§4.3).
+                # of a rejected answer, which stay leased to us.
                 log.warn("LEASE_ERROR_CHANGED failures={failures} error={error}", failures=self._failing_since_count,
                          error=error, task_ids=task_ids)
             elif now - self._failing_summary_at >= FAILING_SUMMARY_INTERVAL:
@@ -480,7 +480,7 @@ class Consumer:
 
     async def _report(self, run: _Run, outcome: Outcome, *, counted: bool,
                       duration_us: int = 0) -> bool:
-        """Up to five attempts, never past the lease deadline (§8)."""
+        """Up to five attempts, never past the lease deadline."""
         last_error = ""
         reason = "retries exhausted"
         for attempt in range(1, REPORT_ATTEMPTS + 1):
@@ -543,7 +543,7 @@ class Consumer:
     # -- shutdown ------------------------------------------------------------
     async def stop(self) -> None:
         """Stop leasing, let running tasks finish and report within the drain
-        budget, then abandon what is left to its lease (§14)."""
+        budget, then abandon what is left to its lease."""
         self._stopping = True
         self._hibernate_until = None
         if self._timer is not None and self._timer.active():

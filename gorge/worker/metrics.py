@@ -1,4 +1,4 @@
-"""Prometheus series of the worker, on the service's own registry (§12.4)."""
+"""Prometheus series of the worker, on the service's own registry."""
 
 from __future__ import annotations
 

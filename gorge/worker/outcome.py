@@ -1,7 +1,7 @@
 """What a handler can say about a task, and how that becomes a queue report.
 
 These mirror PHP's PhabricatorWorkerPermanentFailureException,
-PhabricatorWorkerYieldException and a plain exception (spec worker.md §5).
+PhabricatorWorkerYieldException and a plain exception.
 """
 
 from __future__ import annotations

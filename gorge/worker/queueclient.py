@@ -1,4 +1,4 @@
-"""HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield (worker.md §4).
+"""HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield.
 
 Every call is bounded for the whole exchange (headers and body) on the
 injected clock, never follows redirects, and succeeds only for a 2xx JSON
@@ -25,7 +25,7 @@ OWNER_HOST_BYTES = 32
 
 
 class QueueError(Exception):
-    """A queue call that did not succeed; ``str()`` is the spec's description."""
+    """A queue call that did not succeed; ``str()`` describes it in one line."""
 
     def __init__(
         self,
@@ -40,7 +40,7 @@ class QueueError(Exception):
         self.status = status
         self.code = code
         # The ids in a rejected lease answer: those rows stay leased to us
-        # until their lease expires, so they must be named in the log (§4.3).
+        # until their lease expires, so they must be named in the log.
         self.task_ids = task_ids
         # A body that is no JSON envelope came from something in front of the
         # queue (a proxy's error page), so its status says nothing about us.
@@ -48,7 +48,7 @@ class QueueError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """worker.md §8: any 4xx except 408/429 will not get better by retrying,
+        """Any 4xx except 408/429 will not get better by retrying,
         unless the answer was not the queue's own JSON envelope."""
         if self.transient or self.status is None or not 400 <= self.status < 500:
             return True
@@ -57,7 +57,7 @@ class QueueError(Exception):
 
 def truncate_host(host: str, limit: int = OWNER_HOST_BYTES) -> str:
     """The host part of the lease owner: at most ``limit`` UTF-8 bytes, cut on
-    a character boundary and marked with ``...`` when cut (worker.md §4.2)."""
+    a character boundary and marked with ``...`` when cut."""
     raw = host.encode("utf-8")
     if len(raw) <= limit:
         return host

@@ -1,5 +1,4 @@
-"""Which handler runs which task class, and which classes we lease
-(worker.md §6.3, §9)."""
+"""Which handler runs which task class, and which classes we lease."""
 
 from __future__ import annotations
 

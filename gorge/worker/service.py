@@ -3,7 +3,7 @@
 Start order: HTTP pool, listener, Conduit probe, consume loop. Stop runs in
 reverse: the loop stops leasing and drains first (while /readyz says
 "shutting down" and the listener still answers), then the probe, then the
-listener, and the HTTP connection pool is closed last (worker.md §14).
+listener, and the HTTP connection pool is closed last.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import ConfigError
+from gorge.hangup import ReloadOnHangup
 from gorge.httpclient import make_http_client
 from gorge.service import (
     DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service,
@@ -28,7 +29,7 @@ from gorge.worker.conduit import ConduitClient
 from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.handlers import feed_http, herald_webhook, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
-from gorge.worker.handlers.feed_http import FeedHttpHandler
+from gorge.worker.handlers.feed_http import FeedHttpHandler, FeedPolicy
 from gorge.worker.handlers.herald_webhook import LeftToGorgeWebhook
 from gorge.worker.handlers.noop import noop
 from gorge.worker.handlers.test_worker import TestWorker
@@ -39,7 +40,7 @@ from gorge.worker.settings import WorkerSettings, load_worker_settings
 
 log = Logger()
 
-# worker.md §9.2: classes the reference delegates by name when Conduit is set.
+# Classes the reference delegates by name when Conduit is set.
 DELEGATED_BY_DEFAULT = (
     "PhabricatorSearchWorker",
     "PhabricatorMetaMTAWorker",
@@ -56,7 +57,7 @@ class Options(usage.Options):
 
 
 class ConduitProbe:
-    """The periodic delegation readiness probe (worker.md §12.2)."""
+    """The periodic delegation readiness probe."""
 
     def __init__(self, client: ConduitClient, clock, period: float) -> None:
         self._client = client
@@ -100,7 +101,8 @@ class WorkerService(DaemonRoot, OrderedService):
 
 
 def build_registry(
-    settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics
+    settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics,
+    feed_policy: FeedPolicy | None = None,
 ) -> tuple[Registry, ConduitClient | None]:
     registry = Registry()
     conduit = None
@@ -113,8 +115,7 @@ def build_registry(
         not allow or feed_http.TASK_CLASS in allow) else None
     registry.register(
         feed_http.TASK_CLASS,
-        FeedHttpHandler(http_client, clock, delegate=feed_delegate,
-                        policy_file=settings.feed_policy_file),
+        FeedHttpHandler(http_client, clock, delegate=feed_delegate, policy=feed_policy),
     )
     if settings.native_test_worker:
         registry.register(test_worker.TASK_CLASS, TestWorker(clock))
@@ -170,7 +171,9 @@ def build_worker_service(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
-    registry, conduit = build_registry(settings, http_client, clock, metrics)
+    # Read once here and again on SIGHUP, never per task (docs/worker.md).
+    feed_policy = FeedPolicy(settings.feed_policy_file) if settings.feed_policy_file else None
+    registry, conduit = build_registry(settings, http_client, clock, metrics, feed_policy)
     for task_class, handler in (extra_handlers or {}).items():
         registry.register(task_class, handler)
     plan = LeasePlan(registry, settings.class_filter)
@@ -261,6 +264,8 @@ def build_worker_service(
         FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
         listener(settings.http.endpoint, site, clock=clock),
     ]
+    if feed_policy is not None:
+        children.append(ReloadOnHangup(feed_policy.reload, reactor, name="feed-policy-reload"))
     if probe is not None:
         children.append(FunctionService(start=probe.start, stop=probe.stop, name="conduit-probe"))
     children.append(

@@ -1,6 +1,5 @@
 """gorge-worker settings: environment (with the reference's legacy names) and
-twistd options -> one frozen value, validated before any network activity
-(worker.md §2)."""
+twistd options -> one frozen value, validated before any network activity."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from tests.support.logcapture import logged_events
 
 TOKEN = "contract-token"
 
-# platform.md §12.2: the mailer runner's four test backends, retries off.
+# The mailer runner's four test backends, retries off.
 CONTRACT_MAILERS = [
     {"key": "test-mailer", "type": "test", "priority": 100},
     {"key": "rejects", "type": "test", "priority": 50, "options": {"fail": "permanent"}},

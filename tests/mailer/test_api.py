@@ -1,6 +1,6 @@
 """POST /api/mailer/send and GET /api/mailer/mailers through the real site:
-validation (§4.3), envelope (§3), limits, truncation (§4.4), what the PHP
-client relies on (§4.6), and what must never reach a log."""
+validation, envelope, limits, truncation, what the PHP
+client relies on, and what must never reach a log."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ BAD_REQUESTS = [
     (msg(headers=[{"name": "Bad Name", "value": "x"}]), "message.headers[0].name"),
     (msg(headers=[{"name": "Bad:Name", "value": "x"}]), "message.headers[0].name"),
     (msg(headers=[{"name": "\r\n", "value": "x"}]), "message.headers[0].name"),
-    # §4.3 rule 9: only CR/LF are stripped from a name; a NUL is not printable.
+    # Only CR/LF are stripped from a name; a NUL is not printable.
     (msg(headers=[{"name": "X-A\x00B", "value": "x"}]), "message.headers[0].name"),
     ({"message": valid_message(), "mailerKeys": "test-mailer"}, "mailerKeys must be an array"),
     ({"message": valid_message(), "mailerKeys": [1]}, "mailerKeys[0] must be a string"),

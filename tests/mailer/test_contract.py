@@ -1,4 +1,4 @@
-"""Contract fixtures (platform.md §12) replayed through the real site."""
+"""Contract fixtures replayed through the real site."""
 
 from __future__ import annotations
 

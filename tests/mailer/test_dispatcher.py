@@ -1,4 +1,4 @@
-"""Dispatcher rules (spec/mailer.md §7.3, §8) with an injected clock."""
+"""Dispatcher rules with an injected clock."""
 
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ def test_default_retry_budget_stays_within_ten_seconds():
         assert d.send_timeout < 30
 
 
-# --- property: §7.3 and §8.2 hold for any sequence of outcomes ---------------
+# --- property: the answer and failover rules hold for any sequence of outcomes
 
 KINDS = list(Kind)
 

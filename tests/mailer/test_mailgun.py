@@ -1,4 +1,4 @@
-"""Mailgun backend (spec/mailer.md §10.6)."""
+"""Mailgun backend."""
 
 from __future__ import annotations
 

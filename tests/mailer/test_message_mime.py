@@ -158,7 +158,7 @@ def test_outcome_scopes_and_cap():
 @given(name=st.one_of(st.text(min_size=1, max_size=400),
                       st.text(alphabet="abc 世界.", min_size=300, max_size=1200)))
 def test_long_attachment_names_stay_within_the_line_limit(name):
-    # §11: no header line may exceed 998 octets -- a long (or long non-ASCII,
+    # No header line may exceed 998 octets -- a long (or long non-ASCII,
     # percent-encoded three times over) filename included; the name must
     # still read back exactly.
     name = name.replace("\r", "").replace("\n", "").replace("\x00", "") or "x"
@@ -180,7 +180,7 @@ def test_long_cjk_attachment_name_example():
 
 
 def test_long_display_names_stay_within_the_line_limit():
-    # §11: no header line may exceed 998 octets, whatever the caller's
+    # No header line may exceed 998 octets, whatever the caller's
     # display name (one unbroken run here, so folding at whitespace cannot help).
     for name in ("x" * 1500, "Doe," + "y" * 1200):
         raw = build(to=[{"name": name, "address": "a@example.com"}],

@@ -1,4 +1,4 @@
-"""Postmark backend (spec/mailer.md §10.7)."""
+"""Postmark backend."""
 
 from __future__ import annotations
 

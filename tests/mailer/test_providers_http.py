@@ -1,5 +1,5 @@
 """The shared HTTP provider plumbing: endpoint option, bounded POST, and the
-generic status / transport-failure tables of spec/mailer.md §10.0."""
+generic status / transport-failure tables."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """No provider credential reaches a log event, a repr or an outcome cause,
-whatever the provider answers (spec/mailer.md §3.2, platform logging rules)."""
+whatever the provider answers (platform logging rules)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """HTTP providers behind the whole service: POST /api/mailer/send through the
 real Site, dispatcher and backend, with the provider's TCP connection held
-in a MemoryReactorClock (spec/mailer.md §7.3 answers for provider outcomes)."""
+in a MemoryReactorClock (answers for provider outcomes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SendGrid v3 Mail Send backend (spec/mailer.md §10.5)."""
+"""SendGrid v3 Mail Send backend."""
 
 from __future__ import annotations
 

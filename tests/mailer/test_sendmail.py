@@ -14,6 +14,7 @@ from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.backends.sendmail import SendmailBackend, build, classify_exit
 from gorge.mailer.outcome import Kind
 from tests.mailer.conftest import parsed_message as message
+from tests.support.logcapture import logged_events
 
 STUB = """#!/bin/sh
 printf '%s\\0' "$@" > "{dir}/argv"
@@ -145,7 +146,7 @@ class _ExitedTransport:
 ])
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 def test_stop_during_the_pipe_grace_keeps_the_exit_verdict(exit_reason, kind, how):
-    # §10.3: once the main process has exited, only the wait for its pipes
+    # Once the main process has exited, only the wait for its pipes
     # remains; a deadline or cancel then must not turn its exit status (exit
     # 0 = accepted) into "outcome unknown", nor wait for the grace timer.
     from twisted.internet import task
@@ -168,3 +169,46 @@ def test_stop_during_the_pipe_grace_keeps_the_exit_verdict(exit_reason, kind, ho
     assert len(results) == 1, "the verdict must not wait for the pipe grace"
     assert results[0].kind is kind
     assert not clock.getDelayedCalls()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_binary_is_looked_at_when_built_and_on_reload_not_per_send(reactor, tmp_path):
+    missing = tmp_path / "sendmail"
+    with logged_events() as events:
+        backend = SendmailBackend("sm", 1, str(missing), reactor=reactor)
+    assert [e["log_format"].split()[0] for e in events] == ["MAILER_SENDMAIL_UNUSABLE"]
+    stub(tmp_path)
+    outcome = await send(reactor, backend)  # not looked at again for this send
+    assert outcome.kind is Kind.REJECTED_BACKEND and "missing or not executable" in outcome.cause
+    with logged_events() as events:
+        backend.reload()
+    assert [e["log_format"].split()[0] for e in events] == ["MAILER_SENDMAIL_USABLE"]
+    assert (await send(reactor, backend)).kind is Kind.ACCEPTED
+
+
+@pytest_twisted.ensureDeferred
+async def test_sighup_makes_the_running_mailer_look_at_the_binary_again(reactor, tmp_path):
+    import json
+    import os
+    import signal
+
+    from tests.mailer.conftest import TOKEN, make_harness
+    from tests.support.logcapture import first_event
+
+    original = signal.getsignal(signal.SIGHUP)
+    mailers = [{"key": "sm", "type": "sendmail", "options": {"path": str(tmp_path / "sendmail")}}]
+    h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "0",
+                      "GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
+    h.service.startService()
+    try:
+        stub(tmp_path)
+        status, doc = await h.send()
+        assert status == 502 and "missing or not executable" in doc["error"]["message"]
+        with first_event("MAILER_SENDMAIL_USABLE") as usable:
+            os.kill(os.getpid(), signal.SIGHUP)
+            await usable.addTimeout(10, reactor)
+        status, doc = await h.send()
+        assert (status, doc) == (200, {"data": {"mailerKey": "sm"}})
+    finally:
+        await h.service.stopService()
+        signal.signal(signal.SIGHUP, original)

@@ -1,4 +1,4 @@
-"""Amazon SES ``SendRawEmail`` backend (spec/mailer.md §10.4)."""
+"""Amazon SES ``SendRawEmail`` backend."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def from_list(options: dict) -> ses.SesBackend:
 
 
 def independent_signature(*, secret, region, host, path, stamp, body) -> str:
-    """SigV4 written out longhand from §10.4, to check the backend against."""
+    """SigV4 written out longhand, to check the backend against."""
     canonical = "\n".join([
         "POST", path, "",
         f"content-type:application/x-www-form-urlencoded\nhost:{host}\nx-amz-date:{stamp}\n",

@@ -1,4 +1,4 @@
-"""Configuration (spec/mailer.md §9): env and file modes, the backend list,
+"""Configuration: env and file modes, the backend list,
 strict vs lenient, and the one-line exit for every start-up error."""
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def test_unknown_options_are_ignored_and_named_at_debug(events):
     ('[{"key": "a"}]', "GORGE_MAILER_CONFIG [a].type", "type is required"),
 ])
 def test_missing_key_or_type_is_a_start_up_error_in_both_modes(strict, text, setting, reason):
-    # §9.3: key and type are required, and a violation is a start-up error
+    # Key and type are required, and a violation is a start-up error
     # (like an empty key or an unknown type), never the lenient
     # "malformed list" path that silently drops the whole list.
     with pytest.raises(ConfigError) as e:
@@ -253,7 +253,7 @@ def test_missing_key_or_type_is_a_start_up_error_in_both_modes(strict, text, set
                                   "LISTEN_ADDR", "MAILER_CONFIG", "MAX_RETRIES", "RETRY_WAIT",
                                   "BODY_LIMIT", "MAILER_TYPE"])
 def test_file_mode_warns_about_every_ignored_variable(tmp_path, name):
-    # §9.1: in file mode the flat single-backend variables (and the legacy
+    # In file mode the flat single-backend variables (and the legacy
     # spellings of the env-mode settings) are not read either; a warning
     # tells the operator so. The warning names the variable, never its value.
     path = tmp_path / "mailer.json"

@@ -389,7 +389,7 @@ def test_bad_options_name_the_entry_and_field(options, field):
     assert e.value.setting == f"GORGE_MAILER_CONFIG [primary].{field}"
 
 
-# --- the HTTP answers of §7.3 through the real site -------------------------
+# --- the HTTP answers through the real site -------------------------
 
 @pytest.mark.parametrize("script,status,code", [
     ({}, 200, None),
@@ -475,7 +475,7 @@ async def test_rejected_credentials_never_reach_logs_or_answers(reactor, cert, s
 @pytest.mark.parametrize("implicit_tls", [False, True])
 @pytest_twisted.ensureDeferred
 async def test_certificate_for_another_host_is_backend_scoped(reactor, implicit_tls):
-    # §10.2: a verification failure (here a trusted certificate naming some
+    # A verification failure (here a trusted certificate naming some
     # other host, which Twisted reports through service_identity rather than
     # as an OpenSSL error) is REJECTED_BACKEND, like an untrusted one -- not
     # a transient "connection lost" that would be retried on the same relay.

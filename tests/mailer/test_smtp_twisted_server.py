@@ -15,7 +15,7 @@ from twisted.cred.portal import IRealm, Portal
 from twisted.internet import defer
 from twisted.internet.protocol import Factory
 from twisted.mail import smtp
-from twisted.mail._cred import LOGINCredentials, PLAINCredentials
+from twisted.mail.imap4 import LOGINCredentials, PLAINCredentials
 from zope.interface import implementer
 
 from gorge.mailer.backends.smtp import SmtpBackend, SmtpConfig

@@ -9,8 +9,8 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
+from gorge.testing.procs import free_port
 from tests.phorge.site import BOUND, STEP, PhorgeSite
-from tests.support.procs import free_port
 from tests.support.twistd import TwistdDaemon, daemon_environ
 
 QUEUE_TOKEN = "queue-token"

@@ -33,8 +33,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 
+from gorge.testing.procs import free_port
 from tests.support.paths import REPO_ROOT
-from tests.support.procs import free_port
 
 ROOT_VARIABLE = "GORGE_PHORGE_ROOT"
 HOW_TO_RUN = (

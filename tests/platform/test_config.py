@@ -1,4 +1,4 @@
-"""gorge.config: parsers and the Env reader (platform.md §9)."""
+"""gorge.config: parsers and the Env reader."""
 
 import pytest
 from hypothesis import given, strategies as st

@@ -11,10 +11,10 @@ from twisted.internet import reactor, task
 from twisted.internet.error import ConnectionRefusedError
 
 from gorge.service import listener
+from gorge.testing.procs import free_port
 from gorge.web import build_site
 from tests.platform.test_web import ExampleApi, Readiness
 from tests.support.logcapture import logged_events
-from tests.support.procs import free_port
 from tests.support.slowclient import connect, parse_response, post
 from tests.support.twistd import healthz
 

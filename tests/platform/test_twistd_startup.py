@@ -1,4 +1,4 @@
-"""Start-up refusals through the real twistd command line (platform.md §1, §9)."""
+"""Start-up refusals through the real twistd command line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Test support: throwaway MariaDB and Redis servers, shared paths.
+"""Test support: paths, log capture, contract and process helpers.
 
-Nothing here starts at import time; the session fixtures in
-``tests/conftest.py`` start a server the first time a test asks for it.
+The throwaway MariaDB and Redis servers live in :mod:`gorge.testing`, which
+the benchmarks share; the session fixtures in ``tests/conftest.py`` start
+one the first time a test asks for it.
 """

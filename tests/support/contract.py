@@ -1,4 +1,4 @@
-"""The contract-fixture runner of platform.md §12, shared by the domain tests.
+"""The contract-fixture runner, shared by the domain tests.
 
 A domain seeds its store, builds its real site and hands a StubTreq client
 for it (``gorge.web.stub_client(site)``) to :func:`replay` with one fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from twisted.internet.defer import Deferred
 from twisted.logger import globalLogPublisher
 
 
@@ -18,3 +19,20 @@ def logged_events() -> Iterator[list[dict]]:
         yield events
     finally:
         globalLogPublisher.removeObserver(events.append)
+
+
+@contextmanager
+def first_event(prefix: str) -> Iterator[Deferred]:
+    """A Deferred that fires with the first event logged inside the block
+    whose format starts with ``prefix``; bound the wait with ``addTimeout``."""
+    seen: Deferred = Deferred()
+
+    def observe(event: dict) -> None:
+        if not seen.called and str(event.get("log_format", "")).startswith(prefix):
+            seen.callback(event)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        yield seen
+    finally:
+        globalLogPublisher.removeObserver(observe)

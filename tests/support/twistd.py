@@ -16,7 +16,7 @@ from .paths import REPO_ROOT
 
 # Exactly what the twistd console script runs.
 TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
-# How the units run a daemon (style.md §3).
+# How the units run a daemon.
 DAEMON_ARGS = ["--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env"]
 
 

@@ -1,4 +1,4 @@
-"""The /api/queue contract through the real Site (spec taskqueue.md §3, §5, §6),
+"""The /api/queue contract through the real Site,
 on the in-memory store; real backends are covered by test_api_backends.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every backend leases correctly under concurrency (spec taskqueue.md §6.2, §7.4)."""
+"""Every backend leases correctly under concurrency."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ async def test_awaken_takes_a_long_id_list(backend_store):
 
 @pytest_twisted.ensureDeferred
 async def test_phids_come_back_verbatim_even_when_they_look_like_numbers(backend_store):
-    """§6.1: a PHID is a string stored as given; a column that converts numeric-looking
+    """A PHID is a string stored as given; a column that converts numeric-looking
     text (SQLite's NUMERIC affinity) would hand back "42" for "0042"."""
     phids = ("0042", "1e5", "-7", " 12", "3.0")
     for phid in phids:

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
+from gorge.testing.procs import free_port
 from tests.support.paths import REPO_ROOT
-from tests.support.procs import free_port
 from tests.support.twistd import TwistdDaemon, daemon_environ
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

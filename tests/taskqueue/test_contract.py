@@ -1,6 +1,6 @@
-"""Contract fixtures (platform.md §12) replayed in-process through the real site.
+"""Contract fixtures replayed in-process through the real site.
 
-Seed (§12.2): ids 1-3 enqueued as PhabricatorTestWorker with data
+Seed: ids 1-3 enqueued as PhabricatorTestWorker with data
 {"key":"value"} and objectPHID PHID-TASK-abcdefghijklmnopqrst, then ids 4-5
 (data {}) enqueued and completed with duration 1234 - on the in-memory store.
 ``unavailable/`` runs against a store whose every call fails.

@@ -1,4 +1,4 @@
-"""JSON shaping rules of spec taskqueue.md §5 hold for every task."""
+"""JSON shaping rules hold for every task."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""MySQL backend against Phorge's own layout and rows (spec taskqueue.md §7,
-golden/taskqueue/): same id sequence, same columns and values, one-transaction
+"""MySQL backend against Phorge's own layout and rows (tests/fixtures/taskqueue): same id sequence, same columns and values, one-transaction
 archive, Phorge-leased rows taken over after expiry."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""§7.4 [fix]: a deadlock (1213) or lock-wait timeout (1205) re-runs the whole
+"""A deadlock (1213) or lock-wait timeout (1205) re-runs the whole
 transaction a few times instead of answering 500; other errors are not retried.
 
 The pool is a stand-in that raises what MariaDB raises: staging a real

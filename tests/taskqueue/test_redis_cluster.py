@@ -1,5 +1,5 @@
 """Cluster-readiness of the Redis store: every key one script touches lies in
-one hash slot (spec taskqueue.md §8.3), proven by watching the real server
+one hash slot, proven by watching the real server
 with MONITOR and computing the slots here (CRC16/XMODEM mod 16384)."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_every_key_of_one_queue_shares_one_slot(prefix, ids):
     except ValueError:
         return
     if hash_tag(prefix) is None:
-        return  # an untagged prefix is for a single instance (§8.3)
+        return  # an untagged prefix is for a single instance
     names = [keys.active, keys.unleased, keys.leased, keys.archived_idx, keys.next_task_id,
              keys.next_data_id, keys.counter_archived, keys.counter_failed]
     for i in ids:

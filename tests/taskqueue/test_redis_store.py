@@ -1,4 +1,4 @@
-"""RedisTaskStore against the session's real redis-server (spec taskqueue.md §6, §8).
+"""RedisTaskStore against the session's real redis-server.
 
 Each test gets its own key prefix; "now" comes from a ``task.Clock`` set to a
 realistic epoch, so expiry is decided by advancing it, never by sleeping.
@@ -373,7 +373,7 @@ async def test_list_pages_in_queue_order_without_payload(store):
 
 @pytest_twisted.ensureDeferred
 async def test_fifo_order_is_exact_for_every_unsigned_32_bit_priority(store):
-    """§8.12: priority × 10^12 + id would collapse these in a double."""
+    """Priority × 10^12 + id would collapse these in a double."""
     top = UINT32_MAX
     ids = [(await store.enqueue(req(priority=p))).id for p in (top, top, top - 1, top, 9001, 9001)]
     expected = [ids[4], ids[5], ids[2], ids[0], ids[1], ids[3]]

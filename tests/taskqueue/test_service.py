@@ -1,4 +1,4 @@
-"""Start-up configuration, lazy connections and readiness (spec taskqueue.md §2, §4)."""
+"""Start-up configuration, lazy connections and readiness."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_backend_names(value, expected):
     ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
 ])
 def test_bad_settings_name_the_variable_and_the_value(env, setting):
-    """§2 [fix]: no fallback; the one line names the variable and the bad value."""
+    """No fallback; the one line names the variable and the bad value."""
     with pytest.raises(ConfigError) as info:
         load_settings(env)
     assert info.value.setting == setting
@@ -44,7 +44,7 @@ def test_bad_settings_name_the_variable_and_the_value(env, setting):
 
 
 def test_unknown_backend_names_the_accepted_values():
-    """§2.1: the error names the bad value and the accepted ones."""
+    """The error names the bad value and the accepted ones."""
     with pytest.raises(ConfigError) as info:
         load_settings({"GORGE_TASKQUEUE_BACKEND": "redsi"})
     assert all(name in info.value.reason for name in ("mysql", "redis", "sqlite"))
@@ -55,7 +55,7 @@ def test_defaults():
     assert (s.backend, s.http.listen_addr, s.lease_duration, s.retry_wait) == (
         "mysql", ":8090", 7200, 300)
     assert s.mysql.database == "phorge_worker" and s.mysql.user == "phorge"
-    # §2.2: the database is Phorge's too; the pool stays modest and every wait is bounded.
+    # The database is Phorge's too; the pool stays modest and every wait is bounded.
     assert (s.mysql.host, s.mysql.port, s.mysql.max_connections, s.mysql.connect_timeout,
             s.mysql.read_timeout, s.mysql.write_timeout) == ("127.0.0.1", 3306, 25, 5, 30, 30)
     r = load_settings({"GORGE_TASKQUEUE_BACKEND": "redis"})
@@ -201,7 +201,7 @@ async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_
 @pytest.mark.parametrize("abandon", [False, True])
 @pytest_twisted.ensureDeferred
 async def test_stop_drains_a_store_call_in_flight_before_closing_the_backend(clock, abandon):
-    """§2.3: stop accepting, let the request in flight finish, then close the backend."""
+    """Stop accepting, let the request in flight finish, then close the backend."""
     from twisted.internet import reactor
     from twisted.internet.defer import Deferred
     from twisted.internet.task import deferLater
@@ -253,7 +253,7 @@ async def test_stop_drains_a_store_call_in_flight_before_closing_the_backend(clo
 @pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_readyz_does_not_check_the_tables(mariadb, worker_db):
-    """§4: a database without Phorge's tables yet is ready; only real calls fail."""
+    """A database without Phorge's tables yet is ready; only real calls fail."""
     from twisted.internet import reactor
 
     from gorge.mysql import make_pool

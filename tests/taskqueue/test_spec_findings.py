@@ -43,7 +43,7 @@ async def test_unknown_task_is_404_whatever_the_wait(backend_store, clock):
     not_found = {"error": {"code": "ERR_NOT_FOUND", "message": "task not found"}}
     assert await client.post("fail", {"taskID": 99, "retryWait": UINT32_MAX}) == (404, not_found)
     assert await client.post("yield", {"taskID": 99, "duration": UINT32_MAX}) == (404, not_found)
-    # A known task with the same values is the 400 of §5.5, on every backend.
+    # A known task with the same values is the 400, on every backend.
     assert (await client.post("enqueue", {"taskClass": "A"}))[0] == 200
     code, answer = await client.post("fail", {"taskID": 1, "retryWait": UINT32_MAX})
     assert (code, answer["error"]["code"]) == (400, "ERR_BAD_REQUEST")

@@ -1,4 +1,4 @@
-"""The embedded backend's own file (spec §2.1): PHIDs keep their text, also in
+"""The embedded backend's own file: PHIDs keep their text, also in
 a file an earlier version created with VARBINARY (NUMERIC affinity) columns."""
 
 from __future__ import annotations

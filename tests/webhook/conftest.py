@@ -62,9 +62,12 @@ class _ReceiverResource(resource.Resource):
             owner.active[path] -= 1
             return b"ok"
 
+        gone = []
+        request.notifyFinish().addErrback(lambda _: gone.append(True))
+
         def answer(_):
             owner.active[path] -= 1
-            if not request.finished and not getattr(request, "_disconnected", False):
+            if not request.finished and not gone:
                 request.write(b"ok")
                 request.finish()
 

@@ -165,7 +165,7 @@ async def test_metrics_and_no_uri_or_key_in_logs(herald, receiver, make_harness,
 
 
 async def test_head_has_no_body_and_a_wrong_probe_method_is_405(herald, make_harness, listen):
-    # Spec §6.6: HEAD gets the status without a body; only a probe path answers 405.
+    # HEAD gets the status without a body; only a probe path answers 405.
     base = listen(make_harness(http=HTTP).service.site)
     code, body, _ = await get(base + "/api/webhook/stats", method="HEAD",
                               headers={"X-Service-Token": TOKEN})

@@ -1,4 +1,4 @@
-"""Contract fixtures (platform.md §12) replayed in-process through the real site.
+"""Contract fixtures replayed in-process through the real site.
 
 The seeded store is the SQLite one (same tables, same SQL as MySQL through
 the SQLite engine): 2 hooks, 1 disabled; queued/sent/failed = 3/2/1.

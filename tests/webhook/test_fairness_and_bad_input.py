@@ -1,4 +1,4 @@
-"""Issue point 5 (fairness) and the bad-input outcomes of spec §5.1."""
+"""Fairness and the bad-input outcomes."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ async def test_configuration_failures(herald, receiver, make_harness, captured_l
     assert receiver.count() == 0
     assert herald.request(bystander) == before  # nothing else touched
     assert harness.metric("gorge_webhook_breaker_transitions_total", state="open") == 0
-    # Spec §9: the reference's event names, which operators grep for.
+    # The reference's event names, which operators grep for.
     event = {"missing": "WEBHOOK_HOOK_MISSING", "disabled": "WEBHOOK_HOOK_DISABLED"}.get(
         case, "WEBHOOK_URI_REFUSED")
     (line,) = captured_log.named(event)
@@ -158,7 +158,7 @@ async def test_receiver_timeout_is_code_28(herald, receiver, make_harness):
 
 async def test_deadline_while_resolving_a_redirect_target_is_code_28(herald, receiver,
                                                                      make_harness):
-    # Spec §4.4/§4.5: the deadline covers every followed redirect, and a
+    # The deadline covers every followed redirect, and a
     # status already received (the 307) does not turn a timeout into it.
     from urllib.parse import quote
 
@@ -205,7 +205,7 @@ async def test_a_receiver_closing_early_records_curls_code(herald, make_harness,
 
 async def test_a_redirect_to_a_host_that_does_not_resolve_is_code_6(herald, receiver,
                                                                     make_harness):
-    # Spec §4.4/§4.6: only a refused target ends at the 3xx; a name with no
+    # Only a refused target ends at the 3xx; a name with no
     # address is not a refusal but a failed attempt, recorded as cURL's 6.
     from urllib.parse import quote
 
@@ -223,7 +223,7 @@ async def test_a_redirect_to_a_host_that_does_not_resolve_is_code_6(herald, rece
 
 
 async def test_a_2xx_whose_body_outlasts_the_deadline_is_a_timeout(herald, make_harness):
-    # Spec §4.5: a status already received does not make a timed-out exchange a success.
+    # A status already received does not make a timed-out exchange a success.
     from twisted.internet.protocol import Factory, Protocol
 
     held = []
@@ -289,7 +289,7 @@ async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_ha
 
 async def test_a_failing_hook_lookup_is_logged_once_not_every_tick(herald, make_harness,
                                                                    captured_log):
-    # Spec §9 item 5: the candidate query works but herald_webhook cannot be
+    # The candidate query works but herald_webhook cannot be
     # read (a missing grant or table): still one error line, not two per tick.
     harness = make_harness()
     request_id = herald.insert_request(hook="PHID-HWBH-00000000000000000001")
@@ -329,7 +329,7 @@ async def test_redirects(herald, receiver, make_harness, code, location, final, 
 
 async def test_outcome_lines_carry_request_hook_status_and_duration(herald, receiver,
                                                                     make_harness, captured_log):
-    # Spec §9: log fields are request PHID, hook PHID, status code, duration, error class.
+    # Log fields are request PHID, hook PHID, status code, duration, error class.
     harness = make_harness()
     port = reactor.listenTCP(0, receiver.port.factory, interface="127.0.0.1")
     closed = port.getHost().port
@@ -354,8 +354,8 @@ async def test_outcome_lines_carry_request_hook_status_and_duration(herald, rece
 
 async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
         herald, receiver, make_harness):
-    # Spec §3.6 [fix]: candidates not started when the next tick arrives are
-    # dropped and re-read, with their hook (§3.5 step 2) — so a hook disabled
+    # Candidates not started when the next tick arrives are
+    # dropped and re-read, with their hook — so a hook disabled
     # while its backlog is being worked stops receiving at the next tick.
     harness = make_harness(max_concurrent=1)
     receiver.delay = 1.0  # room for the test to act while the POST is open
@@ -381,7 +381,7 @@ async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
 
 async def test_a_row_deleted_during_its_delivery_is_logged_at_info_and_left_alone(
         herald, receiver, make_harness, captured_log):
-    # Spec §2.4/§5.2: the garbage collector may delete a row we are delivering;
+    # The garbage collector may delete a row we are delivering;
     # the result write then changes nothing: one info line, no retry, no error.
     harness = make_harness()
     receiver.delay = 1.0  # room for the test to act while the POST is open
@@ -403,7 +403,7 @@ async def test_a_row_deleted_during_its_delivery_is_logged_at_info_and_left_alon
 
 
 async def test_no_cookie_is_kept_or_sent(herald, make_harness):
-    # Spec §4.4: like Phorge's cURL, deliveries neither store nor replay cookies.
+    # Like Phorge's cURL, deliveries neither store nor replay cookies.
     from twisted.web import resource, server
 
     seen: list[list[bytes] | None] = []
@@ -433,7 +433,7 @@ async def test_no_cookie_is_kept_or_sent(herald, make_harness):
 
 async def test_a_database_failure_mid_line_logs_once_per_hook_not_once_per_row(
         herald, receiver, make_harness, captured_log):
-    # Spec §9 item 5: when the database goes away under a hook's line, the rest
+    # When the database goes away under a hook's line, the rest
     # of the line would only fail the same way: one error line, not one per row.
     harness = make_harness(max_concurrent=1)
     receiver.delay = 1.0  # room for the test to act while the POST is open

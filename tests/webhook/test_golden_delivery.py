@@ -22,7 +22,7 @@ def _assert_row_like(row: dict, golden: dict) -> None:
     assert row["lastRequestResult"] == golden["lastRequestResult"]
     assert row["properties"] == golden["properties"]
     assert row["dateCreated"] == golden["dateCreated"]
-    assert row["dateModified"] > row["dateCreated"]  # §5.2: strictly after the creation second
+    assert row["dateModified"] > row["dateCreated"]  # Strictly after the creation second
     if golden["lastRequestResult"] == "none":
         assert row["lastRequestEpoch"] == 0
 

@@ -15,11 +15,11 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 
+from gorge.testing.herald_history import fill_history
 from gorge.webhook import queueview
 from gorge.webhook import store as store_module
 from gorge.webhook.store import WebhookStore
 from tests.webhook.conftest import T0
-from tests.webhook.history import fill_history
 
 pytestmark = pytest.mark.integration
 

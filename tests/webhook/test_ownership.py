@@ -102,7 +102,7 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald
     won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
     lost = sum(h.metric("gorge_webhook_claims_total", result="lost") for h in (one, two))
     assert (won, lost) == (5, 5)
-    # Spec §9 item 3: losing a claim is normal with several instances — debug only.
+    # Losing a claim is normal with several instances — debug only.
     lost_lines = captured_log.named("WEBHOOK_CLAIM_LOST")
     assert len(lost_lines) == 5 and {e["log_level"].name for e in lost_lines} == {"debug"}
 
@@ -131,7 +131,7 @@ async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiv
 
 async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(
         herald, make_harness):
-    # Spec §5.2: the retire write is conditional on the version read, so a
+    # The retire write is conditional on the version read, so a
     # process holding an old candidate cannot overwrite another's attempt — here
     # a failed retry=forever attempt, which leaves the row queued.
     harness = make_harness()

@@ -1,4 +1,4 @@
-"""Payload rules (spec §2.5, §4.2, §4.3, §5.3) for the golden cases and for all inputs."""
+"""Payload rules for the golden cases and for all inputs."""
 
 from __future__ import annotations
 

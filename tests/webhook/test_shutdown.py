@@ -87,7 +87,7 @@ async def test_budget_exhausted_aborts_and_writes_nothing(mariadb, herald_db, he
 
 async def test_budget_exhausted_while_resolving_a_redirect_writes_nothing(
         mariadb, herald_db, herald, receiver, captured_log):
-    # Spec §8.2: an exchange cut by the shutdown writes nothing, even when the
+    # An exchange cut by the shutdown writes nothing, even when the
     # cut lands on the redirect target's lookup after a 307 was received.
     from urllib.parse import quote
 

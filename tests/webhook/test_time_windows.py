@@ -109,7 +109,7 @@ async def test_failed_forever_row_is_retried_after_max_lease_backoff(
     await harness.run_tick()
     assert receiver.count() == 1
     # The result write bumps dateModified one second past the claim made in the
-    # same second (spec §5.2), so the lease side may add that one second.
+    # same second, so the lease side may add that one second.
     harness.clock.advance(2)
     await harness.run_tick()
     assert receiver.count() == 2
@@ -150,7 +150,7 @@ async def test_breaker_opens_at_threshold_closes_as_failures_slide_out(
 
     harness.clock.advance(1)  # the ten failures slide out of the window
     await harness.run_tick()
-    # An open hook is looked at again at least every 30 s (spec §3.2).
+    # An open hook is looked at again at least every 30 s.
     while not captured_log.named("WEBHOOK_HOOK_BACKOFF_CLEARED"):
         assert harness.clock.seconds() < start + 301 + 30
         harness.clock.advance(10)
@@ -197,7 +197,7 @@ async def test_a_short_breaker_window_resumes_delivery_as_soon_as_it_allows(
 @pytest.mark.integration
 async def test_counters_are_summarised_once_a_minute_and_only_when_non_zero(
         herald, receiver, make_harness, captured_log):
-    # Spec §9 item 3: claims, skips and outcomes are counted, not narrated.
+    # Claims, skips and outcomes are counted, not narrated.
     harness = make_harness()
     good = herald.insert_hook(uri=f"{receiver.base}/ok")
     bad = herald.insert_hook(uri=f"{receiver.base}/status/500")
@@ -226,7 +226,7 @@ async def test_counters_are_summarised_once_a_minute_and_only_when_non_zero(
 @pytest.mark.integration
 async def test_every_window_follows_the_database_clock_not_the_service_clock(
         mariadb, herald_db, herald, receiver):
-    # Spec §3.8: cutoffs, the breaker window and lastRequestEpoch all come from
+    # Cutoffs, the breaker window and lastRequestEpoch all come from
     # the database clock; here it runs an hour ahead of the service host.
     from prometheus_client import CollectorRegistry
     from twisted.internet import reactor, task

@@ -1,4 +1,4 @@
-"""HTTPS deliveries (spec §4.4, §4.6): the connection goes to the checked address,
+"""HTTPS deliveries: the connection goes to the checked address,
 while Host, SNI and the certificate check use the hook's host name."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Conduit delegation against a loopback server that checks the exact wire
-format of worker.md §10.1, and how each answer becomes a queue report."""
+format, and how each answer becomes a queue report."""
 
 from __future__ import annotations
 

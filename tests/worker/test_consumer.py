@@ -1,4 +1,4 @@
-"""The consume loop on an injected clock (worker.md §6-8, §14)."""
+"""The consume loop on an injected clock."""
 
 from __future__ import annotations
 

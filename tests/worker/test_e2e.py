@@ -120,7 +120,7 @@ async def test_tasks_are_leased_run_and_archived(stack):
     failed = await stack.until(stack.archived(permanent))
     assert failed["result"] == 1
     # The row is archived before the queue's answer reaches the worker, and
-    # the counters move on that answer (worker.md §7): wait for it.
+    # the counters move on that answer: wait for it.
     counters = stack.worker.consumer.counters
     await stack.until(lambda: counters.processed + counters.failed == 2)
     assert counters.processed == 1

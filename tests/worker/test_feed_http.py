@@ -1,5 +1,5 @@
 """Native FeedPublisherHTTPWorker: byte-exact against Phorge's own requests
-(golden/feed), shapes and policy (worker.md §11.3-11.4)."""
+(tests/fixtures/feed), shapes and policy."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from gorge.worker.handlers.feed_http import (
-    FeedHttpHandler, http_build_query, php_urlencode,
+    FeedHttpHandler, FeedPolicy, http_build_query, php_urlencode,
 )
 from gorge.worker.outcome import PermanentFailure, RetryLater
 from gorge.worker.registry import Registry
+from tests.support.logcapture import logged_events
 from tests.support.paths import FIXTURES_DIR
 
 from .fakes import run_through_consumer
@@ -192,22 +193,46 @@ def test_legacy_key_with_conduit_is_delegated_with_the_raw_data():
 
 def test_policy_file_silent_unlisted_and_broken(tmp_path):
     client = RecordingClient()
-    policy = tmp_path / "policy.json"
+    path = tmp_path / "policy.json"
     data = json.dumps({"storyID": 3, "uri": "http://h/x"})
-    handler = FeedHttpHandler(client, Clock(), policy_file=str(policy))
+    policy = FeedPolicy(str(path))
+    handler = FeedHttpHandler(client, Clock(), policy=policy)
 
     errors = []
     _call(handler, data).addErrback(errors.append)  # missing file
     assert errors[-1].check(RetryLater)
-    policy.write_text('{"silent": true, "uris": []}')
+    path.write_text('{"silent": true, "uris": []}')
+    policy.reload()
     assert _call(handler, data).called and client.calls == []
-    policy.write_text('{"silent": false, "uris": ["http://h/other"]}')
+    path.write_text('{"silent": false, "uris": ["http://h/other"]}')
+    policy.reload()
     _call(handler, data).addErrback(errors.append)
     assert errors[-1].check(PermanentFailure)
     assert "no longer configured" in str(errors[-1].value)
-    policy.write_text('{"silent": false}')
+    path.write_text('{"silent": false}')
+    policy.reload()
     _call(handler, data).addErrback(errors.append)
     assert errors[-1].check(RetryLater)
+    assert "needs boolean silent and list uris" in str(errors[-1].value)
+
+
+def test_policy_file_is_read_once_not_per_task(tmp_path):
+    client = RecordingClient()
+    path = tmp_path / "policy.json"
+    path.write_text('{"silent": true, "uris": []}')
+    with logged_events() as events:
+        policy = FeedPolicy(str(path))
+    assert [e["log_format"].split()[0] for e in events] == ["FEED_POLICY_LOADED"]
+    handler = FeedHttpHandler(client, Clock(), policy=policy)
+    path.unlink()  # a task must not look at the file again
+    data = json.dumps({"storyID": 3, "uri": "http://h/x"})
+    assert _call(handler, data).called and client.calls == []
+    with logged_events() as events:
+        policy.reload()
+    assert [e["log_format"].split()[0] for e in events] == ["FEED_POLICY_UNUSABLE"]
+    errors = []
+    _call(handler, data).addErrback(errors.append)
+    assert errors[-1].check(RetryLater) and "FileNotFoundError" in str(errors[-1].value)
 
 
 def test_http_build_query_follows_php_rules():

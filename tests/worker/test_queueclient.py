@@ -1,5 +1,5 @@
 """The taskqueue client: request shape, answer validation, failure
-descriptions, bounded calls (worker.md §4)."""
+descriptions, bounded calls."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Registry and lease-class table (worker.md §6.3, §9), test-worker emulation."""
+"""Registry and lease-class table, test-worker emulation."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_test_worker_emulation():
 
 
 def test_test_worker_waits_fractional_and_numeric_string_durations():
-    # PHP: usleep($duration * 1000000), so 0.5 and "1.5" are waits too (§11.6).
+    # PHP: usleep($duration * 1000000), so 0.5 and "1.5" are waits too.
     clock = Clock()
     worker = TestWorker(clock)
     _, results = run(worker, '{"duration": 0.5}')

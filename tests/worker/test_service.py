@@ -1,5 +1,5 @@
 """Settings, registry wiring, /readyz, /api/worker/stats and /metrics of the
-assembled service (worker.md §2, §9, §12)."""
+assembled service."""
 
 from __future__ import annotations
 

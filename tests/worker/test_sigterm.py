@@ -15,7 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.protocol import ProcessProtocol
 
 from tests.support.paths import REPO_ROOT
-from tests.support.procs import free_port
+from gorge.testing.procs import free_port
 
 from .test_e2e import Stack
 
@@ -74,7 +74,7 @@ async def test_sigterm_drains_and_reports_then_exits(reactor, mariadb, worker_db
         process = reactor.spawnProcess(watch, sys.executable, argv, env=env,
                                        path=str(REPO_ROOT))
         # The row is leased before the worker has the answer; a SIGTERM in
-        # that window rightly hands the task back (§14 step 2). Wait until the
+        # that window rightly hands the task back. Wait until the
         # worker itself says the task runs.
         await running_one_task(reactor, f"http://127.0.0.1:{port}/api/worker/stats")
         process.signalProcess("TERM")
@@ -83,7 +83,7 @@ async def test_sigterm_drains_and_reports_then_exits(reactor, mariadb, worker_db
         archived = stack.row("worker_archivetask", task_id)
         assert archived is not None and archived["result"] == 0, watch.output.decode()
         assert archived["duration"] >= 2_000_000
-        # twistd re-raises the stop signal: status 143, not 0 (worker.md §14 step 5)
+        # twistd re-raises the stop signal: status 143, not 0
         assert getattr(ended, "signal", None) == signal.SIGTERM, repr(ended)
         assert b"WORKER_STOPPED" in watch.output
     finally:

@@ -41,7 +41,7 @@ def build_backend(entry: BackendEntry, *, reactor: Any, http_client: Any) -> Bac
     """Build one entry; an unknown type is a ``ConfigError`` on ``.type``.
 
     A backend module may list the option keys it reads in ``OPTIONS``;
-    other keys are ignored and named at debug level (spec §9.3)."""
+    other keys are ignored and named at debug level."""
     if entry.type not in BACKEND_TYPES:
         raise entry.error("type", f"unknown mailer type: {entry.type[:40]}")
     module_name = BACKEND_TYPES[entry.type].partition(":")[0]

@@ -4,7 +4,7 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
 
     def build(entry: BackendEntry, *, reactor, http_client) -> Backend
 
-* ``entry`` -- one parsed element of the backend list (spec/mailer.md §9.3):
+* ``entry`` -- one parsed element of the backend list:
   ``key``, ``type``, effective ``priority`` (auto-assigned negatives
   included), ``options`` (every value already a ``str``: numbers/booleans
   were coerced, ``587`` -> ``"587"``, ``true`` -> ``"true"``) and
@@ -20,7 +20,9 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
 ``build`` validates every option it reads and raises ``ConfigError`` via
 ``entry.error(field, reason)`` / the ``entry.*`` getters for anything it
 cannot use (missing credential, bad port, unknown protocol). It must not do
-I/O: no dialling, no DNS, no file checks beyond what is free.
+I/O: no dialling, no DNS. A backend that depends on a local file looks at it
+once when built and again in ``reload()`` (see :class:`Reloadable`), never
+per send on the reactor thread.
 
 The returned object satisfies :class:`Backend`. Its ``send`` contract:
 
@@ -68,9 +70,16 @@ class Backend(Protocol):
 
     key: str
     type: str
-    priority: int  # effective priority (§9.3)
+    priority: int  # effective priority
 
     async def send(self, message: Message, *, deadline: float) -> Outcome: ...
+
+
+@runtime_checkable
+class Reloadable(Protocol):
+    """A backend with local state to read again on SIGHUP (sendmail's binary)."""
+
+    def reload(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ class BackendEntry:
 
     def required(self, name: str) -> str:
         """A non-empty option, else ``ConfigError`` "<type>: <name> is
-        required" (the spec's wording, e.g. ``sendgrid: api-key is required``)."""
+        required" (for example ``sendgrid: api-key is required``)."""
         value = self.options.get(name, "")
         if value.strip() == "":
             raise self.error(name, f"{self.type}: {name} is required")

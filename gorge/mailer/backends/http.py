@@ -1,4 +1,4 @@
-"""What the four HTTP provider backends share (spec/mailer.md §10.0, §15).
+"""What the four HTTP provider backends share.
 
 * :func:`endpoint_url` -- the optional ``endpoint`` option (base URL; plain
   ``http`` for loopback hosts only).
@@ -304,7 +304,7 @@ def excerpt(body: bytes | None, secrets: Iterable[str] = (), size: int = EXCERPT
 
 
 def error_text(provider: str, reply: HttpReply, secrets: Iterable[str] = ()) -> str:
-    """``<provider>: HTTP <status>: <first part of body>`` (§10.0)."""
+    """``<provider>: HTTP <status>: <first part of body>``."""
     text = f"{provider}: HTTP {reply.status}"
     quoted = excerpt(reply.body, secrets)
     if reply.body is None and not 200 <= reply.status < 300:
@@ -315,7 +315,7 @@ def error_text(provider: str, reply: HttpReply, secrets: Iterable[str] = ()) -> 
 def classify_status(
     provider: str, reply: HttpReply, now: float, secrets: Iterable[str] = ()
 ) -> Outcome | None:
-    """The generic status table (§10.0); ``None`` for 2xx (the provider's
+    """The generic status table; ``None`` for 2xx (the provider's
     receipt rule decides)."""
     status = reply.status
     if 200 <= status < 300:

@@ -1,4 +1,4 @@
-"""Mailgun ``messages`` API (spec/mailer.md §10.6)."""
+"""Mailgun ``messages`` API."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ Field = tuple[str, bytes, "str | None", "str | None"]
 
 
 def form_fields(message: Message) -> list[Field]:
-    """The form fields in the order of §10.6 (pure)."""
+    """The form fields in the order Mailgun documents them (pure)."""
     fields: list[Field] = []
 
     def text(name: str, value: str) -> None:

@@ -1,4 +1,4 @@
-"""Postmark ``/email`` (spec/mailer.md §10.7)."""
+"""Postmark ``/email``."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _error_code(doc: dict[str, Any] | None) -> int | None:
 
 
 def classify_error_code(code: int, cause: str, *, on_2xx: bool, retry_after: float | None) -> Outcome:
-    """The ErrorCode table of §10.7 (for a 2xx with a non-zero code, or a 422)."""
+    """The ErrorCode table (for a 2xx with a non-zero code, or a 422)."""
     if code in _MESSAGE_CODES:
         return Outcome.rejected_message(cause)
     if code in _UNSCOPED_CODES:

@@ -1,4 +1,4 @@
-"""SendGrid v3 Mail Send (spec/mailer.md §10.5)."""
+"""SendGrid v3 Mail Send."""
 
 from __future__ import annotations
 

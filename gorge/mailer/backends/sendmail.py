@@ -1,6 +1,7 @@
-"""The ``sendmail`` backend (spec/mailer.md §10.3): one child process per
-attempt, ``<path> -oi -f <from> -- <rcpt...>``, the MIME message on stdin,
-classified by its exit status (sysexits)."""
+"""The ``sendmail`` backend: one child process per attempt,
+``<path> -oi -f <from> -- <rcpt...>``, the MIME message on stdin, classified
+by its exit status (sysexits). The binary is looked at when the backend is
+built and again on SIGHUP, not before every send."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from ..message import Message
@@ -20,6 +22,8 @@ from .base import BackendEntry
 OUTPUT_LIMIT = 64 * 1024
 PIPE_GRACE = 1.0
 DEFAULT_PATH = "/usr/sbin/sendmail"
+
+log = Logger()
 
 _EXITS = {
     65: ("EX_DATAERR", Outcome.rejected_message),
@@ -117,6 +121,22 @@ class SendmailBackend:
         self.priority = priority
         self.path = path
         self._reactor = reactor
+        self._unusable: str | None = None
+        self.reload()
+
+    def reload(self) -> None:
+        """Look at the binary: when built and on SIGHUP, never per send."""
+        was = self._unusable
+        if os.path.isfile(self.path) and os.access(self.path, os.X_OK):
+            self._unusable = None
+        else:
+            self._unusable = f"sendmail: {self.path} is missing or not executable"
+        if self._unusable is not None and self._unusable != was:
+            log.warn("MAILER_SENDMAIL_UNUSABLE mailer={key} path={path}", key=self.key,
+                     path=self.path)
+        elif self._unusable is None and was is not None:
+            log.info("MAILER_SENDMAIL_USABLE mailer={key} path={path}", key=self.key,
+                     path=self.path)
 
     def argv(self, message: Message) -> list[str]:
         return [self.path, "-oi", "-f", message.from_.address, "--", *message.recipients()]
@@ -126,11 +146,11 @@ class SendmailBackend:
         now = clock.seconds()
         if deadline - now <= 0:
             return Outcome.transient("sendmail: deadline reached before start")
-        if not (os.path.isfile(self.path) and os.access(self.path, os.X_OK)):
-            return Outcome.rejected_backend(f"sendmail: {self.path} is missing or not executable")
+        if self._unusable is not None:
+            return Outcome.rejected_backend(self._unusable)
         child = _Child(clock, build_mime(message, now=now))
         try:
-            # The child inherits the service's environment (§10.3); an explicit
+            # The child inherits the service's environment; an explicit
             # copy because Twisted's fork path does not accept env=None.
             self._reactor.spawnProcess(child, self.path, self.argv(message),
                                        env=dict(os.environ))

@@ -1,4 +1,4 @@
-"""Amazon SES v1 Query API, ``SendRawEmail`` (spec/mailer.md §10.4)."""
+"""Amazon SES v1 Query API, ``SendRawEmail``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ _REGION_RE = re.compile(r"^[a-z0-9-]+$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9/._~-]+$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
-# SES error codes (Query API <Error><Code>) whose scope we know (§10.4).
+# SES error codes (Query API <Error><Code>) whose scope we know.
 TRANSIENT_CODES = frozenset({"Throttling", "ServiceUnavailable"})
 BACKEND_CODES = frozenset(
     {
@@ -71,7 +71,7 @@ def signed_headers(
     service: str = SERVICE,
 ) -> dict[str, str]:
     """The request headers, ``Authorization`` included: SigV4 over exactly
-    ``content-type;host;x-amz-date`` and the body bytes (§10.4)."""
+    ``content-type;host;x-amz-date`` and the body bytes."""
     headers = {"Content-Type": CONTENT_TYPE, "Host": host, "X-Amz-Date": stamp}
     headers["Authorization"] = sigv4.authorization(
         credentials, method="POST", path=path or "/", headers=headers, body=body,
@@ -142,7 +142,7 @@ class SesBackend(HttpBackend):
     ) -> None:
         super().__init__(entry, clock=clock, client=client)
         # Not validated: SES may sit behind an endpoint that authenticates
-        # otherwise (§10.4).
+        # otherwise.
         self._credentials = sigv4.Credentials(entry.str("access-key"), entry.str("secret-key"))
         self.region = entry.str("region", DEFAULT_REGION).strip()
         if not _REGION_RE.match(self.region):

@@ -1,30 +1,44 @@
-"""The ``smtp`` backend (spec/mailer.md §10.2).
+"""The ``smtp`` backend: twisted.mail's ESMTP client with its replies classified.
 
-A small SMTP client state machine on ``LineReceiver`` instead of
-``twisted.mail.smtp.ESMTPSender``: the classification needs the stage of
-every reply, the moment the terminating dot is handed to the transport, an
-abort on the first rejected RCPT, PLAIN-then-LOGIN authentication and a
-cancel that always yields a classified outcome -- each an override of the
-stock client (spec §15), and together its whole control flow.
+``_Session`` is :class:`twisted.mail.smtp.ESMTPClient` with the overrides
+the outcome classification needs (docs/mailer.md, Backends):
+
+* every reply is classified with the stage it answers, which is the last
+  command the client issued;
+* a rejected RCPT ends the transaction before the content (the stock client
+  sends DATA once any recipient was accepted);
+* the moment the terminating dot is handed to the transport is recorded:
+  from then on no verdict means "outcome unknown";
+* AUTH PLAIN, else LOGIN (the stock order starts with CRAM-MD5), never over
+  plaintext to a remote host, and a rejected AUTH is final (the stock client
+  offers PLAIN credentials a second time);
+* MAIL, every RCPT and DATA go out in one write when the server offers
+  PIPELINING (RFC 2920), which the stock client does not do;
+* a deadline or cancel always yields a classified outcome.
 """
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import re
 import socket
+from collections import deque
 from dataclasses import dataclass, field
-from io import BytesIO
 from typing import Any
 
 from OpenSSL import SSL
 from twisted.internet import ssl
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import ClientFactory
-from twisted.protocols.basic import FileSender, LineReceiver
+from twisted.internet.protocol import ClientFactory, connectionDone
+from twisted.mail.smtp import (
+    Address,
+    ESMTPClient,
+    IClientAuthentication,
+    SMTPClientError,
+    quoteaddr,
+)
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from ..message import Message
 from ..mime import build_mime
@@ -34,6 +48,10 @@ from .base import BackendEntry
 ATTEMPT_CAP = 60.0
 CONNECT_CAP = 30.0
 PROTOCOLS = ("", "none", "plain", "ssl", "smtps", "tls", "starttls")
+#: Content goes to the transport in pieces this big; the transport pulls the
+#: next one only once it flushed the previous, and large pieces keep a 1 MiB
+#: message to a handful of reactor turns.
+CHUNK_SIZE = 256 * 1024
 
 _ENHANCED = re.compile(r"^([245])\.(\d{1,3})\.(\d{1,3})(?:\s|$)")
 _BACKEND_ENHANCED = {(1, 7), (1, 8), (7, 4), (7, 8), (7, 9), (7, 10), (7, 11)}
@@ -43,6 +61,12 @@ _STAGE_NAMES = {
     "rcpt": "RCPT TO", "data": "DATA", "content": "message content",
     "dot": "end of DATA",
 }
+#: The stage a command's reply belongs to, by the first four bytes of the
+#: command as the stock client writes it (STARTTLS included).
+_COMMAND_STAGES = {b"EHLO": "ehlo", b"HELO": "helo", b"STAR": "starttls",
+                   b"AUTH": "auth", b"MAIL": "mail", b"RCPT": "rcpt", b"DATA": "data"}
+#: LOGIN asks for the user name, then the password; a third challenge is a failure.
+_LOGIN_CHALLENGES = 2
 
 
 @dataclass(frozen=True)
@@ -80,7 +104,7 @@ def enhanced_code(text: str) -> tuple[int, int, int] | None:
 
 
 def classify_reply(stage: str, code: int, text: str) -> Outcome:
-    """Outcome of a non-2xx reply at ``stage`` (§10.2 table, top to bottom).
+    """Outcome of a non-2xx reply at ``stage`` (docs/mailer.md, first match wins).
 
     ``stage`` is one of greeting, ehlo, helo, starttls, tls-ehlo, auth,
     mail, rcpt, data, dot."""
@@ -146,46 +170,122 @@ def stuff_mime(data: bytes) -> bytes:
     return head + (body if body.endswith(b"\r\n") else body + b"\r\n")
 
 
-class _ContentSender(FileSender):
-    # The transport pulls the next chunk only once it flushed the previous
-    # one; large chunks keep a 1 MiB message to a handful of reactor turns.
-    CHUNK_SIZE = 256 * 1024
+class _Content:
+    """The dot-stuffed DATA content as ``FileSender`` reads it.
+
+    Every read returns the next :data:`CHUNK_SIZE` bytes, whatever size the
+    sender asks for (its own chunks are 16 KiB). With ``terminate`` the last
+    piece carries the terminating dot, so a small message and its dot leave
+    in one write."""
+
+    def __init__(self, data: bytes, *, terminate: bool) -> None:
+        self._data = (data + b".\r\n") if terminate else data
+        self._offset = 0
+        self.terminate = terminate
+
+    def read(self, size: int = -1) -> bytes:
+        piece = self._data[self._offset:self._offset + CHUNK_SIZE]
+        self._offset += len(piece)
+        return piece
+
+    @property
+    def dot_taken(self) -> bool:
+        return self.terminate and self._offset >= len(self._data)
 
 
-class _Session(LineReceiver):
+class _Verbatim(Address):
+    """An envelope address that ``quoteaddr`` writes exactly as given.
+
+    ``quoteaddr`` re-parses a plain string with ``email.utils.parseaddr``,
+    which turns ``a,b@example.com`` into ``<a>``; an :class:`Address` goes
+    out as its bytes. The message parser already checked the address."""
+
+    def __init__(self, address: str) -> None:
+        self.addrstr = address.encode("ascii")
+
+    def __bytes__(self) -> bytes:
+        return self.addrstr
+
+
+@dataclass(frozen=True)
+class _Credentials:
+    """The client's ``secret``, handed to the authenticators. An object, so
+    that an empty password is still offered (the stock client offers
+    credentials only when ``secret`` is true)."""
+
+    user: bytes
+    password: bytes = field(repr=False)
+
+
+@implementer(IClientAuthentication)
+class _Plain:
+    """AUTH PLAIN without an authorization identity (the stock one sends the
+    user name as one)."""
+
+    def getName(self) -> bytes:
+        return b"PLAIN"
+
+    def challengeResponse(self, secret: _Credentials, chal: object) -> bytes:
+        return b"\0" + secret.user + b"\0" + secret.password
+
+
+@implementer(IClientAuthentication)
+class _Login:
+    def __init__(self) -> None:
+        self.answered = 0
+
+    def getName(self) -> bytes:
+        return b"LOGIN"
+
+    def challengeResponse(self, secret: _Credentials, chal: object) -> bytes:
+        self.answered += 1
+        return secret.user if self.answered == 1 else secret.password
+
+
+class _Session(ESMTPClient):
     """One SMTP transaction. ``done`` fires with an :class:`Outcome`."""
 
-    delimiter = b"\r\n"
+    # The stock client keeps a log of the exchange, credentials included;
+    # the outcome is classified from the replies alone.
+    debug = False
     MAX_LENGTH = 65536
+    # ESMTPClient sends every attribute write (about a hundred a message)
+    # through a Python __setattr__ that only warns about its deprecated
+    # ``tlsMode``, a name this client never uses.
+    __setattr__ = object.__setattr__
 
     def __init__(self, cfg: SmtpConfig, tls: Any, sender: str, recipients: list[str],
                  content: bytes) -> None:
+        credentials = (_Credentials(cfg.user.encode("utf-8"), cfg.password.encode("utf-8"))
+                       if cfg.user else None)
+        super().__init__(credentials, None if cfg.mode == "ssl" else tls,
+                         cfg.helo.encode("utf-8"))
+        self.registerAuthenticator(_Plain())  # tried in this order
+        self.registerAuthenticator(_Login())
+        self.heloFallback = not cfg.user and cfg.mode == "plain"
+        self.requireAuthentication = bool(cfg.user)
+        self.requireTransportSecurity = cfg.mode == "starttls"
         self.cfg = cfg
-        self.tls_options = tls
-        self.sender = sender
-        self.recipients = recipients
+        self.sender = _Verbatim(sender)
+        self.recipients = [_Verbatim(r) for r in recipients]
         self.content = content
         self.done: Deferred = Deferred(lambda _: self.abort("cancelled"))
         self.stage = "connect" if cfg.mode != "ssl" else "tls-connect"
+        self.started_tls = False
         self.dot_sent = False
         self.pipelined = False
-        self.secure = cfg.mode == "ssl"
-        self.extensions: dict[str, str] = {}
-        self._lines: list[str] = []
-        self._rcpt_index = 0
-        self._login_step = 0
+        self.extensions: dict[bytes, bytes | None] = {}
+        self.auth_mechanism = b""
+        self.auth_challenges = 0
         self.connector: Any = None
+        self._ahead: deque[bytes] = deque()
+        self._reader: _Content | None = None
 
-    # --- plumbing -------------------------------------------------------
-    def connectionMade(self) -> None:
-        self.stage = "greeting"
-        # SMTP is lock-step; Nagle would hold each short command (and the
-        # final dot behind the content) until the previous segment's ACK.
-        try:
-            self.transport.setTcpNoDelay(True)
-        except (AttributeError, OSError):
-            pass
+    @property
+    def secure(self) -> bool:
+        return self.cfg.mode == "ssl" or self.started_tls
 
+    # --- outcome ----------------------------------------------------------
     def finish(self, outcome: Outcome) -> None:
         if self.done.called:
             return
@@ -196,7 +296,7 @@ class _Session(LineReceiver):
             # After a pipelined DATA the server may be reading content, so
             # a failure there just hangs up: without the dot nothing is sent.
             if outcome.is_accepted or not self.pipelined:
-                self.sendLine(b"QUIT")
+                self.transport.write(b"QUIT\r\n")
             self.transport.loseConnection()
 
     def abort(self, why: str) -> None:
@@ -213,10 +313,30 @@ class _Session(LineReceiver):
         elif self.connector is not None:
             self.connector.disconnect()
 
+    def fail_reply(self, code: int, resp: bytes | None) -> None:
+        text = (resp or b"").decode("utf-8", "replace").replace("\n", " ")
+        self.finish(classify_reply(self.stage, code, text[:300]))
+
     def _where(self) -> str:
         return _STAGE_NAMES.get(self.stage, self.stage)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:
+    def connectFailed(self, reason: Failure) -> None:
+        self.finish(Outcome.transient(f"smtp: cannot connect to {self.cfg.host}:{self.cfg.port}"
+                                      f" ({reason.type.__name__})"))
+
+    # --- connection -------------------------------------------------------
+    def connectionMade(self) -> None:
+        self.stage = "greeting"
+        # SMTP is lock-step; Nagle would hold each short command (and the
+        # final dot behind the content) until the previous segment's ACK.
+        try:
+            self.transport.setTcpNoDelay(True)
+        except (AttributeError, OSError):
+            pass
+        super().connectionMade()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
         self.connected = False
         if self.done.called:
             return
@@ -227,181 +347,170 @@ class _Session(LineReceiver):
         else:
             self.finish(Outcome.transient(f"smtp: connection lost during {self._where()}"))
 
-    def connectFailed(self, reason: Failure) -> None:
-        self.finish(Outcome.transient(f"smtp: cannot connect to {self.cfg.host}:{self.cfg.port}"
-                                      f" ({reason.type.__name__})"))
-
-    def send(self, line: str) -> None:
-        self.sendLine(line.encode("utf-8"))
-
+    # --- the wire ---------------------------------------------------------
     def lineReceived(self, line: bytes) -> None:
         if self.done.called:
             return
-        text = line.decode("utf-8", "replace")
-        code_text, sep, rest = text[:3], text[3:4], text[4:]
-        if not code_text.isdigit() or sep not in ("-", " ", ""):
+        code, sep = line[:3], line[3:4]
+        if not code.isdigit() or sep not in (b"-", b" ", b""):
             outcome = Outcome.unknown if self.dot_sent else Outcome.transient
-            self.finish(outcome(f"smtp: {self._where()}: malformed reply"))
-            return
-        self._lines.append(rest)
-        if sep == "-":
-            return
-        lines, self._lines = self._lines, []
-        getattr(self, "on_" + self.stage.replace("-", "_"))(int(code_text), lines)
+            return self.finish(outcome(f"smtp: {self._where()}: malformed reply"))
+        if sep != b"-" and self.stage == "auth" and not self._auth_goes_on(int(code)):
+            return self.fail_reply(int(code), b"\n".join([*self.resp, line[4:]]))
+        super().lineReceived(line)
+
+    def _auth_goes_on(self, code: int) -> bool:
+        if code == 334 and self.auth_mechanism == b"LOGIN":
+            self.auth_challenges += 1
+            return self.auth_challenges <= _LOGIN_CHALLENGES
+        return code == 235
 
     def lineLengthExceeded(self, line: bytes) -> None:
         outcome = Outcome.unknown if self.dot_sent else Outcome.transient
         self.finish(outcome(f"smtp: {self._where()}: reply line too long"))
 
-    def fail_reply(self, code: int, lines: list[str]) -> None:
-        self.finish(classify_reply(self.stage, code, " ".join(lines)[:300]))
-
-    # --- states ---------------------------------------------------------
-    def on_greeting(self, code: int, lines: list[str]) -> None:
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
-        self.stage = "ehlo"
-        self.send(f"EHLO {self.cfg.helo}")
-
-    def on_ehlo(self, code: int, lines: list[str]) -> None:
-        if code // 100 == 5 and not self.cfg.user and self.cfg.mode == "plain":
-            self.stage = "helo"
-            self.send(f"HELO {self.cfg.helo}")
+    def sendLine(self, line: bytes) -> None:
+        if self.done.called:
             return
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
-        self.extensions = {}
-        for item in lines[1:]:
-            word, _, params = item.partition(" ")
-            self.extensions[word.upper()] = params.upper()
-        if not self.secure and self.cfg.mode in ("plain", "starttls"):
-            if "STARTTLS" in self.extensions:
-                self.stage = "starttls"
-                self.send("STARTTLS")
-                return
-            if self.cfg.mode == "starttls":
-                return self.finish(Outcome.rejected_backend(
-                    "smtp: STARTTLS required but not offered by the server"))
-        self.authenticate()
+        self._note_stage(line)
+        if self._ahead and line == self._ahead[0]:
+            self._ahead.popleft()  # already written with the pipelined batch
+            return
+        if line.startswith(b"MAIL FROM:") and b"PIPELINING" in self.extensions:
+            # RFC 2920: MAIL, every RCPT and DATA in one write. The stock
+            # client still walks its lock-step states as the replies come
+            # back in order; its writes of RCPT and DATA are dropped above.
+            self.pipelined = True
+            self._ahead.extend([*(b"RCPT TO:" + quoteaddr(r) for r in self.recipients),
+                                b"DATA"])
+            self.transport.write(b"".join(c + b"\r\n" for c in [line, *self._ahead]))
+            return
+        super().sendLine(line)
 
-    on_tls_ehlo = on_ehlo
+    def _note_stage(self, line: bytes) -> None:
+        if self.stage == "auth" and not line.startswith(b"MAIL FROM:"):
+            return  # SASL responses: still the AUTH exchange
+        stage = _COMMAND_STAGES.get(line[:4])
+        if stage == "ehlo" and self.started_tls:
+            stage = "tls-ehlo"
+        if stage == "auth":
+            self.auth_mechanism = line.split(b" ")[1].upper()
+        if stage is not None:
+            self.stage = stage
 
-    def on_helo(self, code: int, lines: list[str]) -> None:
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
-        self.mail_from()
+    # --- replies the stock client counts as failures ---------------------
+    def sendError(self, exc: Exception) -> None:
+        if self.done.called:
+            return
+        if isinstance(exc, SMTPClientError) and exc.code > 0:
+            return self.fail_reply(exc.code, exc.resp)
+        # The content transfer stopped: the connection is going away, and
+        # connectionLost classifies by how far we got.
+        if self.transport is not None:
+            self.transport.loseConnection()
 
-    def on_starttls(self, code: int, lines: list[str]) -> None:
-        if code != 220:
-            return self.fail_reply(code, lines)
-        self.transport.startTLS(self.tls_options)
-        self.secure = True
-        self.stage = "tls-ehlo"
-        self.send(f"EHLO {self.cfg.helo}")
+    def smtpConnectionFailed(self, code: int, resp: bytes) -> None:
+        if code // 100 == 2:
+            return self.esmtpState_ehlo(code, resp)  # any 2xx greets
+        self.fail_reply(code, resp)
 
-    def authenticate(self) -> None:
-        cfg = self.cfg
-        if not cfg.user:
-            return self.mail_from()
-        if not self.secure and not _is_loopback(cfg.host):
+    def esmtpEHLORequired(self, code: int = -1, resp: bytes | None = None) -> None:
+        self.fail_reply(code, resp)
+
+    def smtpState_helo(self, code: int, resp: bytes) -> None:
+        # The stock client answers any failed EHLO (and any failed HELO)
+        # with HELO; only a 5xx to EHLO means "no ESMTP here".
+        if self.stage == "helo" or code // 100 != 5:
+            return self.fail_reply(code, resp)
+        super().smtpState_helo(code, resp)
+
+    def tryTLS(self, code: int, resp: bytes, items: dict) -> None:
+        self.extensions = {k.upper(): v for k, v in items.items()}
+        super().tryTLS(code, resp, self.extensions)
+
+    def esmtpTLSRequired(self, code: int = -1, resp: bytes | None = None) -> None:
+        self.finish(Outcome.rejected_backend(
+            "smtp: STARTTLS required but not offered by the server"))
+
+    def esmtpTLSFailed(self, code: int = -1, resp: bytes | None = None) -> None:
+        self.fail_reply(code, resp)
+
+    def esmtpState_starttls(self, code: int, resp: bytes) -> None:
+        self.started_tls = True
+        super().esmtpState_starttls(code, resp)
+
+    def authenticate(self, code: int, resp: bytes, items: dict) -> None:
+        if not self.cfg.user:
+            return super().authenticate(code, resp, items)
+        if not self.secure and not _is_loopback(self.cfg.host):
             return self.finish(Outcome.rejected_backend(
                 "smtp: refusing to send credentials over an unencrypted connection"))
-        mechanisms = self.extensions.get("AUTH", "").split()
-        self.stage = "auth"
-        if "PLAIN" in mechanisms:
-            token = f"\0{cfg.user}\0{cfg.password}".encode("utf-8")
-            self.send("AUTH PLAIN " + base64.b64encode(token).decode("ascii"))
-        elif "LOGIN" in mechanisms:
-            self._login_step = 1
-            self.send("AUTH LOGIN")
-        elif "AUTH" not in self.extensions:
-            self.finish(Outcome.rejected_backend("smtp: server does not offer AUTH"))
-        else:
-            self.finish(Outcome.rejected_backend(
+        if b"AUTH" not in items:
+            return self.finish(Outcome.rejected_backend("smtp: server does not offer AUTH"))
+        offered = (items[b"AUTH"] or b"").upper().split()
+        if not any(a.getName() in offered for a in self.authenticators):
+            return self.finish(Outcome.rejected_backend(
                 "smtp: no supported AUTH mechanism (PLAIN, LOGIN) offered"))
+        super().authenticate(code, resp, items)
 
-    def on_auth(self, code: int, lines: list[str]) -> None:
-        if code == 334 and self._login_step in (1, 2):
-            value = self.cfg.user if self._login_step == 1 else self.cfg.password
-            self._login_step += 1
-            self.sendLine(base64.b64encode(value.encode("utf-8")))
-            return
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
-        self.mail_from()
+    def smtpState_toOrData(self, code: int, resp: bytes) -> None:
+        # Any rejected recipient ends the transaction before the content;
+        # pipelined, DATA may already be out, but no content or dot ever
+        # follows, so nothing can be delivered.
+        if self.lastAddress is not None and code // 100 != 2:
+            return self.fail_reply(code, resp)
+        super().smtpState_toOrData(code, resp)
 
-    def mail_from(self) -> None:
-        self.stage = "mail"
-        if "PIPELINING" in self.extensions:
-            # RFC 2920: MAIL, every RCPT and DATA in one write; the replies
-            # still arrive one per command, in order, and are classified
-            # exactly as in lock-step mode.
-            self.pipelined = True
-            commands = [f"MAIL FROM:<{self.sender}>"]
-            commands += [f"RCPT TO:<{r}>" for r in self.recipients]
-            commands.append("DATA")
-            self.transport.write("".join(c + "\r\n" for c in commands).encode("utf-8"))
-            return
-        self.send(f"MAIL FROM:<{self.sender}>")
+    def smtpTransferFailed(self, code: int, resp: bytes) -> None:
+        if self.stage == "mail" and code // 100 == 2:
+            return self.smtpState_to(code, resp)  # any 2xx accepts the sender
+        if self.stage == "content":
+            # The server answered before our terminating dot (typically an
+            # error followed by a hang-up): nothing was accepted.
+            self.stage = "data"
+        self.fail_reply(code, resp)
 
-    def on_mail(self, code: int, lines: list[str]) -> None:
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
-        self.stage = "rcpt"
-        if not self.pipelined:
-            self.send(f"RCPT TO:<{self.recipients[0]}>")
+    # --- content and the terminating dot ---------------------------------
+    def getMailFrom(self) -> Address:
+        return self.sender
 
-    def on_rcpt(self, code: int, lines: list[str]) -> None:
-        # Any rejected recipient ends the transaction before the content
-        # (§10.2); pipelined, DATA may already be out, but no content or
-        # dot ever follows, so nothing can be delivered.
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
-        self._rcpt_index += 1
-        if self._rcpt_index < len(self.recipients):
-            if not self.pipelined:
-                self.send(f"RCPT TO:<{self.recipients[self._rcpt_index]}>")
-            return
-        self.stage = "data"
-        if not self.pipelined:
-            self.send("DATA")
+    def getMailTo(self) -> list[_Verbatim]:
+        return self.recipients
 
-    def on_data(self, code: int, lines: list[str]) -> None:
-        if code != 354:
-            return self.fail_reply(code, lines)
+    def getMailData(self) -> _Content:
         content = stuff_mime(self.content)
-        if len(content) <= _ContentSender.CHUNK_SIZE:
-            # Small enough to hand over at once: content and dot together.
-            self.stage = "dot"
-            self.transport.write(content + b".\r\n")
-            self.dot_sent = True
-            return
+        self._reader = _Content(content, terminate=len(content) <= CHUNK_SIZE)
+        return self._reader
+
+    def smtpState_data(self, code: int, resp: bytes) -> None:
         self.stage = "content"
-        # Stream the content (the transport pulls as its buffer drains) and
-        # hand over the terminating dot only once all of it was taken: a
-        # connection lost before that provably delivered nothing.
-        sender = _ContentSender()
-        d = sender.beginFileTransfer(BytesIO(content), self.transport)
-        d.addCallbacks(self._content_sent, lambda _: None)
+        super().smtpState_data(code, resp)
 
-    def on_content(self, code: int, lines: list[str]) -> None:
-        # The server answered before our terminating dot (typically an
-        # error followed by a hang-up): nothing was accepted.
-        self.stage = "data"
-        self.fail_reply(code, lines)
+    def transformChunk(self, chunk: bytes) -> bytes:
+        # Already CRLF and dot-stuffed (stuff_mime).
+        if self._reader is not None and self._reader.dot_taken and not self.dot_sent:
+            self._handed_over_dot()
+        return chunk
 
-    def _content_sent(self, _: object) -> None:
-        if self.done.called or not self.connected:
+    def finishedFileTransfer(self, lastsent: bytes) -> None:
+        # Streamed content: the terminating dot is handed over only once the
+        # transport took all of it, so a connection lost before that
+        # provably delivered nothing.
+        if self.dot_sent or self.done.called or not self.connected:
             return
-        self.stage = "dot"
-        self.transport.write(b".\r\n")
+        super().finishedFileTransfer(lastsent)
+        self._handed_over_dot()
+
+    def _handed_over_dot(self) -> None:
         # From here on the server may have the whole message: no verdict
         # means "outcome unknown", never "safe to resend".
+        self.stage = "dot"
         self.dot_sent = True
 
-    def on_dot(self, code: int, lines: list[str]) -> None:
-        if code // 100 != 2:
-            return self.fail_reply(code, lines)
+    def smtpState_msgSent(self, code: int, resp: bytes) -> None:
+        if not self.dot_sent:
+            self.stage = "data"
+            return self.fail_reply(code, resp)
         self.finish(Outcome.accepted(""))
 
 

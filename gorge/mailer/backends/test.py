@@ -1,4 +1,4 @@
-"""The ``test`` backend (spec/mailer.md §10.1): accepts everything, delivers
+"""The ``test`` backend: accepts everything, delivers
 nothing, and fails on demand. Contract fixtures and dispatcher tests use it.
 
 State lives on the instance for the process lifetime and is shared by all

@@ -1,5 +1,5 @@
 """The Conduit delegate: hand a task back to Phorge's PHP via worker.execute
-and turn its answer into an outcome (worker.md §10.3)."""
+and turn its answer into an outcome."""
 
 from __future__ import annotations
 

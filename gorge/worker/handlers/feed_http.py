@@ -1,4 +1,4 @@
-"""Native FeedPublisherHTTPWorker (worker.md §11.3-11.4).
+"""Native FeedPublisherHTTPWorker.
 
 Sends what Phorge sends: a form built like PHP's ``http_build_query`` from the
 story fields, in PHP's order, or a snapshot body that PHP precomputed. A task
@@ -85,11 +85,7 @@ def _retry_wait(task: dict) -> int:
 
 
 def read_policy(path: str) -> tuple[bool, list[str]]:
-    """Read the feed policy file; any defect is a temporary failure.
-
-    A small local file, read on each delivery so an edit takes effect without
-    a restart; reading it synchronously is cheaper than a thread hop.
-    """
+    """Read the feed policy file; any defect is a temporary failure."""
     try:
         with open(path, "rb") as handle:
             doc = json.loads(handle.read())
@@ -102,6 +98,39 @@ def read_policy(path: str) -> tuple[bool, list[str]]:
     return doc["silent"], doc["uris"]
 
 
+class FeedPolicy:
+    """The feed policy file as last read: when the worker starts, and again
+    on :meth:`reload` (SIGHUP), never per task on the reactor thread.
+
+    A file that was unusable when last read makes every delivery a temporary
+    failure, as it would be had the file been read for that delivery.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._policy: tuple[bool, frozenset[str]] | None = None
+        self._problem = ""
+        self.reload()
+
+    def reload(self) -> None:
+        try:
+            silent, uris = read_policy(self.path)
+        except RetryLater as problem:
+            self._policy, self._problem = None, str(problem)
+            log.warn("FEED_POLICY_UNUSABLE path={path} reason={reason}", path=self.path,
+                     reason=self._problem)
+            return
+        self._policy, self._problem = (silent, frozenset(uris)), ""
+        log.info("FEED_POLICY_LOADED path={path} silent={silent} uris={uris}", path=self.path,
+                 silent=silent, uris=len(uris))
+
+    def current(self) -> tuple[bool, frozenset[str]]:
+        """``(silent, uris)``; raises :class:`RetryLater` while the file is unusable."""
+        if self._policy is None:
+            raise RetryLater(self._problem)
+        return self._policy
+
+
 class FeedHttpHandler:
     def __init__(
         self,
@@ -109,13 +138,13 @@ class FeedHttpHandler:
         clock: IReactorTime,
         *,
         delegate: Callable | None = None,
-        policy_file: str = "",
+        policy: FeedPolicy | None = None,
         timeout: float = DELIVERY_TIMEOUT,
     ) -> None:
         self._http = http_client
         self._clock = clock
         self._delegate = delegate
-        self._policy_file = policy_file
+        self._policy = policy
         self._timeout = timeout
 
     async def __call__(self, task: dict, data: str | None):
@@ -151,8 +180,8 @@ class FeedHttpHandler:
             )
         else:
             raise PermanentFailure("invalid task data: not a deliverable feed task")
-        if self._policy_file:
-            silent, uris = read_policy(self._policy_file)
+        if self._policy is not None:
+            silent, uris = self._policy.current()
             if silent:
                 return None
             if uri not in uris:

@@ -1,4 +1,4 @@
-"""Native emulation of Phorge's PhabricatorTestWorker (worker.md §11.6), for
+"""Native emulation of Phorge's PhabricatorTestWorker, for
 the demo and benchmarks without PHP."""
 
 from __future__ import annotations

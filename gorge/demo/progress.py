@@ -12,10 +12,10 @@ from typing import Callable, TextIO
 
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.demo_handlers import RETRY_WAIT_SECONDS, YIELD_SECONDS, TaskRun
-from gorge.demo_receiver import ReceiverEvent
-from gorge.demo_smtp import SinkEvent
-from gorge.demo_state import HOOK_NAMES, Check
+from gorge.demo.handlers import RETRY_WAIT_SECONDS, YIELD_SECONDS, TaskRun
+from gorge.demo.receiver import ReceiverEvent
+from gorge.demo.smtp import SinkEvent
+from gorge.demo.state import HOOK_NAMES, Check
 
 
 def _event_name(event: dict) -> str:

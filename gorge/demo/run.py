@@ -28,9 +28,9 @@ from twisted.logger import (
 from twisted.web.server import Site
 
 from gorge.config import ConfigError
-from gorge.demo_progress import Progress, summary_table
-from gorge.demo_receiver import ReceiverPath, build_receiver
-from gorge.demo_seed import (
+from gorge.demo.progress import Progress, summary_table
+from gorge.demo.receiver import ReceiverPath, build_receiver
+from gorge.demo.seed import (
     HOOKS,
     MAILS,
     REJECTED_ADDRESSES,
@@ -42,9 +42,9 @@ from gorge.demo_seed import (
     enqueue_task,
     send_mail,
 )
-from gorge.demo_services import DemoSettings, DemoStack, build_stack, demo_settings
-from gorge.demo_smtp import SinkFactory, SmtpSink
-from gorge.demo_state import RESULT_NAMES, DemoState
+from gorge.demo.services import DemoSettings, DemoStack, build_stack, demo_settings
+from gorge.demo.smtp import SinkFactory, SmtpSink
+from gorge.demo.state import RESULT_NAMES, DemoState
 
 log = Logger()
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gorge.demo_handlers import TaskRun
-from gorge.demo_receiver import ReceiverEvent
-from gorge.demo_seed import (
+from gorge.demo.handlers import TaskRun
+from gorge.demo.receiver import ReceiverEvent
+from gorge.demo.seed import (
     HOOKS,
     MAILS,
     REQUESTS,
@@ -22,7 +22,7 @@ from gorge.demo_seed import (
     DemoTask,
     hook_named,
 )
-from gorge.demo_smtp import SmtpSink
+from gorge.demo.smtp import SmtpSink
 from gorge.taskqueue.model import RESULT_CANCELLED, RESULT_FAILURE, RESULT_SUCCESS
 
 RESULT_NAMES = MappingProxyType(

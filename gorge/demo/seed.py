@@ -15,7 +15,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.demo_handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
+from gorge.demo.handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
 from gorge.sql import Database
 from gorge.taskqueue.model import (
     PRIORITY_ALERTS,
@@ -125,7 +125,7 @@ def hook_named(name: str) -> DemoHook:
 
 
 def request_properties(request: DemoRequest) -> str:
-    """The document Phorge's editor writes (spec webhook.md §2.5)."""
+    """The document Phorge's editor writes."""
     return json.dumps({
         "retry": "forever" if request.retry_forever else "never",
         "transactionPHIDs": [request.object_phid.replace("PHID-", "PHID-XACT-", 1)],

@@ -17,7 +17,7 @@ from typing import Callable
 from twisted.application.service import IService
 
 from gorge.config import HttpSettings, MySQLSettings, parse_listen_addr
-from gorge.demo_handlers import (
+from gorge.demo.handlers import (
     FAIL_ONCE_CLASS,
     YIELD_ONCE_CLASS,
     FailOnce,
@@ -25,7 +25,7 @@ from gorge.demo_handlers import (
     YieldOnce,
     observed_handlers,
 )
-from gorge.demo_seed import Endpoint
+from gorge.demo.seed import Endpoint
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.service import build_mailer_service
 from gorge.mailer.settings import MailerSettings
