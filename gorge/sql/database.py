@@ -12,7 +12,8 @@ and in the ``gorge_sql_*`` metrics (docs/operations.md, "SQL transactions"):
 * one deadline covers all attempts, waiting for a pool thread included.
   When it passes the caller gets :class:`TransactionTimeout`; the thread
   finishes the statement it is in (the drivers bound each one) and its
-  result is dropped.
+  result is dropped. The deadlines share one reactor timer (a transaction
+  costs a dictionary entry, not a timer of its own).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from twisted.enterprise import adbapi
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from gorge.config import MySQLSettings
 from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
@@ -75,6 +76,42 @@ def _pinned(engine: Engine, seconds: int, fn: Callable[..., T]) -> Callable[...,
     return interaction
 
 
+class _Deadlines:
+    """Attempts in flight and when each must be answered, with one timer for the
+    earliest; an attempt past its deadline is cancelled."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._waiting: dict[Deferred, float] = {}
+        self._timer: IDelayedCall | None = None
+
+    def watch(self, d: Deferred, at: float) -> None:
+        self._waiting[d] = at
+        if self._timer is None:
+            self._timer = self._clock.callLater(at - self._clock.seconds(), self._expire)
+        elif at < self._timer.getTime():  # never later than the earliest deadline
+            self._timer.reset(at - self._clock.seconds())
+
+    def forget(self, d: Deferred) -> None:
+        self._waiting.pop(d, None)
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = self._clock.seconds()
+        for d, at in list(self._waiting.items()):
+            if at <= now:
+                del self._waiting[d]
+                d.cancel()
+        if self._waiting:
+            earliest = min(self._waiting.values())
+            self._timer = self._clock.callLater(earliest - now, self._expire)
+
+    def stop(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+
 class Database:
     """``name`` prefixes the retry log event (``TASKQUEUE_TXN_RETRY``).
 
@@ -89,6 +126,7 @@ class Database:
         self.name = name
         self._reactor = reactor
         self._deadline = deadline
+        self._deadlines = _Deadlines(reactor)
         self._attempts = attempts
         self._retry_event = (name.upper()
                              + "_TXN_RETRY txn={txn} attempt={attempt} error={error}")
@@ -129,18 +167,21 @@ class Database:
         stats = self.transactions.get(description)
         if stats is None:
             stats = self.transactions[description] = Transactions()
+        deadline = started + self._deadline
         attempt = 1
         try:
             while True:
-                left = self._deadline - (reactor.seconds() - started)
-                if bounded and left <= 0:
+                if bounded and reactor.seconds() >= deadline:
                     raise TransactionTimeout(description, self._deadline)
                 d = self.pool.runInteraction(work, *args)
                 if bounded:
-                    d.addTimeout(left, reactor, onTimeoutCancel=lambda _, __: Failure(
-                        TransactionTimeout(description, self._deadline)))
+                    self._deadlines.watch(d, deadline)
                 try:
                     result = await d
+                except CancelledError:
+                    if bounded and reactor.seconds() >= deadline:
+                        raise TransactionTimeout(description, self._deadline) from None
+                    raise
                 except Exception as e:
                     if attempt >= self._attempts or not self.engine.retryable(e):
                         raise
@@ -149,6 +190,9 @@ class Database:
                     stats.retries += 1
                     attempt += 1
                     continue
+                finally:
+                    if bounded:
+                        self._deadlines.forget(d)
                 stats.ok += 1
                 return result
         except TransactionTimeout:
@@ -169,4 +213,5 @@ class Database:
         return await self.engine.ping(self.pool, self._reactor, timeout)
 
     def close(self) -> None:
+        self._deadlines.stop()
         self.pool.close()

@@ -123,7 +123,25 @@ def test_one_deadline_covers_the_repeats():
     assert db.transactions["claim"].retries == 1
 
 
-def test_no_repeat_starts_once_the_deadline_has_passed():
+def test_each_transaction_has_its_own_deadline_and_a_cancel_stays_a_cancel():
+    clock = task.Clock()
+    db, _ = scripted([Deferred(), Deferred(), Deferred()], clock)
+    first = Deferred.fromCoroutine(db.run("poll", lambda txn: None))
+    clock.advance(10)
+    second = Deferred.fromCoroutine(db.run("poll", lambda txn: None))
+    third = Deferred.fromCoroutine(db.run("hooks", lambda txn: None))
+    third.cancel()
+    assert outcome(third).check(defer.CancelledError)
+    assert not outcome(third).check(TransactionTimeout)
+    clock.advance(DEADLINE - 10)
+    assert outcome(first).check(TransactionTimeout) and outcome(second) is None
+    clock.advance(10)
+    assert outcome(second).check(TransactionTimeout)
+    assert (db.transactions["poll"].timed_out, db.transactions["hooks"].failed) == (2, 1)
+    assert clock.getDelayedCalls() == []  # nothing left in flight: no timer either
+
+
+def test_an_unbounded_transaction_waits_for_the_driver():
     clock = task.Clock()
     first = Deferred()
     db, pool = scripted([first], clock)
