@@ -8,8 +8,8 @@ import sqlite3
 from twisted.enterprise import adbapi
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.sql import Database, SQLiteEngine
-from gorge.taskqueue.sqlstore import DATABASE_NAME, SqlTaskStore
+from gorge.sql import SQLiteEngine
+from gorge.taskqueue.sqlstore import SqlTaskStore
 
 # Same tables, columns and keys as schema/phabricator_worker.sql; nobody else
 # creates this file, so the store does (the one exception to "no DDL").
@@ -114,12 +114,7 @@ def _engine() -> SQLiteEngine:
 
 
 class SQLiteTaskStore(SqlTaskStore):
-    """``clock`` gives "now"; ``reactor`` (default: ``clock``) bounds each transaction."""
-
-    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime, *,
-                 reactor: IReactorTime | None = None) -> None:
-        super().__init__(Database(_engine(), pool, reactor if reactor is not None else clock,
-                                  name=DATABASE_NAME), clock)
+    new_engine = staticmethod(_engine)
 
     @classmethod
     def open(cls, path: str, reactor, clock: IReactorTime | None = None) -> SQLiteTaskStore:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.sql import Database
+from gorge.sql import Database, Engine
 from gorge.taskqueue.counts import TaskCounts
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
@@ -202,11 +203,21 @@ class _Contended(Exception):
 
 class SqlTaskStore:
     """TaskStore over ``worker_activetask`` / ``worker_archivetask`` /
-    ``worker_taskdata`` / ``lisk_counter``; see :mod:`gorge.taskqueue.store`."""
+    ``worker_taskdata`` / ``lisk_counter``; see :mod:`gorge.taskqueue.store`.
 
-    def __init__(self, db: Database, clock: IReactorTime) -> None:
-        self.db = db
-        self._engine = db.engine
+    ``clock`` gives "now"; ``reactor`` (default: ``clock``) bounds each
+    transaction. A subclass names its engine.
+    """
+
+    @staticmethod
+    def new_engine() -> Engine:
+        raise NotImplementedError
+
+    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime, *,
+                 reactor: IReactorTime | None = None) -> None:
+        self.db = Database(self.new_engine(), pool, reactor if reactor is not None else clock,
+                           name=DATABASE_NAME)
+        self._engine = self.db.engine
         self._clock = clock
         self._counts = TaskCounts()
         self._stats_lock = DeferredLock()
