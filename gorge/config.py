@@ -8,6 +8,7 @@ into one line on stderr and exit status 2.
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -158,10 +159,14 @@ class Env:
     def bool(self, names, default: bool) -> bool:
         return self._typed(names, default, parse_bool)
 
-    def size(self, names, default: int, *, min: int | None = None) -> int:
+    def size(
+        self, names, default: builtins.int, *, min: builtins.int | None = None
+    ) -> builtins.int:
         return self._typed(names, default, parse_size, min)
 
-    def choice(self, names, default: str, choices: Sequence[str]) -> str:
+    def choice(
+        self, names, default: builtins.str, choices: Sequence[builtins.str]
+    ) -> builtins.str:
         name, value = self._lookup(names)
         if value is None:
             return default

@@ -233,7 +233,12 @@ class InFlight:
             return succeed(True)
         waiter = DeferredList([_observe(d) for d in list(self._pending)], consumeErrors=True)
         result: Deferred = Deferred()
-        timer = clock.callLater(timeout, lambda: result.called or result.callback(False))
+
+        def expire() -> None:
+            if not result.called:
+                result.callback(False)
+
+        timer = clock.callLater(timeout, expire)
 
         def finished(_):
             if timer.active():

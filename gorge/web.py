@@ -18,7 +18,7 @@ import os
 import re
 import time
 from io import BytesIO
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 from urllib.parse import parse_qs
 
 from klein import Klein
@@ -325,7 +325,7 @@ class GorgeRoot(Resource):
     isLeaf = True
 
     def __init__(self, *, api_resource: Resource, prefix: str, token: str,
-                 readiness: Callable[[], Awaitable[str | None]],
+                 readiness: Callable[[], Coroutine[Any, Any, str | None]],
                  registry: CollectorRegistry, clock: IReactorTime) -> None:
         super().__init__()
         self._api = api_resource
@@ -462,7 +462,7 @@ class GorgeSite(server.Site):
 
 
 def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,
-               readiness: Callable[[], Awaitable[str | None]],
+               readiness: Callable[[], Coroutine[Any, Any, str | None]],
                registry: CollectorRegistry, clock: IReactorTime) -> server.Site:
     """The one Site a service listens with (or hands to :func:`stub_client`)."""
     root = GorgeRoot(api_resource=api_resource, prefix=prefix, token=token,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
@@ -503,7 +503,7 @@ class TaskQueueApi:
 
 
 
-Handler = Callable[[Any], Awaitable[bytes]]
+Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
 
 
 class DirectRoutes(Resource):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.enterprise import adbapi
 from twisted.internet.interfaces import IReactorTime
 
@@ -54,7 +56,7 @@ class MySQLDialect(Dialect):
         txn.execute(SET_COUNTER, (name, value, value))
 
     def is_retryable(self, exc: BaseException) -> bool:
-        args = getattr(exc, "args", ())
+        args: tuple[Any, ...] = getattr(exc, "args", ())
         return bool(args) and args[0] in (_DEADLOCK, _LOCK_WAIT_TIMEOUT)
 
     async def ping(self, pool: adbapi.ConnectionPool, clock: IReactorTime) -> str | None:

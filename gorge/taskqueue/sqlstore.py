@@ -489,7 +489,8 @@ class SqlTaskStore:
 
     async def list_archived(self, result: int | None, task_class: str | None, limit: int,
                             offset: int) -> list[ArchivedTask]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[int | str] = []
         if result is not None:
             where.append("result = %s")
             args.append(result)

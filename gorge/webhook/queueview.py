@@ -269,7 +269,7 @@ class QueueView:
             for request_id in range(low + 1, high):
                 self._holes[request_id] = at
             if len(self._holes) > self._max_holes:
-                for request_id in sorted(self._holes, key=self._holes.get)[
+                for request_id in sorted(self._holes, key=self._holes.__getitem__)[
                         :len(self._holes) - self._max_holes]:
                     del self._holes[request_id]
 

@@ -311,7 +311,7 @@ class WebhookStore:
                 session(connection)
             connection.autocommit(True)
 
-        pool.openfun = open_connection
+        pool.openfun = open_connection  # type: ignore[assignment]  # Twisted declares openfun as None
         pool.connectionFactory = _AutocommitConnection
         return cls(pool, reactor, db_clock=db_clock)
 

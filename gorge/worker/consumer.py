@@ -366,6 +366,7 @@ class Consumer:
                 self._metrics.tasks.labels(task_class=run.task_class, outcome="skipped").inc()
             return
         handler = self._registry.get(run.task_class)
+        assert handler is not None  # the plan's runnable() asked this registry
         data = task.get("data")
         payload = data if isinstance(data, str) and data != "" else None
         remaining = run.deadline - now

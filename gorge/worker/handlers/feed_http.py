@@ -9,7 +9,7 @@ that only names the story key needs PHP to load the story, so it is delegated
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 from urllib.parse import quote_plus
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
@@ -69,12 +69,12 @@ def http_build_query(fields: list[tuple[str, Any]]) -> bytes:
     return "&".join(parts).encode("ascii")
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     # JSON true decodes to a bool, which Python would compare equal to 1.
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _non_empty_str(value: Any) -> bool:
+def _non_empty_str(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and value != ""
 
 
