@@ -47,7 +47,8 @@ class _Endpoints:
             host = uri.host.decode("ascii")
         except UnicodeDecodeError:
             raise ValueError(f"non-ASCII host in {uri.toBytes()!r}") from None
-        endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
+        endpoint: IStreamClientEndpoint = HostnameEndpoint(
+            self._reactor, host, uri.port, timeout=self._timeout)
         if uri.scheme == b"https":
             endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
         elif uri.scheme != b"http":

@@ -26,7 +26,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -248,7 +250,8 @@ class LimitedRequest(server.Request):
         if self._received > self.limit:
             self._too_large = True
             try:
-                self.content.close()
+                if self.content is not None:
+                    self.content.close()
             except Exception:
                 pass
             self.content = _Discard()
@@ -256,9 +259,8 @@ class LimitedRequest(server.Request):
         super().handleContentChunk(data)
 
     def process(self) -> None:
-        presented = self.getHeader(b"x-request-id")
-        if isinstance(presented, bytes):
-            presented = presented.decode("latin-1")
+        header = self.getHeader(b"x-request-id")
+        presented = header.decode("latin-1") if isinstance(header, bytes) else header
         # An id is echoed and logged: keep it short and printable.
         if presented and (len(presented) > 128 or not presented.isprintable()):
             presented = None
@@ -269,7 +271,8 @@ class LimitedRequest(server.Request):
         transport = getattr(self.channel, "transport", None)
         if transport is not None and not getattr(self.channel, "_gorge_nodelay", False):
             # Small JSON answers must not wait for Nagle's algorithm.
-            self.channel._gorge_nodelay = True
+            # Our own mark, set on whichever channel class carries the request.
+            self.channel._gorge_nodelay = True  # type: ignore[attr-defined]
             try:
                 transport.setTcpNoDelay(True)
             except (AttributeError, OSError):
@@ -391,7 +394,7 @@ class GorgeChannel(http.HTTPChannel):
         super().connectionMade()
         self.site.connection_opened(self)
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self.site.connection_closed(self)
 
@@ -418,7 +421,8 @@ class GorgeSite(server.Site):
     """A Site whose only access log is our structured ``REQUEST`` line, and
     which can drain: see :meth:`drain`."""
 
-    protocol = GorgeChannel
+    # A plain HTTP/1.1 channel in place of Twisted's HTTP/2-negotiating wrapper.
+    protocol = GorgeChannel  # type: ignore[assignment]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -144,7 +144,7 @@ class Command:
         self.clock = clock
         self.status = EXIT_OK
 
-    def emit(self, data: Any, human: Callable[[], None]) -> None:
+    def emit(self, data: Any, human: Callable[[], object]) -> None:
         if self.args.json:
             self.out.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
         else:
@@ -317,8 +317,8 @@ def _wrap(text: str) -> str:
     return textwrap.fill(text, 78)
 
 
-def _common(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def _common(env: Mapping[str, str]) -> OneLineParser:
+    common = OneLineParser(add_help=False)
     common.add_argument("--url", default=env.get("GORGE_TASKQUEUE_URL") or DEFAULT_URL,
                         help="base URL of gorge-taskqueue (default: GORGE_TASKQUEUE_URL, "
                              f"else {DEFAULT_URL})")

@@ -46,6 +46,12 @@ class _Summary:
 
     FIELDS = ("claims_won", "claims_lost", "breaker_skips", "delivered", "failed",
               "config_failures")
+    claims_won: int
+    claims_lost: int
+    breaker_skips: int
+    delivered: int
+    failed: int
+    config_failures: int
 
     def __init__(self) -> None:
         self.reset()

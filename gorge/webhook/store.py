@@ -311,7 +311,8 @@ class WebhookStore:
                 session(connection)
             connection.autocommit(True)
 
-        pool.openfun = open_connection  # type: ignore[assignment]  # Twisted declares openfun as None
+        # Twisted declares ConnectionPool.openfun as None, though it is a hook.
+        pool.openfun = open_connection  # type: ignore[assignment]
         pool.connectionFactory = _AutocommitConnection
         return cls(pool, reactor, db_clock=db_clock)
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urljoin
 
 from twisted.internet import error as net_error
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IPushProducer, IStreamClientEndpoint
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -59,6 +61,7 @@ class _CheckedEndpointFactory:
     def endpointForURI(self, uri):
         address = self._target.addresses[0]
         port = uri.port
+        endpoint: IStreamClientEndpoint
         if ipaddress.ip_address(address.split("%", 1)[0]).version == 6:
             endpoint = TCP6ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
         else:
@@ -98,7 +101,7 @@ class _Discard(Protocol):
     def dataReceived(self, data: bytes) -> None:
         pass
 
-    def connectionLost(self, reason: Failure) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._done.called:
             return
         if reason.check(ResponseDone, PotentialDataLoss):
@@ -112,7 +115,7 @@ def _discard_body(response) -> Deferred:
 
     def cancel(d: Deferred) -> None:
         if protocol.transport is not None:
-            protocol.transport.stopProducing()
+            cast(IPushProducer, protocol.transport).stopProducing()
 
     done: Deferred = Deferred(cancel)
     protocol = _Discard(done)
@@ -123,7 +126,7 @@ def _discard_body(response) -> Deferred:
 def _reasons(exc: BaseException) -> list[BaseException]:
     found = []
     for reason in getattr(exc, "reasons", None) or []:
-        inner = reason.value if isinstance(reason, Failure) else reason
+        inner = cast(BaseException, reason.value) if isinstance(reason, Failure) else reason
         found.extend(_reasons(inner) or [inner])
     return found
 

@@ -110,7 +110,7 @@ class BackendEntry:
         values that may be credentials."""
         return ConfigError(self.setting(name), reason)
 
-    def str(self, name: str, default: str = "") -> str:
+    def str(self, name: str, default: str = "") -> builtins.str:
         """The option as given, or ``default`` when absent or empty."""
         value = self.options.get(name, "")
         return value if value != "" else default

@@ -27,11 +27,11 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 from urllib.parse import urlsplit
 
 from twisted.internet import defer, error
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -144,7 +144,7 @@ class _LimitedCollector(Protocol):
         self._size += len(data)
         if self._size > self._limit:
             self._done.callback(None)
-            self.transport.stopProducing()
+            cast(IPushProducer, self.transport).stopProducing()
             return
         self._parts.append(data)
 
@@ -162,7 +162,7 @@ def _read_limited(response: Any, limit: int) -> defer.Deferred:
 
     def cancel(_: defer.Deferred) -> None:
         if collector is not None and collector.transport is not None:
-            collector.transport.stopProducing()
+            cast(IPushProducer, collector.transport).stopProducing()
 
     done: defer.Deferred = defer.Deferred(cancel)
     collector = _LimitedCollector(limit, done)
