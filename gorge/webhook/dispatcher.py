@@ -10,6 +10,7 @@ candidates; rows not started by then are simply read again.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 from twisted.internet.defer import Deferred
@@ -23,7 +24,7 @@ from gorge.webhook import payload
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
-from gorge.webhook.uripolicy import Unresolvable, UriPolicy, UriRefused
+from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 from gorge.webhook.settings import WebhookSettings
 from gorge.webhook.store import (
     FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, Hook, WebhookStore)
@@ -56,6 +57,14 @@ class _Summary:
 
     def snapshot(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIELDS}
+
+
+@dataclass(frozen=True)
+class _Destination:
+    """Where a claimed candidate goes: the checked target, or why its host did not resolve."""
+
+    target: Target | None
+    unresolved: str = ""
 
 
 class Dispatcher:
@@ -229,33 +238,67 @@ class Dispatcher:
             self._wake()
 
     # -- one candidate (spec §3.5) ----------------------------------------
+    #
+    # The steps, in the order that is part of the contract; each returns
+    # None when the candidate has been dealt with (retired, skipped, lost):
+    #
+    #   _read_properties -> _usable_hook -> _breaker_allows -> _destination
+    #   -> _claim -> _deliver -> _record
 
     async def _process(self, candidate: Candidate) -> None:
+        props = await self._read_properties(candidate)
+        if props is None:
+            return
+        hook = await self._usable_hook(candidate, props)
+        if hook is None or not await self._breaker_allows(candidate, hook):
+            return
+        destination = await self._destination(candidate, hook, props)
+        if destination is None or self._stopping:
+            return  # refused, or shutdown before the claim: abandon without a write
+        if not await self._claim(candidate, hook):
+            return
+        attempt, duration = await self._deliver(candidate, hook, props, destination)
+        if attempt.aborted:
+            self._metrics.deliveries.labels(outcome="abandoned").inc()
+            log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
+                     request=candidate.phid, hook=hook.phid)
+            return
+        await self._record(candidate, hook.phid, props, attempt, duration)
+
+    async def _read_properties(self, candidate: Candidate) -> payload.Properties | None:
+        """Step 1: the stored document; an unreadable one retires the row."""
         try:
-            props = payload.parse_properties(candidate.properties)
+            return payload.parse_properties(candidate.properties)
         except payload.InvalidProperties as e:
             log.warn("WEBHOOK_PROPERTIES_INVALID request={request} hook={hook} reason={reason}",
                      request=candidate.phid, hook=candidate.hook_phid, reason=e.reason)
             await self._retire(candidate, e.document, payload.CODE_INVALID_PROPERTIES)
-            return
+            return None
+
+    async def _usable_hook(self, candidate: Candidate, props: payload.Properties) -> Hook | None:
+        """Step 2: the hook, looked up by the tick; a missing or disabled one retires the row."""
         hook = self._hooks.get(candidate.hook_phid)
         if hook is None:
             log.warn("WEBHOOK_HOOK_MISSING request={request} hook={hook}",
                      request=candidate.phid, hook=candidate.hook_phid)
             await self._retire(candidate, props.document, payload.CODE_NOT_FOUND)
-            return
+            return None
         if hook.disabled:
             log.info("WEBHOOK_HOOK_DISABLED request={request} hook={hook}",
                      request=candidate.phid, hook=hook.phid)
             await self._retire(candidate, props.document, payload.CODE_DISABLED)
-            return
+            return None
+        return hook
+
+    async def _breaker_allows(self, candidate: Candidate, hook: Hook) -> bool:
+        """Step 4 (the slot already serialises the hook, step 3): open or uncountable = skip."""
         try:
             is_open = await self._breaker.is_open(hook.phid)
         except Exception as e:
             self._drop_line(hook.phid)
             log.error("WEBHOOK_BACKOFF_CHECK_FAILED request={request} hook={hook} error={error}",
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
-            return
+            return False
         if is_open:
             # The rest of this hook's line would only find it open again.
             skipped = 1 + len(self._lines.pop(hook.phid, ()))
@@ -263,21 +306,26 @@ class Dispatcher:
             self._summary.breaker_skips += skipped
             log.debug("WEBHOOK_HOOK_BACKOFF_SKIPPED request={request} hook={hook} rows={rows}",
                       request=candidate.phid, hook=hook.phid, rows=skipped)
-            return
-        target = None
-        unresolved = ""
+            return False
+        return True
+
+    async def _destination(self, candidate: Candidate, hook: Hook,
+                           props: payload.Properties) -> _Destination | None:
+        """Step 5: the outbound policy. Refused retires the row; a host that does
+        not resolve is still claimed and recorded as a failed attempt."""
         try:
-            target = await self._policy.check(hook.uri)
+            return _Destination(target=await self._policy.check(hook.uri))
         except UriRefused as e:
             log.warn("WEBHOOK_URI_REFUSED request={request} hook={hook} check={check}"
                      " host={host}", request=candidate.phid, hook=hook.phid, check=e.check,
                      host=e.host)
             await self._retire(candidate, props.document, payload.CODE_URI)
-            return
+            return None
         except Unresolvable as e:
-            unresolved = f"{e.host}: {e.reason}"
-        if self._stopping:
-            return  # shutdown before the claim: abandon without a write
+            return _Destination(target=None, unresolved=f"{e.host}: {e.reason}")
+
+    async def _claim(self, candidate: Candidate, hook: Hook) -> bool:
+        """Step 6: the compare-and-set; nothing is sent without it."""
         try:
             won = await self._store.claim(candidate)
         except Exception as e:
@@ -285,40 +333,40 @@ class Dispatcher:
             self._metrics.claims.labels(result="error").inc()
             log.error("WEBHOOK_CLAIM_FAILED request={request} hook={hook} error={error}",
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
-            return
+            return False
         if not won:
             self._metrics.claims.labels(result="lost").inc()
             self._summary.claims_lost += 1
             log.debug("WEBHOOK_CLAIM_LOST request={request} hook={hook}",
                       request=candidate.phid, hook=hook.phid)
-            return
+            return False
         self._metrics.claims.labels(result="won").inc()
         self._summary.claims_won += 1
-        duration = 0.0  # no POST was made for the two cases below
-        if target is None:
-            attempt = Attempt(code=CODE_UNRESOLVED, detail=f"unresolved {unresolved}")
-        elif not hook.hmac_key:
+        return True
+
+    async def _deliver(self, candidate: Candidate, hook: Hook, props: payload.Properties,
+                       destination: _Destination) -> tuple[Attempt, float]:
+        """Step 7: build, sign and POST; the attempt and how long the POST took."""
+        if destination.target is None:
+            detail = f"unresolved {destination.unresolved}"
+            return Attempt(code=CODE_UNRESOLVED, detail=detail), 0.0  # no POST was made
+        if not hook.hmac_key:
             log.error("WEBHOOK_REQUEST_BUILD_FAILED request={request} hook={hook}"
                       " reason={reason}", request=candidate.phid, hook=hook.phid,
                       reason="empty hmac key")
-            attempt = Attempt(error_type=payload.ERROR_TYPE_HOOK,
-                              code=payload.CODE_REQUEST_BUILD)
-        else:
-            body = payload.build_body(candidate.object_phid, candidate.date_created, props)
-            headers = {
-                "Content-Type": "application/json",
-                payload.SIGNATURE_HEADER: payload.sign(hook.hmac_key, body),
-            }
-            started = self._clock.seconds()
-            attempt = await self._transport.attempt(target, body, headers)
-            duration = max(self._clock.seconds() - started, 0.0)
-            self._metrics.delivery_seconds.observe(duration)
-        if attempt.aborted:
-            self._metrics.deliveries.labels(outcome="abandoned").inc()
-            log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
-                     request=candidate.phid, hook=hook.phid)
-            return
-        await self._record(candidate, hook.phid, props, attempt, duration)
+            unbuildable = Attempt(error_type=payload.ERROR_TYPE_HOOK,
+                                  code=payload.CODE_REQUEST_BUILD)
+            return unbuildable, 0.0
+        body = payload.build_body(candidate.object_phid, candidate.date_created, props)
+        headers = {
+            "Content-Type": "application/json",
+            payload.SIGNATURE_HEADER: payload.sign(hook.hmac_key, body),
+        }
+        started = self._clock.seconds()
+        attempt = await self._transport.attempt(destination.target, body, headers)
+        duration = max(self._clock.seconds() - started, 0.0)
+        self._metrics.delivery_seconds.observe(duration)
+        return attempt, duration
 
     def _drop_line(self, hook_phid: str) -> None:
         """A statement failed: the hook's other rows would only fail the same way
