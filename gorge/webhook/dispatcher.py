@@ -363,6 +363,11 @@ class Dispatcher:
             payload.SIGNATURE_HEADER: payload.sign(hook.hmac_key, body),
         }
         started = self._clock.seconds()
+        if self._settings.standard_headers:
+            # The request's PHID: the same on every attempt of the request, so a
+            # receiver can tell a retry from a new event (docs/webhook.md).
+            headers.update(payload.standard_headers(hook.hmac_key, candidate.phid,
+                                                    int(started), body))
         attempt = await self._transport.attempt(destination.target, body, headers)
         duration = max(self._clock.seconds() - started, 0.0)
         self._metrics.delivery_seconds.observe(duration)

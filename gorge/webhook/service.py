@@ -117,13 +117,16 @@ def log_effective_settings(settings: WebhookSettings, dialect: str,
              " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
              " effective_retry={effective_retry} breaker_threshold={threshold}"
              " breaker_window={window} database={database} store={store}"
-             " outbound_blacklist={blacklist}",
+             " outbound_blacklist={blacklist} standard_headers={standard_headers}"
+             " retry_after_max={retry_after_max}",
              poll_ms=int(settings.poll_interval * 1000), max_concurrent=settings.max_concurrent,
              timeout=settings.delivery_timeout, lease=settings.effective_lease,
              retry_backoff=settings.retry_backoff, effective_retry=settings.effective_retry,
              threshold=settings.breaker_threshold, window=settings.breaker_window,
              database=settings.mysql.describe(), store=dialect,
-             blacklist=len(settings.outbound_blacklist))
+             blacklist=len(settings.outbound_blacklist),
+             standard_headers=settings.standard_headers,
+             retry_after_max=settings.retry_after_max)
     for warning in warnings + settings.startup_warnings():
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
 
