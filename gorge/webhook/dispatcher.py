@@ -20,7 +20,7 @@ from twisted.logger import Logger, LogLevel
 
 from gorge import mysql as platform_mysql
 from gorge.service import InFlight
-from gorge.webhook import payload
+from gorge.webhook import payload, retryafter
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
@@ -93,6 +93,7 @@ class Dispatcher:
         self._summary_at = clock.seconds()
         self._outage_since: float | None = None
         self._outage_logged_at = 0.0
+        self._gone_hooks: set[str] = set()  # hooks whose 410 was logged (until a 2xx)
 
     def set_wake(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -121,6 +122,7 @@ class Dispatcher:
             rows = await self._store.candidates(
                 limit=limit, lease=self._settings.effective_lease,
                 backoff=self._settings.retry_backoff, exclude_hooks=self._breaker.excluded())
+            await self._renew_holds()
         except Exception as e:
             self._poll_failed(e)
             return
@@ -145,6 +147,14 @@ class Dispatcher:
                 lines.setdefault(candidate.hook_phid, deque()).append(candidate)
         self._lines = lines
         self._fill()
+
+    async def _renew_holds(self) -> None:
+        """Keep the leases of rows held for a Retry-After (docs/webhook.md)."""
+        for request_id in await self._store.renew_holds():
+            self._metrics.retry_after.labels(result="lost").inc()
+            log.info("WEBHOOK_HOLD_LOST request_id={request_id}"
+                     " reason={reason}", request_id=request_id,
+                     reason="the row was changed by another writer while held")
 
     def _poll_failed(self, exc: Exception, event: str = POLL_FAILED) -> None:
         """A database outage: logged when it starts, then at most once a minute (§9 item 5)."""
@@ -389,11 +399,15 @@ class Dispatcher:
         properties = payload.with_outcome(props.document, attempt.error_type, attempt.code)
         if not attempt.ok:
             self._breaker.failed(hook_phid)
+        self._note_gone(candidate, hook_phid, attempt)
         changed = await self._write(candidate, lambda: self._store.finish(
             candidate, status, result, properties))
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()
+        not_before = None
+        if changed and status == QUEUED:
+            not_before = await self._hold_for_retry_after(candidate, hook_phid, attempt)
         if attempt.ok:
             self._summary.delivered += 1
             log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}"
@@ -402,9 +416,9 @@ class Dispatcher:
         elif _rejected(attempt):
             self._summary.failed += 1
             log.warn("WEBHOOK_DELIVERY_REJECTED request={request} hook={hook} status={status}"
-                     " duration={duration} row_status={row_status}", request=candidate.phid,
-                     hook=hook_phid, status=attempt.code, duration=round(duration, 3),
-                     row_status=status)
+                     " duration={duration} row_status={row_status} not_before={not_before}",
+                     request=candidate.phid, hook=hook_phid, status=attempt.code,
+                     duration=round(duration, 3), row_status=status, not_before=not_before)
         else:
             self._summary.failed += 1
             log.warn("WEBHOOK_DELIVERY_FAILED request={request} hook={hook}"
@@ -415,6 +429,45 @@ class Dispatcher:
         if changed == 0:
             log.info("WEBHOOK_RESULT_ROW_GONE request={request} hook={hook}",
                      request=candidate.phid, hook=hook_phid)
+
+    async def _hold_for_retry_after(self, candidate: Candidate, hook_phid: str,
+                                    attempt: Attempt) -> int | None:
+        """A 429/503 with Retry-After: the next attempt waits that long (bounded),
+        when that is later than the fixed retry. Returns the database second held until."""
+        if (attempt.code not in retryafter.STATUSES or attempt.retry_after is None
+                or not self._settings.retry_after_max):
+            return None
+        asked = retryafter.retry_after_seconds(attempt.retry_after, self._clock.seconds())
+        if asked is None:
+            self._metrics.retry_after.labels(result="unreadable").inc()
+            return None
+        try:
+            delay = min(asked, float(self._settings.retry_after_max))
+            not_before = await self._store.hold(candidate, delay)
+        except Exception as e:
+            # Not held: the row is retried after the fixed retry, like any failure.
+            log.error("WEBHOOK_HOLD_FAILED request={request} hook={hook} error={error}",
+                      request=candidate.phid, hook=hook_phid,
+                      error=platform_mysql.error_reason(e))
+            return None
+        self._metrics.retry_after.labels(result="held" if not_before else "not_later").inc()
+        return not_before
+
+    def _note_gone(self, candidate: Candidate, hook_phid: str, attempt: Attempt) -> None:
+        """410 Gone: counted every time, logged once per hook until it answers 2xx again."""
+        if attempt.ok:
+            self._gone_hooks.discard(hook_phid)
+            return
+        if attempt.error_type != payload.ERROR_TYPE_HTTP or attempt.code != retryafter.GONE:
+            return
+        self._metrics.gone.inc()
+        if hook_phid in self._gone_hooks:
+            return
+        self._gone_hooks.add(hook_phid)
+        log.warn("WEBHOOK_RECEIVER_GONE hook={hook} request={request} retry={retry}",
+                 hook=hook_phid, request=candidate.phid,
+                 retry="the request follows its retry mode; disable the hook in Phorge "
+                       "if the receiver is gone for good")
 
     async def _retire(self, candidate: Candidate, document: dict | None, code: str) -> None:
         if self._stopping:

@@ -18,6 +18,7 @@ place that adapts it to another engine (SQLite for the demo).
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -116,6 +117,11 @@ SQL_RETIRE = (
     " properties = %s, dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
+
+# A Retry-After hold keeps other replicas off the row by claiming it again
+# (docs/webhook.md, "Retry-After and 410 Gone"): dateModified moves to now, as
+# every write of ours does, and nothing else changes.
+SQL_RENEW_HOLD = SQL_CLAIM
 
 SQL_HOOKS = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
 
@@ -588,6 +594,49 @@ class WebhookStore:
         else:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
         return changed
+
+    # -- Retry-After holds ------------------------------------------------------
+
+    async def hold(self, candidate: Candidate, delay: float) -> int | None:
+        """After a failed attempt left the row queued: do not offer it again
+        before ``delay`` seconds after that attempt (the database's second of
+        the write). Returns the second held until, or None when the row is due
+        no earlier anyway (or is no longer ours)."""
+        stamp = self._view.stamp()
+        rows = await self._run(self._read_by_id, [candidate.id])
+        seen = rows[0] if rows else None
+        if seen is None or seen.status != QUEUED or seen.result != RESULT_FAIL:
+            return None
+        not_before = seen.epoch + int(math.ceil(delay))
+        return not_before if self._view.hold(seen, not_before, stamp) else None
+
+    async def renew_holds(self) -> list[int]:
+        """Renew the leases of held rows that need it; returns the ids whose row
+        someone else changed meanwhile (the hold is dropped)."""
+        due = self._view.renewals(self._view.now)
+        if not due:
+            return self._view.lost_holds()
+
+        def renew(txn) -> tuple[list[int], list[Seen]]:
+            changed = []
+            for request_id, version in due:
+                self._execute(txn, SQL_RENEW_HOLD, (request_id, version))
+                if txn.rowcount == 1:
+                    changed.append(request_id)
+            return changed, self._read_by_id(txn, changed)
+
+        stamp = self._view.stamp()
+        changed, rows = await self._run(renew)
+        versions = {seen.id: seen.modified for seen in rows}
+        for request_id, _ in due:
+            if request_id in versions:
+                self._view.renewed(request_id, versions[request_id], stamp)
+            else:
+                self._view.hold_lost(request_id, stamp)
+        return self._view.lost_holds()
+
+    def held_until(self, request_id: int) -> int | None:
+        return self._view.held_until(request_id)
 
     # -- hooks, breaker, diagnostics -----------------------------------------
 
