@@ -41,6 +41,9 @@ class WebhookMetrics:
         self.gone = Counter(
             "gorge_webhook_gone", "410 Gone answers (the request still follows its retry mode)",
             registry=registry)
+        self.replays = Counter(
+            "gorge_webhook_replays", "Requests put back in the queue through the API,"
+            " by the status they had", ["previous"], registry=registry)
         self.poll_failures = Counter(
             "gorge_webhook_poll_failures", "Polls that failed (database errors)",
             registry=registry)
@@ -50,5 +53,7 @@ class WebhookMetrics:
             self.breaker_transitions.labels(state=state)
         for result in ("won", "lost", "error"):
             self.claims.labels(result=result)
+        for previous in ("sent", "failed"):
+            self.replays.labels(previous=previous)
         for result in RETRY_AFTER_RESULTS:
             self.retry_after.labels(result=result)

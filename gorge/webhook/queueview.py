@@ -275,6 +275,22 @@ class QueueView:
         row.ours = False
         self._place(request_id, row)
 
+    def requeued(self, seen: Seen, previous: str, stamp: int) -> None:
+        """Our replay put a finished row back to queued; ``seen`` is read back after it.
+
+        The row is offered at the next poll. A read issued before the replay
+        (it would still say "sent") is ignored, like any read older than our
+        own last write.
+        """
+        self._tombstones.pop(seen.id, None)
+        if seen.id not in self._rows:
+            if seen.id <= self.cursor and seen.id not in self._holes:
+                self._count(seen.id, previous, -1)  # it was counted as finished
+            self._add(seen)
+        else:
+            self.saw(seen, stamp)
+        self._rows[seen.id].written = stamp
+
     # -- Retry-After holds ----------------------------------------------------
 
     def hold(self, seen: Seen, not_before: int, stamp: int) -> bool:

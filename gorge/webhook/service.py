@@ -16,6 +16,7 @@ from gorge.service import DaemonRoot, Poller, SystemdNotifier, listener, run_mak
 from gorge.web import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
+from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.transport import Transport
@@ -159,7 +160,9 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
         reason = await store.ping(reactor)
         return None if reason is None else f"ping database: {reason}"
 
-    site = build_site(api_resource=WebhookApi(store).resource(), prefix=PREFIX,
+    deliveries = DeliveryLog(store, metrics, breaker_threshold=settings.breaker_threshold,
+                             breaker_window=settings.breaker_window)
+    site = build_site(api_resource=WebhookApi(store, deliveries).resource(), prefix=PREFIX,
                       token=settings.http.token, body_limit=settings.http.body_limit,
                       readiness=readiness, registry=registry, clock=reactor)
     log_effective_settings(settings, store.dialect, config_warnings or [])

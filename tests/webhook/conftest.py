@@ -276,6 +276,21 @@ def make_harness(mariadb, herald_db):
         pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
 
 
+@pytest.fixture
+def listen():
+    """Serve a site on 127.0.0.1 for the test; returns its base URL."""
+    ports = []
+
+    def start(site) -> str:
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        ports.append(port)
+        return f"http://127.0.0.1:{port.getHost().port}"
+
+    yield start
+    for port in ports:
+        pytest_twisted.blockon(port.stopListening())
+
+
 class CapturedLog(list):
     """Every log event emitted while the fixture is active."""
 
