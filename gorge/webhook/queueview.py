@@ -353,9 +353,6 @@ class QueueView:
         lost, self._lost = self._lost, []
         return lost
 
-    def holds(self) -> int:
-        return sum(1 for row in self._rows.values() if row.not_before > self.now)
-
     # -- moving the cursor, holes -----------------------------------------
 
     def scanned(self, rows: list[Seen], upto: int, stamp: int, at: float) -> None:
