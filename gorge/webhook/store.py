@@ -1,4 +1,5 @@
-"""The herald tables: candidates, claim, outcome writes, hook lookups, counts.
+"""The herald tables: candidates, claim, outcome writes, hook lookups, counts,
+Retry-After holds, and the delivery log with its replays.
 
 Every statement stands alone (autocommit; a few of them may share one short
 ``runInteraction``). Every time value compared with or stored into
@@ -745,8 +746,8 @@ class WebhookStore:
                     changed.append(request_id)
             return changed, self._read_by_id(txn, changed)
 
-        stamp = self._view.stamp()
         changed, rows = await self._run(renew)
+        stamp = self._view.stamp()  # an own write is stamped when it has completed
         versions = {seen.id: seen.modified for seen in rows}
         for request_id, _ in due:
             if request_id in versions:
@@ -883,11 +884,10 @@ class WebhookStore:
             replayed, skipped = self._replay_rows(txn, [row])
             return (self._read_request(txn, row.id) if skipped else row), replayed
 
-        stamp = self._view.stamp()
         row, replayed = await self._run(replay)
         if replayed:
             # This process offers the row at its next poll (docs/webhook.md).
-            self._requeued(replayed, stamp)
+            self._requeued(replayed, self._view.stamp())
             return replayed[0]
         if row is None:
             return None
@@ -908,9 +908,8 @@ class WebhookStore:
             replayed, skipped = self._replay_rows(txn, rows[:limit])
             return replayed, skipped, more
 
-        stamp = self._view.stamp()
         replayed, skipped, more = await self._run(replay)
-        self._requeued(replayed, stamp)
+        self._requeued(replayed, self._view.stamp())
         last = max([r.before.id for r in replayed] + [r.id for r in skipped], default=after_id)
         return RangeReplay(replayed=replayed, skipped=skipped,
                            next_after_id=last if more else None)
