@@ -16,6 +16,7 @@ from gorge.service import DaemonRoot, Poller, SystemdNotifier, listener, run_mak
 from gorge.web import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
+from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.transport import Transport
@@ -117,13 +118,16 @@ def log_effective_settings(settings: WebhookSettings, dialect: str,
              " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
              " effective_retry={effective_retry} breaker_threshold={threshold}"
              " breaker_window={window} database={database} store={store}"
-             " outbound_blacklist={blacklist}",
+             " outbound_blacklist={blacklist} standard_headers={standard_headers}"
+             " retry_after_max={retry_after_max}",
              poll_ms=int(settings.poll_interval * 1000), max_concurrent=settings.max_concurrent,
              timeout=settings.delivery_timeout, lease=settings.effective_lease,
              retry_backoff=settings.retry_backoff, effective_retry=settings.effective_retry,
              threshold=settings.breaker_threshold, window=settings.breaker_window,
              database=settings.mysql.describe(), store=dialect,
-             blacklist=len(settings.outbound_blacklist))
+             blacklist=len(settings.outbound_blacklist),
+             standard_headers=settings.standard_headers,
+             retry_after_max=settings.retry_after_max)
     for warning in warnings + settings.startup_warnings():
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
 
@@ -156,7 +160,9 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
         reason = await store.ping(reactor)
         return None if reason is None else f"ping database: {reason}"
 
-    site = build_site(api_resource=WebhookApi(store).resource(), prefix=PREFIX,
+    deliveries = DeliveryLog(store, metrics, breaker_threshold=settings.breaker_threshold,
+                             breaker_window=settings.breaker_window)
+    site = build_site(api_resource=WebhookApi(store, deliveries).resource(), prefix=PREFIX,
                       token=settings.http.token, body_limit=settings.http.body_limit,
                       readiness=readiness, registry=registry, clock=reactor)
     log_effective_settings(settings, store.dialect, config_warnings or [])

@@ -81,6 +81,7 @@ class Attempt:
     code: int | str = CODE_OTHER
     detail: str = ""
     aborted: bool = False
+    retry_after: bytes | None = None  # the final answer's Retry-After header, as sent
 
 
 class BodyCutShort(Exception):
@@ -195,7 +196,7 @@ class Transport:
 
         timer = self._reactor.callLater(self._timeout, expire)
         try:
-            status = await exchange
+            status, retry_after = await exchange
         except Exception as e:
             if self._aborting:
                 return Attempt(aborted=True, detail="shutdown")
@@ -219,9 +220,12 @@ class Transport:
             return Attempt(aborted=True, detail="shutdown")
         if deadline_fired:
             return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
-        return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status)
+        return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status,
+                       retry_after=retry_after)
 
-    async def _exchange(self, target: Target, body: bytes, headers: dict[str, str]) -> int:
+    async def _exchange(self, target: Target, body: bytes,
+                        headers: dict[str, str]) -> tuple[int, bytes | None]:
+        """The final status, and its Retry-After header if it had one."""
         send_headers = Headers({name.encode("ascii"): [value.encode("ascii")]
                                 for name, value in headers.items()})
         send_headers.setRawHeaders(b"user-agent", [USER_AGENT.encode("ascii")])
@@ -235,15 +239,16 @@ class Transport:
             # Read the body to the end so the connection can be reused.
             await _discard_body(response)
             location = response.headers.getRawHeaders(b"location") or []
+            retry_after = (response.headers.getRawHeaders(b"retry-after") or [None])[0]
             if response.code not in (307, 308) or not location:
-                return response.code
+                return response.code, retry_after
             try:
                 target = await self._policy.check(
                     urljoin(target.uri, location[0].decode("latin-1")))
             except UriRefused:
-                return response.code
+                return response.code, retry_after
             # Unresolvable propagates: not a refusal, a failed attempt (code 6).
-        return response.code
+        return response.code, retry_after
 
     def abort_all(self) -> None:
         """Shutdown budget spent: cut the exchanges still open; their rows get no write."""

@@ -53,6 +53,10 @@ class _ReceiverResource(resource.Resource):
             _, _, code, location = path.split("/", 3)
             status = int(code)
             request.setHeader(b"location", unquote(location).encode())
+        if "/after/" in path:  # /status/429/after/<Retry-After value, URL-quoted>
+            from urllib.parse import unquote
+
+            request.setHeader(b"retry-after", unquote(path.split("/after/", 1)[1]).encode())
         request.setResponseCode(status)
         owner = self._owner
         owner.active[path] = owner.active.get(path, 0) + 1
@@ -76,7 +80,8 @@ class _ReceiverResource(resource.Resource):
 
 
 class Receiver:
-    """Records every POST; ``/status/NNN`` in the path picks the answer, like the golden one."""
+    """Records every POST; ``/status/NNN`` in the path picks the answer, like the golden one
+    (``/status/NNN/after/VALUE`` adds ``Retry-After: VALUE``)."""
 
     def __init__(self, tls_options=None) -> None:
         self.requests: list[Received] = []
@@ -272,6 +277,21 @@ def make_harness(mariadb, herald_db):
     yield make
     for harness in made:
         pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
+
+
+@pytest.fixture
+def listen():
+    """Serve a site on 127.0.0.1 for the test; returns its base URL."""
+    ports = []
+
+    def start(site) -> str:
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        ports.append(port)
+        return f"http://127.0.0.1:{port.getHost().port}"
+
+    yield start
+    for port in ports:
+        pytest_twisted.blockon(port.stopListening())
 
 
 class CapturedLog(list):

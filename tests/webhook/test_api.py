@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import pytest_twisted
 import treq
 from twisted.internet import reactor
 
@@ -16,20 +15,6 @@ pytestmark = pytest.mark.integration
 TOKEN = "contract-token"
 HTTP = HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=TOKEN)
 SECRET_KEY = "s3cretkeys3cretkeys3cretkeys3cre"
-
-
-@pytest.fixture
-def listen():
-    ports = []
-
-    def start(site) -> str:
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        ports.append(port)
-        return f"http://127.0.0.1:{port.getHost().port}"
-
-    yield start
-    for port in ports:
-        pytest_twisted.blockon(port.stopListening())
 
 
 async def get(url: str, method: str = "GET", headers: dict | None = None):

@@ -69,7 +69,9 @@ def contract_site(tmp_path):
 
 def test_fixture_directories_are_not_empty():
     assert [p.name for p in FIXTURES] == [
-        "hooks.json", "stats.json", "token-via-query-param.json", "unauthorized.json"]
+        "hooks-state.json", "hooks.json", "request-retry-queued.json", "request-retry.json",
+        "request-show.json", "request-unknown.json", "requests-bad-filter.json",
+        "requests-list.json", "stats.json", "token-via-query-param.json", "unauthorized.json"]
     assert [p.name for p in UNAVAILABLE] == ["stats-database-unreachable.json"]
 
 
