@@ -5,6 +5,8 @@
 * :func:`build_site`: probes, metrics, the token gate for the API prefix, the
   request body limit, request ids and the access log, around a service's
   Klein resource.
+* :class:`OpenApiDocument`: the daemon's OpenAPI document, read once from its
+  package and served at ``/api/<service>/openapi.json``.
 * :class:`GorgeSite` keeps its connections so that a stop can finish the
   requests that have already arrived (see :meth:`GorgeSite.drain`).
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import hmac
+import importlib.resources
 import itertools
 import json
 import os
@@ -38,6 +41,7 @@ from gorge.service import InFlight
 
 __all__ = [
     "ApiError",
+    "OpenApiDocument",
     "ok",
     "fail",
     "envelope",
@@ -89,6 +93,27 @@ def ok(request, data: Any) -> bytes:
 
 def fail(request, status: int, code: str, message: str) -> bytes:
     return envelope(request, status, {"error": {"code": code, "message": message}})
+
+
+class OpenApiDocument:
+    """A package's ``openapi.json``, read and checked once when the API is built.
+
+    Served as it is stored (it is the document, not wrapped in ``{data}``), so
+    a client gets exactly what the repository holds.
+    """
+
+    def __init__(self, package: str, name: str = "openapi.json") -> None:
+        raw = importlib.resources.files(package).joinpath(name).read_bytes()
+        # A broken file stops start-up rather than every client's first call.
+        document = json.loads(raw)
+        if not isinstance(document, dict) or "openapi" not in document:
+            raise ValueError(f"{package}/{name} is not an OpenAPI document")
+        self.raw = raw
+
+    def render(self, request) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"content-length", str(len(self.raw)).encode("ascii"))
+        return self.raw
 
 
 def _handler_args(args: tuple) -> tuple[Any, Any]:

@@ -33,7 +33,14 @@ from gorge.taskqueue.model import (
 )
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, TaskStore
-from gorge.web import ApiError, add_error_handlers, ok, read_json_object, render_failure
+from gorge.web import (
+    ApiError,
+    OpenApiDocument,
+    add_error_handlers,
+    ok,
+    read_json_object,
+    render_failure,
+)
 
 log = Logger()
 
@@ -241,6 +248,7 @@ class TaskQueueApi:
         self._clock = clock
         self._metrics = metrics
         self._inflight = inflight if inflight is not None else InFlight()
+        self._openapi = OpenApiDocument(__package__)
 
     def resource(self) -> Resource:
         routes = {
@@ -395,6 +403,10 @@ class TaskQueueApi:
         ids = [i for i in ids if 0 < i <= UINT32_MAX]
         count = await self._call("awaken", self._store.awaken(ids)) if ids else 0
         return ok(request, {"awakened": count})
+
+    @app.route("/api/queue/openapi.json", methods=["GET"])
+    def openapi(self, request):
+        return self._openapi.render(request)
 
     @app.route("/api/queue/stats", methods=["GET"])
     async def stats(self, request):

@@ -1,7 +1,7 @@
 """The HTTP API under /api/webhook/ (docs/webhook.md, "HTTP API").
 
 Counts (``stats``, ``hooks``), the delivery log (``requests``), replays and
-the hooks' breaker state. Hook URIs and keys never appear in an answer.
+the hooks' breaker state, and the OpenAPI document (openapi.json). Hook URIs and keys never appear in an answer.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from klein import Klein
 
-from gorge.web import ApiError, add_error_handlers, ok, read_json_object
+from gorge.web import ApiError, OpenApiDocument, add_error_handlers, ok, read_json_object
 from gorge.webhook.deliverylog import DeliveryLog, NotReplayable
 from gorge.webhook.store import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, RESULT_OKAY, SENT, Stats
 
@@ -108,6 +108,11 @@ class WebhookApi:
     def __init__(self, store: StatsSource, deliveries: DeliveryLog) -> None:
         self._store = store
         self._log = deliveries
+        self._openapi = OpenApiDocument(__package__)
+
+    @app.route("/api/webhook/openapi.json", methods=["GET"], strict_slashes=True)
+    def openapi(self, request) -> bytes:
+        return self._openapi.render(request)
 
     @app.route("/api/webhook/stats", methods=["GET"], strict_slashes=True)
     async def stats(self, request) -> bytes:
