@@ -105,7 +105,7 @@ SCHEMATHESIS = [sys.executable, "-c", "from schemathesis.cli import schemathesis
 
 def environ(**extra: str) -> dict[str, str]:
     return daemon_environ({"GORGE_LISTEN_ADDR": "127.0.0.1:0", "GORGE_SERVICE_TOKEN": TOKEN,
-                           "GORGE_LOG_LEVEL": "warn", **extra},
+                           **extra},
                           drop=("GORGE_", "SMTP_", "MAILER_"))
 
 
@@ -183,5 +183,5 @@ async def test_schemathesis_finds_nothing_in_the_webhook_daemon(mariadb, tmp_pat
     mariadb.create_database("herald", f"{namespace}_herald")
     daemon = TwistdProcess(reactor, "gorge-webhook", environ(
         **daemon_env(mariadb, namespace), GORGE_WEBHOOK_OUTBOUND_BLACKLIST="none",
-        GORGE_SERVICE_TOKEN=TOKEN, GORGE_LOG_LEVEL="warn"))
+        GORGE_SERVICE_TOKEN=TOKEN))
     await _run_against(daemon, "webhook", tmp_path)
