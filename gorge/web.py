@@ -27,7 +27,8 @@ from urllib.parse import parse_qs
 from klein import Klein
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
+from twisted.internet.defer import Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger, LogLevel

@@ -1,7 +1,8 @@
 """The HTTP API under /api/webhook/ (docs/webhook.md, "HTTP API").
 
 Counts (``stats``, ``hooks``), the delivery log (``requests``), replays and
-the hooks' breaker state, and the OpenAPI document (openapi.json). Hook URIs and keys never appear in an answer.
+the hooks' breaker state, and the OpenAPI document
+(``openapi.json``). Hook URIs and keys never appear in an answer.
 """
 
 from __future__ import annotations
