@@ -95,11 +95,11 @@ class GorgeStack:
     def _mysql(self, prefix: str) -> dict[str, str]:
         db = self.site.mariadb
         return {
-            f"{prefix}_MYSQL_HOST": db.host,
-            f"{prefix}_MYSQL_PORT": str(db.port),
-            f"{prefix}_MYSQL_USER": db.user,
-            f"{prefix}_MYSQL_PASS": db.password,
-            f"{prefix}_NAMESPACE": self.site.namespace,
+            f"{prefix}MYSQL_HOST": db.host,
+            f"{prefix}MYSQL_PORT": str(db.port),
+            f"{prefix}MYSQL_USER": db.user,
+            f"{prefix}MYSQL_PASS": db.password,
+            f"{prefix}NAMESPACE": self.site.namespace,
         }
 
     def _poll(self, setting: str) -> dict[str, str]:
@@ -108,7 +108,7 @@ class GorgeStack:
     def environment(self, name: str) -> dict[str, str]:
         if name == "taskqueue":
             return {"GORGE_SERVICE_TOKEN": QUEUE_TOKEN, "GORGE_TASKQUEUE_BACKEND": "mysql",
-                    **self._mysql("GORGE_TASKQUEUE")}
+                    **self._mysql("GORGE_TASKQUEUE_")}
         if name == "worker":
             env = {
                 "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{self.ports['taskqueue']}",
@@ -136,7 +136,7 @@ class GorgeStack:
         if name == "webhook":
             return {"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
                     **self._poll("GORGE_WEBHOOK_POLL_INTERVAL_MS"),
-                    **self._mysql("GORGE_WEBHOOK")}
+                    **self._mysql("GORGE_WEBHOOK_")}
         raise ValueError(name)
 
     def start(self, name: str, **overrides: str) -> Daemon:

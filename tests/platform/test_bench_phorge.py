@@ -39,8 +39,8 @@ def test_a_root_that_is_no_phorge_checkout_stops_it_with_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
-        f"bench/phorge.py: {ROOT_VARIABLE}={tmp_path} is not a Phorge checkout "
-        "(no bin/storage or webroot/index.php)"]
+        (f"bench/phorge.py: {ROOT_VARIABLE}={tmp_path} is not a Phorge checkout "
+         "(no bin/storage or webroot/index.php)")]
 
 
 @pytest.mark.phorge
