@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.task import deferLater
+from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger, LogLevel
 
 from gorge.service import InFlight
@@ -45,6 +45,9 @@ class LoopSettings:
     idle_timeout: float = 180.0
     hibernate: float = 0.0
     drain_timeout: float = 30.0
+    # Seconds the queue may hold an empty lease call (docs/worker.md,
+    # Long-poll); 0 asks once per poll interval.
+    lease_wait: float = 0.0
 
 
 @dataclass
@@ -109,6 +112,12 @@ class Consumer:
         self._lease_d: Deferred | None = None
         self._stopping = False
         self._more_waiting = False
+        # The queue held our last empty lease call for the wait asked: keep
+        # one call in flight whenever slots are free (an older queue answers
+        # at once, and is then asked once per poll interval).
+        self._queue_holds = settings.lease_wait > 0
+        self._lease_aborted = False
+        self._lease_may_hold = False
         # Off once the queue refuses a renewal (an older queue has no route).
         self._renewals = True
         # Lease health, for /readyz and state-change logging (§6.5).
@@ -183,7 +192,7 @@ class Consumer:
     def _wake_for_capacity(self) -> None:
         """A slot freed: lease now if the queue had more and a batch fits."""
         if (
-            self._more_waiting
+            (self._more_waiting or self._queue_holds)
             and not self._stopping
             and self._lease_d is None
             and self._hibernate_until is None
@@ -211,16 +220,39 @@ class Consumer:
             self._schedule(self._settings.poll_interval)
             return
         limit = min(self._settings.lease_limit, free)
+        # The first call, and the first after a failure, answer at once:
+        # readiness (and systemd's READY) must not wait for a held call.
+        wait = self._settings.lease_wait if self.lease_attempted and self.lease_error is None \
+            else 0.0
+        asked = self._clock.seconds()
+        self._lease_may_hold = wait > 0
+        keepalive = None
+        if wait > 0:
+            # A held call is the loop waiting for work, as hibernating is:
+            # keep feeding the watchdog (the call is bounded by its timeout).
+            keepalive = LoopingCall(self._loop_alive)
+            keepalive.clock = self._clock
+            keepalive.start(self._settings.poll_interval, now=False)
         try:
-            tasks = await self._queue.lease(limit, self._plan.task_classes)
+            if wait > 0:
+                tasks = await self._queue.lease(limit, self._plan.task_classes, wait=wait)
+            else:
+                tasks = await self._queue.lease(limit, self._plan.task_classes)
         except QueueError as exc:
+            if self._lease_aborted:
+                return  # stop() hung up on a held call; not a queue failure
             self._lease_failed(str(exc), task_ids=exc.task_ids)
             self._schedule(self._settings.poll_interval)
             return
         except Exception as exc:
+            if self._lease_aborted:
+                return
             self._lease_failed(f"lease: {type(exc).__name__}: {exc}")
             self._schedule(self._settings.poll_interval)
             return
+        finally:
+            if keepalive is not None:
+                keepalive.stop()
         self._lease_succeeded(len(tasks))
         if self._stopping:
             for task in tasks:
@@ -229,11 +261,18 @@ class Consumer:
         for task in tasks:
             self._start(task)
         self._more_waiting = len(tasks) >= limit
+        if wait > 0 and not tasks:
+            # An empty answer long before the wait ended: a queue that does
+            # not hold calls, or one shutting down.
+            self._queue_holds = self._clock.seconds() - asked >= wait / 2
         if self._track_idle(len(tasks)):
             return
-        if self._more_waiting and self._free() >= self._batch_threshold():
+        # After a held call, the next one goes out at once: the queue does the
+        # waiting. A call that did not ask to wait keeps the poll cadence.
+        held = wait > 0 and self._queue_holds
+        if (self._more_waiting or held) and self._free() >= self._batch_threshold():
             self._schedule(0)
-        else:
+        elif not held or self._free() <= 0:
             self._schedule(self._settings.poll_interval)
 
     def _lease_failed(self, error: str, *, task_ids: list | None = None) -> None:
@@ -549,9 +588,16 @@ class Consumer:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        if self._lease_d is not None:
+        lease_d = self._lease_d
+        if lease_d is not None:
+            if self._lease_may_hold:
+                # The queue may hold the call for the whole wait: hang up.
+                # Tasks it claimed for us in that instant go back to the
+                # queue (it frees what a vanished caller was given).
+                self._lease_aborted = True
+                lease_d.cancel()
             # Bounded by the queue client's own call timeout.
-            await self._lease_d
+            await lease_d
         log.info("WORKER_DRAINING active={active} timeout={timeout}",
                  active=len(self._runs), timeout=self._settings.drain_timeout)
         drained = await self._inflight.drain(self._settings.drain_timeout, self._clock)

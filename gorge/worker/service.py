@@ -184,7 +184,8 @@ def build_worker_service(
     started = int(clock.seconds())
     owner = lease_owner(None, os.getpid(), started)
     queue = QueueClient(
-        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner
+        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner,
+        report_batch=settings.report_batch, report_delay=settings.report_delay_ms / 1000.0,
     )
     consumer = Consumer(
         queue=queue, registry=registry, plan=plan, clock=clock, metrics=metrics,
@@ -195,6 +196,7 @@ def build_worker_service(
             idle_timeout=float(settings.idle_timeout_sec),
             hibernate=float(settings.hibernate_sec),
             drain_timeout=float(settings.drain_timeout_sec),
+            lease_wait=float(settings.lease_wait_sec),
         ),
         on_progress=notifier.progress if notifier is not None else None,
     )
