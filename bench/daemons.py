@@ -37,6 +37,18 @@ def memory_mb(pid: int) -> tuple[float, float]:
     return now, peak
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU time of ``pid`` (default: this process) so far."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_average() -> str:
     try:
         with open("/proc/loadavg") as loadavg:
@@ -83,7 +95,7 @@ class Daemon:
         if self.profile is not None:
             # py-spy samples the daemon from outside: collapsed stacks, read by top_entries().
             spy = str(Path(sys.executable).with_name("py-spy"))
-            argv = [spy, "record", "--format", "raw", "--rate", "200", "--nonblocking",
+            argv = [spy, "record", "--format", "raw", "--rate", "250", "--gil",
                     "-o", str(self.profile), "--", *argv]
         self._log = open(self.workdir / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
@@ -114,6 +126,9 @@ class Daemon:
         except OSError:
             return self.pid
         return int(children[0]) if children else self.pid
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.daemon_pid())
 
     def sample_memory(self) -> float:
         _, peak = memory_mb(self.daemon_pid())

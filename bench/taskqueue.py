@@ -33,7 +33,9 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # no
 from twisted.internet.protocol import Protocol  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
 
-from daemons import TOKEN, Daemon, load_average, start_backend, top_entries  # noqa: E402
+from daemons import (  # noqa: E402
+    TOKEN, Daemon, cpu_seconds, load_average, start_backend, top_entries,
+)
 from gorge.taskqueue.model import EnqueueRequest  # noqa: E402
 
 LEASE_DURATION = 7200
@@ -182,10 +184,13 @@ async def main(reactor, args) -> None:
             env = {**backend.env("service"), "GORGE_LOG_LEVEL": args.log_level}
             profile = Path(args.profile) / f"taskqueue-{name}.txt" if args.profile else None
             daemon = Daemon("gorge-taskqueue", env, backend.workdir, profile=profile).start()
+            cpu_daemon, cpu_client = daemon.cpu_seconds(), cpu_seconds()
             service = await over_http(reactor, daemon, args.clients, args.tasks, args.lease_limit)
+            cpu = ((daemon.cpu_seconds() - cpu_daemon) * 1000 / args.tasks,
+                   (cpu_seconds() - cpu_client) * 1000 / args.tasks)
             daemon.stop()
             results.append((name, service, bound, daemon.peak_mb, load_before, load_average(),
-                            profile))
+                            profile, cpu))
         finally:
             if daemon is not None:
                 daemon.stop()
@@ -193,11 +198,12 @@ async def main(reactor, args) -> None:
     print(f"taskqueue: {args.tasks} tasks, {args.clients} clients, lease limit "
           f"{args.lease_limit}, log level {args.log_level}")
     print(f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6} "
-          f"{'taskqueue peak RSS':>19}  load (before / after)")
-    for name, service, bound, peak, before, after, _ in results:
+          f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13}  load (before / after)")
+    for name, service, bound, peak, before, after, _, cpu in results:
         print(f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f} "
-              f"{peak:>16.0f} MB  {before} / {after}")
-    for name, *_, profile in results:
+              f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f}  {before} / {after}")
+    print("(CPU ms/cycle: the taskqueue daemon + this process's HTTP client)")
+    for name, *_, profile, _ in results:
         if profile is None:
             continue
         print(f"\nwhere gorge-taskqueue ({name}) spends its time: own %, with callees %")

@@ -110,6 +110,7 @@ class TaskQueueService(DaemonRoot, OrderedService):
             readiness=store.ping,
             registry=self.registry,
             clock=reactor,
+            access_log=settings.http.access_log,
         )
         self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
                                  "taskqueue_stats")

@@ -228,6 +228,7 @@ def build_worker_service(
         api_resource=WorkerApi(stats).resource(), prefix=API_PREFIX,
         token=settings.http.token, body_limit=settings.http.body_limit,
         readiness=readiness, registry=metrics_registry, clock=clock,
+        access_log=settings.http.access_log,
     )
 
     def start_loop() -> None:
