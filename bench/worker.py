@@ -41,7 +41,7 @@ from twisted.logger import globalLogBeginner  # noqa: E402
 from twisted.web.resource import Resource  # noqa: E402
 from twisted.web.server import Site  # noqa: E402
 
-from daemons import TOKEN, Daemon, load_average, start_backend  # noqa: E402
+from daemons import TOKEN, Daemon, load_average, start_backend, top_entries  # noqa: E402
 from gorge.logging import make_observer  # noqa: E402
 from gorge.taskqueue.model import EnqueueRequest, Task  # noqa: E402
 try:
@@ -245,11 +245,14 @@ async def run(reactor, args) -> None:
     queue = worker = None
     monitor = None
     try:
+        profiles = Path(args.profile) if args.profile else None
         queue = Daemon("gorge-taskqueue", {**backend.env("bench"),
                                            "GORGE_LOG_LEVEL": args.log_level},
-                       backend.workdir).start()
+                       backend.workdir,
+                       profile=profiles / "taskqueue.txt" if profiles else None).start()
         bench = Bench(reactor, args, backend, queue)
-        worker = Daemon("gorge-worker", worker_env(args, queue), backend.workdir)
+        worker = Daemon("gorge-worker", worker_env(args, queue), backend.workdir,
+                        profile=profiles / "worker.txt" if profiles else None)
 
         def sample() -> None:
             for daemon in (queue, worker):
@@ -322,6 +325,8 @@ async def run(reactor, args) -> None:
         sample()
         print(f"peak RSS: gorge-taskqueue {queue.peak_mb:.0f} MB, "
               f"gorge-worker {worker.peak_mb:.0f} MB (limit 120 MB)")
+        print(f"CPU so far: gorge-taskqueue {queue.cpu_seconds():.1f} s, "
+              f"gorge-worker {worker.cpu_seconds():.1f} s")
         await bench.pool.closeCachedConnections()
         await bench.store.close()
     finally:
@@ -331,6 +336,11 @@ async def run(reactor, args) -> None:
             if daemon is not None:
                 daemon.stop()
         backend.stop()
+    if args.profile:
+        for name in ("taskqueue", "worker"):
+            print(f"\nwhere gorge-{name} spends its time: own %, with callees %")
+            for own, total, frame in top_entries(Path(args.profile) / f"{name}.txt"):
+                print(f"  {own:5.1f} {total:5.1f}  {frame}")
 
 
 def main() -> None:
@@ -353,6 +363,8 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=0,
                         help="tasks written before the worker starts, drained first")
     parser.add_argument("--log-level", default="warn")
+    parser.add_argument("--profile", default="",
+                        help="directory for py-spy samples of both daemons (needs py-spy)")
     args = parser.parse_args()
     globalLogBeginner.beginLoggingTo(
         [make_observer({"GORGE_LOG_LEVEL": "warn"}, sys.stderr)], redirectStandardIO=False)

@@ -72,6 +72,9 @@ class _Run:
         # (§6.3, §14 step 2), not even when the drain budget cuts them.
         self.counted = True
         self.intended = "none"  # the outcome an uncounted run was reporting
+        # Holds one of MAX_WORKERS slots until its handler has ended; the
+        # report that follows does not (docs/worker.md, How work flows).
+        self.slot = True
 
 
 def _call_handler(handler: Callable, task: dict, payload: str | None) -> Deferred:
@@ -107,6 +110,7 @@ class Consumer:
         self._on_progress = on_progress
         self.counters = Counters()
         self._runs: dict[int, _Run] = {}
+        self._running = 0
         self._inflight = InFlight()
         self._timer: IDelayedCall | None = None
         self._lease_d: Deferred | None = None
@@ -134,7 +138,8 @@ class Consumer:
     # -- state read by the API -------------------------------------------
     @property
     def active(self) -> int:
-        return len(self._runs)
+        """Tasks whose handler is running (reports in flight not counted)."""
+        return self._running
 
     @property
     def stopping(self) -> bool:
@@ -187,7 +192,11 @@ class Consumer:
         return max(1, min(s.lease_limit, s.max_workers) // 2)
 
     def _free(self) -> int:
-        return self._settings.max_workers - len(self._runs)
+        # A finished task's report overlaps the next lease and run; at most
+        # MAX_WORKERS reports wait like that, so a queue slow to record them
+        # slows the worker down instead of piling tasks up.
+        cap = self._settings.max_workers
+        return min(cap - self._running, 2 * cap - len(self._runs))
 
     def _wake_for_capacity(self) -> None:
         """A slot freed: lease now if the queue had more and a batch fits."""
@@ -366,7 +375,8 @@ class Consumer:
         if hand_back:
             run.intended = "yield"
         self._runs[task_id] = run
-        self._metrics.active.set(len(self._runs))
+        self._running += 1
+        self._metrics.active.set(self._running)
         d = Deferred.fromCoroutine(self._process(run, hand_back))
         self._inflight.track(d)
         d.addErrback(
@@ -377,8 +387,18 @@ class Consumer:
 
     def _finished(self, run: _Run) -> None:
         self._runs.pop(run.id, None)
-        self._metrics.active.set(len(self._runs))
+        if not self._release_slot(run):
+            self._wake_for_capacity()
+
+    def _release_slot(self, run: _Run) -> bool:
+        """The run's handler is over: its slot may take the next task."""
+        if not run.slot:
+            return False
+        run.slot = False
+        self._running -= 1
+        self._metrics.active.set(self._running)
         self._wake_for_capacity()
+        return True
 
     async def _process(self, run: _Run, hand_back: bool) -> None:
         task = run.task
@@ -455,6 +475,7 @@ class Consumer:
             log.info("TASK_OUTCOME task_id={task_id} task_class={task_class} "
                      "outcome={outcome} message={message}", task_id=run.id,
                      task_class=run.task_class, outcome=outcome.kind, message=outcome.message)
+        self._release_slot(run)
         await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
 
     def _keep_lease(self, run: _Run, guard: LeaseGuard) -> LeaseKeeper | None:

@@ -19,7 +19,7 @@ DEFAULT_DRAIN_SEC = 30
 DEFAULT_LEASE_WAIT_SEC = 20
 MAX_LEASE_WAIT_SEC = 30
 DEFAULT_REPORT_BATCH = 100
-DEFAULT_REPORT_DELAY_MS = 2
+DEFAULT_REPORT_DELAY_MS = 0
 _URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?(/[^\s?#]*)?")
 
 
