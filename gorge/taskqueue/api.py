@@ -18,10 +18,10 @@ from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.model import (
     DEFAULT_LIST_LIMIT,
     MAX_LEASE_LIMIT,
-    MAX_REPORTS,
     MAX_LIST_LIMIT,
     MAX_OWNER_CHARS,
     MAX_PHID_BYTES,
+    MAX_REPORTS,
     MAX_TASK_CLASS_CHARS,
     PRIORITY_DEFAULT,
     REPORT_COMPLETE,
