@@ -16,6 +16,7 @@ from twisted.application import service as tservice
 from twisted.internet.defer import Deferred, TimeoutError
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.web.client import Agent
 
 from gorge.config import ConfigError
 from gorge.httpclient import make_http_client
@@ -162,12 +163,13 @@ def build_worker_service(
     """The real constructor; ``extra_handlers`` lets a demo or benchmark add
     native handlers by class name."""
     clock = reactor
-    pool = None
+    pool = agent = None
     if http_client is None:
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
         http_client, pool = make_http_client(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
+        agent = Agent(reactor, pool=pool, connectTimeout=10)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
     registry, conduit = build_registry(settings, http_client, clock, metrics)
@@ -186,6 +188,7 @@ def build_worker_service(
     queue = QueueClient(
         http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner,
         report_batch=settings.report_batch, report_delay=settings.report_delay_ms / 1000.0,
+        agent=agent,
     )
     consumer = Consumer(
         queue=queue, registry=registry, plan=plan, clock=clock, metrics=metrics,
