@@ -14,15 +14,14 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from treq.content import content as body_of
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent
 
 from gorge.httpclient import OneShotBody
-
 from gorge.worker.deadline import within
 from gorge.worker.queueerror import QueueError
 from gorge.worker.reports import REPORT_PATH, ReportBatcher
