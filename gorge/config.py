@@ -184,6 +184,10 @@ class HttpSettings:
     endpoint: str
     token: str = field(repr=False, default="")
     body_limit: int = 2 * 1024 * 1024
+    # Whether GORGE_LOG_LEVEL lets the per-request REQUEST line through: when
+    # it does not, the line is not even built (a hot API answers thousands
+    # of requests a second).
+    access_log: bool = True
 
 
 def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1024 * 1024,
@@ -212,7 +216,20 @@ def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1
         endpoint=endpoint,
         token=env.str(token_names, ""),
         body_limit=limit,
+        access_log=_logs_info(env.str("GORGE_LOG_LEVEL", "info")),
     )
+
+
+def _logs_info(level_text: str) -> bool:
+    """Whether ``GORGE_LOG_LEVEL`` prints info lines; a bad value counts as
+    yes (the log observer refuses it at start-up with its own message)."""
+    from gorge.logging import parse_level  # imported here: gorge.logging imports this module
+    from twisted.logger import LogLevel
+
+    try:
+        return parse_level(level_text) <= LogLevel.info
+    except ValueError:
+        return True
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,8 @@ class LimitedRequest(server.Request):
     limit: int = 2 * 1024 * 1024
     # Set per factory by build_site; a bare subclass falls back to random ids.
     request_ids: RequestIds | None = None
+    # False when the log level drops the REQUEST line anyway: then it is not built.
+    access_log: bool = True
 
     _too_large = False
     _received = 0
@@ -317,22 +319,25 @@ class LimitedRequest(server.Request):
             request_id_var.reset(token)
 
     def _log_access(self, result) -> None:
+        status = self.code
+        if not self.access_log and status < 500:
+            return
         uri = redact_uri(self.uri.decode("latin-1", "replace"))
         method = self.method.decode("latin-1", "replace")
-        duration_ms = round((time.monotonic() - self._started) * 1000, 3)
-        status = self.code
-        log.info("REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
-                 method=method, uri=uri, status=status, duration_ms=duration_ms,
-                 request_id=self._request_id)
+        if self.access_log:
+            duration_ms = round((time.monotonic() - self._started) * 1000, 3)
+            log.info("REQUEST method={method} uri={uri} status={status} "
+                     "duration_ms={duration_ms}", method=method, uri=uri, status=status,
+                     duration_ms=duration_ms, request_id=self._request_id)
         if status >= 500:
             log.error("REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
                       method=method, uri=uri, status=status,
                       error=self.gorge_error or "", request_id=self._request_id)
 
 
-def _request_factory(limit: int) -> type[LimitedRequest]:
+def _request_factory(limit: int, access_log: bool = True) -> type[LimitedRequest]:
     return type("LimitedRequest%d" % limit, (LimitedRequest,),
-                {"limit": limit, "request_ids": RequestIds()})
+                {"limit": limit, "request_ids": RequestIds(), "access_log": access_log})
 
 
 def _presented_token(request) -> bytes:
@@ -493,11 +498,15 @@ class GorgeSite(server.Site):
 
 def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,
                readiness: Callable[[], Coroutine[Any, Any, str | None]],
-               registry: CollectorRegistry, clock: IReactorTime) -> server.Site:
-    """The one Site a service listens with (or hands to :func:`stub_client`)."""
+               registry: CollectorRegistry, clock: IReactorTime,
+               access_log: bool = True) -> server.Site:
+    """The one Site a service listens with (or hands to :func:`stub_client`).
+
+    ``access_log`` False leaves out the per-request ``REQUEST`` line (for a
+    log level that would drop it); ``REQUEST_FAILED`` is always written."""
     root = GorgeRoot(api_resource=api_resource, prefix=prefix, token=token,
                      readiness=readiness, registry=registry, clock=clock)
-    site = GorgeSite(root, requestFactory=_request_factory(body_limit))
+    site = GorgeSite(root, requestFactory=_request_factory(body_limit, access_log))
     site.noisy = False
     site.displayTracebacks = False
     return site

@@ -265,6 +265,47 @@ def unarchived(archived: ArchivedTask, now: int) -> Task:
     )
 
 
+# What one entry of a batched result report asks for (docs/taskqueue.md,
+# Batched reports).
+REPORT_COMPLETE = "complete"
+REPORT_FAIL = "fail"
+REPORT_YIELD = "yield"
+REPORT_OUTCOMES = (REPORT_COMPLETE, REPORT_FAIL, REPORT_YIELD)
+MAX_REPORTS = 1000
+
+
+@dataclass(frozen=True)
+class Report:
+    """One result report: what ``complete``, ``fail`` or ``yield`` would ask.
+
+    ``duration`` is microseconds for a complete and seconds for a yield (the
+    store raises it to the 5 s minimum); ``permanent`` and ``retry_wait``
+    only matter for a failure.
+    """
+
+    task_id: int
+    outcome: str
+    duration: int = 0
+    permanent: bool = False
+    retry_wait: int = 0
+
+    @property
+    def archives(self) -> bool:
+        """A complete or a permanent failure: the task leaves the active table."""
+        return self.outcome == REPORT_COMPLETE or (self.outcome == REPORT_FAIL and self.permanent)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """The answer to one :class:`Report`: the task's class when it was
+    recorded (empty for a yield, which reads no row), else the error the single call would have raised
+    (``TaskNotFound``, ``LeaseConflict`` or ``InvalidArgument``)."""
+
+    task_id: int
+    task_class: str = ""
+    error: Exception | None = None
+
+
 RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE,
                 "cancelled": RESULT_CANCELLED}
 

@@ -24,6 +24,7 @@ from gorge.taskqueue.api import TaskQueueApi
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.settings import TaskQueueSettings, load_settings
 from gorge.taskqueue.store import TaskStore
+from gorge.taskqueue.wakeup import LeaseWaiters
 from gorge.web import build_site
 
 log = Logger()
@@ -66,6 +67,7 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
         "retry_wait": settings.retry_wait,
         "drain_timeout": settings.drain_timeout,
         "stats_interval": settings.stats_interval,
+        "wake_check_ms": settings.wake_check_ms,
     }
     if settings.backend == "mysql":
         m = settings.mysql
@@ -83,9 +85,9 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
 
 
 class TaskQueueService(DaemonRoot, OrderedService):
-    """Stops in reverse: stats loop, listener (which answers the requests
-    already received), store calls still running, backend; one drain budget
-    for the whole stop."""
+    """Stops in reverse: stats loop, held lease calls (answered empty at
+    once), listener (which answers the requests already received), store
+    calls still running, backend; one drain budget for the whole stop."""
 
     def __init__(self, *, settings: TaskQueueSettings, reactor, store: TaskStore,
                  notifier: SystemdNotifier | None) -> None:
@@ -97,7 +99,9 @@ class TaskQueueService(DaemonRoot, OrderedService):
         self.notifier = notifier
         self._reactor = reactor
         self._stop_budget = StopBudget(settings.drain_timeout, reactor)
-        self.api = TaskQueueApi(store, settings, reactor, self.metrics, inflight=self.inflight)
+        self.waiters = LeaseWaiters(store.wake_check, reactor, settings.wake_check_ms / 1000.0)
+        self.api = TaskQueueApi(store, settings, reactor, self.metrics, inflight=self.inflight,
+                                waiters=self.waiters)
         self.site = build_site(
             api_resource=self.api.resource(),
             prefix=API_PREFIX,
@@ -106,6 +110,7 @@ class TaskQueueService(DaemonRoot, OrderedService):
             readiness=store.ping,
             registry=self.registry,
             clock=reactor,
+            access_log=settings.http.access_log,
         )
         self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
                                  "taskqueue_stats")
@@ -115,6 +120,7 @@ class TaskQueueService(DaemonRoot, OrderedService):
             FunctionService(stop=self._close_store, name="store"),
             FunctionService(stop=self._drain, name="drain"),
             self.listening,
+            FunctionService(stop=self.waiters.close, name="held-leases"),
             FunctionService(start=self._start_loop, stop=self.stats_loop.stop, name="stats"),
             name=SERVICE_NAME,
         )

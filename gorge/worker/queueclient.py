@@ -2,7 +2,9 @@
 
 Every call is bounded for the whole exchange (headers and body) on the
 injected clock, never follows redirects, and succeeds only for a 2xx JSON
-object without an ``error``.
+object without an ``error``. Result reports that finish close together go
+out as one batched call (:mod:`gorge.worker.reports`); a lease may ask the
+queue to hold the call until a task is there (docs/worker.md, Long-poll).
 """
 
 from __future__ import annotations
@@ -12,47 +14,22 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from treq.content import content as body_of
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
 
+from gorge.httpclient import OneShotBody
 from gorge.worker.deadline import within
+from gorge.worker.queueerror import QueueError
+from gorge.worker.reports import REPORT_PATH, ReportBatcher
 
 log = Logger()
 
 CALL_TIMEOUT = 30.0
 OWNER_HOST_BYTES = 32
-
-
-class QueueError(Exception):
-    """A queue call that did not succeed; ``str()`` describes it in one line."""
-
-    def __init__(
-        self,
-        description: str,
-        *,
-        status: int | None = None,
-        code: str | None = None,
-        transient: bool = False,
-        task_ids: list | None = None,
-    ):
-        super().__init__(description)
-        self.status = status
-        self.code = code
-        # The ids in a rejected lease answer: those rows stay leased to us
-        # until their lease expires, so they must be named in the log.
-        self.task_ids = task_ids
-        # A body that is no JSON envelope came from something in front of the
-        # queue (a proxy's error page), so its status says nothing about us.
-        self.transient = transient
-
-    @property
-    def retryable(self) -> bool:
-        """Any 4xx except 408/429 will not get better by retrying,
-        unless the answer was not the queue's own JSON envelope."""
-        if self.transient or self.status is None or not 400 <= self.status < 500:
-            return True
-        return self.status in (408, 429)
 
 
 def truncate_host(host: str, limit: int = OWNER_HOST_BYTES) -> str:
@@ -119,12 +96,26 @@ class QueueClient:
         owner: str,
         *,
         timeout: float = CALL_TIMEOUT,
+        report_batch: int = 1,
+        report_delay: float = 0.0,
+        agent: IAgent | None = None,
     ) -> None:
         self._http = http_client
+        # With an Agent (the service passes the one beneath its treq client)
+        # calls skip treq's per-request work: URL parsing and IDNA encoding,
+        # cookie and content-decoding wrappers. These calls need none of it.
+        self._agent = agent
+        self._urls: dict[str, bytes] = {}
         self._clock = clock
         self._endpoint = endpoint
         self.owner = owner
         self._timeout = timeout
+        self._reports = ReportBatcher(self._post_reports, clock, max_size=report_batch,
+                                      delay=report_delay)
+
+    @property
+    def batching_reports(self) -> bool:
+        return self._reports.enabled
 
     def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
         headers = {
@@ -145,12 +136,16 @@ class QueueClient:
         headers = self._headers(extra)
 
         async def exchange() -> tuple[int, bytes]:
+            if self._agent is not None:
+                response = await self._agent.request(
+                    b"POST", self._url(url), Headers(headers), OneShotBody(payload))
+                return response.code, await body_of(response)
             response = await self._http.post(
                 url, data=payload, headers=headers, allow_redirects=False
             )
             return response.code, await response.content()
 
-        limit = self._timeout if timeout is None else min(timeout, self._timeout)
+        limit = self._timeout if timeout is None else timeout
         try:
             status, raw = await within(Deferred.fromCoroutine(exchange()), limit, self._clock)
         except (TimeoutError, CancelledError):
@@ -158,6 +153,12 @@ class QueueClient:
         except Exception as exc:  # transport errors of every kind
             raise QueueError(f"http: POST {path}: {type(exc).__name__}: {exc}") from None
         return self._parse(path, status, raw)
+
+    def _url(self, url: str) -> bytes:
+        encoded = self._urls.get(url)
+        if encoded is None:
+            encoded = self._urls[url] = url.encode("ascii")
+        return encoded
 
     @staticmethod
     def _parse(path: str, status: int, raw: bytes) -> Any:
@@ -180,13 +181,19 @@ class QueueClient:
             raise QueueError(f"http: POST {path}: unexpected status {status}", status=status)
         return doc.get("data")
 
-    async def lease(self, limit: int, task_classes: list[str] | None) -> list[dict]:
+    async def lease(self, limit: int, task_classes: list[str] | None,
+                    wait: float = 0) -> list[dict]:
+        """Up to ``limit`` tasks; with ``wait`` > 0 the queue may hold the call
+        that many seconds until one is there (an older queue answers at once)."""
         body: dict[str, Any] = {"limit": limit}
         if task_classes:
             body["taskClasses"] = sorted(task_classes)
+        if wait > 0:
+            body["wait"] = wait
         try:
             data = await self._call(
-                "/api/queue/lease", body, extra={b"X-Lease-Owner": self.owner.encode()}
+                "/api/queue/lease", body, timeout=self._timeout + wait,
+                extra={b"X-Lease-Owner": self.owner.encode()}
             )
         except QueueError as exc:
             raise QueueError(
@@ -204,7 +211,7 @@ class QueueClient:
         None when the queue says the lease is lost.  An id the answer does not
         mention is left out (its deadline stays as it was)."""
         data = await self._call("/api/queue/renew", {"taskIDs": list(task_ids)},
-                                timeout=timeout, extra=self._fenced())
+                                timeout=min(timeout, self._timeout), extra=self._fenced())
         if not isinstance(data, list):
             raise QueueError("unmarshal (status 200): /api/queue/renew answered no list",
                              status=200, transient=True)
@@ -219,12 +226,21 @@ class QueueClient:
                 out[item["taskID"]] = None
         return out
 
+    async def _post_reports(self, entries: list[dict], timeout: float) -> Any:
+        return await self._call(REPORT_PATH, {"reports": entries},
+                                timeout=min(timeout, self._timeout), extra=self._fenced())
+
+    def _report(self, path: str, body: dict, outcome: str, timeout: float) -> Deferred:
+        async def single(left: float) -> None:
+            await self._call(path, body, timeout=min(left, self._timeout),
+                             extra=self._fenced())
+
+        return self._reports.submit({**body, "outcome": outcome}, timeout, single)
+
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
-        await self._call(
-            "/api/queue/complete",
-            {"taskID": task_id, "duration": max(0, int(duration_us))},
-            timeout=timeout, extra=self._fenced(),
-        )
+        await self._report("/api/queue/complete",
+                           {"taskID": task_id, "duration": max(0, int(duration_us))},
+                           "complete", timeout)
 
     async def fail(
         self,
@@ -240,10 +256,9 @@ class QueueClient:
             body["retryWait"] = max(0, int(retry_wait))
         if message:
             body["message"] = message[:1000]
-        await self._call("/api/queue/fail", body, timeout=timeout, extra=self._fenced())
+        await self._report("/api/queue/fail", body, "fail", timeout)
 
     async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
-        await self._call(
-            "/api/queue/yield", {"taskID": task_id, "duration": max(5, int(seconds))},
-            timeout=timeout, extra=self._fenced(),
-        )
+        await self._report("/api/queue/yield",
+                           {"taskID": task_id, "duration": max(5, int(seconds))},
+                           "yield", timeout)

@@ -16,6 +16,7 @@ from twisted.application import service as tservice
 from twisted.internet.defer import Deferred, TimeoutError
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.web.client import Agent
 
 from gorge.config import ConfigError
 from gorge.hangup import ReloadOnHangup
@@ -163,12 +164,13 @@ def build_worker_service(
     """The real constructor; ``extra_handlers`` lets a demo or benchmark add
     native handlers by class name."""
     clock = reactor
-    pool = None
+    pool = agent = None
     if http_client is None:
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
         http_client, pool = make_http_client(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
+        agent = Agent(reactor, pool=pool, connectTimeout=10)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
     # Read once here and again on SIGHUP, never per task (docs/worker.md).
@@ -187,7 +189,9 @@ def build_worker_service(
     started = int(clock.seconds())
     owner = lease_owner(None, os.getpid(), started)
     queue = QueueClient(
-        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner
+        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner,
+        report_batch=settings.report_batch, report_delay=settings.report_delay_ms / 1000.0,
+        agent=agent,
     )
     consumer = Consumer(
         queue=queue, registry=registry, plan=plan, clock=clock, metrics=metrics,
@@ -198,6 +202,7 @@ def build_worker_service(
             idle_timeout=float(settings.idle_timeout_sec),
             hibernate=float(settings.hibernate_sec),
             drain_timeout=float(settings.drain_timeout_sec),
+            lease_wait=float(settings.lease_wait_sec),
         ),
         on_progress=notifier.progress if notifier is not None else None,
     )
@@ -229,6 +234,7 @@ def build_worker_service(
         api_resource=WorkerApi(stats).resource(), prefix=API_PREFIX,
         token=settings.http.token, body_limit=settings.http.body_limit,
         readiness=readiness, registry=metrics_registry, clock=clock,
+        access_log=settings.http.access_log,
     )
 
     def start_loop() -> None:

@@ -199,3 +199,51 @@ def test_a_4xx_without_a_json_envelope_is_retried(status):
     assert failure.check(QueueError)
     assert f"unmarshal (status {status})" in str(failure.value)
     assert failure.value.retryable
+
+
+def _agent_client(resource, clock=None):
+    """The service's path: the client talks to an Agent, not through treq."""
+    from treq.testing import RequestTraversalAgent
+
+    clock = clock or Clock()
+    agent = RequestTraversalAgent(resource)
+    client = QueueClient(object(), clock, QueueEndpoint("http://queue:8090", "queue-token"),
+                         "host:1:2:gorge-worker", agent=agent)
+    return client, agent, clock
+
+
+def test_agent_path_sends_the_same_request_and_reads_the_answer():
+    resource = ScriptedQueue(body=json.dumps({"data": [
+        {"id": 3, "taskClass": "A", "data": "{}"}]}).encode())
+    client, agent, _ = _agent_client(resource)
+    d = Deferred.fromCoroutine(client.lease(2, ["B", "A"], wait=5))
+    agent.flush()
+    assert result_of_deferred(d) == [{"id": 3, "taskClass": "A", "data": "{}"}]
+    (req,) = resource.requests
+    assert (req["method"], req["path"]) == (b"POST", b"/api/queue/lease")
+    assert req["headers"][b"content-type"] == b"application/json"
+    assert req["headers"][b"x-service-token"] == b"queue-token"
+    assert req["headers"][b"x-lease-owner"] == b"host:1:2:gorge-worker"
+    assert json.loads(req["body"]) == {"limit": 2, "taskClasses": ["A", "B"], "wait": 5}
+
+
+def test_agent_path_errors_and_timeouts_are_queue_errors():
+    refused = ScriptedQueue(status=409, body=b'{"error":{"code":"ERR_LEASE_CONFLICT",'
+                                             b'"message":"gone"}}')
+    client, agent, _ = _agent_client(refused)
+    d = Deferred.fromCoroutine(client.complete(4, 10, timeout=5))
+    agent.flush()
+    failure = result_of_deferred(d)
+    assert (failure.value.status, failure.value.code) == (409, "ERR_LEASE_CONFLICT")
+    client, agent, clock = _agent_client(ScriptedQueue(hang=True))
+    d = Deferred.fromCoroutine(client.complete(4, 10, timeout=5))
+    agent.flush()
+    clock.advance(5)
+    failure = result_of_deferred(d)
+    assert str(failure.value) == "http: POST /api/queue/complete: timed out after 5s"
+
+
+def result_of_deferred(d):
+    results = []
+    d.addBoth(results.append)
+    return results[0] if results else None
