@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.hangup import ReloadOnHangup
-from gorge.httpclient import make_http_client
+from gorge.httpclient import make_agent
 from gorge.service import (
     DaemonRoot, FunctionService, OrderedService, StopBudget, SystemdNotifier, listener,
     run_make_service, watchdog_heartbeat,
@@ -79,8 +79,8 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
 
     # One pool per service (style.md §7); providers share it.
-    http_client, pool = make_http_client(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
-    backends = [build_backend(entry, reactor=reactor, http_client=http_client)
+    agent, pool = make_agent(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
+    backends = [build_backend(entry, reactor=reactor, http_client=agent)
                 for entry in settings.entries]
     reloadable = [backend for backend in backends if isinstance(backend, Reloadable)]
 

@@ -1,8 +1,9 @@
 """HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield (worker.md §4).
 
-Every call is bounded for the whole exchange (headers and body) on the
-injected clock, never follows redirects, and succeeds only for a 2xx JSON
-object without an ``error``.
+Every call is one :func:`gorge.httpclient.exchange`: bounded for the whole
+exchange (headers and body) on the injected clock, its answer read up to a
+size cap, never following redirects; it succeeds only for a 2xx JSON object
+without an ``error``.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from gorge.worker.deadline import within
+from gorge.httpclient import Cause, TransportFailure, exchange
 
 log = Logger()
 
 CALL_TIMEOUT = 30.0
+#: Bytes of a lease answer read: a batch of tasks with their data. One more
+#: fails the lease call (docs/worker.md, Limits).
+LEASE_ANSWER_LIMIT = 64 * 1024 * 1024
+#: Bytes of any other answer (renewals and reports answer a few hundred).
+ANSWER_LIMIT = 1024 * 1024
 OWNER_HOST_BYTES = 32
 
 
@@ -126,38 +131,34 @@ class QueueClient:
         self.owner = owner
         self._timeout = timeout
 
-    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
+    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
         headers = {
-            b"Content-Type": [b"application/json"],
-            b"Accept": [b"application/json"],
+            b"Content-Type": b"application/json",
+            b"Accept": b"application/json",
         }
         if self._endpoint.token:
-            headers[b"X-Service-Token"] = [self._endpoint.token.encode()]
-        for name, value in (extra or {}).items():
-            headers[name] = [value]
+            headers[b"X-Service-Token"] = self._endpoint.token.encode()
+        headers.update(extra or {})
         return headers
 
     async def _call(
-        self, path: str, body: dict, *, timeout: float | None = None, extra=None
+        self, path: str, body: dict, *, timeout: float | None = None, extra=None,
+        answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
         url = self._endpoint.base_url + path
         payload = json.dumps(body, separators=(",", ":")).encode()
         headers = self._headers(extra)
-
-        async def exchange() -> tuple[int, bytes]:
-            response = await self._http.post(
-                url, data=payload, headers=headers, allow_redirects=False
-            )
-            return response.code, await response.content()
-
         limit = self._timeout if timeout is None else min(timeout, self._timeout)
         try:
-            status, raw = await within(Deferred.fromCoroutine(exchange()), limit, self._clock)
-        except (TimeoutError, CancelledError):
-            raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
-        except Exception as exc:  # transport errors of every kind
-            raise QueueError(f"http: POST {path}: {type(exc).__name__}: {exc}") from None
-        return self._parse(path, status, raw)
+            reply = await exchange(self._http, self._clock, "POST", url, headers=headers,
+                                   body=payload, deadline=self._clock.seconds() + limit,
+                                   body_limit=answer_limit)
+            raw = reply.require_body()
+        except TransportFailure as failure:
+            if failure.cause is Cause.DEADLINE:
+                raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
+            raise QueueError(f"http: POST {path}: {failure}") from None
+        return self._parse(path, reply.status, raw)
 
     @staticmethod
     def _parse(path: str, status: int, raw: bytes) -> Any:
@@ -186,7 +187,8 @@ class QueueClient:
             body["taskClasses"] = sorted(task_classes)
         try:
             data = await self._call(
-                "/api/queue/lease", body, extra={b"X-Lease-Owner": self.owner.encode()}
+                "/api/queue/lease", body, extra={b"X-Lease-Owner": self.owner.encode()},
+                answer_limit=LEASE_ANSWER_LIMIT,
             )
         except QueueError as exc:
             raise QueueError(

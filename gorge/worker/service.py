@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from gorge.config import ConfigError
 from gorge.hangup import ReloadOnHangup
-from gorge.httpclient import make_http_client
+from gorge.httpclient import make_agent
 from gorge.service import (
     DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service,
 )
@@ -167,7 +167,7 @@ def build_worker_service(
     if http_client is None:
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
-        http_client, pool = make_http_client(
+        http_client, pool = make_agent(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)

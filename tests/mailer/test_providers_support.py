@@ -4,7 +4,7 @@
 * :func:`entry` -- a backend list element.
 * :func:`from_backend_list` -- a backend built the way the service builds
   it, from a ``GORGE_MAILER_CONFIG`` list.
-* :class:`MemoryHttp` -- a real ``Agent``/``HTTPClient`` on a
+* :class:`MemoryHttp` -- a real ``Agent`` on a
   ``MemoryReactorClock``: the test decides when the TCP connection comes up,
   reads the exact bytes the client wrote and scripts the server's answer,
   so deadlines before and after submission are deterministic.
@@ -19,7 +19,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from treq.client import HTTPClient
 from twisted.internet import defer, task
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -86,11 +85,11 @@ class _TcpStringTransport(StringTransport):
 
 
 class MemoryHttp:
-    """An ``HTTPClient`` whose network is a ``MemoryReactorClock``."""
+    """An ``Agent`` whose network is a ``MemoryReactorClock``."""
 
     def __init__(self) -> None:
         self.reactor = MemoryReactorClock()
-        self.client = HTTPClient(Agent(self.reactor, connectTimeout=5))
+        self.client = Agent(self.reactor, connectTimeout=5)
         self.transport: StringTransport | None = None
         self.protocol: Any = None
 
@@ -198,7 +197,7 @@ class LoopbackServer:
         self.answer = Scripted()
         self.port: Any = None
         self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.client = HTTPClient(Agent(reactor, pool=self.pool, connectTimeout=5))
+        self.client = Agent(reactor, pool=self.pool, connectTimeout=5)
 
     def start(self) -> None:
         site = Site(_Recorder(self))

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import pytest_twisted
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
@@ -193,7 +193,7 @@ def readyz(site):
 
 def test_readiness_follows_the_last_lease_and_shutdown():
     clock, queue = Clock(), FakeQueueResource()
-    stub = StubTreq(queue)
+    stub = RequestTraversalAgent(queue)
     svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), clock, http_client=stub)
     svc.consumer.start()
     assert readyz(svc.site) == (503, {"status": "unavailable",
@@ -215,7 +215,7 @@ def test_readiness_follows_the_last_lease_and_shutdown():
 
 def test_readiness_with_delegation_needs_a_passing_probe():
     clock, queue = Clock(), FakeQueueResource()
-    stub = StubTreq(queue)
+    stub = RequestTraversalAgent(queue)
     svc = build_worker_service(settings_of(GORGE_WORKER_CONDUIT_URL="http://gw:8150",
                                            GORGE_WORKER_CONDUIT_TOKEN="t",
                                            GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook"),
@@ -258,7 +258,7 @@ def test_stats_contract_and_auth():
 
 def test_metrics_are_served_from_the_service_registry():
     clock, queue = Clock(), FakeQueueResource()
-    stub = StubTreq(queue)
+    stub = RequestTraversalAgent(queue)
     svc = build_worker_service(settings_of(), clock, http_client=stub)
     svc.consumer.start()
     clock.advance(1.0)
