@@ -47,7 +47,7 @@ from gorge.taskqueue.settings import load_settings
 
 service = build_taskqueue_service(load_settings(os.environ), reactor)
 service.startService()
-print(service.listening.listening_port.getHost().port, flush=True)
+print(service.part("listener").listening_port.getHost().port, flush=True)
 if os.environ.get("BENCH_PROFILE"):
     import cProfile
     cProfile.run("reactor.run()", os.environ["BENCH_PROFILE"])

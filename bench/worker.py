@@ -180,11 +180,12 @@ class Bench:
 
     async def end_to_end(self, count: int) -> float:
         worker = self.build_worker(poll_ms=10)
+        counters = worker.part("consumer").counters
         started = time.perf_counter()
         worker.startService()
         try:
-            while worker.consumer.counters.processed < count:
-                if worker.consumer.counters.unreported:
+            while counters.processed < count:
+                if counters.unreported:
                     raise RuntimeError("worker left tasks unreported")
                 await deferLater(self.reactor, 0.005)
             elapsed = time.perf_counter() - started

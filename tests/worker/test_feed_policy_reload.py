@@ -48,7 +48,7 @@ async def test_sighup_makes_the_running_worker_read_the_policy_again(tmp_path, h
         "GORGE_WORKER_TASK_QUEUE_URL": "http://queue:8090", "GORGE_LISTEN_ADDR": "127.0.0.1:0",
         "GORGE_WORKER_FEED_POLICY_FILE": str(policy)})
     svc = build_worker_service(settings, reactor, http_client=stub)
-    handler = svc.registry.get(FEED)
+    handler = svc.part("registry").get(FEED)
 
     async def run_task():
         return await Deferred.fromCoroutine(handler({"id": 1, "failureCount": 0}, TASK))
