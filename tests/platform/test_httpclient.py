@@ -35,6 +35,7 @@ from gorge.httpclient import (
 )
 from tests.mailer.smtpserver import make_certificate
 from tests.support.logcapture import logged_events
+from tests.support.memoryhttp import MemoryHttp
 
 
 @pytest.fixture
@@ -191,41 +192,12 @@ async def test_a_body_sent_over_an_established_tls_connection_is_handed_over(rea
 # -- the bounded exchange ------------------------------------------------------
 
 
-class _TcpStringTransport(StringTransport):
-    """What the HTTP client protocol expects of a TCP transport."""
-
-    def setTcpNoDelay(self, enabled: bool) -> None:
-        pass
-
-    def setTcpKeepAlive(self, enabled: bool) -> None:
-        pass
-
-
-class Wire:
-    """A real Agent on a MemoryReactorClock: the test brings the connection
-    up, reads what the client wrote and scripts the server's bytes."""
-
-    def __init__(self) -> None:
-        self.clock = MemoryReactorClock()
-        self.agent = Agent(self.clock, connectTimeout=5)
-        self.transport: StringTransport | None = None
-        self.protocol = None
-
+class Wire(MemoryHttp):
     def start(self, **kwargs) -> Deferred:
-        kwargs.setdefault("deadline", self.clock.seconds() + 30)
+        kwargs.setdefault("deadline", self.reactor.seconds() + 30)
         kwargs.setdefault("body", b"ping")
         return Deferred.fromCoroutine(
-            exchange(self.agent, self.clock, "POST", "http://127.0.0.1:9/x", **kwargs))
-
-    def connect(self) -> StringTransport:
-        _host, _port, factory, _timeout, _bind = self.clock.tcpClients[-1]
-        self.protocol = factory.buildProtocol(None)
-        self.transport = _TcpStringTransport()
-        self.protocol.makeConnection(self.transport)
-        return self.transport
-
-    def respond(self, raw: bytes) -> None:
-        self.protocol.dataReceived(raw)
+            exchange(self.client, self.reactor, "POST", "http://127.0.0.1:9/x", **kwargs))
 
 
 def outcome(d: Deferred):
@@ -252,9 +224,9 @@ def test_reply_carries_status_headers_and_body():
 def test_the_deadline_covers_connecting():
     wire = Wire()
     d = wire.start(deadline=3.0)
-    wire.clock.advance(2.9)
+    wire.reactor.advance(2.9)
     assert not d.called
-    wire.clock.advance(0.1)
+    wire.reactor.advance(0.1)
     failure = outcome(d).value
     assert isinstance(failure, TransportFailure) and not isinstance(failure, CancelledError)
     assert (failure.cause, failure.submitted) == (Cause.DEADLINE, False)
@@ -264,7 +236,7 @@ def test_the_deadline_covers_the_status_line_and_says_the_request_went_out():
     wire = Wire()
     d = wire.start(deadline=3.0)
     wire.connect()
-    wire.clock.advance(3.0)
+    wire.reactor.advance(3.0)
     failure = outcome(d).value
     assert (failure.cause, failure.submitted) == (Cause.DEADLINE, True)
     assert wire.transport.disconnecting or wire.transport.disconnected
@@ -274,9 +246,9 @@ def test_a_headers_deadline_ends_the_wait_for_the_status_line_sooner():
     wire = Wire()
     d = wire.start(deadline=30.0, headers_deadline=2.0)
     wire.connect()
-    wire.clock.advance(1.9)
+    wire.reactor.advance(1.9)
     assert not d.called
-    wire.clock.advance(0.1)
+    wire.reactor.advance(0.1)
     assert outcome(d).value.cause is Cause.DEADLINE
 
 
@@ -285,9 +257,9 @@ def test_the_deadline_covers_the_body_and_the_status_still_stands():
     d = wire.start(deadline=5.0, headers_deadline=2.0)
     wire.connect()
     wire.respond(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-    wire.clock.advance(4.9)
+    wire.reactor.advance(4.9)
     assert not d.called  # the headers deadline is for the status line only
-    wire.clock.advance(0.1)
+    wire.reactor.advance(0.1)
     reply = outcome(d)
     assert (reply.status, reply.body) == (200, None)
     assert reply.body_failure.cause is Cause.DEADLINE
@@ -297,10 +269,10 @@ def test_the_deadline_covers_the_body_and_the_status_still_stands():
 
 def test_a_deadline_already_past_dials_nothing():
     wire = Wire()
-    wire.clock.advance(10)
+    wire.reactor.advance(10)
     failure = outcome(wire.start(deadline=10.0)).value
     assert (failure.cause, failure.submitted) == (Cause.DEADLINE, False)
-    assert wire.clock.tcpClients == []
+    assert wire.reactor.tcpClients == []
 
 
 @pytest.mark.parametrize("size,kept", [(8, True), (9, False)])
