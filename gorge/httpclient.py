@@ -458,6 +458,8 @@ async def exchange(
     ``deadline=None`` is for the one caller whose wait may last as long as
     a task's lease (and be extended with it): it must cancel the exchange
     itself. ``headers`` values are strings or bytes, one value per name.
+    ``body`` always goes out with its length (an empty one as
+    ``Content-Length: 0``), never chunked.
 
     Raises :class:`TransportFailure` when no status line was received; a
     cancel of the awaiting Deferred raises :class:`ExchangeCancelled` then,

@@ -109,7 +109,6 @@ class Demo:
         return port.getHost().port
 
     def start(self) -> None:
-        from treq.client import HTTPClient
         from twisted.web.client import Agent, HTTPConnectionPool
 
         smtp_port = self._listen_local(SinkFactory(self.sink, self._reactor))
@@ -121,7 +120,7 @@ class Demo:
         self.stack = build_stack(self.settings, self._reactor, self._on_task_run)
         globalLogPublisher.addObserver(self._on_log_event)
         self._pool = HTTPConnectionPool(self._reactor, persistent=True)
-        self._client = HTTPClient(Agent(self._reactor, pool=self._pool, connectTimeout=5))
+        self._client = Agent(self._reactor, pool=self._pool, connectTimeout=5)
         self.stack.root.privilegedStartService()
         self.stack.root.startService()
         self._progress.say("demo", f"receiver on {self.receiver_url}, SMTP sink on"
