@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar, overload
 
 from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
@@ -145,14 +145,20 @@ class ServiceTree(DaemonRoot, OrderedService):
             raise ValueError(f"{self.name} already has a part named {name!r}")
         self._parts[name] = part
 
-    def part(self, name: str, kind: type[T] = object) -> T:  # type: ignore[assignment]
+    @overload
+    def part(self, name: str) -> Any: ...
+
+    @overload
+    def part(self, name: str, kind: type[T]) -> T: ...
+
+    def part(self, name: str, kind: type | None = None) -> Any:
         """The part called ``name``; with ``kind``, checked to be one."""
         try:
             found = self._parts[name]
         except KeyError:
             raise KeyError(f"{self.name} has no part {name!r} "
                            f"(it has: {', '.join(sorted(self._parts))})") from None
-        if not isinstance(found, kind):
+        if kind is not None and not isinstance(found, kind):
             raise TypeError(f"{self.name} part {name!r} is a {type(found).__name__}, "
                             f"not a {kind.__name__}")
         return found
