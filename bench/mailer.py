@@ -98,7 +98,7 @@ def run_mailer(sink_port: int) -> None:
                                      "GORGE_MAILER_MAX_RETRIES": "0"})
     service = build_mailer_service(settings, reactor, listen=False)
     service.startService()
-    port = reactor.listenTCP(0, service.site, interface="127.0.0.1", backlog=256)
+    port = reactor.listenTCP(0, service.part("site"), interface="127.0.0.1", backlog=256)
     print(port.getHost().port, flush=True)
     profile_to = os.environ.get("GORGE_BENCH_PROFILE")
     if profile_to:

@@ -10,6 +10,8 @@ seeded item reached its expected final state within the bound, 1 otherwise
 
 from __future__ import annotations
 
+from twisted.web.iweb import IAgent
+
 import os
 import sys
 import tempfile
@@ -80,7 +82,7 @@ class Demo:
         self.sink = SmtpSink(reject=REJECTED_ADDRESSES, on_event=self._on_sink)
         self.state = DemoState(sink=self.sink)
         self._ports: list = []
-        self._client: HTTPClient | None = None
+        self._client: IAgent | None = None
         self._pool: HTTPConnectionPool | None = None
         self.receiver_url = ""
         self.settings: DemoSettings | None = None
@@ -114,7 +116,6 @@ class Demo:
         return port.getHost().port
 
     def start(self) -> None:
-        from treq.client import HTTPClient
         from twisted.web.client import Agent, HTTPConnectionPool
 
         smtp_port = self._listen_local(SinkFactory(self.sink, self._reactor))
@@ -126,7 +127,7 @@ class Demo:
         self.stack = build_stack(self.settings, self._reactor, self._on_task_run)
         globalLogPublisher.addObserver(cast(ILogObserver, self._on_log_event))
         self._pool = HTTPConnectionPool(self._reactor, persistent=True)
-        self._client = HTTPClient(Agent(self._reactor, pool=self._pool, connectTimeout=5))
+        self._client = Agent(self._reactor, pool=self._pool, connectTimeout=5)
         self.stack.root.privilegedStartService()
         self.stack.root.startService()
         self._progress.say("demo", f"receiver on {self.receiver_url}, SMTP sink on"

@@ -1,8 +1,9 @@
 """HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield.
 
-Every call is bounded for the whole exchange (headers and body) on the
-injected clock, never follows redirects, and succeeds only for a 2xx JSON
-object without an ``error``. Result reports that finish close together go
+Every call is one :func:`gorge.httpclient.exchange`: bounded for the whole
+exchange (headers and body) on the injected clock, its answer read up to a
+size cap, never following redirects; it succeeds only for a 2xx JSON object
+without an ``error``. Result reports that finish close together go
 out as one batched call (:mod:`gorge.worker.reports`); a lease may ask the
 queue to hold the call until a task is there (docs/worker.md, Long-poll).
 """
@@ -14,21 +15,23 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from treq.content import content as body_of
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent
 
-from gorge.httpclient import OneShotBody
-from gorge.worker.deadline import within
+from gorge.httpclient import Cause, TransportFailure, exchange
 from gorge.worker.queueerror import QueueError
 from gorge.worker.reports import REPORT_PATH, ReportBatcher
 
 log = Logger()
 
 CALL_TIMEOUT = 30.0
+#: Bytes of a lease answer read: a batch of tasks with their data. One more
+#: fails the lease call (docs/worker.md, Limits).
+LEASE_ANSWER_LIMIT = 64 * 1024 * 1024
+#: Bytes of any other answer (renewals and reports answer a few hundred).
+ANSWER_LIMIT = 1024 * 1024
 OWNER_HOST_BYTES = 32
 
 
@@ -90,7 +93,7 @@ class QueueClient:
 
     def __init__(
         self,
-        http_client: Any,
+        agent: IAgent,
         clock: IReactorTime,
         endpoint: QueueEndpoint,
         owner: str,
@@ -98,14 +101,8 @@ class QueueClient:
         timeout: float = CALL_TIMEOUT,
         report_batch: int = 1,
         report_delay: float = 0.0,
-        agent: IAgent | None = None,
     ) -> None:
-        self._http = http_client
-        # With an Agent (the service passes the one beneath its treq client)
-        # calls skip treq's per-request work: URL parsing and IDNA encoding,
-        # cookie and content-decoding wrappers. These calls need none of it.
         self._agent = agent
-        self._urls: dict[str, bytes] = {}
         self._clock = clock
         self._endpoint = endpoint
         self.owner = owner
@@ -117,48 +114,35 @@ class QueueClient:
     def batching_reports(self) -> bool:
         return self._reports.enabled
 
-    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
+    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
         headers = {
-            b"Content-Type": [b"application/json"],
-            b"Accept": [b"application/json"],
+            b"Content-Type": b"application/json",
+            b"Accept": b"application/json",
         }
         if self._endpoint.token:
-            headers[b"X-Service-Token"] = [self._endpoint.token.encode()]
-        for name, value in (extra or {}).items():
-            headers[name] = [value]
+            headers[b"X-Service-Token"] = self._endpoint.token.encode()
+        headers.update(extra or {})
         return headers
 
     async def _call(
-        self, path: str, body: dict, *, timeout: float | None = None, extra=None
+        self, path: str, body: dict, *, timeout: float | None = None, extra=None,
+        answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
         url = self._endpoint.base_url + path
         payload = json.dumps(body, separators=(",", ":")).encode()
         headers = self._headers(extra)
-
-        async def exchange() -> tuple[int, bytes]:
-            if self._agent is not None:
-                response = await self._agent.request(
-                    b"POST", self._url(url), Headers(headers), OneShotBody(payload))
-                return response.code, await body_of(response)
-            response = await self._http.post(
-                url, data=payload, headers=headers, allow_redirects=False
-            )
-            return response.code, await response.content()
-
+        # A held lease call asks for more than the usual timeout (its wait).
         limit = self._timeout if timeout is None else timeout
         try:
-            status, raw = await within(Deferred.fromCoroutine(exchange()), limit, self._clock)
-        except (TimeoutError, CancelledError):
-            raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
-        except Exception as exc:  # transport errors of every kind
-            raise QueueError(f"http: POST {path}: {type(exc).__name__}: {exc}") from None
-        return self._parse(path, status, raw)
-
-    def _url(self, url: str) -> bytes:
-        encoded = self._urls.get(url)
-        if encoded is None:
-            encoded = self._urls[url] = url.encode("ascii")
-        return encoded
+            reply = await exchange(self._agent, self._clock, "POST", url, headers=headers,
+                                   body=payload, deadline=self._clock.seconds() + limit,
+                                   body_limit=answer_limit)
+            raw = reply.require_body()
+        except TransportFailure as failure:
+            if failure.cause is Cause.DEADLINE:
+                raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
+            raise QueueError(f"http: POST {path}: {failure}") from None
+        return self._parse(path, reply.status, raw)
 
     @staticmethod
     def _parse(path: str, status: int, raw: bytes) -> Any:
@@ -193,7 +177,8 @@ class QueueClient:
         try:
             data = await self._call(
                 "/api/queue/lease", body, timeout=self._timeout + wait,
-                extra={b"X-Lease-Owner": self.owner.encode()}
+                extra={b"X-Lease-Owner": self.owner.encode()},
+                answer_limit=LEASE_ANSWER_LIMIT,
             )
         except QueueError as exc:
             raise QueueError(

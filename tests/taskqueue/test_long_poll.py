@@ -66,19 +66,19 @@ async def _advance_until(clock, d: Deferred, step: float, bound: int = 2000) -> 
 async def test_without_wait_an_empty_lease_answers_at_once(client):
     assert await client.post("lease", {"limit": 3}) == (200, {"data": []})
     assert await client.post("lease", {"limit": 3, "wait": 0}) == (200, {"data": []})
-    assert len(client.service.waiters) == 0
+    assert len(client.service.part("held-leases")) == 0
 
 
 @pytest_twisted.ensureDeferred
 async def test_held_lease_answers_when_a_task_is_enqueued(client, clock):
     held = _lease(client, {"limit": 2, "wait": 20})
     await _settle()
-    assert not held.called and len(client.service.waiters) == 1
+    assert not held.called and len(client.service.part("held-leases")) == 1
     code, answer = await client.post("enqueue", {"taskClass": "A", "data": "{}"})
     code, answer = await held
     assert code == 200 and [t["id"] for t in answer["data"]] == [1]
     assert answer["data"][0]["leaseOwner"] == OWNER
-    assert len(client.service.waiters) == 0
+    assert len(client.service.part("held-leases")) == 0
 
 
 @pytest_twisted.ensureDeferred
@@ -90,7 +90,7 @@ async def test_held_lease_ends_empty_when_its_wait_ends(client, clock):
     assert not held.called
     clock.advance(0.2)
     assert await held == (200, {"data": []})
-    assert len(client.service.waiters) == 0
+    assert len(client.service.part("held-leases")) == 0
 
 
 @pytest_twisted.ensureDeferred
@@ -131,10 +131,10 @@ async def test_a_task_written_elsewhere_is_found_by_the_shared_check(client, mem
         checks.append(now)
         return await check(since, now)
 
-    client.service.waiters._check = counted
+    client.service.part("held-leases")._check = counted
     clock.advance(CHECK)          # the first check after start-up wakes everyone once
     await _settle()
-    assert not any(d.called for d in held) and len(client.service.waiters) == 3
+    assert not any(d.called for d in held) and len(client.service.part("held-leases")) == 3
     await memory_store.enqueue(EnqueueRequest("A"))
     await _settle()
     assert not any(d.called for d in held)
@@ -164,10 +164,10 @@ async def test_caller_gone_while_held_is_forgotten(client, clock):
     held = _hung_up_lease(client, {"limit": 1, "wait": 30})
     held.addErrback(lambda _: None)
     await _settle(client)
-    assert len(client.service.waiters) == 1
+    assert len(client.service.part("held-leases")) == 1
     held.cancel()
     await _settle(client)
-    assert len(client.service.waiters) == 0
+    assert len(client.service.part("held-leases")) == 0
     await client.post("enqueue", {"taskClass": "A"})
     assert (await client.post("lease", {"limit": 1}))[1]["data"][0]["id"] == 1
 
@@ -251,7 +251,7 @@ async def test_a_replica_sees_an_enqueue_made_through_another(backend, request, 
         # The first check after start-up wakes the call once; it leases
         # nothing and waits again.
         for _ in range(200):
-            if len(a.service.waiters) == 1 and a.service.waiters._mark is not None:
+            if len(a.service.part("held-leases")) == 1 and a.service.part("held-leases")._mark is not None:
                 break
             clock.advance(CHECK)
             await _settle()

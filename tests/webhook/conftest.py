@@ -235,11 +235,11 @@ class Harness:
 
     @property
     def dispatcher(self):
-        return self.service.dispatcher
+        return self.service.part("dispatcher")
 
     @property
     def store(self) -> WebhookStore:
-        return self.service.store
+        return self.service.part("store")
 
     async def run_tick(self, timeout: float = 20.0) -> None:
         """One poll, then wait (bounded, on the real reactor) for what it started."""
@@ -251,8 +251,8 @@ class Harness:
         return 0.0 if value is None else value
 
     async def close(self) -> None:
-        await Deferred.fromCoroutine(self.service.transport.close())
-        self.service.store.close()
+        await Deferred.fromCoroutine(self.service.part("transport").close())
+        self.service.part("store").close()
 
 
 @pytest.fixture

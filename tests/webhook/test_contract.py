@@ -60,7 +60,7 @@ def contract_site(tmp_path):
             listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=CONTRACT_TOKEN))
         service = build_webhook_service(settings, reactor, store=store,
                                         registry=CollectorRegistry())
-        return stub_client(service.site)
+        return stub_client(service.part("site"))
 
     yield make
     for store in made:

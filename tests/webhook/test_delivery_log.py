@@ -35,7 +35,7 @@ def _ids(answer) -> list[int]:
 async def test_listing_is_newest_first_filtered_and_paged(herald, receiver, make_harness,
                                                           listen):
     harness = make_harness(http=HTTP)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     one = herald.insert_hook(uri=f"{receiver.base}/ok")
     two = herald.insert_hook(uri=f"{receiver.base}/status/500")
     t0 = int(harness.clock.seconds())
@@ -109,7 +109,7 @@ async def test_a_listing_call_reads_a_bounded_number_of_ids(herald, make_harness
 ])
 async def test_a_bad_filter_is_400_saying_what_to_fix(herald, make_harness, listen, query,
                                                       message):
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     code, answer = await call(base, "GET", "/api/webhook/requests?" + query)
     assert (code, answer) == (400, {"error": {"code": "ERR_BAD_REQUEST", "message": message}})
 
@@ -123,13 +123,13 @@ async def test_a_bad_filter_is_400_saying_what_to_fix(herald, make_harness, list
 ])
 async def test_a_bad_id_is_404(herald, make_harness, listen, method, path):
     herald.insert_request(hook="PHID-HWBH-x", status="sent")  # id 1 exists
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     code, answer = await call(base, method, path)
     assert code == 404 and answer["error"]["code"] == "ERR_NOT_FOUND"
 
 
 async def test_everything_needs_the_token(herald, make_harness, listen):
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     for method, path in [("GET", "/api/webhook/requests"), ("GET", "/api/webhook/requests/1"),
                          ("POST", "/api/webhook/requests/1/retry"),
                          ("POST", "/api/webhook/requests/retry"),
@@ -141,7 +141,7 @@ async def test_everything_needs_the_token(herald, make_harness, listen):
 async def test_show_gives_the_request_in_detail_by_id_or_phid(herald, receiver, make_harness,
                                                               listen):
     harness = make_harness(http=HTTP)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     hook = herald.insert_hook(uri=f"{receiver.base}/ok")
     request_id = herald.insert_request(hook=hook, properties={
         "retry": "forever", "transactionPHIDs": {"44": "PHID-XACT-a", "45": "PHID-XACT-b"},
@@ -167,7 +167,7 @@ async def test_a_replay_sends_the_same_bytes_and_signature_once_more(
         herald, receiver, make_harness, listen, captured_log):
     case = load_case("firehose_200_task_created")
     harness = make_harness(http=HTTP)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     harness.clock.advance(case.request_before["dateCreated"] - harness.clock.seconds())
     request_id = _load(herald, receiver, case)
     await harness.run_tick()
@@ -206,7 +206,7 @@ async def test_a_replay_sends_the_same_bytes_and_signature_once_more(
 
 async def test_a_queued_request_is_not_replayed(herald, make_harness, listen):
     harness = make_harness(http=HTTP)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     request_id = herald.insert_request(hook="PHID-HWBH-x", properties=FOREVER)
     before = herald.request(request_id)
     code, answer = await call(base, "POST", f"/api/webhook/requests/{request_id}/retry")
@@ -221,7 +221,7 @@ async def test_a_queued_request_is_not_replayed(herald, make_harness, listen):
 async def test_a_configuration_failure_replayed_after_the_fix_is_delivered(
         herald, receiver, make_harness, listen):
     harness = make_harness(http=HTTP)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     hook = herald.insert_hook(uri=f"{receiver.base}/ok", status="disabled")
     request_id = herald.insert_request(hook=hook, properties=NEVER)
     await harness.run_tick()
@@ -238,7 +238,7 @@ async def test_a_configuration_failure_replayed_after_the_fix_is_delivered(
 
 async def test_replay_by_hook_and_time_range(herald, receiver, make_harness, listen):
     harness = make_harness(http=HTTP)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     broken = herald.insert_hook(uri=f"{receiver.base}/status/500")
     other = herald.insert_hook(uri=f"{receiver.base}/status/500")
     t0 = int(harness.clock.seconds())
@@ -282,14 +282,14 @@ async def test_replay_by_hook_and_time_range(herald, receiver, make_harness, lis
      "unknown field 'hook' (accepted: hookPHID, since, until, status, afterId, limit)"),
 ])
 async def test_a_bad_range_is_400(herald, make_harness, listen, body, message):
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     code, answer = await call(base, "POST", "/api/webhook/requests/retry", body=body)
     assert (code, answer) == (400, {"error": {"code": "ERR_BAD_REQUEST", "message": message}})
 
 
 async def test_hooks_with_their_breaker_and_backlog(herald, receiver, make_harness, listen):
     harness = make_harness(http=HTTP, breaker_threshold=2)
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     good = herald.insert_hook(uri=f"{receiver.base}/ok", name="good")
     bad = herald.insert_hook(uri=f"{receiver.base}/status/500?secret=1", name="bad")
     off = herald.insert_hook(uri=f"{receiver.base}/ok", name="off", status="disabled")
@@ -325,7 +325,7 @@ async def test_three_replicas_deliver_a_replay_exactly_once_more(herald, receive
     two = make_harness(clock=one.clock)
     three = make_harness(clock=one.clock)
     replicas = [one, two, three]
-    base = listen(one.service.site)
+    base = listen(one.service.part("site"))
     hooks = [herald.insert_hook(uri=f"{receiver.base}/h{i}") for i in range(3)]
     t0 = int(one.clock.seconds())
     for n in range(12):
@@ -358,7 +358,7 @@ async def test_other_replicas_find_a_replay_whose_replica_stopped(herald, receiv
     one = make_harness(http=HTTP)
     two = make_harness(clock=one.clock)
     three = make_harness(clock=one.clock)
-    base = listen(one.service.site)
+    base = listen(one.service.part("site"))
     hook = herald.insert_hook(uri=f"{receiver.base}/h")
     request_id = herald.insert_request(hook=hook, properties=NEVER)
     for _ in range(2):

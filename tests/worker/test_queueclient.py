@@ -7,7 +7,7 @@ import json
 
 import pytest
 from hypothesis import given, strategies as st
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
@@ -43,7 +43,7 @@ class ScriptedQueue(Resource):
 
 def client_for(resource, token="queue-token", clock=None):
     clock = clock or Clock()
-    stub = StubTreq(resource)
+    stub = RequestTraversalAgent(resource)
     return QueueClient(stub, clock, QueueEndpoint("http://queue:8090", token),
                        "host:1:2:gorge-worker"), stub, clock
 
@@ -142,7 +142,7 @@ def test_a_hanging_queue_is_cut_at_the_timeout():
 
 def test_transport_error_is_an_http_error():
     class Broken:
-        def post(self, *args, **kwargs):
+        def request(self, *args, **kwargs):
             from twisted.internet.error import ConnectionRefusedError
             raise ConnectionRefusedError()
 
@@ -202,13 +202,13 @@ def test_a_4xx_without_a_json_envelope_is_retried(status):
 
 
 def _agent_client(resource, clock=None):
-    """The service's path: the client talks to an Agent, not through treq."""
+    """The client over an in-memory Agent."""
     from treq.testing import RequestTraversalAgent
 
     clock = clock or Clock()
     agent = RequestTraversalAgent(resource)
-    client = QueueClient(object(), clock, QueueEndpoint("http://queue:8090", "queue-token"),
-                         "host:1:2:gorge-worker", agent=agent)
+    client = QueueClient(agent, clock, QueueEndpoint("http://queue:8090", "queue-token"),
+                         "host:1:2:gorge-worker")
     return client, agent, clock
 
 
@@ -247,3 +247,29 @@ def result_of_deferred(d):
     results = []
     d.addBoth(results.append)
     return results[0] if results else None
+
+
+def test_an_answer_over_the_cap_is_an_http_error():
+    from gorge.worker import queueclient
+
+    resource = ScriptedQueue(body=b'{"data":"' + b"x" * queueclient.ANSWER_LIMIT + b'"}')
+    client, _, _ = client_for(resource)
+    failure = result_of(client.complete(1, 0, timeout=10))
+    assert failure.check(QueueError)
+    assert str(failure.value) == (
+        "http: POST /api/queue/complete: response body over the limit of 1048576 bytes")
+    assert failure.value.retryable
+
+
+def test_a_lease_answer_has_its_own_larger_cap(monkeypatch):
+    from gorge.worker import queueclient
+
+    monkeypatch.setattr(queueclient, "LEASE_ANSWER_LIMIT", 2 * queueclient.ANSWER_LIMIT)
+    task = {"id": 3, "taskClass": "A", "data": "x" * queueclient.ANSWER_LIMIT}
+    client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
+    assert result_of(client.lease(1, None)) == [task]
+    task["data"] += "x" * queueclient.ANSWER_LIMIT
+    client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
+    failure = result_of(client.lease(1, None))
+    assert str(failure.value).startswith(
+        "lease: http: POST /api/queue/lease: response body over the limit of")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
@@ -63,7 +63,7 @@ class ReportingQueue(Resource):
 
 
 def _client(resource, clock, *, batch=100, delay=0.002):
-    stub = StubTreq(resource)
+    stub = RequestTraversalAgent(resource)
     client = QueueClient(stub, clock, QueueEndpoint("http://queue:8090", "t"), OWNER,
                          report_batch=batch, report_delay=delay)
     return client, stub

@@ -13,9 +13,10 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
   for the backends that need them, ``IReactorTCP``/``IReactorSSL``/
   ``IReactorProcess``. Tests pass a ``task.Clock``/``MemoryReactorClock``
   or the real reactor. Never import the global reactor.
-* ``http_client`` -- the service's one ``treq.client.HTTPClient`` (one
-  connection pool per service, no redirect following). Non-HTTP backends
-  ignore it.
+* ``http_client`` -- the service's one ``IAgent`` (one connection pool
+  per service, see :func:`gorge.httpclient.make_agent`); the provider
+  backends send through :func:`gorge.mailer.backends.http.post`, which
+  never follows redirects. Non-HTTP backends ignore it.
 
 ``build`` validates every option it reads and raises ``ConfigError`` via
 ``entry.error(field, reason)`` / the ``entry.*`` getters for anything it
