@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from prometheus_client import CollectorRegistry
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.web import resource, server
@@ -62,7 +62,9 @@ class _ReceiverResource(resource.Resource):
         owner.active[path] = owner.active.get(path, 0) + 1
         owner.peak_total = max(owner.peak_total, sum(owner.active.values()))
         owner.peak_per_path = max(owner.peak_per_path, owner.active[path])
-        if owner.delay <= 0:
+        owner.arrived(path)
+        gate = owner.hold_until_arrived.get(path)
+        if owner.delay <= 0 and gate is None:
             owner.active[path] -= 1
             return b"ok"
 
@@ -75,7 +77,9 @@ class _ReceiverResource(resource.Resource):
                 request.write(b"ok")
                 request.finish()
 
-        deferLater(reactor, self._owner.delay).addCallback(answer)
+        opened = owner.when_arrived(gate) if gate is not None else defer.succeed(None)
+        opened.addCallback(lambda _: deferLater(reactor, max(owner.delay, 0.0)))
+        opened.addCallback(answer)
         return server.NOT_DONE_YET
 
 
@@ -89,6 +93,10 @@ class Receiver:
         self.active: dict[str, int] = {}
         self.peak_total = 0
         self.peak_per_path = 0
+        # path -> another path: the answers to the first wait until the second
+        # has arrived, so two deliveries overlap whatever the machine's speed.
+        self.hold_until_arrived: dict[str, str] = {}
+        self._arrival_waiters: dict[str, list[defer.Deferred]] = {}
         site = server.Site(_ReceiverResource(self))
         site.noisy = False
         site.log = lambda request: None  # the receiver's own access log is not ours to check
@@ -100,6 +108,17 @@ class Receiver:
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port.getHost().port}"
+
+    def arrived(self, path: str) -> None:
+        for waiter in self._arrival_waiters.pop(path, []):
+            waiter.callback(None)
+
+    def when_arrived(self, path: str) -> defer.Deferred:
+        if any(r.path == path for r in self.requests):
+            return defer.succeed(None)
+        waiter: defer.Deferred = defer.Deferred()
+        self._arrival_waiters.setdefault(path, []).append(waiter)
+        return waiter
 
     def count(self, path: str | None = None) -> int:
         return sum(1 for r in self.requests if path is None or r.path == path)

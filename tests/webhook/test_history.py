@@ -94,6 +94,9 @@ async def test_per_hook_order_and_fairness_with_a_long_history(
            for n in range(30)]
     late = herald.insert_request(hook=other, created=now)
     receiver.delay = 0.02
+    # The busy hook's answers wait for the other hook's request: if the other
+    # row were queued behind the backlog, the busy hook would time out.
+    receiver.hold_until_arrived["/busy"] = "/other"
     await harness.run_tick()
     busy_objects = [json.loads(r.body)["object"]["phid"] for r in receiver.requests
                     if r.path == "/busy"]
