@@ -98,7 +98,7 @@ def run_mailer(sink_port: int) -> None:
                                      "GORGE_MAILER_MAX_RETRIES": "0"})
     service = build_mailer_service(settings, reactor, listen=False)
     service.startService()
-    port = reactor.listenTCP(0, service.site, interface="127.0.0.1", backlog=256)
+    port = reactor.listenTCP(0, service.part("site"), interface="127.0.0.1", backlog=256)
     print(port.getHost().port, flush=True)
     profile_to = os.environ.get("GORGE_BENCH_PROFILE")
     if profile_to:
@@ -191,6 +191,18 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The most memory a child process has held so far (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
 async def run_pool(count: int, concurrency: int, one) -> float:
     """Run ``one(i)`` for i in range(count) with ``concurrency`` workers;
     returns elapsed seconds."""
@@ -278,6 +290,7 @@ async def bench(reactor, args) -> None:
             results.append((name, count, count / stock, count / bound, count / gorge))
     finally:
         await pool.closeCachedConnections()
+        mailer_peak = peak_rss_mb(mailer.pid)
         for proc in (mailer, sink):
             proc.terminate()
             proc.wait(timeout=10)
@@ -289,6 +302,7 @@ async def bench(reactor, args) -> None:
     for name, count, stock_rate, bound_rate, gorge_rate in results:
         print(f"{name:<18} {count:>8} {stock_rate:>12.1f} {bound_rate:>12.1f} {gorge_rate:>12.1f} "
               f"{gorge_rate / bound_rate:>6.2f}")
+    print(f"peak RSS: gorge mailer {mailer_peak:.0f} MB")
 
 
 def main() -> None:

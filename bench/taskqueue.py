@@ -1,27 +1,27 @@
-"""Benchmark: enqueue -> lease (in batches) -> complete cycles through gorge-taskqueue.
+"""Benchmark: enqueue -> lease -> complete cycles through gorge-taskqueue.
 
-Starts a throwaway MariaDB and Redis (gorge.testing). For each backend:
+Starts throwaway backends (gorge.testing). For each backend:
 
 1. direct bound: the same TaskStore calls (the same SQL or the same Redis
    scripts) issued in this process, without HTTP, by C concurrent clients;
-2. the service: gorge-taskqueue in its own process on a loopback port, driven
+2. the service: gorge-taskqueue under twistd, as an operator runs it, driven
    over HTTP by C concurrent clients (one persistent connection each).
 
-A cycle is one enqueue, its share of a lease batch, and one complete.
-Prints cycles/s for both and the ratio service/bound.
+A cycle is one enqueue, its share of a lease call (``--lease-limit`` tasks
+per call; 1 makes every cycle three requests) and one complete. Prints
+cycles/s for both, the ratio service/bound, and the daemon's peak memory.
+``--profile DIR`` samples the daemon with py-spy and prints where its time
+goes.
 
-Usage: python bench/taskqueue.py [--tasks 5000] [--clients 4] [--batch 10]
-                                 [--backends mysql,redis,sqlite]
+Usage: python bench/taskqueue.py [--tasks 5000] [--clients 4] [--lease-limit 10]
+                                 [--backends mysql,redis,sqlite] [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,27 +33,12 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # no
 from twisted.internet.protocol import Protocol  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
 
+from daemons import (  # noqa: E402
+    TOKEN, Daemon, cpu_seconds, load_average, start_backend, top_entries,
+)
 from gorge.taskqueue.model import EnqueueRequest  # noqa: E402
 
-TOKEN = "bench-token"
 LEASE_DURATION = 7200
-
-SERVER = r"""
-import os, sys
-sys.path.insert(0, os.environ["BENCH_ROOT"])
-from twisted.internet import reactor
-from gorge.taskqueue.service import build_taskqueue_service
-from gorge.taskqueue.settings import load_settings
-
-service = build_taskqueue_service(load_settings(os.environ), reactor)
-service.startService()
-print(service.listening.listening_port.getHost().port, flush=True)
-if os.environ.get("BENCH_PROFILE"):
-    import cProfile
-    cProfile.run("reactor.run()", os.environ["BENCH_PROFILE"])
-else:
-    reactor.run()
-"""
 
 
 async def drive(clients: int, tasks: int, batch: int, enqueue, lease, complete) -> float:
@@ -74,7 +59,7 @@ async def drive(clients: int, tasks: int, batch: int, enqueue, lease, complete) 
             if not ids:
                 return
             for task_id in ids:
-                await complete(task_id)
+                await complete(task_id, owner)
                 done.append(task_id)
 
     await gatherResults([Deferred.fromCoroutine(worker(k)) for k in range(clients)])
@@ -91,8 +76,8 @@ async def direct(store, clients: int, tasks: int, batch: int) -> float:
     async def lease(owner: str, n: int) -> list[int]:
         return [t.id for t in await store.lease(owner, n, LEASE_DURATION)]
 
-    async def complete(task_id: int) -> None:
-        await store.complete(task_id, 10)
+    async def complete(task_id: int, owner: str) -> None:
+        await store.complete(task_id, 10, owner)
 
     try:
         return await drive(clients, tasks, batch, enqueue, lease, complete)
@@ -151,117 +136,92 @@ class KeepAliveClient(Protocol):
         waiting.callback((status, payload))
 
 
-async def over_http(reactor, env: dict, clients: int, tasks: int, batch: int) -> float:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER],
-        env={**os.environ, **env, "BENCH_ROOT": str(ROOT), "GORGE_SERVICE_TOKEN": TOKEN,
-             "GORGE_LISTEN_ADDR": "127.0.0.1:0"},
-        stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline().strip())
-        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port, timeout=5)
-        # One connection per client, as a worker with a persistent pool would hold.
-        connections = [await connectProtocol(endpoint, KeepAliveClient()) for _ in range(clients)]
-        free = list(connections)
-        headers = {"X-Service-Token": TOKEN, "Content-Type": "application/json"}
+async def over_http(reactor, daemon: Daemon, clients: int, tasks: int, batch: int) -> float:
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", daemon.port, timeout=5)
+    # One connection per client, as a worker with a persistent pool would hold.
+    connections = [await connectProtocol(endpoint, KeepAliveClient()) for _ in range(clients)]
+    free = list(connections)
+    headers = {"X-Service-Token": TOKEN, "Content-Type": "application/json"}
 
-        async def post(path: str, body: dict, extra: dict | None = None):
-            connection = free.pop()
-            try:
-                status, content = await connection.request(
-                    "/api/queue/" + path, json.dumps(body).encode(),
-                    {**headers, **(extra or {})}).addTimeout(30, reactor)
-            finally:
-                free.append(connection)
-            answer = json.loads(content)
-            if status != 200:
-                raise SystemExit(f"bench: {path} answered {status} {answer}")
-            return answer["data"]
-
-        async def enqueue(i: int) -> None:
-            await post("enqueue", {"taskClass": "BenchWorker", "data": '{"i":%d}' % i})
-
-        async def lease(owner: str, n: int) -> list[int]:
-            return [t["id"] for t in await post("lease", {"limit": n}, {"X-Lease-Owner": owner})]
-
-        async def complete(task_id: int) -> None:
-            await post("complete", {"taskID": task_id, "duration": 10})
-
+    async def post(path: str, body: dict, extra: dict | None = None):
+        connection = free.pop()
         try:
-            return await drive(clients, tasks, batch, enqueue, lease, complete)
+            status, content = await connection.request(
+                "/api/queue/" + path, json.dumps(body).encode(),
+                {**headers, **(extra or {})}).addTimeout(30, reactor)
         finally:
-            for connection in connections:
-                connection.transport.loseConnection()
+            free.append(connection)
+        answer = json.loads(content)
+        if status != 200:
+            raise SystemExit(f"bench: {path} answered {status} {answer}")
+        return answer["data"]
+
+    async def enqueue(i: int) -> None:
+        await post("enqueue", {"taskClass": "BenchWorker", "data": '{"i":%d}' % i})
+
+    async def lease(owner: str, n: int) -> list[int]:
+        return [t["id"] for t in await post("lease", {"limit": n}, {"X-Lease-Owner": owner})]
+
+    async def complete(task_id: int, owner: str) -> None:
+        await post("complete", {"taskID": task_id, "duration": 10}, {"X-Lease-Owner": owner})
+
+    try:
+        return await drive(clients, tasks, batch, enqueue, lease, complete)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for connection in connections:
+            connection.transport.loseConnection()
 
 
 async def main(reactor, args) -> None:
-    backends = args.backends.split(",")
     results = []
-    mariadb = redis = None
-    try:
-        if "mysql" in backends:
-            from gorge.mysql import make_pool
-            from gorge.taskqueue.mysql import MySQLTaskStore
-            from gorge.testing.mariadb_server import MariaDBServer
-
-            mariadb = MariaDBServer()
-            mariadb.start()
-            db = mariadb.create_database("worker", "bench_direct_worker")
-            store = MySQLTaskStore(make_pool(mariadb.settings(db), reactor), reactor)
-            bound = await direct(store, args.clients, args.tasks, args.batch)
-            mariadb.create_database("worker", "bench_http_worker")
-            env = {"GORGE_TASKQUEUE_BACKEND": "mysql", "GORGE_TASKQUEUE_MYSQL_HOST": mariadb.host,
-                   "GORGE_TASKQUEUE_MYSQL_PORT": str(mariadb.port),
-                   "GORGE_TASKQUEUE_MYSQL_USER": mariadb.user,
-                   "GORGE_TASKQUEUE_MYSQL_PASS": mariadb.password,
-                   "GORGE_TASKQUEUE_NAMESPACE": "bench_http"}
-            service = await over_http(reactor, env, args.clients, args.tasks, args.batch)
-            results.append(("mysql", service, bound))
-        if "redis" in backends:
-            from gorge.redis import make_redis
-            from gorge.taskqueue.redis import RedisTaskStore
-            from gorge.testing.redis_server import RedisServer
-
-            redis = RedisServer()
-            redis.start()
-            store = RedisTaskStore(make_redis(redis.settings(), reactor), clock=reactor,
-                                   key_prefix="bench:direct:")
-            bound = await direct(store, args.clients, args.tasks, args.batch)
-            env = {"GORGE_TASKQUEUE_BACKEND": "redis",
-                   "GORGE_TASKQUEUE_REDIS_ADDR": f"{redis.host}:{redis.port}",
-                   "GORGE_TASKQUEUE_REDIS_KEY_PREFIX": "bench:http:"}
-            service = await over_http(reactor, env, args.clients, args.tasks, args.batch)
-            results.append(("redis", service, bound))
-        if "sqlite" in backends:
-            from gorge.taskqueue.sqlite import SQLiteTaskStore
-
-            tmp = Path(tempfile.mkdtemp(prefix="gorge-bench-"))
-            store = SQLiteTaskStore.open(str(tmp / "direct.sqlite3"), reactor)
-            bound = await direct(store, args.clients, args.tasks, args.batch)
-            env = {"GORGE_TASKQUEUE_BACKEND": "sqlite",
-                   "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp / "http.sqlite3")}
-            service = await over_http(reactor, env, args.clients, args.tasks, args.batch)
-            results.append(("sqlite", service, bound))
-    finally:
-        if mariadb is not None:
-            mariadb.stop()
-        if redis is not None:
-            redis.stop()
-    print(f"taskqueue: {args.tasks} tasks, {args.clients} clients, lease batch {args.batch}")
-    print(f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6}")
-    for name, service, bound in results:
-        print(f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f}")
+    for name in args.backends.split(","):
+        load_before = load_average()
+        backend = start_backend(name)
+        daemon = None
+        try:
+            bound = await direct(backend.store(reactor, "direct"), args.clients, args.tasks,
+                                 args.lease_limit)
+            env = {**backend.env("service"), "GORGE_LOG_LEVEL": args.log_level}
+            profile = Path(args.profile) / f"taskqueue-{name}.txt" if args.profile else None
+            daemon = Daemon("gorge-taskqueue", env, backend.workdir, profile=profile).start()
+            cpu_daemon, cpu_client = daemon.cpu_seconds(), cpu_seconds()
+            service = await over_http(reactor, daemon, args.clients, args.tasks, args.lease_limit)
+            cpu = ((daemon.cpu_seconds() - cpu_daemon) * 1000 / args.tasks,
+                   (cpu_seconds() - cpu_client) * 1000 / args.tasks)
+            daemon.stop()
+            results.append((name, service, bound, daemon.peak_mb, load_before, load_average(),
+                            profile, cpu))
+        finally:
+            if daemon is not None:
+                daemon.stop()
+            backend.stop()
+    print(f"taskqueue: {args.tasks} tasks, {args.clients} clients, lease limit "
+          f"{args.lease_limit}, log level {args.log_level}")
+    print(f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6} "
+          f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13}  load (before / after)")
+    for name, service, bound, peak, before, after, _, cpu in results:
+        print(f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f} "
+              f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f}  {before} / {after}")
+    print("(CPU ms/cycle: the taskqueue daemon + this process's HTTP client)")
+    for name, *_, profile, _ in results:
+        if profile is None:
+            continue
+        print(f"\nwhere gorge-taskqueue ({name}) spends its time: own %, with callees %")
+        for own, total, frame in top_entries(profile):
+            print(f"  {own:5.1f} {total:5.1f}  {frame}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--backends", default="mysql,redis")
+    parser.add_argument("--lease-limit", "--batch", dest="lease_limit", type=int, default=10,
+                        help="tasks asked for per lease call (default 10)")
+    parser.add_argument("--backends", default="mysql,redis,sqlite")
+    parser.add_argument("--log-level", default="warn",
+                        help="GORGE_LOG_LEVEL of the daemon (default warn)")
+    parser.add_argument("--profile", default="",
+                        help="directory for py-spy samples of the daemon (needs py-spy)")
     return parser.parse_args(argv)
 
 

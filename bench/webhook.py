@@ -220,13 +220,13 @@ class Bench:
         for the tick that picked the row up).
         """
         ticks: list[float] = []
-        tick = service.dispatcher.tick
+        tick = service.part("dispatcher").tick
 
         async def timed_tick() -> None:
             ticks.append(time.time())
             await tick()
 
-        service.dispatcher.tick = timed_tick
+        service.part("dispatcher").tick = timed_tick
         conn = self.db.connect(name)
         with conn.cursor() as cur:
             cur.execute("INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy,"
@@ -337,14 +337,14 @@ class HistoryBench:
             mysql=self.db.settings(name), poll_interval=self.POLL, outbound_blacklist=())
         service = build_webhook_service(settings, self.reactor, registry=CollectorRegistry())
         ticks: list[float] = []
-        tick = service.dispatcher.tick
+        tick = service.part("dispatcher").tick
 
         async def timed_tick() -> None:
             ticks.append(time.time())
             await tick()
 
-        service.dispatcher.tick = timed_tick
-        port = self.reactor.listenTCP(0, service.site, interface="127.0.0.1")
+        service.part("dispatcher").tick = timed_tick
+        port = self.reactor.listenTCP(0, service.part("site"), interface="127.0.0.1")
         started = time.perf_counter()
         service.startService()
         while len(ticks) < 2:  # the first tick holds the start-up pass

@@ -1,8 +1,9 @@
 """The ``gorge`` console command.
 
 The daemons themselves run under twistd (``twistd -n gorge-webhook`` ...);
-this command holds what is not a daemon: ``gorge demo``, and ``gorge queue``
-(gorge/taskqueue/cli.py) to inspect and steer a running queue.
+this command holds what is not a daemon: ``gorge demo``, ``gorge queue``
+(gorge/taskqueue/cli.py) to inspect and steer a running queue, and
+``gorge webhook`` (gorge/webhook/cli.py) for gorge-webhook's delivery log.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         "queue", add_help=False,
         help="inspect and steer a running gorge-taskqueue: stats, ls, show, cancel, delay, "
              "retry, priority, free, flood, dead ls/requeue, migrate (gorge queue --help)")
+    commands.add_parser(
+        "webhook", add_help=False,
+        help="the delivery log of a running gorge-webhook: stats, ls, show, retry, hooks "
+             "(gorge webhook --help)")
     return parser
 
 
@@ -53,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from gorge.taskqueue.cli import main as queue_main
 
         raise SystemExit(queue_main(argv[1:]))
+    if argv[:1] == ["webhook"]:
+        from gorge.webhook.cli import main as webhook_main
+
+        raise SystemExit(webhook_main(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from gorge.demo import DemoOptions, main as demo_main

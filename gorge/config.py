@@ -8,6 +8,7 @@ into one line on stderr and exit status 2.
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -158,10 +159,14 @@ class Env:
     def bool(self, names, default: bool) -> bool:
         return self._typed(names, default, parse_bool)
 
-    def size(self, names, default: int, *, min: int | None = None) -> int:
+    def size(
+        self, names, default: builtins.int, *, min: builtins.int | None = None
+    ) -> builtins.int:
         return self._typed(names, default, parse_size, min)
 
-    def choice(self, names, default: str, choices: Sequence[str]) -> str:
+    def choice(
+        self, names, default: builtins.str, choices: Sequence[builtins.str]
+    ) -> builtins.str:
         name, value = self._lookup(names)
         if value is None:
             return default
@@ -179,6 +184,10 @@ class HttpSettings:
     endpoint: str
     token: str = field(repr=False, default="")
     body_limit: int = 2 * 1024 * 1024
+    # Whether GORGE_LOG_LEVEL lets the per-request REQUEST line through: when
+    # it does not, the line is not even built (a hot API answers thousands
+    # of requests a second).
+    access_log: bool = True
 
 
 def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1024 * 1024,
@@ -207,7 +216,20 @@ def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1
         endpoint=endpoint,
         token=env.str(token_names, ""),
         body_limit=limit,
+        access_log=_logs_info(env.str("GORGE_LOG_LEVEL", "info")),
     )
+
+
+def _logs_info(level_text: str) -> bool:
+    """Whether ``GORGE_LOG_LEVEL`` prints info lines; a bad value counts as
+    yes (the log observer refuses it at start-up with its own message)."""
+    from gorge.logging import parse_level  # imported here: gorge.logging imports this module
+    from twisted.logger import LogLevel
+
+    try:
+        return parse_level(level_text) <= LogLevel.info
+    except ValueError:
+        return True
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from urllib.parse import unquote
 from twisted.logger import (
     FilteringLogObserver,
     ILogObserver,
+    LogEvent,
     LogLevel,
     LogLevelFilterPredicate,
     Logger,
@@ -126,7 +127,7 @@ def _event_name(event: Mapping[str, Any]) -> str:
     return match.group(1) if match else ""
 
 
-def _render_text(event: Mapping[str, Any]) -> str:
+def _render_text(event: LogEvent) -> str:
     text = formatEvent(event)
     failure = event.get("log_failure")
     if failure is not None:
@@ -150,7 +151,7 @@ class LineObserver:
         self._stream = stream
         self._json = fmt == "json"
 
-    def __call__(self, event: Mapping[str, Any]) -> None:
+    def __call__(self, event: LogEvent) -> None:
         level = event.get("log_level", LogLevel.info)
         ts = datetime.fromtimestamp(event.get("log_time") or 0, tz=timezone.utc)
         stamp = ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"

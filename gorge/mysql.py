@@ -42,7 +42,9 @@ def _set_session(connection) -> None:
         cursor.execute("SET SESSION time_zone = '+00:00'")
 
 
-def make_pool(settings: MySQLSettings, reactor) -> adbapi.ConnectionPool:
+def make_pool(settings: MySQLSettings, reactor, *,
+              autocommit: bool = False) -> adbapi.ConnectionPool:
+    """``autocommit``: every statement commits on its own."""
     return adbapi.ConnectionPool(
         "pymysql",
         host=settings.host,
@@ -51,7 +53,7 @@ def make_pool(settings: MySQLSettings, reactor) -> adbapi.ConnectionPool:
         password=settings.password,
         database=settings.database,
         charset="utf8mb4",
-        autocommit=False,
+        autocommit=autocommit,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         write_timeout=settings.write_timeout,

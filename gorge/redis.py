@@ -67,14 +67,18 @@ class LuaScript:
         self.source = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
 
-    async def run(self, conn, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Any:
+    def run(self, conn, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Deferred:
+        """The script's answer. A plain Deferred chain rather than a
+        coroutine: this runs for every queue call."""
         keys, args = list(keys), [str(a) if not isinstance(a, (str, bytes)) else a for a in args]
-        try:
-            return await conn.evalsha(self.sha, keys=keys, args=args)
-        except Exception as e:
+
+        def load_and_run(failure):
+            e = failure.value
             if "NOSCRIPT" not in str(e) and type(e).__name__ != "ScriptDoesNotExist":
-                raise
-        return await conn.eval(self.source, keys=keys, args=args)
+                return failure
+            return conn.eval(self.source, keys=keys, args=args)
+
+        return conn.evalsha(self.sha, keys=keys, args=args).addErrback(load_and_run)
 
 
 async def ping(conn, clock: IReactorTime, timeout: float = 5) -> str | None:

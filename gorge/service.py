@@ -1,9 +1,10 @@
 """Service-tree plumbing shared by the four daemons.
 
-Ordered start/stop, a poll loop that never overlaps itself, tracking of
-in-flight work for bounded drains, the HTTP listener, the ``makeService``
-boundary (configuration errors, log output under twistd), and systemd's
-notify protocol.
+The one way to build a daemon's tree (:class:`ServiceTree`: named children
+started in order and stopped in reverse, parts reachable by name), a poll
+loop that never overlaps itself, tracking of in-flight work for bounded
+drains, the HTTP listener, the ``makeService`` boundary (configuration
+errors, log output under twistd), and systemd's notify protocol.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar, overload
 
 from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
@@ -28,6 +29,7 @@ from gorge.logging import forward_stdlib_logging, make_observer
 __all__ = [
     "DaemonRoot",
     "OrderedService",
+    "ServiceTree",
     "Poller",
     "InFlight",
     "FunctionService",
@@ -41,6 +43,8 @@ __all__ = [
 ]
 
 log = Logger()
+
+T = TypeVar("T")
 
 
 class DaemonRoot(Service):
@@ -102,6 +106,69 @@ class OrderedService(Service):
                 await maybeDeferred(child.stopService)
             except Exception:
                 log.failure("STOP_FAILED child={child}", level=LogLevel.error, child=repr(child))
+
+
+class ServiceTree(DaemonRoot, OrderedService):
+    """A daemon's service tree, built one named child at a time.
+
+    Children start in the order they were added and stop in reverse, one at
+    a time (:class:`OrderedService`). So a tree lists what must outlive the
+    rest first (pools, stores) and what must stop first last (the loop that
+    takes new work, the listener). Each child, and each part that is no
+    child (the site, a metrics registry), is reachable by name through
+    :meth:`part`.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self._parts: dict[str, Any] = {}
+
+    def add(  # type: ignore[override]  # named children, unlike OrderedService.add
+            self, name: str, child: IService | None = None, *,
+            start: Callable[[], object] | None = None,
+            stop: Callable[[], object] | None = None, part: Any = None) -> IService:
+        """Add the child ``name``: ``child`` itself, or a step made of a
+        ``start`` and a ``stop`` callable (``stop`` may return a Deferred or
+        be a coroutine function; the tree waits for it). :meth:`part` then
+        returns ``part``, or the child when there is none."""
+        if child is None:
+            child = FunctionService(start=start, stop=stop)
+        elif start is not None or stop is not None:
+            raise TypeError(f"{name}: give a child service or start/stop callables, not both")
+        child.setName(name)
+        self.keep(name, child if part is None else part)
+        OrderedService.add(self, child)
+        return child
+
+    def keep(self, name: str, part: Any) -> None:
+        """Make ``part`` reachable as :meth:`part` ``(name)`` without it being a child."""
+        if name in self._parts:
+            raise ValueError(f"{self.name} already has a part named {name!r}")
+        self._parts[name] = part
+
+    @overload
+    def part(self, name: str) -> Any: ...
+
+    @overload
+    def part(self, name: str, kind: type[T]) -> T: ...
+
+    def part(self, name: str, kind: type | None = None) -> Any:
+        """The part called ``name``; with ``kind``, checked to be one."""
+        try:
+            found = self._parts[name]
+        except KeyError:
+            raise KeyError(f"{self.name} has no part {name!r} "
+                           f"(it has: {', '.join(sorted(self._parts))})") from None
+        if kind is not None and not isinstance(found, kind):
+            raise TypeError(f"{self.name} part {name!r} is a {type(found).__name__}, "
+                            f"not a {kind.__name__}")
+        return found
+
+    def has_part(self, name: str) -> bool:
+        return name in self._parts
+
+    def __repr__(self) -> str:
+        return f"<ServiceTree {self.name}>"
 
 
 class FunctionService(Service):
@@ -233,7 +300,12 @@ class InFlight:
             return succeed(True)
         waiter = DeferredList([_observe(d) for d in list(self._pending)], consumeErrors=True)
         result: Deferred = Deferred()
-        timer = clock.callLater(timeout, lambda: result.called or result.callback(False))
+
+        def expire() -> None:
+            if not result.called:
+                result.callback(False)
+
+        timer = clock.callLater(timeout, expire)
 
         def finished(_):
             if timer.active():

@@ -5,6 +5,8 @@
 * :func:`build_site`: probes, metrics, the token gate for the API prefix, the
   request body limit, request ids and the access log, around a service's
   Klein resource.
+* :class:`OpenApiDocument`: the daemon's OpenAPI document, read once from its
+  package and served at ``/api/<service>/openapi.json``.
 * :class:`GorgeSite` keeps its connections so that a stop can finish the
   requests that have already arrived (see :meth:`GorgeSite.drain`).
 """
@@ -12,21 +14,25 @@
 from __future__ import annotations
 
 import hmac
+import importlib.resources
 import itertools
 import json
 import os
 import re
 import time
 from io import BytesIO
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 from urllib.parse import parse_qs
 
 from klein import Klein
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
+from twisted.internet.defer import Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
@@ -36,6 +42,7 @@ from gorge.service import InFlight
 
 __all__ = [
     "ApiError",
+    "OpenApiDocument",
     "ok",
     "fail",
     "envelope",
@@ -87,6 +94,27 @@ def ok(request, data: Any) -> bytes:
 
 def fail(request, status: int, code: str, message: str) -> bytes:
     return envelope(request, status, {"error": {"code": code, "message": message}})
+
+
+class OpenApiDocument:
+    """A package's ``openapi.json``, read and checked once when the API is built.
+
+    Served as it is stored (it is the document, not wrapped in ``{data}``), so
+    a client gets exactly what the repository holds.
+    """
+
+    def __init__(self, package: str, name: str = "openapi.json") -> None:
+        raw = importlib.resources.files(package).joinpath(name).read_bytes()
+        # A broken file stops start-up rather than every client's first call.
+        document = json.loads(raw)
+        if not isinstance(document, dict) or "openapi" not in document:
+            raise ValueError(f"{package}/{name} is not an OpenAPI document")
+        self.raw = raw
+
+    def render(self, request) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"content-length", str(len(self.raw)).encode("ascii"))
+        return self.raw
 
 
 def _handler_args(args: tuple) -> tuple[Any, Any]:
@@ -221,6 +249,8 @@ class LimitedRequest(server.Request):
     limit: int = 2 * 1024 * 1024
     # Set per factory by build_site; a bare subclass falls back to random ids.
     request_ids: RequestIds | None = None
+    # False when the log level drops the REQUEST line anyway: then it is not built.
+    access_log: bool = True
 
     _too_large = False
     _received = 0
@@ -248,7 +278,8 @@ class LimitedRequest(server.Request):
         if self._received > self.limit:
             self._too_large = True
             try:
-                self.content.close()
+                if self.content is not None:
+                    self.content.close()
             except Exception:
                 pass
             self.content = _Discard()
@@ -256,9 +287,8 @@ class LimitedRequest(server.Request):
         super().handleContentChunk(data)
 
     def process(self) -> None:
-        presented = self.getHeader(b"x-request-id")
-        if isinstance(presented, bytes):
-            presented = presented.decode("latin-1")
+        header = self.getHeader(b"x-request-id")
+        presented = header.decode("latin-1") if isinstance(header, bytes) else header
         # An id is echoed and logged: keep it short and printable.
         if presented and (len(presented) > 128 or not presented.isprintable()):
             presented = None
@@ -269,7 +299,8 @@ class LimitedRequest(server.Request):
         transport = getattr(self.channel, "transport", None)
         if transport is not None and not getattr(self.channel, "_gorge_nodelay", False):
             # Small JSON answers must not wait for Nagle's algorithm.
-            self.channel._gorge_nodelay = True
+            # Our own mark, set on whichever channel class carries the request.
+            self.channel._gorge_nodelay = True  # type: ignore[attr-defined]
             try:
                 transport.setTcpNoDelay(True)
             except (AttributeError, OSError):
@@ -288,22 +319,25 @@ class LimitedRequest(server.Request):
             request_id_var.reset(token)
 
     def _log_access(self, result) -> None:
+        status = self.code
+        if not self.access_log and status < 500:
+            return
         uri = redact_uri(self.uri.decode("latin-1", "replace"))
         method = self.method.decode("latin-1", "replace")
-        duration_ms = round((time.monotonic() - self._started) * 1000, 3)
-        status = self.code
-        log.info("REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
-                 method=method, uri=uri, status=status, duration_ms=duration_ms,
-                 request_id=self._request_id)
+        if self.access_log:
+            duration_ms = round((time.monotonic() - self._started) * 1000, 3)
+            log.info("REQUEST method={method} uri={uri} status={status} "
+                     "duration_ms={duration_ms}", method=method, uri=uri, status=status,
+                     duration_ms=duration_ms, request_id=self._request_id)
         if status >= 500:
             log.error("REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
                       method=method, uri=uri, status=status,
                       error=self.gorge_error or "", request_id=self._request_id)
 
 
-def _request_factory(limit: int) -> type[LimitedRequest]:
+def _request_factory(limit: int, access_log: bool = True) -> type[LimitedRequest]:
     return type("LimitedRequest%d" % limit, (LimitedRequest,),
-                {"limit": limit, "request_ids": RequestIds()})
+                {"limit": limit, "request_ids": RequestIds(), "access_log": access_log})
 
 
 def _presented_token(request) -> bytes:
@@ -325,7 +359,7 @@ class GorgeRoot(Resource):
     isLeaf = True
 
     def __init__(self, *, api_resource: Resource, prefix: str, token: str,
-                 readiness: Callable[[], Awaitable[str | None]],
+                 readiness: Callable[[], Coroutine[Any, Any, str | None]],
                  registry: CollectorRegistry, clock: IReactorTime) -> None:
         super().__init__()
         self._api = api_resource
@@ -391,7 +425,7 @@ class GorgeChannel(http.HTTPChannel):
         super().connectionMade()
         self.site.connection_opened(self)
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self.site.connection_closed(self)
 
@@ -418,7 +452,8 @@ class GorgeSite(server.Site):
     """A Site whose only access log is our structured ``REQUEST`` line, and
     which can drain: see :meth:`drain`."""
 
-    protocol = GorgeChannel
+    # A plain HTTP/1.1 channel in place of Twisted's HTTP/2-negotiating wrapper.
+    protocol = GorgeChannel  # type: ignore[assignment]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -462,12 +497,16 @@ class GorgeSite(server.Site):
 
 
 def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,
-               readiness: Callable[[], Awaitable[str | None]],
-               registry: CollectorRegistry, clock: IReactorTime) -> server.Site:
-    """The one Site a service listens with (or hands to :func:`stub_client`)."""
+               readiness: Callable[[], Coroutine[Any, Any, str | None]],
+               registry: CollectorRegistry, clock: IReactorTime,
+               access_log: bool = True) -> server.Site:
+    """The one Site a service listens with (or hands to :func:`stub_client`).
+
+    ``access_log`` False leaves out the per-request ``REQUEST`` line (for a
+    log level that would drop it); ``REQUEST_FAILED`` is always written."""
     root = GorgeRoot(api_resource=api_resource, prefix=prefix, token=token,
                      readiness=readiness, registry=registry, clock=clock)
-    site = GorgeSite(root, requestFactory=_request_factory(body_limit))
+    site = GorgeSite(root, requestFactory=_request_factory(body_limit, access_log))
     site.noisy = False
     site.displayTracebacks = False
     return site

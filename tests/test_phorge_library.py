@@ -25,7 +25,8 @@ from tests.support.paths import REPO_ROOT
 
 LIBRARY = REPO_ROOT / "phorge" / "src"
 MAP = "__phutil_library_map__.php"
-PHP_FILES = sorted([*(REPO_ROOT / "phorge").rglob("*.php"), *(REPO_ROOT / "tests").rglob("*.php")])
+PHP_FILES = sorted(path for folder in ("phorge", "gorge", "tests")
+                   for path in (REPO_ROOT / folder).rglob("*.php"))
 
 
 def _php() -> str:

@@ -62,6 +62,10 @@ def test_the_suite_passes_in_a_clone_with_nothing_beside_it(clone):
     assert " passed" in run.stdout.splitlines()[-1], tail
 
 
+# Spelled in pieces so this file does not match its own search.
+OUTSIDE_MARKERS = ("../" + "shared", "GORGE_" + "SHARED_DIR")
+
+
 def test_nothing_in_the_repository_reaches_outside_it():
     tracked = _git("ls-files").split()
     offenders = []
@@ -69,9 +73,9 @@ def test_nothing_in_the_repository_reaches_outside_it():
         path = REPO_ROOT / name
         if path.suffix not in {".py", ".sh", ".md", ".toml", ".yml", ".example", ""}:
             continue
-        if not path.is_file() or name == "tests/test_self_contained.py":
+        if not path.is_file():
             continue
         text = path.read_text(errors="replace")
-        if "../shared" in text or "GORGE_SHARED_DIR" in text:
+        if any(marker in text for marker in OUTSIDE_MARKERS):
             offenders.append(name)
     assert offenders == []

@@ -10,15 +10,18 @@ seeded item reached its expected final state within the bound, 1 otherwise
 
 from __future__ import annotations
 
+from twisted.web.iweb import IAgent
+
 import os
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import (
+    ILogObserver,
     Logger,
     LogLevel,
     globalLogBeginner,
@@ -26,6 +29,10 @@ from twisted.logger import (
     textFileLogObserver,
 )
 from twisted.web.server import Site
+
+if TYPE_CHECKING:
+    from treq.client import HTTPClient
+    from twisted.web.client import HTTPConnectionPool
 
 from gorge.config import ConfigError
 from gorge.demo.progress import Progress, summary_table
@@ -36,8 +43,8 @@ from gorge.demo.seed import (
     REJECTED_ADDRESSES,
     REQUESTS,
     TASKS,
-    Endpoint,
     DemoHerald,
+    Endpoint,
     call_api,
     enqueue_task,
     send_mail,
@@ -74,8 +81,8 @@ class Demo:
         self.sink = SmtpSink(reject=REJECTED_ADDRESSES, on_event=self._on_sink)
         self.state = DemoState(sink=self.sink)
         self._ports: list = []
-        self._client = None
-        self._pool = None
+        self._client: IAgent | None = None
+        self._pool: HTTPConnectionPool | None = None
         self.receiver_url = ""
         self.settings: DemoSettings | None = None
         self.stack: DemoStack | None = None
@@ -109,7 +116,6 @@ class Demo:
         return port.getHost().port
 
     def start(self) -> None:
-        from treq.client import HTTPClient
         from twisted.web.client import Agent, HTTPConnectionPool
 
         smtp_port = self._listen_local(SinkFactory(self.sink, self._reactor))
@@ -120,9 +126,9 @@ class Demo:
         self.settings = demo_settings(self._options.workdir, smtp_port)
         self.stack = build_stack(self.settings, self._reactor, self._on_task_run)
         self._herald = DemoHerald(self.stack.webhook_store.db)
-        globalLogPublisher.addObserver(self._on_log_event)
+        globalLogPublisher.addObserver(cast(ILogObserver, self._on_log_event))
         self._pool = HTTPConnectionPool(self._reactor, persistent=True)
-        self._client = HTTPClient(Agent(self._reactor, pool=self._pool, connectTimeout=5))
+        self._client = Agent(self._reactor, pool=self._pool, connectTimeout=5)
         self.stack.root.privilegedStartService()
         self.stack.root.startService()
         self._progress.say("demo", f"receiver on {self.receiver_url}, SMTP sink on"
@@ -131,11 +137,13 @@ class Demo:
             self._progress.say("demo", f"gorge-{name} on {endpoint.base_url}")
 
     async def _insert_requests(self, hooks, requests) -> None:
+        assert self._herald is not None  # start() built it
         await Deferred.fromCoroutine(self._herald.insert(
             hooks, requests, self.receiver_url, int(self._reactor.seconds())
         )).addTimeout(STORE_TIMEOUT, self._reactor)
 
     async def seed(self) -> None:
+        assert self.settings is not None and self.stack is not None  # start() built them
         endpoints = self.settings.endpoints()
         first = tuple(r for r in REQUESTS if not r.after_hits)
         await self._insert_requests(HOOKS, first)
@@ -168,6 +176,8 @@ class Demo:
 
     async def refresh(self) -> None:
         """Read the final-state evidence the events alone cannot give."""
+        assert self.settings is not None and self.stack is not None  # start() built them
+        assert self._herald is not None
         rows = await Deferred.fromCoroutine(self._herald.request_states()).addTimeout(
             STORE_TIMEOUT, self._reactor)
         self.state.webhook_rows = {_text(phid): (_text(status), _text(result))
@@ -210,13 +220,14 @@ class Demo:
                 await service.stopService().addTimeout(STOP_BUDGET, self._reactor)
             except Exception:
                 log.failure("DEMO_STOP_FAILED", level=LogLevel.error)
-        globalLogPublisher.removeObserver(self._on_log_event)
+        globalLogPublisher.removeObserver(cast(ILogObserver, self._on_log_event))
         for port in self._ports:
             await port.stopListening().addTimeout(STORE_TIMEOUT, self._reactor)
         if self._pool is not None:
             await self._pool.closeCachedConnections().addTimeout(STORE_TIMEOUT, self._reactor)
 
     def print_urls(self) -> None:
+        assert self.settings is not None  # start() made them
         self._out.write("\nThe services keep running (Ctrl-C stops them):\n")
         for name, endpoint in self.settings.endpoints().items():
             self._out.write(f"  gorge-{name:<10} {endpoint.base_url}/readyz"

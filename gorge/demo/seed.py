@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.demo.handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
+from gorge.httpclient import exchange
 from gorge.sql import Database
 from gorge.taskqueue.model import (
     PRIORITY_ALERTS,
@@ -26,6 +27,7 @@ from gorge.taskqueue.model import (
 from gorge.worker.handlers.test_worker import TASK_CLASS as TEST_WORKER_CLASS
 
 HTTP_TIMEOUT = 10.0  # every call to a demo service is on loopback
+ANSWER_LIMIT = 4 * 1024 * 1024  # the demo lists a few dozen tasks at most
 
 
 @dataclass(frozen=True)
@@ -176,28 +178,25 @@ class Endpoint:
     token: str
 
 
-async def call_api(client, clock: IReactorTime, endpoint: Endpoint, method: str, path: str,
+async def call_api(agent, clock: IReactorTime, endpoint: Endpoint, method: str, path: str,
                    body: dict | None = None) -> tuple[int, Any]:
     """One bounded JSON call to a demo service: (status, decoded body or None)."""
-
-    async def exchange() -> tuple[int, Any]:
-        kwargs: dict[str, Any] = {"headers": {b"X-Service-Token": endpoint.token.encode()}}
-        if body is not None:
-            kwargs["data"] = json.dumps(body).encode()
-            kwargs["headers"][b"Content-Type"] = b"application/json"
-        response = await client.request(method, endpoint.base_url + path, **kwargs)
-        content = await response.content()
-        try:
-            decoded = json.loads(content) if content else None
-        except ValueError:
-            decoded = None
-        return response.code, decoded
-
-    return await Deferred.fromCoroutine(exchange()).addTimeout(HTTP_TIMEOUT, clock)
+    headers = {b"X-Service-Token": endpoint.token.encode()}
+    if body is not None:
+        headers[b"Content-Type"] = b"application/json"
+    reply = await exchange(agent, clock, method, endpoint.base_url + path, headers=headers,
+                           body=b"" if body is None else json.dumps(body).encode(),
+                           deadline=clock.seconds() + HTTP_TIMEOUT, body_limit=ANSWER_LIMIT)
+    content = reply.require_body()
+    try:
+        decoded = json.loads(content) if content else None
+    except ValueError:
+        decoded = None
+    return reply.status, decoded
 
 
-async def enqueue_task(client, clock: IReactorTime, queue: Endpoint, task: DemoTask) -> int:
-    status, answer = await call_api(client, clock, queue, "POST", "/api/queue/enqueue", {
+async def enqueue_task(agent, clock: IReactorTime, queue: Endpoint, task: DemoTask) -> int:
+    status, answer = await call_api(agent, clock, queue, "POST", "/api/queue/enqueue", {
         "taskClass": task.task_class,
         "data": json.dumps(task.data),
         "priority": task.priority,
@@ -219,10 +218,10 @@ def mail_request(mail: DemoMail) -> dict:
     }
 
 
-async def send_mail(client, clock: IReactorTime, mailer: Endpoint,
+async def send_mail(agent, clock: IReactorTime, mailer: Endpoint,
                     mail: DemoMail) -> tuple[int, str]:
     """(HTTP status, the accepting backend's key or the error code)."""
-    status, answer = await call_api(client, clock, mailer, "POST", "/api/mailer/send",
+    status, answer = await call_api(agent, clock, mailer, "POST", "/api/mailer/send",
                                     mail_request(mail))
     answer = answer if isinstance(answer, dict) else {}
     if status == 200:

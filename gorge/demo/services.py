@@ -29,7 +29,7 @@ from gorge.demo.seed import Endpoint
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.service import build_mailer_service
 from gorge.mailer.settings import MailerSettings
-from gorge.service import OrderedService
+from gorge.service import ServiceTree
 from gorge.taskqueue.service import build_taskqueue_service
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.taskqueue.sqlite import SQLiteTaskStore
@@ -113,7 +113,7 @@ def demo_settings(workdir: str, smtp_port: int) -> DemoSettings:
 
 @dataclass
 class DemoStack:
-    root: IService  # taskqueue, webhook, mailer
+    root: ServiceTree  # gorge-taskqueue, gorge-webhook, gorge-mailer
     worker: IService  # started once the tasks are queued, so leases follow priority
     webhook_store: WebhookStore
     task_store: SQLiteTaskStore
@@ -129,11 +129,11 @@ def build_stack(settings: DemoSettings, reactor,
         FAIL_ONCE_CLASS: FailOnce(),
         YIELD_ONCE_CLASS: YieldOnce(),
     }, on_task_run)
-    root = OrderedService(
-        build_taskqueue_service(settings.taskqueue, reactor, store=task_store),
-        build_webhook_service(settings.webhook, reactor, store=webhook_store),
-        build_mailer_service(settings.mailer, reactor),
-        name="gorge-demo",
-    )
+    root = ServiceTree("gorge-demo")
+    root.add("gorge-taskqueue", build_taskqueue_service(settings.taskqueue, reactor,
+                                                        store=task_store))
+    root.add("gorge-webhook", build_webhook_service(settings.webhook, reactor,
+                                                    store=webhook_store))
+    root.add("gorge-mailer", build_mailer_service(settings.mailer, reactor))
     worker = build_worker_service(settings.worker, reactor, extra_handlers=handlers)
     return DemoStack(root, worker, webhook_store, task_store)

@@ -110,5 +110,6 @@ class SinkFactory(ServerFactory):
         protocol.host = SINK_HOSTNAME
         protocol.factory = self
         protocol.delivery = _Delivery(self._sink)
-        protocol.callLater = self._clock.callLater  # idle timeout on the injected clock
+        # idle timeout on the injected clock; TimeoutMixin.callLater is there to be replaced
+        protocol.callLater = self._clock.callLater  # type: ignore[method-assign,assignment]
         return protocol

@@ -9,7 +9,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gorge.service import InFlight
-from gorge.web import ApiError, add_error_handlers, fail, ok
+from gorge.web import ApiError, OpenApiDocument, add_error_handlers, fail, ok
 
 from .dispatcher import Answer, Dispatch, Dispatcher
 from .message import MessageError, parse_send_body
@@ -26,6 +26,7 @@ class MailerApi:
         self._dispatcher = dispatcher
         self._metrics = metrics
         self._body_limit = body_limit
+        self._openapi = OpenApiDocument(__package__)
         self.inflight = inflight if inflight is not None else InFlight()
         #: Running dispatches, so shutdown can cancel what outlives the drain.
         #: A send that arrives during the drain began arriving before it
@@ -40,6 +41,10 @@ class MailerApi:
     def mailers(self, request):
         return ok(request, [{"key": b.key, "type": b.type, "priority": b.priority}
                             for b in self._dispatcher.backends])
+
+    @app.route("/api/mailer/openapi.json", methods=["GET"])
+    def openapi(self, request):
+        return self._openapi.render(request)
 
     @app.route("/api/mailer/send", methods=["POST"])
     async def send(self, request):

@@ -238,7 +238,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string"}
+_TYPE_NAMES: dict[type, str] = {dict: "an object", list: "an array", str: "a string"}
 
 
 def _opt(obj: dict[str, Any], key: str, typ: type, path: str) -> Any:
@@ -247,7 +247,7 @@ def _opt(obj: dict[str, Any], key: str, typ: type, path: str) -> Any:
         return None
     if not isinstance(value, typ):
         raise MessageError(f"{path} must be {_TYPE_NAMES[typ]}")
-    if typ is str and not value.isascii():
+    if isinstance(value, str) and not value.isascii():
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:

@@ -148,7 +148,7 @@ def _name_params(key: str, name: str) -> str:
     return ";\r\n ".join([first, *rest])
 
 
-def _attachment(attachment: Attachment) -> bytes:
+def _attachment(attachment: Attachment) -> list[bytes]:
     name = attachment.filename
     headers = [
         f"Content-Type: {attachment.mime_type};\r\n {_name_params('name', name)}",

@@ -11,16 +11,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
-from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.hangup import ReloadOnHangup
-from gorge.httpclient import make_http_client
+from gorge.httpclient import make_agent
 from gorge.service import (
-    DaemonRoot, FunctionService, OrderedService, StopBudget, SystemdNotifier, listener,
-    run_make_service, watchdog_heartbeat,
+    ServiceTree, StopBudget, SystemdNotifier, listener, run_make_service, watchdog_heartbeat,
 )
 from gorge.web import build_site
 
@@ -57,21 +55,15 @@ def makeService(options: Options) -> IService:
     return run_make_service("gorge-mailer", build, options=options)
 
 
-class MailerService(DaemonRoot, OrderedService):
-    """The tree, with handles on the parts tests and the demo look at."""
-
-    site: Any
-    api: MailerApi
-    dispatcher: Dispatcher
-    registry: CollectorRegistry
-
-
 def build_mailer_service(settings: MailerSettings, reactor: Any, *,
                          notifier: SystemdNotifier | None = None,
-                         listen: bool = True) -> MailerService:
+                         listen: bool = True) -> ServiceTree:
     """Build every backend (a ``ConfigError`` here stops start-up) and wire
     the tree. ``listen=False`` leaves out the TCP listener (in-process use
-    through ``gorge.web.stub_client(service.site)``)."""
+    through ``gorge.web.stub_client(service.part("site"))``).
+
+    Parts: ``site``, ``api``, ``dispatcher``, ``metrics-registry``.
+    """
 
     for warning in settings.warnings:
         log.warn("MAILER_CONFIG_WARNING {warning}", warning=warning)
@@ -79,8 +71,8 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
 
     # One pool per service; providers share it.
-    http_client, pool = make_http_client(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
-    backends = [build_backend(entry, reactor=reactor, http_client=http_client)
+    agent, pool = make_agent(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
+    backends = [build_backend(entry, reactor=reactor, http_client=agent)
                 for entry in settings.entries]
     reloadable = [backend for backend in backends if isinstance(backend, Reloadable)]
 
@@ -121,9 +113,6 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         # give it a moment to flush them.
         await deferLater(reactor, FLUSH_WAIT)
 
-    def close_pool():
-        return pool.closeCachedConnections()
-
     def started() -> None:
         log.info("MAILER_STARTED listen={listen} mailers={mailers}",
                  listen=settings.http.listen_addr, mailers=len(backends))
@@ -138,25 +127,24 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
             log.info("MAILER_DRAINING sends={sends} budget={budget}",
                      sends=len(api.inflight), budget=budget.seconds)
 
-    children: list[IService] = [
-        FunctionService(stop=close_pool, name="mailer-http-pool"),
-        FunctionService(stop=lambda: Deferred.fromCoroutine(drain()), name="mailer-drain"),
-    ]
+    tree = ServiceTree("gorge-mailer")
+    tree.add("mailer-http-pool", stop=pool.closeCachedConnections)
+    tree.add("mailer-drain", stop=drain)
     if reloadable:
         def reload_backends() -> None:
             for backend in reloadable:
                 backend.reload()
 
-        children.append(ReloadOnHangup(reload_backends, reactor, name="mailer-reload"))
+        tree.add("mailer-reload",
+                 ReloadOnHangup(reload_backends, reactor, name="mailer-reload"))
     if listen:
-        children.append(listener(settings.http.endpoint, site,
-                                 drain_timeout=settings.drain_budget, clock=reactor))
-    children.append(FunctionService(start=started, stop=stopping, name="mailer-ready"))
+        tree.add("listener", listener(settings.http.endpoint, site,
+                                      drain_timeout=settings.drain_budget, clock=reactor))
+    tree.add("mailer-ready", start=started, stop=stopping)
     if notifier is not None and notifier.watchdog_interval is not None:
-        children.append(watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))
-    service = MailerService(*children)
-    service.site = site
-    service.api = api
-    service.dispatcher = dispatcher
-    service.registry = registry
-    return service
+        tree.add("mailer_watchdog", watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))
+    tree.keep("site", site)
+    tree.keep("api", api)
+    tree.keep("dispatcher", dispatcher)
+    tree.keep("metrics-registry", registry)
+    return tree

@@ -10,5 +10,13 @@ from gorge.sql.database import (
 )
 from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
 
-__all__ = ["ATTEMPTS", "DEADLINE", "Database", "Engine", "MySQLEngine", "SQLiteEngine",
-           "TransactionTimeout", "Transactions"]
+__all__ = [
+    "ATTEMPTS",
+    "DEADLINE",
+    "Database",
+    "Engine",
+    "MySQLEngine",
+    "SQLiteEngine",
+    "TransactionTimeout",
+    "Transactions",
+]

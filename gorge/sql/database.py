@@ -119,8 +119,16 @@ class Database:
     is what the database's own clock follows (:attr:`clock`).
     """
 
-    def __init__(self, engine: Engine, pool: adbapi.ConnectionPool, reactor: IReactorTime, *,
-                 name: str, deadline: float = DEADLINE, attempts: int = ATTEMPTS) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        pool: adbapi.ConnectionPool,
+        reactor: IReactorTime,
+        *,
+        name: str,
+        deadline: float = DEADLINE,
+        attempts: int = ATTEMPTS,
+    ) -> None:
         self.engine = engine
         self.pool = pool
         self.name = name
@@ -128,20 +136,33 @@ class Database:
         self._deadline = deadline
         self._deadlines = _Deadlines(reactor)
         self._attempts = attempts
-        self._retry_event = (name.upper()
-                             + "_TXN_RETRY txn={txn} attempt={attempt} error={error}")
+        self._retry_event = name.upper() + "_TXN_RETRY txn={txn} attempt={attempt} error={error}"
         self.transactions: dict[str, Transactions] = {}
 
     @classmethod
-    def mysql(cls, settings: MySQLSettings, reactor, *, name: str, autocommit: bool = False,
-              db_clock: IReactorTime | None = None) -> Database:
+    def mysql(
+        cls,
+        settings: MySQLSettings,
+        reactor,
+        *,
+        name: str,
+        autocommit: bool = False,
+        db_clock: IReactorTime | None = None,
+    ) -> Database:
         engine = MySQLEngine(autocommit=autocommit, clock=db_clock)
         return cls(engine, engine.make_pool(settings, reactor), reactor, name=name)
 
     @classmethod
-    def sqlite(cls, path: str, reactor, *, name: str, schema: str = "",
-               prepare: Callable[[sqlite3.Connection], None] | None = None,
-               db_clock: IReactorTime | None = None) -> Database:
+    def sqlite(
+        cls,
+        path: str,
+        reactor,
+        *,
+        name: str,
+        schema: str = "",
+        prepare: Callable[[sqlite3.Connection], None] | None = None,
+        db_clock: IReactorTime | None = None,
+    ) -> Database:
         engine = SQLiteEngine(schema=schema, prepare=prepare, clock=db_clock)
         return cls(engine, engine.make_pool(path, reactor), reactor, name=name)
 
@@ -150,8 +171,9 @@ class Database:
         """The clock the database's ``UNIX_TIMESTAMP()`` follows."""
         return self.engine.clock if self.engine.clock is not None else self._reactor
 
-    async def run(self, description: str, fn: Callable[..., T], *args: Any,
-                  bounded: bool = True) -> T:
+    async def run(
+        self, description: str, fn: Callable[..., T], *args: Any, bounded: bool = True
+    ) -> T:
         """``fn(txn, *args)`` as one transaction; see the module doc.
 
         ``bounded=False`` leaves out the deadline, for the rare transaction
@@ -185,8 +207,9 @@ class Database:
                 except Exception as e:
                     if attempt >= self._attempts or not self.engine.retryable(e):
                         raise
-                    log.info(self._retry_event, txn=description, attempt=attempt,
-                             error=type(e).__name__)
+                    log.info(
+                        self._retry_event, txn=description, attempt=attempt, error=type(e).__name__
+                    )
                     stats.retries += 1
                     attempt += 1
                     continue
@@ -208,9 +231,9 @@ class Database:
         """Run one statement written in MySQL's spelling (in a pool thread)."""
         self.engine.execute(txn, statement, params)
 
-    async def ping(self, timeout: float = PING_TIMEOUT) -> str | None:
+    async def ping(self, within: float = PING_TIMEOUT) -> str | None:
         """None when the database answers in time, else a short reason for ``/readyz``."""
-        return await self.engine.ping(self.pool, self._reactor, timeout)
+        return await self.engine.ping(self.pool, self._reactor, within)
 
     def close(self) -> None:
         self._deadlines.stop()

@@ -133,12 +133,13 @@ class Engine:
         """A short cause, never the DSN, host, path or password."""
         return type(exc).__name__
 
-    async def ping(self, pool: adbapi.ConnectionPool, clock: IReactorTime,
-                   timeout: float) -> str | None:
+    async def ping(
+        self, pool: adbapi.ConnectionPool, clock: IReactorTime, within: float
+    ) -> str | None:
         """None when the database answers ``SELECT 1`` in time, else
         ``"<unavailable>: <reason>"``."""
         try:
-            await pool.runInteraction(_select_one).addTimeout(timeout, clock)
+            await pool.runInteraction(_select_one).addTimeout(within, clock)
         except DeferredTimeoutError:
             return f"{self.unavailable}: {self.timed_out}"
         except Exception as e:
@@ -165,16 +166,8 @@ class MySQLEngine(Engine):
         self.autocommit = autocommit
 
     def make_pool(self, settings: MySQLSettings, reactor) -> adbapi.ConnectionPool:
-        pool = mysql.make_pool(settings, reactor)
+        pool = mysql.make_pool(settings, reactor, autocommit=self.autocommit)
         if self.autocommit:
-            session = pool.openfun
-
-            def open_connection(connection) -> None:
-                if session is not None:
-                    session(connection)
-                connection.autocommit(True)
-
-            pool.openfun = open_connection
             pool.connectionFactory = _AutocommitConnection
         return pool
 
@@ -227,9 +220,13 @@ class SQLiteEngine(Engine):
     name = "sqlite"
     unavailable = "open database"
 
-    def __init__(self, *, schema: str = "",
-                 prepare: Callable[[sqlite3.Connection], None] | None = None,
-                 clock: IReactorTime | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        schema: str = "",
+        prepare: Callable[[sqlite3.Connection], None] | None = None,
+        clock: IReactorTime | None = None,
+    ) -> None:
         super().__init__(clock=clock)
         self._schema = schema
         self._prepare = prepare
@@ -244,8 +241,9 @@ class SQLiteEngine(Engine):
         connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA journal_mode = WAL")
         clock = self.clock
-        now: Callable[[], Any] = ((lambda: int(clock.seconds())) if clock is not None
-                                  else (lambda: int(time.time())))
+        now: Callable[[], Any] = (
+            (lambda: int(clock.seconds())) if clock is not None else (lambda: int(time.time()))
+        )
         connection.create_function("UNIX_TIMESTAMP", 0, now)
         if self._prepare is not None:
             self._prepare(connection)

@@ -18,15 +18,20 @@ class TransactionMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         runs = CounterMetricFamily(
-            "gorge_sql_transactions", "SQL transactions by description and outcome.",
-            labels=["txn", "outcome"])
+            "gorge_sql_transactions",
+            "SQL transactions by description and outcome.",
+            labels=["txn", "outcome"],
+        )
         retries = CounterMetricFamily(
             "gorge_sql_transaction_retries",
             "Transactions run again after a deadlock, lock wait timeout or locked file.",
-            labels=["txn"])
+            labels=["txn"],
+        )
         seconds = SummaryMetricFamily(
-            "gorge_sql_transaction_seconds", "Time from start to answer, retries included.",
-            labels=["txn"])
+            "gorge_sql_transaction_seconds",
+            "Time from start to answer, retries included.",
+            labels=["txn"],
+        )
         for txn, done in sorted(self._database.transactions.items()):
             runs.add_metric([txn, "ok"], done.ok)
             runs.add_metric([txn, "error"], done.failed)

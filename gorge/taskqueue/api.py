@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
@@ -21,19 +21,32 @@ from gorge.taskqueue.model import (
     MAX_LIST_LIMIT,
     MAX_OWNER_CHARS,
     MAX_PHID_BYTES,
+    MAX_REPORTS,
     MAX_TASK_CLASS_CHARS,
     PRIORITY_DEFAULT,
+    REPORT_COMPLETE,
+    REPORT_FAIL,
+    REPORT_OUTCOMES,
     RESULT_NAMES,
     UINT32_MAX,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
     InvalidArgument,
+    Report,
     Task,
 )
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, TaskStore
-from gorge.web import ApiError, add_error_handlers, ok, read_json_object, render_failure
+from gorge.taskqueue.wakeup import MAX_WAIT, LeaseWaiters
+from gorge.web import (
+    ApiError,
+    OpenApiDocument,
+    add_error_handlers,
+    ok,
+    read_json_object,
+    render_failure,
+)
 
 log = Logger()
 
@@ -51,6 +64,24 @@ def _not_found() -> ApiError:
 
 LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
 TASK_STATE = "ERR_TASK_STATE"
+
+
+def _api_error(e: Exception) -> ApiError:
+    """The answer to a store's domain error."""
+    if isinstance(e, TaskNotFound):
+        return _not_found()
+    if isinstance(e, LeaseConflict):
+        return ApiError(409, LEASE_CONFLICT, "task lease no longer belongs to this owner")
+    if isinstance(e, TaskStateError):
+        return ApiError(409, TASK_STATE, e.message)
+    if isinstance(e, InvalidArgument):
+        return _bad(e.message)
+    raise TypeError(f"not a domain error: {e!r}")
+
+
+def _refused(task_id: Any, e: ApiError) -> dict:
+    """A batched entry's refusal: what its single call would have answered."""
+    return {"taskID": task_id, "status": "refused", "code": e.code, "message": e.message}
 
 
 def _is_int(value: Any) -> bool:
@@ -137,6 +168,46 @@ def parse_enqueue(body: dict) -> EnqueueRequest:
         container_phid=container_phid,
         delay_until=delay if delay > 0 else None,
     )
+
+
+def _permanent(body: dict) -> bool:
+    permanent = _opt(body, "permanent")
+    if permanent is _MISSING:
+        return False
+    if not isinstance(permanent, bool):
+        raise _bad("permanent must be a boolean")
+    return permanent
+
+
+def parse_report(item: Any, retry_wait: int) -> Report:
+    """One entry of a batched report: the fields its single call takes."""
+    if not isinstance(item, dict):
+        raise _bad("each report must be an object")
+    task_id = _task_id(item)
+    outcome = _opt(item, "outcome")
+    if outcome not in REPORT_OUTCOMES:
+        raise _bad("outcome must be one of " + ", ".join(REPORT_OUTCOMES))
+    if outcome == REPORT_COMPLETE:
+        return Report(task_id, outcome, duration=_int_field(item, "duration", 0,
+                                                            maximum=INT64_MAX))
+    if outcome == REPORT_FAIL:
+        permanent = _permanent(item)
+        wait = _int_field(item, "retryWait", retry_wait)
+        _str_field(item, "message", "")
+        return Report(task_id, outcome, permanent=permanent, retry_wait=wait)
+    return Report(task_id, outcome, duration=_int_field(item, "duration", 0, minimum=None))
+
+
+def parse_wait(body: dict) -> float:
+    """Seconds a lease call may be held while nothing is runnable (0: answer at once)."""
+    value = _opt(body, "wait")
+    if value is _MISSING:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad("wait must be a number of seconds")
+    if not 0 <= value <= MAX_WAIT:
+        raise _bad(f"wait must be between 0 and {MAX_WAIT} seconds")
+    return float(value)
 
 
 def parse_task_classes(body: dict) -> list[str] | None:
@@ -235,12 +306,15 @@ class TaskQueueApi:
     app.url_map.merge_slashes = False
 
     def __init__(self, store: TaskStore, settings: TaskQueueSettings, clock: IReactorTime,
-                 metrics: TaskQueueMetrics, *, inflight: InFlight | None = None) -> None:
+                 metrics: TaskQueueMetrics, *, inflight: InFlight | None = None,
+                 waiters: LeaseWaiters | None = None) -> None:
         self._store = store
         self._settings = settings
         self._clock = clock
         self._metrics = metrics
         self._inflight = inflight if inflight is not None else InFlight()
+        self._openapi = OpenApiDocument(__package__)
+        self._waiters = waiters if waiters is not None else LeaseWaiters(None, clock)
 
     def resource(self) -> Resource:
         routes = {
@@ -250,6 +324,7 @@ class TaskQueueApi:
             b"/api/queue/fail": self.fail,
             b"/api/queue/yield": self.yield_,
             b"/api/queue/cancel": self.cancel,
+            b"/api/queue/report": self.report,
             b"/api/queue/awaken": self.awaken,
         }
         return DirectRoutes(routes, self.app.resource())
@@ -260,15 +335,8 @@ class TaskQueueApi:
         d = self._inflight.track(Deferred.fromCoroutine(coro))
         try:
             return await d
-        except TaskNotFound:
-            raise _not_found() from None
-        except LeaseConflict:
-            raise ApiError(409, LEASE_CONFLICT,
-                           "task lease no longer belongs to this owner") from None
-        except TaskStateError as e:
-            raise ApiError(409, TASK_STATE, e.message) from None
-        except InvalidArgument as e:
-            raise _bad(e.message) from None
+        except (TaskNotFound, LeaseConflict, TaskStateError, InvalidArgument) as e:
+            raise _api_error(e) from None
         except (ApiError, CancelledError):
             # Cancelled: the client went away and took its request with it;
             # nothing broke in the backend.
@@ -278,11 +346,18 @@ class TaskQueueApi:
                         operation=operation, error=type(e).__name__, level=LogLevel.error)
             raise ApiError(500, "ERR_INTERNAL", "internal server error") from None
 
+    def _runnable(self, task: Task) -> None:
+        """Wake held lease calls if ``task`` can be leased now."""
+        expires = task.lease_expires
+        if expires is None or expires < int(self._clock.seconds()):
+            self._waiters.notify(task.task_class)
+
     @app.route("/api/queue/enqueue", methods=["POST"])
     async def enqueue(self, request):
         enqueue = parse_enqueue(read_json_object(request))
         task: Task = await self._call("enqueue", self._store.enqueue(enqueue))
         self._metrics.enqueued.labels(task.task_class).inc()
+        self._runnable(task)
         return ok(request, task.to_json())
 
     @app.route("/api/queue/lease", methods=["POST"])
@@ -291,14 +366,27 @@ class TaskQueueApi:
         limit = _int_field(body, "limit", 1, minimum=None, maximum=2**63)
         limit = min(max(limit, 1), MAX_LEASE_LIMIT)
         classes = parse_task_classes(body)
+        wait = parse_wait(body)
         owner = self._owner(request)
+        deadline = self._clock.seconds() + wait
+        while True:
+            # Taken before the lease: a wake-up during it means lease again.
+            seen = self._waiters.generation
+            tasks = await self._lease_once(owner, limit, classes)
+            left = deadline - self._clock.seconds()
+            if tasks or left <= 0 or not await self._waiters.wait(classes, left, seen):
+                break
+        return ok(request, [task.to_json() for task in tasks])
+
+    async def _lease_once(self, owner: str, limit: int,
+                          classes: list[str] | None) -> list[Task]:
         started = self._clock.seconds()
         tasks: list[Task] = await self._call(
             "lease", self._store.lease(owner, limit, self._settings.lease_duration, classes))
         self._metrics.lease_seconds.observe(max(0.0, self._clock.seconds() - started))
         for task in tasks:
             self._metrics.leased.labels(task.task_class).inc()
-        return ok(request, [task.to_json() for task in tasks])
+        return tasks
 
     def _owner(self, request) -> str:
         owner = _header(request, b"x-lease-owner")
@@ -328,11 +416,7 @@ class TaskQueueApi:
     async def fail(self, request):
         body = read_json_object(request)
         task_id = _task_id(body)
-        permanent = _opt(body, "permanent")
-        if permanent is _MISSING:
-            permanent = False
-        elif not isinstance(permanent, bool):
-            raise _bad("permanent must be a boolean")
+        permanent = _permanent(body)
         retry_wait = _int_field(body, "retryWait", self._settings.retry_wait)
         _str_field(body, "message", "")
         owner = fence_owner(request, body)
@@ -350,6 +434,44 @@ class TaskQueueApi:
         owner = fence_owner(request, body)
         await self._call("yield", self._store.yield_(task_id, duration, owner))
         return ok(request, {"status": "ok"})
+
+    @app.route("/api/queue/report", methods=["POST"])
+    async def report(self, request):
+        """Many result reports in one call and one transaction (docs/taskqueue.md,
+        Batched reports); each answered as its single call would be."""
+        body = read_json_object(request)
+        items = _opt(body, "reports")
+        if items is _MISSING or items == []:
+            raise _bad("reports is required")
+        if not isinstance(items, list):
+            raise _bad("reports must be a list")
+        if len(items) > MAX_REPORTS:
+            raise _bad(f"reports must have at most {MAX_REPORTS} entries")
+        owner = fence_owner(request, body)
+        answer: list[dict | None] = [None] * len(items)
+        reports: list[Report] = []
+        positions: list[int] = []
+        for position, item in enumerate(items):
+            try:
+                reports.append(parse_report(item, self._settings.retry_wait))
+            except ApiError as e:
+                task_id = item.get("taskID") if isinstance(item, dict) else None
+                answer[position] = _refused(task_id, e)
+                continue
+            positions.append(position)
+        results = await self._call("report", self._store.report(reports, owner)) \
+            if reports else []
+        for position, report, result in zip(positions, reports, results):
+            if result.error is not None:
+                answer[position] = _refused(report.task_id, _api_error(result.error))
+                continue
+            answer[position] = {"taskID": report.task_id, "status": "reported"}
+            if report.outcome == REPORT_COMPLETE:
+                self._metrics.completed.labels(result.task_class).inc()
+            elif report.outcome == REPORT_FAIL:
+                self._metrics.failed.labels(
+                    result.task_class, "true" if report.permanent else "false").inc()
+        return ok(request, answer)
 
     @app.route("/api/queue/renew", methods=["POST"])
     async def renew(self, request):
@@ -394,7 +516,13 @@ class TaskQueueApi:
         # Ids outside the column's range cannot name a task; drop them here.
         ids = [i for i in ids if 0 < i <= UINT32_MAX]
         count = await self._call("awaken", self._store.awaken(ids)) if ids else 0
+        if count:
+            self._waiters.notify()
         return ok(request, {"awakened": count})
+
+    @app.route("/api/queue/openapi.json", methods=["GET"])
+    def openapi(self, request):
+        return self._openapi.render(request)
 
     @app.route("/api/queue/stats", methods=["GET"])
     async def stats(self, request):
@@ -419,6 +547,8 @@ class TaskQueueApi:
         task: Task = await self._call(verb, coro)
         log.info("TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
                  task_id=task.id, task_class=task.task_class)
+        if task.lease_owner is None:
+            self._runnable(task)
         return task.to_json()
 
     @app.route("/api/queue/delay", methods=["POST"])
@@ -493,6 +623,7 @@ class TaskQueueApi:
                                "message": e.message})
                 continue
             self._metrics.requeued.labels(task.task_class).inc()
+            self._runnable(task)
             log.info("TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} "
                      "task_class={task_class}", task_id=task_id, new_task_id=task.id,
                      task_class=task.task_class)
@@ -503,7 +634,8 @@ class TaskQueueApi:
 
 
 
-Handler = Callable[[Any], Awaitable[bytes]]
+Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
+
 
 
 class DirectRoutes(Resource):

@@ -17,14 +17,18 @@ import json
 import os
 import re
 import sys
-import textwrap
-from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
-from gorge.taskqueue.client import DEFAULT_URL, QueueHttp, QueueUnavailable, Refused
+from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
+from gorge.cmdline import (
+    EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, OneLineParser, common_options,
+    non_negative as _non_negative, parse_when, print_table as _table, seconds as _seconds,
+    utc_time as _when, wrap as _wrap)
+
+__all__ = ["main", "parse_when", "task_state"]
 
 PROG = "gorge queue"
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+DEFAULT_URL = "http://127.0.0.1:8090"
 FLOOD_CLASS = "PhabricatorTestWorker"
 
 EPILOG = """\
@@ -41,13 +45,6 @@ class UsageError(Exception):
     """Bad arguments found after parsing; exit 2 with one line."""
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit 2), not usage + error."""
-
-    def error(self, message: str):
-        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
-
-
 # -- argument types -------------------------------------------------------------
 
 
@@ -57,53 +54,7 @@ def task_id(text: str) -> int:
     return int(text)
 
 
-def _non_negative(text: str) -> int:
-    if not re.fullmatch(r"[0-9]+", text.strip()):
-        raise argparse.ArgumentTypeError(f"not a non-negative integer: {text!r}")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_when(text: str, now: float) -> int:
-    """``--until``: epoch seconds, ``now``, ``+90s`` / ``+30m`` / ``+6h`` / ``+2d``,
-    or an ISO 8601 date or time (``2026-09-08``, ``2026-09-08T12:30``; local
-    time unless it names an offset)."""
-    value = text.strip()
-    if value == "now":
-        return int(now)
-    if re.fullmatch(r"[0-9]+", value):
-        return int(value)
-    relative = re.fullmatch(r"\+([0-9]+)([smhd]?)", value)
-    if relative:
-        return int(now) + int(relative.group(1)) * _UNITS[relative.group(2) or "s"]
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time (use epoch seconds, now, +30m, +6h, +2d or 2026-09-08T12:30): "
-            f"{text!r}") from None
-    return int(moment.timestamp())
-
-
 # -- rendering ------------------------------------------------------------------
-
-
-def _when(epoch: int | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def task_state(task: Mapping[str, Any], now: float) -> str:
@@ -123,19 +74,13 @@ def task_state(task: Mapping[str, Any], now: float) -> str:
     return f"lease of {owner} expired"
 
 
-def _table(rows: list[list[str]], out: TextIO) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
-
-
 RESULTS = {0: "success", 1: "failure", 2: "cancelled"}
 
 
 class Command:
     """One run of ``gorge queue``: the parsed arguments, the client and the streams."""
 
-    def __init__(self, args: argparse.Namespace, http: QueueHttp, out: TextIO, err: TextIO,
+    def __init__(self, args: argparse.Namespace, http: ApiClient, out: TextIO, err: TextIO,
                  clock: Callable[[], float]) -> None:
         self.args = args
         self.http = http
@@ -144,7 +89,7 @@ class Command:
         self.clock = clock
         self.status = EXIT_OK
 
-    def emit(self, data: Any, human: Callable[[], None]) -> None:
+    def emit(self, data: Any, human: Callable[[], object]) -> None:
         if self.args.json:
             self.out.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
         else:
@@ -313,22 +258,9 @@ class Command:
 # -- the parser -------------------------------------------------------------------
 
 
-def _wrap(text: str) -> str:
-    return textwrap.fill(text, 78)
-
-
-def _common(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=env.get("GORGE_TASKQUEUE_URL") or DEFAULT_URL,
-                        help="base URL of gorge-taskqueue (default: GORGE_TASKQUEUE_URL, "
-                             f"else {DEFAULT_URL})")
-    common.add_argument("--token", default=env.get("GORGE_SERVICE_TOKEN", ""),
-                        help="the queue's service token (default: GORGE_SERVICE_TOKEN)")
-    common.add_argument("--json", action="store_true",
-                        help="print the queue's answer as JSON, for scripts")
-    common.add_argument("--timeout", type=_seconds, default=30.0, metavar="SECONDS",
-                        help="give up on a request after this long (default 30)")
-    return common
+def _common(env: Mapping[str, str]) -> OneLineParser:
+    return common_options(env, url_setting="GORGE_TASKQUEUE_URL", default_url=DEFAULT_URL,
+                          product="gorge-taskqueue", noun="the queue")
 
 
 def _ids(parser: argparse.ArgumentParser, what: str) -> None:
@@ -482,11 +414,12 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         except argparse.ArgumentTypeError as e:
             err.write(f"{PROG} {args.verb}: argument --until: {e}\n")
             return EXIT_USAGE
-    command = Command(args, QueueHttp(args.url, args.token, timeout=args.timeout), out, err,
-                      clock)
+    http = ApiClient(args.url, "/api/queue/", noun="the queue", product="gorge-taskqueue",
+                     token=args.token, timeout=args.timeout)
+    command = Command(args, http, out, err, clock)
     try:
         _dispatch(command)
-    except QueueUnavailable as e:
+    except ServiceUnavailable as e:
         err.write(f"{PROG}: {e}\n")
         return EXIT_UNAVAILABLE
     except Refused as e:

@@ -22,6 +22,8 @@ from gorge.taskqueue.model import (
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
+    Report,
+    ReportResult,
     Stats,
     Task,
     archive_of,
@@ -30,7 +32,7 @@ from gorge.taskqueue.model import (
     sort_key,
     unarchived,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
+from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, report_each
 
 
 class MemoryTaskStore:
@@ -156,6 +158,10 @@ class MemoryTaskStore:
         self._active[task_id] = replace(
             task, lease_owner=YIELD_OWNER, lease_expires=expires, date_modified=now
         )
+
+    async def report(self, reports: Sequence[Report],
+                     owner: str | None = None) -> list[ReportResult]:
+        return await report_each(self, reports, owner)
 
     async def renew(self, owner: str, task_ids: Sequence[int],
                     duration: int) -> dict[int, int | None]:
@@ -307,6 +313,11 @@ class MemoryTaskStore:
                 self._payloads.pop(task.data_id, None)
                 gone += 1
         return gone
+
+    async def wake_check(self, since: int, now: int) -> tuple[int, bool]:
+        due = any(t.lease_expires is not None and since <= t.lease_expires < now
+                  for t in self._active.values())
+        return self._next_task_id, due
 
     async def ping(self) -> str | None:
         return self.unreachable

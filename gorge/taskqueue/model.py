@@ -265,6 +265,47 @@ def unarchived(archived: ArchivedTask, now: int) -> Task:
     )
 
 
+# What one entry of a batched result report asks for (docs/taskqueue.md,
+# Batched reports).
+REPORT_COMPLETE = "complete"
+REPORT_FAIL = "fail"
+REPORT_YIELD = "yield"
+REPORT_OUTCOMES = (REPORT_COMPLETE, REPORT_FAIL, REPORT_YIELD)
+MAX_REPORTS = 1000
+
+
+@dataclass(frozen=True)
+class Report:
+    """One result report: what ``complete``, ``fail`` or ``yield`` would ask.
+
+    ``duration`` is microseconds for a complete and seconds for a yield (the
+    store raises it to the 5 s minimum); ``permanent`` and ``retry_wait``
+    only matter for a failure.
+    """
+
+    task_id: int
+    outcome: str
+    duration: int = 0
+    permanent: bool = False
+    retry_wait: int = 0
+
+    @property
+    def archives(self) -> bool:
+        """A complete or a permanent failure: the task leaves the active table."""
+        return self.outcome == REPORT_COMPLETE or (self.outcome == REPORT_FAIL and self.permanent)
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """The answer to one :class:`Report`: the task's class when it was
+    recorded (empty for a yield, which reads no row), else the error the single call would have raised
+    (``TaskNotFound``, ``LeaseConflict`` or ``InvalidArgument``)."""
+
+    task_id: int
+    task_class: str = ""
+    error: Exception | None = None
+
+
 RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE,
                 "cancelled": RESULT_CANCELLED}
 
@@ -309,24 +350,31 @@ def _int(value: Any) -> int | None:
     return int(value)
 
 
+def _required_int(value: Any) -> int:
+    parsed = _int(value)
+    if parsed is None:
+        raise TypeError(f"expected an integer column, got {value!r}")
+    return parsed
+
+
 def task_from_columns(cols: Mapping[str, Any], data: Any = None) -> Task:
     """Build a Task from Phorge column names (SQL row dict or Redis hash)."""
     payload = None
     if data is not None:
         payload = bytes(data).decode("utf-8") if isinstance(data, (bytes, bytearray)) else str(data)
     return Task(
-        id=int(_int(cols["id"])),
+        id=_required_int(cols["id"]),
         task_class=_text(cols["taskClass"]) or "",
         lease_owner=_text(cols.get("leaseOwner")),
         lease_expires=_int(cols.get("leaseExpires")),
         failure_count=_int(cols.get("failureCount")) or 0,
-        data_id=int(_int(cols["dataID"])),
+        data_id=_required_int(cols["dataID"]),
         failure_time=_int(cols.get("failureTime")),
-        priority=int(_int(cols["priority"])),
+        priority=_required_int(cols["priority"]),
         object_phid=_text(cols.get("objectPHID")),
         container_phid=_text(cols.get("containerPHID")),
-        date_created=int(_int(cols["dateCreated"])),
-        date_modified=int(_int(cols["dateModified"])),
+        date_created=_required_int(cols["dateCreated"]),
+        date_modified=_required_int(cols["dateModified"]),
         data=payload,
     )
 
@@ -334,19 +382,19 @@ def task_from_columns(cols: Mapping[str, Any], data: Any = None) -> Task:
 def archived_from_columns(cols: Mapping[str, Any]) -> ArchivedTask:
     """Build an ArchivedTask from ``worker_archivetask`` column names."""
     return ArchivedTask(
-        id=int(_int(cols["id"])),
+        id=_required_int(cols["id"]),
         task_class=_text(cols["taskClass"]) or "",
         lease_owner=_text(cols.get("leaseOwner")),
         lease_expires=_int(cols.get("leaseExpires")),
         failure_count=_int(cols.get("failureCount")) or 0,
-        data_id=int(_int(cols["dataID"])),
-        priority=int(_int(cols["priority"])),
+        data_id=_required_int(cols["dataID"]),
+        priority=_required_int(cols["priority"]),
         object_phid=_text(cols.get("objectPHID")),
         container_phid=_text(cols.get("containerPHID")),
-        date_created=int(_int(cols["dateCreated"])),
-        date_modified=int(_int(cols["dateModified"])),
-        result=int(_int(cols["result"])),
-        duration=int(_int(cols["duration"])),
+        date_created=_required_int(cols["dateCreated"]),
+        date_modified=_required_int(cols["dateModified"]),
+        result=_required_int(cols["result"]),
+        duration=_required_int(cols["duration"]),
         archived_epoch=int(_int(cols["archivedEpoch"]) or 0),
     )
 

@@ -37,10 +37,11 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from gorge import redis as gredis
 from gorge.config import ConfigError
+from gorge.service import InFlight
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVE_COLUMNS,
@@ -51,12 +52,16 @@ from gorge.taskqueue.model import (
     NOT_LEASED,
     RESULT_CANCELLED,
     RESULT_FAILURE,
+    REPORT_COMPLETE,
+    REPORT_FAIL,
     RESULT_SUCCESS,
     SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
     InvalidArgument,
+    Report,
+    ReportResult,
     Stats,
     Task,
     archived_from_columns,
@@ -64,7 +69,13 @@ from gorge.taskqueue.model import (
     sort_key,
     task_from_columns,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
+from gorge.taskqueue.store import (
+    LeaseConflict,
+    TaskNotFound,
+    TaskStateError,
+    log_handed_back,
+    outliving_caller,
+)
 
 log = Logger()
 
@@ -76,6 +87,8 @@ SCAN_BATCH = 200
 # Archive records read per script call when listing dead tasks.
 ARCHIVE_PAGE = 500
 _INT64_MAX = 2**63 - 1
+# How long closing waits for leases being given back.
+GIVE_BACK_BUDGET = 2.0
 
 
 def hash_tag(key: str) -> str | None:
@@ -276,6 +289,101 @@ return cjson.encode(out)
 """
 )
 
+# A batched report's answer for a computed expiry out of range, and for an
+# id that is not active (and no replay applies).
+OUT_OF_RANGE = "!range"
+NOT_FOUND = "!notfound"
+
+# The archive step (complete / permanent fail / cancel) of one task, for the
+# single call and the batched report.  Returns the archive row as a table
+# (without the payload copy), CONFLICT when a fenced call finds the task held
+# by someone else or archived, or false when the task is not active and no
+# replay applies.
+_LUA_ARCHIVE = """
+local function archive(key, m, result, duration, now, replay, cutoff, owner)
+  local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
+  local counter_archived = base .. 'counter:archived'
+  if redis.call('EXISTS', key) == 0 then
+    local was = redis.call('HMGET', archived_key, 'result', 'leaseOwner')
+    if replay and was[1] == '0' and (owner == '' or was[2] == owner) then
+      local row = row_of(archived_key)
+      row['data'] = nil
+      return row
+    end
+    if owner ~= '' and was[1] then return '""" + CONFLICT + """' end
+    return false
+  end
+  if owner ~= '' and redis.call('HGET', key, 'leaseOwner') ~= owner then
+    return '""" + CONFLICT + """'
+  end
+  local row = redis.call('HGETALL', key)
+  local fields, failures, data_id = {}, 0, nil
+  for i = 1, #row, 2 do
+    local name, value = row[i], row[i + 1]
+    if name == 'failureCount' then failures = tonumber(value) end
+    if name == 'dataID' then data_id = value end
+    -- The archive has no failureTime; dateModified is the archive time.
+    if name ~= 'failureTime' and name ~= 'dateModified' then
+      fields[#fields + 1] = name
+      fields[#fields + 1] = value
+    end
+  end
+  for _, kv in ipairs({{'dateModified', now}, {'result', result},
+                       {'duration', duration}, {'archivedEpoch', now}}) do
+    fields[#fields + 1] = kv[1]
+    fields[#fields + 1] = kv[2]
+  end
+  local data_key = base .. 'data:' .. (data_id or '')
+  local payload = redis.call('GET', data_key) or ''
+  redis.call('DEL', archived_key)
+  redis.call('HSET', archived_key, 'data', payload, unpack(fields))
+  redis.call('ZREM', base .. 'idx:active', m)
+  redis.call('ZREM', base .. 'idx:unleased', m)
+  redis.call('ZREM', base .. 'idx:leased', m)
+  redis.call('DEL', key)
+  -- The archive record keeps the payload copy; the string would
+  -- otherwise live forever.
+  redis.call('DEL', data_key)
+  redis.call('ZADD', archived_idx, now, m)
+  redis.call('INCR', counter_archived)
+  if failures > 0 then redis.call('DECR', base .. 'counter:failed') end
+  -- Bounded retention: each archive call removes a few records older
+  -- than the cutoff, which keeps up with any archive rate.
+  if cutoff ~= '' then
+    local old = redis.call('ZRANGEBYSCORE', archived_idx, '-inf', '(' .. cutoff, 'LIMIT', 0, 100)
+    for _, o in ipairs(old) do
+      redis.call('DEL', base .. 'archived:' .. id_of(o))
+      redis.call('ZREM', archived_idx, o)
+    end
+    if #old > 0 then redis.call('DECRBY', counter_archived, #old) end
+  end
+  local archived = {}
+  for i = 1, #fields, 2 do archived[fields[i]] = fields[i + 1] end
+  return archived
+end
+"""
+
+# KEYS: leased
+# ARGV: base, owner, leaseExpires, now, member...
+# A claim whose caller went away before the answer: break exactly the leases
+# it took (owner and expiry), as FREE does.
+GIVE_BACK = (
+    _LUA_PRELUDE
+    + """
+local n = 0
+for i = 5, #ARGV do
+  local key = task_key(ARGV[i])
+  local f = redis.call('HMGET', key, 'leaseOwner', 'leaseExpires')
+  if f[1] == ARGV[2] and f[2] == ARGV[3] then
+    redis.call('HSET', key, 'leaseOwner', '', 'leaseExpires', ARGV[4])
+    redis.call('ZADD', KEYS[1], ARGV[4], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+)
+
 # KEYS: task
 # ARGV: [base, member, result, duration, now, replay ('1' = complete),
 #        prune cutoff ('' = keep archive records forever),
@@ -285,72 +393,17 @@ return cjson.encode(out)
 # the task is not active and no replay applies.
 ARCHIVE = (
     _LUA_PACKED_PRELUDE
+    + _LUA_ARCHIVE
     + """
-local m, result, duration, now, owner = A[2], A[3], A[4], A[5], A[8]
-local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
-local counter_archived = base .. 'counter:archived'
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local was = redis.call('HMGET', archived_key, 'result', 'leaseOwner')
-  if A[6] == '1' and was[1] == '0' and (owner == '' or was[2] == owner) then
-    local row = row_of(archived_key)
-    row['data'] = nil
-    return cjson.encode(row)
-  end
-  if owner ~= '' and was[1] then return '""" + CONFLICT + """' end
-  return false
-end
-if owner ~= '' and redis.call('HGET', KEYS[1], 'leaseOwner') ~= owner then
-  return '""" + CONFLICT + """'
-end
-local row = redis.call('HGETALL', KEYS[1])
-local fields, failures, data_id = {}, 0, nil
-for i = 1, #row, 2 do
-  local name, value = row[i], row[i + 1]
-  if name == 'failureCount' then failures = tonumber(value) end
-  if name == 'dataID' then data_id = value end
-  -- The archive has no failureTime; dateModified is the archive time.
-  if name ~= 'failureTime' and name ~= 'dateModified' then
-    fields[#fields + 1] = name
-    fields[#fields + 1] = value
-  end
-end
-for _, kv in ipairs({{'dateModified', now}, {'result', result},
-                     {'duration', duration}, {'archivedEpoch', now}}) do
-  fields[#fields + 1] = kv[1]
-  fields[#fields + 1] = kv[2]
-end
-local data_key = base .. 'data:' .. (data_id or '')
-local payload = redis.call('GET', data_key) or ''
-redis.call('DEL', archived_key)
-redis.call('HSET', archived_key, 'data', payload, unpack(fields))
-redis.call('ZREM', base .. 'idx:active', m)
-redis.call('ZREM', base .. 'idx:unleased', m)
-redis.call('ZREM', base .. 'idx:leased', m)
-redis.call('DEL', KEYS[1])
--- The archive record keeps the payload copy; the string would
--- otherwise live forever.
-redis.call('DEL', data_key)
-redis.call('ZADD', archived_idx, now, m)
-redis.call('INCR', counter_archived)
-if failures > 0 then redis.call('DECR', base .. 'counter:failed') end
--- Bounded retention: each archive call removes a few records older
--- than the cutoff, which keeps up with any archive rate.
-if A[7] ~= '' then
-  local old = redis.call('ZRANGEBYSCORE', archived_idx, '-inf', '(' .. A[7], 'LIMIT', 0, 100)
-  for _, o in ipairs(old) do
-    redis.call('DEL', base .. 'archived:' .. id_of(o))
-    redis.call('ZREM', archived_idx, o)
-  end
-  if #old > 0 then redis.call('DECRBY', counter_archived, #old) end
-end
-local archived = {}
-for i = 1, #fields, 2 do archived[fields[i]] = fields[i + 1] end
-return cjson.encode(archived)
+local answer = archive(KEYS[1], A[2], A[3], A[4], A[5], A[6] == '1', A[7], A[8])
+if type(answer) == 'table' then return cjson.encode(answer) end
+return answer
 """
 )
 
-# Shared by the fenced scripts that get the owner as ARGV[5]: nil when not
-# active and not fenced-archived, CONFLICT when fenced and not held by the owner.
+# Shared by the fenced steps: nil when the task may change, false when it is
+# not active and not fenced-archived, CONFLICT when fenced and not held by
+# the owner.
 _LUA_FENCE = """
 local function refused(m, task_key_name, owner)
   if redis.call('EXISTS', task_key_name) == 0 then
@@ -366,40 +419,96 @@ local function refused(m, task_key_name, owner)
 end
 """
 
-# KEYS: task, unleased, leased, counter:failed
+# Temporary failure and yield of one task, for the single calls and the
+# batched report.  ``expires`` is OUT_OF_RANGE when the computed expiry does
+# not fit the column: answered after the refusals, as the other backends do.
+# A temporary failure answers the updated row (a table), a yield 1.
+_LUA_FAIL_AND_YIELD = _LUA_FENCE + """
+local function fail_temporary(key, m, now, expires, owner)
+  local refusal = refused(m, key, owner)
+  if refusal ~= nil then return refusal end
+  if expires == '""" + OUT_OF_RANGE + """' then return expires end
+  local failures = tonumber(redis.call('HGET', key, 'failureCount')) or 0
+  redis.call('HSET', key, 'failureCount', failures + 1, 'failureTime', now,
+    'leaseOwner', '', 'leaseExpires', expires, 'dateModified', now)
+  redis.call('ZREM', base .. 'idx:unleased', m)
+  redis.call('ZADD', base .. 'idx:leased', expires, m)
+  if failures == 0 then redis.call('INCR', base .. 'counter:failed') end
+  return (row_of(key))
+end
+local function yield_task(key, m, now, expires, owner, yield_owner)
+  local refusal = refused(m, key, owner)
+  if refusal ~= nil then return refusal end
+  if expires == '""" + OUT_OF_RANGE + """' then return expires end
+  redis.call('HSET', key, 'leaseOwner', yield_owner, 'leaseExpires', expires,
+    'dateModified', now)
+  redis.call('ZREM', base .. 'idx:unleased', m)
+  redis.call('ZADD', base .. 'idx:leased', expires, m)
+  return 1
+end
+"""
+
+# KEYS: task
 # ARGV: base, member, now, expires, lease owner ('' = unfenced)
 # Returns the updated row as JSON, CONFLICT, or nil when not active.
 FAIL_TEMPORARY = (
     _LUA_PRELUDE
-    + _LUA_FENCE
+    + _LUA_FAIL_AND_YIELD
     + """
-local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
-local refusal = refused(m, KEYS[1], ARGV[5])
-if refusal ~= nil then return refusal end
-local failures = tonumber(redis.call('HGET', KEYS[1], 'failureCount')) or 0
-redis.call('HSET', KEYS[1], 'failureCount', failures + 1, 'failureTime', now,
-  'leaseOwner', '', 'leaseExpires', expires, 'dateModified', now)
-redis.call('ZREM', KEYS[2], m)
-redis.call('ZADD', KEYS[3], expires, m)
-if failures == 0 then redis.call('INCR', KEYS[4]) end
-return cjson.encode((row_of(KEYS[1])))
+local answer = fail_temporary(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if type(answer) == 'table' then return cjson.encode(answer) end
+return answer
 """
 )
 
-# KEYS: task, unleased, leased
+# KEYS: task
 # ARGV: base, member, now, expires, lease owner ('' = unfenced), yield owner
 YIELD = (
     _LUA_PRELUDE
-    + _LUA_FENCE
+    + _LUA_FAIL_AND_YIELD
     + """
-local m, now, expires = ARGV[2], ARGV[3], ARGV[4]
-local refusal = refused(m, KEYS[1], ARGV[5])
-if refusal ~= nil then return refusal end
-redis.call('HSET', KEYS[1], 'leaseOwner', ARGV[6], 'leaseExpires', expires,
-  'dateModified', now)
-redis.call('ZREM', KEYS[2], m)
-redis.call('ZADD', KEYS[3], expires, m)
-return 1
+return yield_task(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+"""
+)
+
+# KEYS: active (names the slot; every key comes from the base)
+# ARGV: [base, now, prune cutoff, lease owner ('' = unfenced), yield owner] as
+#       JSON, then the reports as JSON [[member, kind, value], ...]: kind "c"
+#       complete (value: duration), "p" permanent failure, "t" temporary
+#       failure (value: new expiry), "y" yield (value: new expiry)
+# Returns a JSON array, one answer per report: the task class ('' for a
+# yield) or CONFLICT / OUT_OF_RANGE / NOT_FOUND.
+REPORT = (
+    _LUA_PACKED_PRELUDE
+    + _LUA_ARCHIVE
+    + _LUA_FAIL_AND_YIELD
+    + """
+local now, cutoff, owner, yield_owner = A[2], A[3], A[4], A[5]
+local out = {}
+for i, r in ipairs(cjson.decode(ARGV[2])) do
+  local m, kind, value = r[1], r[2], r[3]
+  local key = task_key(m)
+  local answer
+  if kind == 'c' then
+    answer = archive(key, m, '0', value, now, true, cutoff, owner)
+  elseif kind == 'p' then
+    answer = archive(key, m, '1', '0', now, false, cutoff, owner)
+  elseif kind == 't' then
+    answer = fail_temporary(key, m, now, value, owner)
+  else
+    answer = yield_task(key, m, now, value, owner, yield_owner)
+  end
+  if type(answer) == 'table' then
+    out[i] = answer['taskClass'] or ''
+  elseif answer == 1 then
+    out[i] = ''
+  elseif answer then
+    out[i] = answer
+  else
+    out[i] = '""" + NOT_FOUND + """'
+  end
+end
+return cjson.encode(out)
 """
 )
 
@@ -694,6 +803,15 @@ return {redis.call('ZCARD', KEYS[1]), held, redis.call('ZCARD', KEYS[3]),
 """
 )
 
+# KEYS: next_task_id, leased
+# ARGV: since, now
+# What held lease calls watch: the id sequence, and whether some task's
+# leaseExpires lies in [since, now).
+WAKE_CHECK = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], '(' .. ARGV[2], 'LIMIT', 0, 1)
+return {redis.call('GET', KEYS[1]) or '0', #due}
+"""
+
 # KEYS: active
 # ARGV: base, first rank, last rank
 LIST = (
@@ -743,6 +861,26 @@ def _refusal(task_id: int, reply: Any) -> None:
         raise LeaseConflict(task_id)
 
 
+def _expiry_or_marker(expires: int) -> str:
+    try:
+        return str(check_u32("expires", expires))
+    except InvalidArgument:
+        return OUT_OF_RANGE
+
+
+def _report_result(report: Report, answer: str) -> ReportResult:
+    """One answer of the REPORT script as the store's result."""
+    task_id = report.task_id
+    if answer == NOT_FOUND:
+        return ReportResult(task_id, error=TaskNotFound(task_id))
+    if answer == CONFLICT:
+        return ReportResult(task_id, error=LeaseConflict(task_id))
+    if answer == OUT_OF_RANGE:
+        field = "retryWait" if report.outcome == REPORT_FAIL else "duration"
+        return ReportResult(task_id, error=InvalidArgument(field, f"{field} is too large"))
+    return ReportResult(task_id, answer)
+
+
 def _row(doc: dict[str, Any]) -> Task:
     """A task row decoded from a script's JSON, ``data`` being the payload if loaded."""
     payload = doc.pop("data", None)
@@ -780,6 +918,7 @@ class RedisTaskStore:
         self._archive = gredis.LuaScript(ARCHIVE)
         self._fail = gredis.LuaScript(FAIL_TEMPORARY)
         self._yield = gredis.LuaScript(YIELD)
+        self._report = gredis.LuaScript(REPORT)
         self._awaken = gredis.LuaScript(AWAKEN)
         self._renew = gredis.LuaScript(RENEW)
         self._list_archived = gredis.LuaScript(LIST_ARCHIVED)
@@ -794,6 +933,9 @@ class RedisTaskStore:
         self._stats = gredis.LuaScript(STATS)
         self._list = gredis.LuaScript(LIST)
         self._get = gredis.LuaScript(GET)
+        self._wake_check = gredis.LuaScript(WAKE_CHECK)
+        self._give_back_script = gredis.LuaScript(GIVE_BACK)
+        self._giving_back = InFlight()
 
     def _now(self) -> int:
         return int(self._clock.seconds())
@@ -860,10 +1002,21 @@ class RedisTaskStore:
         # Unfiltered, the first `limit` unleased ids are all claimable: one page.
         batch = SCAN_BATCH if classes else max(limit, 1)
         k = self.keys
-        rows = await self._run_packed(
-            self._lease, k.unleased, [limit, owner, exp, now, batch, *classes]
-        )
+        claim = Deferred.fromCoroutine(self._run_packed(
+            self._lease, k.unleased, [limit, owner, exp, now, batch, *classes]))
+        rows = await outliving_caller(claim, lambda won: self._give_back(owner, exp, won))
         return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
+
+    def _give_back(self, owner: str, exp: int, rows: str) -> None:
+        ids = [int(doc["id"]) for doc in json.loads(rows)]
+        if not ids:
+            return
+        log_handed_back(owner, ids)
+        d = self._giving_back.track(Deferred.fromCoroutine(self._run(
+            self._give_back_script, [self.keys.leased],
+            [owner, exp, self._now(), *(member(i) for i in ids)])))
+        d.addErrback(lambda f: log.failure("LEASE_HAND_BACK_FAILED task_ids={task_ids}", f,
+                                           level=LogLevel.error, task_ids=ids))
 
     async def _archive_task(
         self, task_id: int, result: int, duration: int, replay: bool, owner: str | None = None
@@ -912,7 +1065,7 @@ class RedisTaskStore:
         k = self.keys
         row = await self._run(
             self._fail,
-            [k.task(task_id), k.unleased, k.leased, k.counter_failed],
+            [k.task(task_id)],
             [member(task_id), now, expires, owner or ""],
         )
         _refusal(task_id, row)
@@ -925,13 +1078,36 @@ class RedisTaskStore:
         k = self.keys
         found = await self._run(
             self._yield,
-            [k.task(task_id), k.unleased, k.leased],
+            [k.task(task_id)],
             [member(task_id), now, expires, owner or "", YIELD_OWNER],
         )
         _refusal(task_id, found)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
         return await self._archive_task(task_id, RESULT_CANCELLED, 0, False)
+
+    async def report(self, reports: Sequence[Report],
+                     owner: str | None = None) -> list[ReportResult]:
+        reports = list(reports)
+        if not reports:
+            return []
+        now = self._now()
+        cutoff = "" if self._archive_retention is None else now - self._archive_retention
+        entries = []
+        for report in reports:
+            m = member(report.task_id)
+            if report.outcome == REPORT_COMPLETE:
+                entries.append([m, "c", str(report.duration)])
+            elif report.outcome == REPORT_FAIL and report.permanent:
+                entries.append([m, "p", ""])
+            elif report.outcome == REPORT_FAIL:
+                entries.append([m, "t", _expiry_or_marker(now + report.retry_wait)])
+            else:
+                entries.append([m, "y", _expiry_or_marker(now + max(report.duration, MIN_YIELD))])
+        answers = json.loads(await self._run_packed(
+            self._report, self.keys.active, [now, cutoff, owner or "", YIELD_OWNER],
+            _pack(entries)))
+        return [_report_result(report, answer) for report, answer in zip(reports, answers)]
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ids = list(dict.fromkeys(task_ids))
@@ -1086,10 +1262,17 @@ class RedisTaskStore:
                                         [member(t.id) for t in chunk]))
         return gone
 
+    async def wake_check(self, since: int, now: int) -> tuple[int, bool]:
+        k = self.keys
+        highest, due = await self._bounded(self._wake_check.run(
+            self._conn, keys=[k.next_task_id, k.leased], args=[since, now]))
+        return int(highest), int(due) > 0
+
     async def ping(self) -> str | None:
         return await gredis.ping(self._conn, self._clock, self._ping_timeout)
 
     async def close(self) -> None:
+        await self._giving_back.drain(GIVE_BACK_BUDGET, self._clock)
         await self._bounded(self._conn.disconnect())
 
 

@@ -6,26 +6,26 @@ import os
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.service import (
-    DaemonRoot,
-    FunctionService,
     InFlight,
-    OrderedService,
     Poller,
+    ServiceTree,
     StopBudget,
     SystemdNotifier,
     listener,
     run_make_service,
 )
-from gorge.taskqueue.api import TaskQueueApi
 from gorge.sql.metrics import TransactionMetrics
+from gorge.taskqueue.api import TaskQueueApi
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.settings import TaskQueueSettings, load_settings
 from gorge.taskqueue.sqlstore import SqlTaskStore
 from gorge.taskqueue.store import TaskStore
+from gorge.taskqueue.wakeup import LeaseWaiters
 from gorge.web import build_site
 
 log = Logger()
@@ -68,6 +68,7 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
         "retry_wait": settings.retry_wait,
         "drain_timeout": settings.drain_timeout,
         "stats_interval": settings.stats_interval,
+        "wake_check_ms": settings.wake_check_ms,
     }
     if settings.backend == "mysql":
         m = settings.mysql
@@ -84,87 +85,100 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
     return fields
 
 
-class TaskQueueService(DaemonRoot, OrderedService):
-    """Stops in reverse: stats loop, listener (which answers the requests
-    already received), store calls still running, backend; one drain budget
-    for the whole stop."""
+class QueueDepth:
+    """The stats loop: every interval the queue's counts go into the depth
+    gauges, and systemd hears that the daemon is up and making progress."""
 
-    def __init__(self, *, settings: TaskQueueSettings, reactor, store: TaskStore,
-                 notifier: SystemdNotifier | None) -> None:
-        self.settings = settings
-        self.store = store
-        self.registry = CollectorRegistry()
-        self.metrics = TaskQueueMetrics(self.registry)
-        if isinstance(store, SqlTaskStore):
-            self.registry.register(TransactionMetrics(store.db))
-        self.inflight = InFlight()
-        self.notifier = notifier
-        self._reactor = reactor
-        self._stop_budget = StopBudget(settings.drain_timeout, reactor)
-        self.api = TaskQueueApi(store, settings, reactor, self.metrics, inflight=self.inflight)
-        self.site = build_site(
-            api_resource=self.api.resource(),
-            prefix=API_PREFIX,
-            token=settings.http.token,
-            body_limit=settings.http.body_limit,
-            readiness=store.ping,
-            registry=self.registry,
-            clock=reactor,
-        )
-        self.stats_loop = Poller(self._refresh_depth, settings.stats_interval, reactor,
-                                 "taskqueue_stats")
-        self.listening = listener(settings.http.endpoint, self.site,
-                                  drain_timeout=settings.drain_timeout, clock=reactor)
-        super().__init__(
-            FunctionService(stop=self._close_store, name="store"),
-            FunctionService(stop=self._drain, name="drain"),
-            self.listening,
-            FunctionService(start=self._start_loop, stop=self.stats_loop.stop, name="stats"),
-            name=SERVICE_NAME,
-        )
+    def __init__(self, store: TaskStore, metrics: TaskQueueMetrics,
+                 notifier: SystemdNotifier | None, interval: float, clock) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._notifier = notifier
+        self._poller = Poller(self.refresh, interval, clock, "taskqueue_stats")
 
-    def startService(self) -> None:
-        fields = effective_configuration(self.settings)
-        log.info("TASKQUEUE_STARTING " + " ".join(f"{k}={{{k}}}" for k in fields), **fields)
-        super().startService()
+    def start(self) -> None:
+        self._poller.start()
 
-    def stopService(self):
-        self._stop_budget.start()
-        if self.notifier is not None:
-            self.notifier.stopping()
-        return super().stopService()
+    def stop(self) -> Deferred:
+        return self._poller.stop()
 
-    def _start_loop(self) -> None:
-        self.stats_loop.start()
-
-    async def _refresh_depth(self) -> None:
+    async def refresh(self) -> None:
         try:
-            stats = await self.store.stats()
-            self.metrics.observe_stats(stats)
+            stats = await self._store.stats()
+            self._metrics.observe_stats(stats)
         finally:
             # Listening and the loop has run once: ready, whatever the backend says
             # (readiness of the backend is /readyz's business).
-            if self.notifier is not None:
-                self.notifier.ready()
-                self.notifier.progress()
-
-    async def _drain(self) -> None:
-        # Store calls whose client went away are still running; the listener's
-        # wait for the answers spent part of the budget.
-        if not await self.inflight.drain(self._stop_budget.remaining(), self._reactor):
-            log.warn("TASKQUEUE_DRAIN_ABANDONED pending={pending}", pending=len(self.inflight))
-
-    async def _close_store(self) -> None:
-        await self.store.close()
-        log.info("TASKQUEUE_STOPPED")
+            if self._notifier is not None:
+                self._notifier.ready()
+                self._notifier.progress()
 
 
 def build_taskqueue_service(settings: TaskQueueSettings, reactor, *, store: TaskStore | None = None,
-                            notifier: SystemdNotifier | None = None) -> TaskQueueService:
-    """The real constructor; ``makeService`` only wires in the reactor and environment."""
+                            notifier: SystemdNotifier | None = None) -> ServiceTree:
+    """The real constructor; ``makeService`` only wires in the reactor and environment.
+
+    Stops in reverse: stats loop, held lease calls (answered empty at once),
+    listener (which answers the requests already received), store calls still
+    running, backend; one drain budget for the whole stop. Parts: ``store``, ``api``, ``site``, ``listener``,
+    ``stats``, ``metrics-registry``, ``settings``.
+    """
     if store is None:
         store = make_store(settings, reactor)
-    return TaskQueueService(settings=settings, reactor=reactor, store=store, notifier=notifier)
+    registry = CollectorRegistry()
+    metrics = TaskQueueMetrics(registry)
+    if isinstance(store, SqlTaskStore):
+        registry.register(TransactionMetrics(store.db))
+    inflight = InFlight()
+    budget = StopBudget(settings.drain_timeout, reactor)
+    waiters = LeaseWaiters(store.wake_check, reactor, settings.wake_check_ms / 1000.0)
+    api = TaskQueueApi(store, settings, reactor, metrics, inflight=inflight, waiters=waiters)
+    site = build_site(
+        api_resource=api.resource(),
+        prefix=API_PREFIX,
+        token=settings.http.token,
+        body_limit=settings.http.body_limit,
+        readiness=store.ping,
+        registry=registry,
+        clock=reactor,
+        access_log=settings.http.access_log,
+    )
+    depth = QueueDepth(store, metrics, notifier, settings.stats_interval, reactor)
+
+    def starting() -> None:
+        fields = effective_configuration(settings)
+        log.info("TASKQUEUE_STARTING " + " ".join(f"{k}={{{k}}}" for k in fields), **fields)
+
+    def stopping() -> None:
+        budget.start()
+        if notifier is not None:
+            notifier.stopping()
+
+    async def drain() -> None:
+        # Store calls whose client went away are still running; the listener's
+        # wait for the answers spent part of the budget.
+        if not await inflight.drain(budget.remaining(), reactor):
+            log.warn("TASKQUEUE_DRAIN_ABANDONED pending={pending}", pending=len(inflight))
+
+    async def close_store() -> None:
+        await store.close()
+        log.info("TASKQUEUE_STOPPED")
+
+    tree = ServiceTree(SERVICE_NAME)
+    # The configuration is announced before anything starts.
+    tree.add("store", start=starting, stop=close_store, part=store)
+    tree.add("drain", stop=drain)
+    tree.add("listener", listener(settings.http.endpoint, site,
+                                  drain_timeout=settings.drain_timeout, clock=reactor))
+    tree.add("held-leases", stop=waiters.close, part=waiters)
+    tree.add("stats", start=depth.start, stop=depth.stop, part=depth)
+    # First to stop: the budget's clock starts with the stop.
+    tree.add("stopping", stop=stopping)
+    tree.keep("api", api)
+    tree.keep("site", site)
+    tree.keep("metrics-registry", registry)
+    tree.keep("settings", settings)
+    return tree
 
 
 def makeService(options: Options) -> IService:

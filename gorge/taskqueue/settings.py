@@ -25,6 +25,8 @@ class TaskQueueSettings:
     retry_wait: int = DEFAULT_RETRY_WAIT
     drain_timeout: float = 10.0
     stats_interval: float = 15.0
+    # docs/taskqueue.md, Long-poll: the shared check while lease calls wait.
+    wake_check_ms: int = 15
 
 
 def load_settings(environ: Mapping[str, str], *, listen: str | None = None,
@@ -71,6 +73,7 @@ def load_settings(environ: Mapping[str, str], *, listen: str | None = None,
                                min=1, max=UINT32_MAX),
         retry_wait=env.int("GORGE_TASKQUEUE_RETRY_WAIT", DEFAULT_RETRY_WAIT,
                            min=0, max=UINT32_MAX),
+        wake_check_ms=env.int("GORGE_TASKQUEUE_WAKE_CHECK_MS", 15, min=1, max=60_000),
     )
     if warnings is not None:
         warnings.extend(env.warnings)

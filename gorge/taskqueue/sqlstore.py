@@ -10,15 +10,18 @@ below have no per-backend branches. Every transaction runs through
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger, LogLevel
 
 from gorge.sql import Database, Engine
 from gorge.taskqueue.counts import TaskCounts
+from gorge.service import InFlight
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
@@ -33,10 +36,14 @@ from gorge.taskqueue.model import (
     SUCCEEDED,
     TASK_COLUMNS,
     ARCHIVE_COLUMNS,
+    REPORT_COMPLETE,
+    REPORT_FAIL,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
     InvalidArgument,
+    Report,
+    ReportResult,
     Stats,
     Task,
     archive_of,
@@ -46,7 +53,15 @@ from gorge.taskqueue.model import (
     task_from_columns,
     unarchived,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
+from gorge.taskqueue.store import (
+    LeaseConflict,
+    TaskNotFound,
+    TaskStateError,
+    log_handed_back,
+    outliving_caller,
+)
+
+log = Logger()
 
 DATABASE_NAME = "taskqueue"  # prefixes the transactions' log events: TASKQUEUE_TXN_RETRY
 
@@ -92,6 +107,12 @@ PHASE2_CLAIM_ALL = (
     "UPDATE worker_activetask SET leaseOwner = %s, leaseExpires = %s"
     " WHERE id IN ({ids}) AND leaseExpires < %s"
 )
+# A claim whose caller went away before the answer: break exactly the leases
+# this claim took (owner and expiry), as ``free`` does.
+GIVE_BACK = (
+    "UPDATE worker_activetask SET leaseOwner = NULL, leaseExpires = %s"
+    " WHERE id IN ({ids}) AND leaseOwner = %s AND leaseExpires = %s"
+)
 FETCH_WON = (
     f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
     " LEFT JOIN worker_taskdata d ON d.id = t.dataID"
@@ -104,6 +125,12 @@ INSERT_ARCHIVE = (
     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 DELETE_ACTIVE = "DELETE FROM worker_activetask WHERE id = %s"
+# Batched reports archive many tasks with one locking read, one insert and
+# one delete, instead of three statements each.
+SELECT_ACTIVE_MANY = f"SELECT {_COLS} FROM worker_activetask WHERE id IN ({{ids}}){{lock}}"
+SELECT_ARCHIVED_MANY = f"SELECT {_A_COLS} FROM worker_archivetask WHERE id IN ({{ids}})"
+INSERT_ARCHIVE_MANY = f"INSERT INTO worker_archivetask ({_A_COLS}) VALUES {{rows}}"
+DELETE_ACTIVE_MANY = "DELETE FROM worker_activetask WHERE id IN ({ids})"
 SELECT_ARCHIVED = f"SELECT {_A_COLS} FROM worker_archivetask WHERE id = %s{{lock}}"
 # Newest first by the archive time; Phorge keys dateModified, and sets it on archive too.
 LIST_ARCHIVED = (
@@ -165,6 +192,13 @@ LIST = (
     " WHERE leaseOwner IS NOT NULL ORDER BY priority, id LIMIT %s) AS leased"
     " ORDER BY priority, id LIMIT %s OFFSET %s"
 )
+# What held lease calls watch: the primary key's last entry (Phorge's own
+# inserts included) and one probe of the leaseExpires index for tasks that
+# came due since the last check.  Both are index lookups.
+WAKE_CHECK = (
+    "SELECT (SELECT MAX(id) FROM worker_activetask),"
+    " EXISTS(SELECT 1 FROM worker_activetask WHERE leaseExpires >= %s AND leaseExpires < %s)"
+)
 GET = (
     f"SELECT {_T_COLS}, COALESCE(d.data, '') FROM worker_activetask t"
     " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id = %s"
@@ -191,6 +225,12 @@ DELETE_DATA = "DELETE FROM worker_taskdata WHERE id IN ({ids})"
 _CLAIM_ROUNDS = 4
 _INT64_MAX = 2**63 - 1  # the largest LIMIT both databases take
 _AWAKEN_CHUNK = 500
+# How long closing waits for leases being given back.
+GIVE_BACK_BUDGET = 2.0
+# Tasks archived per statement of a batched report: 14 values a row stay
+# under SQLite's oldest limit of 999 bound parameters.
+_REPORT_CHUNK = 64
+_ARCHIVE_ROW = "(" + ", ".join(["%s"] * len(ARCHIVE_COLUMNS)) + ")"
 
 
 def _marks(n: int) -> str:
@@ -221,6 +261,7 @@ class SqlTaskStore:
         self._clock = clock
         self._counts = TaskCounts()
         self._stats_lock = DeferredLock()
+        self._giving_back = InFlight()
 
     def _now(self) -> int:
         return int(self._clock.seconds())
@@ -264,7 +305,24 @@ class SqlTaskStore:
         now = self._now()
         exp = check_u32("leaseExpires", now + lease_duration)
         classes = tuple(dict.fromkeys(task_classes or ()))
-        return await self.db.run("lease", self._lease_txn, owner, limit, exp, now, classes)
+        claim = Deferred.fromCoroutine(self.db.run("lease", self._lease_txn, owner, limit, exp,
+                                                   now, classes))
+        return await outliving_caller(claim, lambda won: self._give_back(owner, exp, won))
+
+    def _give_back(self, owner: str, exp: int, tasks: list[Task]) -> None:
+        if not tasks:
+            return
+        ids = [task.id for task in tasks]
+        log_handed_back(owner, ids)
+
+        def give_back(txn) -> None:
+            self._engine.begin_write(txn)
+            self._exec(txn, GIVE_BACK.format(ids=_marks(len(ids))),
+                       (self._now(), *ids, owner, exp))
+
+        d = self._giving_back.track(Deferred.fromCoroutine(self.db.run("give_back", give_back)))
+        d.addErrback(lambda f: log.failure("LEASE_HAND_BACK_FAILED task_ids={task_ids}", f,
+                                           level=LogLevel.error, task_ids=ids))
 
     def _lease_txn(self, txn, owner: str, limit: int, exp: int, now: int,
                    classes: tuple[str, ...]) -> list[Task]:
@@ -364,6 +422,10 @@ class SqlTaskStore:
     def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
                      replay: bool, owner: str | None) -> ArchivedTask:
         self._engine.begin_write(txn)
+        return self._archive_in(txn, task_id, result, duration, now, replay, owner)
+
+    def _archive_in(self, txn, task_id: int, result: int, duration: int, now: int,
+                    replay: bool, owner: str | None) -> ArchivedTask:
         task = self._held_txn(txn, task_id, owner, replay)
         if isinstance(task, ArchivedTask):
             return task
@@ -392,6 +454,10 @@ class SqlTaskStore:
     def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int,
                             owner: str | None) -> Task:
         self._engine.begin_write(txn)
+        return self._temporary_fail_in(txn, task_id, now, expires, owner)
+
+    def _temporary_fail_in(self, txn, task_id: int, now: int, expires: int,
+                           owner: str | None) -> Task:
         if owner is not None:
             self._held_txn(txn, task_id, owner)
         expires = self._check_expiry(txn, task_id, "retryWait", expires, owner)
@@ -408,11 +474,101 @@ class SqlTaskStore:
 
     def _yield_txn(self, txn, task_id: int, now: int, expires: int, owner: str | None) -> None:
         self._engine.begin_write(txn)
+        self._yield_in(txn, task_id, now, expires, owner)
+
+    def _yield_in(self, txn, task_id: int, now: int, expires: int, owner: str | None) -> None:
         # Existence by a locking read: an identical yield in the same second
         # changes no row, and the pool reports changed rows, not matched ones.
         self._held_txn(txn, task_id, owner)
         expires = check_u32("duration", expires)
         self._exec(txn, YIELD, (YIELD_OWNER, expires, now, task_id))
+
+    # -- batched reports ---------------------------------------------------------
+
+    async def report(self, reports: Sequence[Report],
+                     owner: str | None = None) -> list[ReportResult]:
+        reports = list(reports)
+        if not reports:
+            return []
+        return await self.db.run("report", self._report_txn, reports, owner, self._now())
+
+    def _report_txn(self, txn, reports: list[Report], owner: str | None,
+                    now: int) -> list[ReportResult]:
+        self._engine.begin_write(txn)
+        results: list[ReportResult | None] = [None] * len(reports)
+        # Archives of distinct ids go together; an id reported twice goes
+        # one report after the other, in order, like everything else.
+        seen = Counter(r.task_id for r in reports)
+        together = [i for i, r in enumerate(reports) if r.archives and seen[r.task_id] == 1]
+        for start in range(0, len(together), _REPORT_CHUNK):
+            self._archive_many(txn, reports, together[start:start + _REPORT_CHUNK], owner, now,
+                               results)
+        return [result if result is not None else self._report_one(txn, report, owner, now)
+                for report, result in zip(reports, results)]
+
+    def _report_one(self, txn, report: Report, owner: str | None, now: int) -> ReportResult:
+        task_id = report.task_id
+        row: ArchivedTask | Task | None
+        try:
+            if report.outcome == REPORT_COMPLETE:
+                row = self._archive_in(txn, task_id, RESULT_SUCCESS, report.duration, now,
+                                       True, owner)
+            elif report.outcome == REPORT_FAIL and report.permanent:
+                row = self._archive_in(txn, task_id, RESULT_FAILURE, 0, now, False, owner)
+            elif report.outcome == REPORT_FAIL:
+                row = self._temporary_fail_in(txn, task_id, now, now + report.retry_wait, owner)
+            else:
+                self._yield_in(txn, task_id, now, now + max(report.duration, MIN_YIELD), owner)
+                return ReportResult(task_id)
+        except (TaskNotFound, LeaseConflict, InvalidArgument) as e:
+            return ReportResult(task_id, error=e)
+        return ReportResult(task_id, row.task_class)
+
+    def _archive_many(self, txn, reports: list[Report], indexes: list[int], owner: str | None,
+                      now: int, results: list[ReportResult | None]) -> None:
+        """Archive the reports at ``indexes`` (distinct ids, each a complete or a
+        permanent failure) with the same checks as :meth:`_held_txn`."""
+        ids = sorted(reports[i].task_id for i in indexes)
+        self._exec(txn, SELECT_ACTIVE_MANY.format(ids=_marks(len(ids)),
+                                                  lock=self._engine.for_update), ids)
+        active = {task.id: task for task in map(self._task_row, txn.fetchall())}
+        missing = [task_id for task_id in ids if task_id not in active]
+        previous: dict[int, ArchivedTask] = {}
+        if missing:
+            self._exec(txn, SELECT_ARCHIVED_MANY.format(ids=_marks(len(missing))), missing)
+            previous = {row.id: row for row in (
+                archived_from_columns(dict(zip(ARCHIVE_COLUMNS, values)))
+                for values in txn.fetchall())}
+        rows: list[ArchivedTask] = []
+        for i in indexes:
+            report = reports[i]
+            task_id, complete = report.task_id, report.outcome == REPORT_COMPLETE
+            task = active.get(task_id)
+            if task is None:
+                was = previous.get(task_id)
+                if (complete and was is not None and was.result == RESULT_SUCCESS
+                        and (owner is None or was.lease_owner == owner)):
+                    results[i] = ReportResult(task_id, was.task_class)
+                elif owner is not None and was is not None:
+                    results[i] = ReportResult(task_id, error=LeaseConflict(task_id))
+                else:
+                    results[i] = ReportResult(task_id, error=TaskNotFound(task_id))
+            elif owner is not None and task.lease_owner != owner:
+                results[i] = ReportResult(task_id, error=LeaseConflict(task_id))
+            else:
+                rows.append(archive_of(task, result=RESULT_SUCCESS if complete else RESULT_FAILURE,
+                                       duration=report.duration if complete else 0, now=now))
+                results[i] = ReportResult(task_id, task.task_class)
+        if not rows:
+            return
+        values: list[Any] = []
+        for a in rows:
+            values += (a.id, a.task_class, a.lease_owner, a.lease_expires, a.failure_count,
+                       a.data_id, a.priority, a.object_phid, a.container_phid, a.date_created,
+                       a.date_modified, a.result, a.duration, a.archived_epoch)
+        self._exec(txn, INSERT_ARCHIVE_MANY.format(rows=", ".join([_ARCHIVE_ROW] * len(rows))),
+                   values)
+        self._exec(txn, DELETE_ACTIVE_MANY.format(ids=_marks(len(rows))), [a.id for a in rows])
 
     async def renew(self, owner: str, task_ids: Sequence[int],
                     duration: int) -> dict[int, int | None]:
@@ -455,7 +611,8 @@ class SqlTaskStore:
 
     async def list_archived(self, result: int | None, task_class: str | None, limit: int,
                             offset: int) -> list[ArchivedTask]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[int | str] = []
         if result is not None:
             where.append("result = %s")
             args.append(result)
@@ -683,8 +840,17 @@ class SqlTaskStore:
             data = ""
         return task_from_columns(cols, data)
 
+    async def wake_check(self, since: int, now: int) -> tuple[int, bool]:
+        def read(txn) -> tuple[int, bool]:
+            self._exec(txn, WAKE_CHECK, (since, now))
+            highest, due = txn.fetchone()
+            return int(highest or 0), bool(due)
+
+        return await self.db.run("wake_check", read)
+
     async def ping(self) -> str | None:
         return await self.db.ping()
 
     async def close(self) -> None:
+        await self._giving_back.drain(GIVE_BACK_BUDGET, self._clock)
         self.db.close()

@@ -26,10 +26,24 @@ Conventions (all backends, pinned so the behaviour tests can compare them):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from gorge.taskqueue.model import ArchivedTask, EnqueueRequest, Stats, Task
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
+
+from gorge.taskqueue.model import (
+    REPORT_COMPLETE,
+    REPORT_FAIL,
+    ArchivedTask,
+    EnqueueRequest,
+    InvalidArgument,
+    Report,
+    ReportResult,
+    Stats,
+    Task,
+)
 
 
 class TaskNotFound(LookupError):
@@ -145,6 +159,18 @@ class TaskStore(Protocol):
     #   * neither -> :class:`TaskNotFound`.
     # Order of the checks: not found, then conflict, then the range of a
     # computed expiry (InvalidArgument); nothing is written unless all pass.
+
+    async def report(self, reports: Sequence[Report],
+                     owner: str | None = None) -> list[ReportResult]:
+        """Record many result reports at once, in one transaction (or one Lua
+        script): each as :meth:`complete`, :meth:`fail` or :meth:`yield_`
+        would, fenced by ``owner`` alike, answered one :class:`ReportResult`
+        each, in order.  A report refused by the rules of its single call
+        (not found, lease conflict, an expiry out of range) writes nothing and
+        does not stop the others; a backend failure fails the whole call and
+        writes nothing.  Reports of one id apply in the order given.
+        """
+        ...
 
     async def renew(self, owner: str, task_ids: Sequence[int],
                     duration: int) -> dict[int, int | None]:
@@ -271,6 +297,15 @@ class TaskStore(Protocol):
         returns how many were still there."""
         ...
 
+    async def wake_check(self, since: int, now: int) -> tuple[int, bool]:
+        """What held lease calls watch (docs/taskqueue.md, Long-poll): a value
+        that changes whenever a task is added (the highest task id or the id
+        sequence), and whether some active task's ``leaseExpires`` lies in
+        ``[since, now)``, i.e. became leasable since the last check.  One
+        cheap statement or script; called every few milliseconds while
+        anyone waits."""
+        ...
+
     async def ping(self) -> str | None:
         """None when the backend answers, else a short reason (for /readyz).
         Never raises; bounded by the store (<= 5 s)."""
@@ -279,3 +314,55 @@ class TaskStore(Protocol):
     async def close(self) -> None:
         """Release connections; the last step of the service stop."""
         ...
+
+
+_REPORT_ERRORS = (TaskNotFound, LeaseConflict, InvalidArgument)
+
+log = Logger()
+
+
+def outliving_caller(work: Deferred, abandoned: Callable[[Any], None]) -> Deferred:
+    """What ``work`` answers, for a backend call that runs to its end once
+    sent (a transaction in a pool thread, a Lua script).  Cancelling the
+    answer (the caller went away) leaves ``work`` running and hands its
+    eventual result to ``abandoned``: a lease uses it to give back what it
+    claimed for nobody, instead of leaving it leased until the lease expires."""
+    answer: Deferred = Deferred()
+
+    def relay(result):
+        if not answer.called:
+            answer.callback(result)
+        elif isinstance(result, Failure):
+            log.failure("ABANDONED_CALL_FAILED", result, level=LogLevel.warn)
+        else:
+            abandoned(result)
+
+    work.addBoth(relay)
+    return answer
+
+
+def log_handed_back(owner: str, task_ids: list[int]) -> None:
+    log.warn("LEASE_HANDED_BACK owner={owner} task_ids={task_ids} reason={reason}",
+             owner=owner, task_ids=task_ids, reason="the caller went away during the lease")
+
+
+async def report_each(store: TaskStore, reports: Sequence[Report],
+                      owner: str | None) -> list[ReportResult]:
+    """:meth:`TaskStore.report` as a series of single calls, for a store
+    whose single calls are already atomic and cheap (the in-memory model)."""
+    results = []
+    for report in reports:
+        row: ArchivedTask | Task | None
+        try:
+            if report.outcome == REPORT_COMPLETE:
+                row = await store.complete(report.task_id, report.duration, owner)
+            elif report.outcome == REPORT_FAIL:
+                row = await store.fail(report.task_id, report.permanent, report.retry_wait, owner)
+            else:
+                row = None
+                await store.yield_(report.task_id, report.duration, owner)
+        except _REPORT_ERRORS as e:
+            results.append(ReportResult(report.task_id, error=e))
+            continue
+        results.append(ReportResult(report.task_id, getattr(row, "task_class", "")))
+    return results

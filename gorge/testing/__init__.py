@@ -1,9 +1,14 @@
-"""Throwaway MariaDB and Redis servers for the test suite and the benchmarks.
+"""Throwaway servers for the test suite and the benchmarks.
 
-Both start a real server on a loopback port in a temporary directory
+MariaDB and Redis: each starts a real server on a loopback port in a temporary directory
 (:class:`~gorge.testing.mariadb_server.MariaDBServer`,
 :class:`~gorge.testing.redis_server.RedisServer`), with Phorge's tables on
 demand (:mod:`~gorge.testing.phorge_schema`) and a long webhook delivery
-history to fill them with (:mod:`~gorge.testing.herald_history`). Nothing
-here runs in a daemon and nothing starts at import time.
+history to fill them with (:mod:`~gorge.testing.herald_history`). A
+throwaway Phorge on such a MariaDB (:mod:`~gorge.testing.phorge`, given a
+checkout in ``GORGE_PHORGE_ROOT``) and gorge's daemons for it as real
+``twistd`` processes (:mod:`~gorge.testing.gorge_stack`,
+:mod:`~gorge.testing.twistd`) serve the real-Phorge tests and
+``bench/phorge.py``. Nothing here runs in a daemon and nothing starts at
+import time.
 """

@@ -78,6 +78,7 @@ class MariaDBServer(ThrowawayServer):
             *self._as_root_options(),
         ]
         with open(log, "wb") as out:
+            status: int | str
             try:
                 status = subprocess.run(
                     argv,

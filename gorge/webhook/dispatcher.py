@@ -10,6 +10,7 @@ candidates; rows not started by then are simply read again.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 from twisted.internet.defer import Deferred
@@ -19,11 +20,11 @@ from twisted.logger import Logger, LogLevel
 
 from gorge import mysql as platform_mysql
 from gorge.service import InFlight
-from gorge.webhook import payload
+from gorge.webhook import payload, retryafter
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
-from gorge.webhook.uripolicy import Unresolvable, UriPolicy, UriRefused
+from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 from gorge.webhook.settings import WebhookSettings
 from gorge.webhook.store import (
     FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, Hook, WebhookStore)
@@ -46,6 +47,12 @@ class _Summary:
 
     FIELDS = ("claims_won", "claims_lost", "breaker_skips", "delivered", "failed",
               "config_failures")
+    claims_won: int
+    claims_lost: int
+    breaker_skips: int
+    delivered: int
+    failed: int
+    config_failures: int
 
     def __init__(self) -> None:
         self.reset()
@@ -56,6 +63,14 @@ class _Summary:
 
     def snapshot(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.FIELDS}
+
+
+@dataclass(frozen=True)
+class _Destination:
+    """Where a claimed candidate goes: the checked target, or why its host did not resolve."""
+
+    target: Target | None
+    unresolved: str = ""
 
 
 class Dispatcher:
@@ -84,6 +99,7 @@ class Dispatcher:
         self._summary_at = clock.seconds()
         self._outage_since: float | None = None
         self._outage_logged_at = 0.0
+        self._gone_hooks: set[str] = set()  # hooks whose 410 was logged (until a 2xx)
 
     def set_wake(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -112,6 +128,7 @@ class Dispatcher:
             rows = await self._store.candidates(
                 limit=limit, lease=self._settings.effective_lease,
                 backoff=self._settings.retry_backoff, exclude_hooks=self._breaker.excluded())
+            await self._renew_holds()
         except Exception as e:
             self._poll_failed(e)
             return
@@ -136,6 +153,14 @@ class Dispatcher:
                 lines.setdefault(candidate.hook_phid, deque()).append(candidate)
         self._lines = lines
         self._fill()
+
+    async def _renew_holds(self) -> None:
+        """Keep the leases of rows held for a Retry-After (docs/webhook.md)."""
+        for request_id in await self._store.renew_holds():
+            self._metrics.retry_after.labels(result="lost").inc()
+            log.info("WEBHOOK_HOLD_LOST request_id={request_id}"
+                     " reason={reason}", request_id=request_id,
+                     reason="the row was changed by another writer while held")
 
     def _poll_failed(self, exc: Exception, event: str = POLL_FAILED) -> None:
         """A database outage: logged when it starts, then at most once a minute."""
@@ -228,34 +253,68 @@ class Dispatcher:
             self._more_waiting = False
             self._wake()
 
-    # -- one candidate ----------------------------------------
+    # -- one candidate ------------------------------------------------
+    #
+    # The steps, in the order that is part of the contract; each returns
+    # None when the candidate has been dealt with (retired, skipped, lost):
+    #
+    #   _read_properties -> _usable_hook -> _breaker_allows -> _destination
+    #   -> _claim -> _deliver -> _record
 
     async def _process(self, candidate: Candidate) -> None:
+        props = await self._read_properties(candidate)
+        if props is None:
+            return
+        hook = await self._usable_hook(candidate, props)
+        if hook is None or not await self._breaker_allows(candidate, hook):
+            return
+        destination = await self._destination(candidate, hook, props)
+        if destination is None or self._stopping:
+            return  # refused, or shutdown before the claim: abandon without a write
+        if not await self._claim(candidate, hook):
+            return
+        attempt, duration = await self._deliver(candidate, hook, props, destination)
+        if attempt.aborted:
+            self._metrics.deliveries.labels(outcome="abandoned").inc()
+            log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
+                     request=candidate.phid, hook=hook.phid)
+            return
+        await self._record(candidate, hook.phid, props, attempt, duration)
+
+    async def _read_properties(self, candidate: Candidate) -> payload.Properties | None:
+        """Step 1: the stored document; an unreadable one retires the row."""
         try:
-            props = payload.parse_properties(candidate.properties)
+            return payload.parse_properties(candidate.properties)
         except payload.InvalidProperties as e:
             log.warn("WEBHOOK_PROPERTIES_INVALID request={request} hook={hook} reason={reason}",
                      request=candidate.phid, hook=candidate.hook_phid, reason=e.reason)
             await self._retire(candidate, e.document, payload.CODE_INVALID_PROPERTIES)
-            return
+            return None
+
+    async def _usable_hook(self, candidate: Candidate, props: payload.Properties) -> Hook | None:
+        """Step 2: the hook, looked up by the tick; a missing or disabled one retires the row."""
         hook = self._hooks.get(candidate.hook_phid)
         if hook is None:
             log.warn("WEBHOOK_HOOK_MISSING request={request} hook={hook}",
                      request=candidate.phid, hook=candidate.hook_phid)
             await self._retire(candidate, props.document, payload.CODE_NOT_FOUND)
-            return
+            return None
         if hook.disabled:
             log.info("WEBHOOK_HOOK_DISABLED request={request} hook={hook}",
                      request=candidate.phid, hook=hook.phid)
             await self._retire(candidate, props.document, payload.CODE_DISABLED)
-            return
+            return None
+        return hook
+
+    async def _breaker_allows(self, candidate: Candidate, hook: Hook) -> bool:
+        """Step 4 (the slot already serialises the hook, step 3): open or uncountable = skip."""
         try:
             is_open = await self._breaker.is_open(hook.phid)
         except Exception as e:
             self._drop_line(hook.phid)
             log.error("WEBHOOK_BACKOFF_CHECK_FAILED request={request} hook={hook} error={error}",
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
-            return
+            return False
         if is_open:
             # The rest of this hook's line would only find it open again.
             skipped = 1 + len(self._lines.pop(hook.phid, ()))
@@ -263,21 +322,26 @@ class Dispatcher:
             self._summary.breaker_skips += skipped
             log.debug("WEBHOOK_HOOK_BACKOFF_SKIPPED request={request} hook={hook} rows={rows}",
                       request=candidate.phid, hook=hook.phid, rows=skipped)
-            return
-        target = None
-        unresolved = ""
+            return False
+        return True
+
+    async def _destination(self, candidate: Candidate, hook: Hook,
+                           props: payload.Properties) -> _Destination | None:
+        """Step 5: the outbound policy. Refused retires the row; a host that does
+        not resolve is still claimed and recorded as a failed attempt."""
         try:
-            target = await self._policy.check(hook.uri)
+            return _Destination(target=await self._policy.check(hook.uri))
         except UriRefused as e:
             log.warn("WEBHOOK_URI_REFUSED request={request} hook={hook} check={check}"
                      " host={host}", request=candidate.phid, hook=hook.phid, check=e.check,
                      host=e.host)
             await self._retire(candidate, props.document, payload.CODE_URI)
-            return
+            return None
         except Unresolvable as e:
-            unresolved = f"{e.host}: {e.reason}"
-        if self._stopping:
-            return  # shutdown before the claim: abandon without a write
+            return _Destination(target=None, unresolved=f"{e.host}: {e.reason}")
+
+    async def _claim(self, candidate: Candidate, hook: Hook) -> bool:
+        """Step 6: the compare-and-set; nothing is sent without it."""
         try:
             won = await self._store.claim(candidate)
         except Exception as e:
@@ -285,40 +349,45 @@ class Dispatcher:
             self._metrics.claims.labels(result="error").inc()
             log.error("WEBHOOK_CLAIM_FAILED request={request} hook={hook} error={error}",
                       request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
-            return
+            return False
         if not won:
             self._metrics.claims.labels(result="lost").inc()
             self._summary.claims_lost += 1
             log.debug("WEBHOOK_CLAIM_LOST request={request} hook={hook}",
                       request=candidate.phid, hook=hook.phid)
-            return
+            return False
         self._metrics.claims.labels(result="won").inc()
         self._summary.claims_won += 1
-        duration = 0.0  # no POST was made for the two cases below
-        if target is None:
-            attempt = Attempt(code=CODE_UNRESOLVED, detail=f"unresolved {unresolved}")
-        elif not hook.hmac_key:
+        return True
+
+    async def _deliver(self, candidate: Candidate, hook: Hook, props: payload.Properties,
+                       destination: _Destination) -> tuple[Attempt, float]:
+        """Step 7: build, sign and POST; the attempt and how long the POST took."""
+        if destination.target is None:
+            detail = f"unresolved {destination.unresolved}"
+            return Attempt(code=CODE_UNRESOLVED, detail=detail), 0.0  # no POST was made
+        if not hook.hmac_key:
             log.error("WEBHOOK_REQUEST_BUILD_FAILED request={request} hook={hook}"
                       " reason={reason}", request=candidate.phid, hook=hook.phid,
                       reason="empty hmac key")
-            attempt = Attempt(error_type=payload.ERROR_TYPE_HOOK,
-                              code=payload.CODE_REQUEST_BUILD)
-        else:
-            body = payload.build_body(candidate.object_phid, candidate.date_created, props)
-            headers = {
-                "Content-Type": "application/json",
-                payload.SIGNATURE_HEADER: payload.sign(hook.hmac_key, body),
-            }
-            started = self._clock.seconds()
-            attempt = await self._transport.attempt(target, body, headers)
-            duration = max(self._clock.seconds() - started, 0.0)
-            self._metrics.delivery_seconds.observe(duration)
-        if attempt.aborted:
-            self._metrics.deliveries.labels(outcome="abandoned").inc()
-            log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
-                     request=candidate.phid, hook=hook.phid)
-            return
-        await self._record(candidate, hook.phid, props, attempt, duration)
+            unbuildable = Attempt(error_type=payload.ERROR_TYPE_HOOK,
+                                  code=payload.CODE_REQUEST_BUILD)
+            return unbuildable, 0.0
+        body = payload.build_body(candidate.object_phid, candidate.date_created, props)
+        headers = {
+            "Content-Type": "application/json",
+            payload.SIGNATURE_HEADER: payload.sign(hook.hmac_key, body),
+        }
+        started = self._clock.seconds()
+        if self._settings.standard_headers:
+            # The request's PHID: the same on every attempt of the request, so a
+            # receiver can tell a retry from a new event (docs/webhook.md).
+            headers.update(payload.standard_headers(hook.hmac_key, candidate.phid,
+                                                    int(started), body))
+        attempt = await self._transport.attempt(destination.target, body, headers)
+        duration = max(self._clock.seconds() - started, 0.0)
+        self._metrics.delivery_seconds.observe(duration)
+        return attempt, duration
 
     def _drop_line(self, hook_phid: str) -> None:
         """A statement failed: the hook's other rows would only fail the same way
@@ -336,11 +405,15 @@ class Dispatcher:
         properties = payload.with_outcome(props.document, attempt.error_type, attempt.code)
         if not attempt.ok:
             self._breaker.failed(hook_phid)
+        self._note_gone(candidate, hook_phid, attempt)
         changed = await self._write(candidate, lambda: self._store.finish(
             candidate, status, result, properties))
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()
+        not_before = None
+        if changed and status == QUEUED:
+            not_before = await self._hold_for_retry_after(candidate, hook_phid, attempt)
         if attempt.ok:
             self._summary.delivered += 1
             log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}"
@@ -349,9 +422,9 @@ class Dispatcher:
         elif _rejected(attempt):
             self._summary.failed += 1
             log.warn("WEBHOOK_DELIVERY_REJECTED request={request} hook={hook} status={status}"
-                     " duration={duration} row_status={row_status}", request=candidate.phid,
-                     hook=hook_phid, status=attempt.code, duration=round(duration, 3),
-                     row_status=status)
+                     " duration={duration} row_status={row_status} not_before={not_before}",
+                     request=candidate.phid, hook=hook_phid, status=attempt.code,
+                     duration=round(duration, 3), row_status=status, not_before=not_before)
         else:
             self._summary.failed += 1
             log.warn("WEBHOOK_DELIVERY_FAILED request={request} hook={hook}"
@@ -362,6 +435,45 @@ class Dispatcher:
         if changed == 0:
             log.info("WEBHOOK_RESULT_ROW_GONE request={request} hook={hook}",
                      request=candidate.phid, hook=hook_phid)
+
+    async def _hold_for_retry_after(self, candidate: Candidate, hook_phid: str,
+                                    attempt: Attempt) -> int | None:
+        """A 429/503 with Retry-After: the next attempt waits that long (bounded),
+        when that is later than the fixed retry. Returns the database second held until."""
+        if (attempt.code not in retryafter.STATUSES or attempt.retry_after is None
+                or not self._settings.retry_after_max):
+            return None
+        asked = retryafter.retry_after_seconds(attempt.retry_after, self._clock.seconds())
+        if asked is None:
+            self._metrics.retry_after.labels(result="unreadable").inc()
+            return None
+        try:
+            delay = min(asked, float(self._settings.retry_after_max))
+            not_before = await self._store.hold(candidate, delay)
+        except Exception as e:
+            # Not held: the row is retried after the fixed retry, like any failure.
+            log.error("WEBHOOK_HOLD_FAILED request={request} hook={hook} error={error}",
+                      request=candidate.phid, hook=hook_phid,
+                      error=platform_mysql.error_reason(e))
+            return None
+        self._metrics.retry_after.labels(result="held" if not_before else "not_later").inc()
+        return not_before
+
+    def _note_gone(self, candidate: Candidate, hook_phid: str, attempt: Attempt) -> None:
+        """410 Gone: counted every time, logged once per hook until it answers 2xx again."""
+        if attempt.ok:
+            self._gone_hooks.discard(hook_phid)
+            return
+        if attempt.error_type != payload.ERROR_TYPE_HTTP or attempt.code != retryafter.GONE:
+            return
+        self._metrics.gone.inc()
+        if hook_phid in self._gone_hooks:
+            return
+        self._gone_hooks.add(hook_phid)
+        log.warn("WEBHOOK_RECEIVER_GONE hook={hook} request={request} retry={retry}",
+                 hook=hook_phid, request=candidate.phid,
+                 retry="the request follows its retry mode; disable the hook in Phorge "
+                       "if the receiver is gone for good")
 
     async def _retire(self, candidate: Candidate, document: dict | None, code: str) -> None:
         if self._stopping:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 OUTCOMES = ("sent", "retry", "failed", "config_failure", "abandoned")
+# held: the next attempt waits for it; not_later: the fixed retry comes as late
+# or later; unreadable: neither seconds nor an HTTP date; lost: another writer
+# changed the row while it was held.
+RETRY_AFTER_RESULTS = ("held", "not_later", "unreadable", "lost")
 
 
 class WebhookMetrics:
@@ -30,6 +34,16 @@ class WebhookMetrics:
             "gorge_webhook_delivery_seconds", "POST duration, redirects included",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30),
             registry=registry)
+        self.retry_after = Counter(
+            "gorge_webhook_retry_after",
+            "Retry-After on 429/503 answers of retry=forever requests, by what it did",
+            ["result"], registry=registry)
+        self.gone = Counter(
+            "gorge_webhook_gone", "410 Gone answers (the request still follows its retry mode)",
+            registry=registry)
+        self.replays = Counter(
+            "gorge_webhook_replays", "Requests put back in the queue through the API,"
+            " by the status they had", ["previous"], registry=registry)
         self.poll_failures = Counter(
             "gorge_webhook_poll_failures", "Polls that failed (database errors)",
             registry=registry)
@@ -39,3 +53,7 @@ class WebhookMetrics:
             self.breaker_transitions.labels(state=state)
         for result in ("won", "lost", "error"):
             self.claims.labels(result=result)
+        for previous in ("sent", "failed"):
+            self.replays.labels(previous=previous)
+        for result in RETRY_AFTER_RESULTS:
+            self.retry_after.labels(result=result)

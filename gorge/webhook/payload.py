@@ -5,6 +5,7 @@ Pure functions only; the byte formats here are contracts.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -23,6 +24,12 @@ CODE_URI = "uri"
 CODE_REQUEST_BUILD = "request-build-error"
 
 SIGNATURE_HEADER = "X-Phabricator-Webhook-Signature"
+
+# Standard Webhooks (standardwebhooks.com), sent only when switched on.
+STANDARD_ID_HEADER = "webhook-id"
+STANDARD_TIMESTAMP_HEADER = "webhook-timestamp"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
+STANDARD_SECRET_PREFIX = "whsec_"
 
 # PHP array keys that are integers encode as canonical decimal strings only.
 _INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)
@@ -157,6 +164,28 @@ def _unescape_del(match: re.Match) -> str:
 
 def sign(key: str, body: bytes) -> str:
     return hmac.new(key.encode("utf-8"), body, hashlib.sha256).hexdigest()
+
+
+def standard_secret(key: str) -> str:
+    """The receiver's Standard Webhooks secret for a hook: ``whsec_`` + base64 of
+    the hook's key bytes, so both signatures use one and the same key."""
+    return STANDARD_SECRET_PREFIX + base64.b64encode(key.encode("utf-8")).decode("ascii")
+
+
+def standard_signature(key: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body``, keyed with the
+    bytes :func:`standard_secret` encodes (the hook's key as UTF-8)."""
+    signed = f"{message_id}.{timestamp}.".encode("utf-8") + body
+    digest = hmac.new(key.encode("utf-8"), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+def standard_headers(key: str, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    return {
+        STANDARD_ID_HEADER: message_id,
+        STANDARD_TIMESTAMP_HEADER: str(timestamp),
+        STANDARD_SIGNATURE_HEADER: standard_signature(key, message_id, timestamp, body),
+    }
 
 
 def with_outcome(document: dict | None, error_type: str, error_code: int | str) -> str:

@@ -17,6 +17,12 @@ docs/webhook.md, "Polling":
   the sent/failed counts and finds rows put back to ``queued`` by something
   that is not a gorge-webhook (or a commit later than the hole window).
 
+A row whose receiver answered ``Retry-After`` is "held" by this process
+until the time asked for: it is not offered before then, and while the hold
+lasts longer than the lease the store renews the row's lease (the claim
+statement again), so other replicas leave it alone too
+(docs/webhook.md, "Retry-After and 410 Gone").
+
 Observations can arrive out of order with this process's own writes (a read
 issued before a claim may be answered after it). Each read is stamped when
 issued, each own write when it completed; a read older than the last own
@@ -78,6 +84,7 @@ class _Row:
     stale: bool = False  # something changed it that we cannot compute: re-read now
     due_at: int = 0
     in_due: bool = False
+    not_before: int = 0  # Retry-After: not offered before this database second
 
 
 @dataclass
@@ -126,6 +133,8 @@ class QueueView:
         self._sweep_block: int | None = None
         self._low_block = 0
         self._recount_first: set[int] = set()
+        self._holds: set[int] = set()  # held rows whose lease may still need renewing
+        self._lost: list[int] = []  # held rows another writer changed, not reported yet
 
     # -- reading the view --------------------------------------------------
 
@@ -149,6 +158,11 @@ class QueueView:
         """Rows another process claimed and has not finished: re-read on every poll, so
         its outcome (or its death) is seen at once rather than after the lease."""
         return sorted(self._leased)
+
+    def held_until(self, request_id: int) -> int | None:
+        """The Retry-After time this process holds the row until, if it does."""
+        row = self._rows.get(request_id)
+        return row.not_before if row is not None and row.not_before > self.now else None
 
     def configure(self, lease: int, backoff: int) -> None:
         """The windows that decide when a row is due; changing them re-plans every row."""
@@ -190,6 +204,11 @@ class QueueView:
                 self._remove(seen.id)
                 self._count(seen.id, seen.status, 1)
                 return
+            if row.not_before and seen.modified != row.modified:
+                # Written by someone else since our last write: our hold is over.
+                row.not_before = 0
+                self._holds.discard(seen.id)
+                self._lost.append(seen.id)
             row.created, row.modified = seen.created, seen.modified
             row.result, row.epoch, row.stale = seen.result, seen.epoch, False
             self._place(seen.id, row)
@@ -218,6 +237,8 @@ class QueueView:
         row.modified = max(row.modified, version + 1)
         row.stale = False
         row.ours = True
+        row.not_before = 0
+        self._holds.discard(request_id)
         self._place(request_id, row)
 
     def changed_elsewhere(self, request_id: int, stamp: int) -> None:
@@ -228,6 +249,8 @@ class QueueView:
         row.written = stamp
         row.stale = True
         row.ours = False
+        row.not_before = 0
+        self._holds.discard(request_id)
         self._place(request_id, row)
 
     def finished(self, request_id: int, version: int, status: str, result: str,
@@ -252,6 +275,84 @@ class QueueView:
         row.ours = False
         self._place(request_id, row)
 
+    def requeued(self, seen: Seen, previous: str, stamp: int) -> None:
+        """Our replay put a finished row back to queued; ``seen`` is read back after it.
+
+        The row is offered at the next poll. A read issued before the replay
+        (it would still say "sent") is ignored, like any read older than our
+        own last write.
+        """
+        self._tombstones.pop(seen.id, None)
+        if seen.id not in self._rows:
+            if seen.id <= self.cursor and seen.id not in self._holes:
+                self._count(seen.id, previous, -1)  # it was counted as finished
+            self._add(seen)
+        else:
+            self.saw(seen, stamp)
+        self._rows[seen.id].written = stamp
+
+    # -- Retry-After holds ----------------------------------------------------
+
+    def hold(self, seen: Seen, not_before: int, stamp: int) -> bool:
+        """Our outcome write left the row as ``seen`` (read back after it) and the
+        receiver asked us not to come back before ``not_before``. False when that
+        is no later than the row is due anyway: nothing to hold."""
+        row = self._rows.get(seen.id)
+        if row is None or seen.status != QUEUED:
+            return False
+        row.written = stamp
+        row.created, row.modified = seen.created, seen.modified
+        row.result, row.epoch, row.stale = seen.result, seen.epoch, False
+        row.not_before = 0
+        if not_before <= self._due_at(row):
+            self._place(seen.id, row)
+            return False
+        row.not_before = not_before
+        self._holds.add(seen.id)
+        self._place(seen.id, row)
+        return True
+
+    def renewals(self, now: int) -> list[tuple[int, int]]:
+        """``(id, version)`` of the held rows whose lease must be renewed now.
+
+        A lease is renewed once two thirds of it have passed, or at
+        ``not_before - lease`` when that comes first, so the last lease runs
+        out when the hold does. A hold that the current lease already covers
+        needs no more renewals.
+        """
+        self.now = max(self.now, now)
+        if self.lease is None:
+            return []
+        margin = max(1, self.lease // 3)
+        due = []
+        for request_id in sorted(self._holds):
+            row = self._rows.get(request_id)
+            if row is None or not row.not_before or row.modified + self.lease >= row.not_before:
+                self._holds.discard(request_id)
+                continue
+            if self.now >= min(row.modified + self.lease - margin, row.not_before - self.lease):
+                due.append((request_id, row.modified))
+        return due
+
+    def renewed(self, request_id: int, version: int, stamp: int) -> None:
+        """Our renewal moved the row's version (read back after it) to ``version``."""
+        row = self._rows.get(request_id)
+        if row is None:
+            return
+        row.written = stamp
+        row.modified = version
+        self._place(request_id, row)
+
+    def hold_lost(self, request_id: int, stamp: int) -> None:
+        """A renewal matched nothing: someone else took or changed the row."""
+        self.changed_elsewhere(request_id, stamp)
+        self._lost.append(request_id)
+
+    def lost_holds(self) -> list[int]:
+        """Held rows found changed by another writer since the last call."""
+        lost, self._lost = self._lost, []
+        return lost
+
     # -- moving the cursor, holes -----------------------------------------
 
     def scanned(self, rows: list[Seen], upto: int, stamp: int, at: float) -> None:
@@ -269,7 +370,7 @@ class QueueView:
             for request_id in range(low + 1, high):
                 self._holes[request_id] = at
             if len(self._holes) > self._max_holes:
-                for request_id in sorted(self._holes, key=self._holes.get)[
+                for request_id in sorted(self._holes, key=self._holes.__getitem__)[
                         :len(self._holes) - self._max_holes]:
                     del self._holes[request_id]
 
@@ -392,6 +493,7 @@ class QueueView:
     def _remove(self, request_id: int) -> None:
         row = self._rows.pop(request_id)
         self._leased.discard(request_id)
+        self._holds.discard(request_id)
         del self._ids[bisect.bisect_left(self._ids, request_id)]
         if row.in_due:
             self._drop_due(request_id, row)
@@ -408,12 +510,12 @@ class QueueView:
             at = row.modified + self.lease
         if row.result == RESULT_FAIL:
             at = max(at, row.epoch + self.backoff)
-        return at
+        return max(at, row.not_before)
 
     def _place(self, request_id: int, row: _Row) -> None:
         row.due_at = self._due_at(row)
-        if (not row.ours and row.due_at > self.now and self.lease is not None
-                and row.due_at == row.modified + self.lease):
+        if (not row.ours and not row.not_before and row.due_at > self.now
+                and self.lease is not None and row.due_at == row.modified + self.lease):
             self._leased.add(request_id)
         else:
             self._leased.discard(request_id)

@@ -7,16 +7,19 @@ from typing import Mapping
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.logger import Logger, LogLevel
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import Env
-from gorge.service import DaemonRoot, Poller, SystemdNotifier, listener, run_make_service
+from gorge.service import (
+    Poller, ServiceTree, StopBudget, SystemdNotifier, listener, run_make_service,
+)
 from gorge.sql.metrics import TransactionMetrics
 from gorge.web import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
+from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.transport import Transport
@@ -35,81 +38,82 @@ class Options(usage.Options):
     ]
 
 
-class WebhookService(DaemonRoot):
-    """Start: listener, then the poll loop. Stop: listener, loop, drain, pools.
+class PollLoop:
+    """The poll loop: one dispatcher tick per interval; systemd hears "ready"
+    after the first tick that completed."""
 
-    The stop order is not the reverse of the start order, so this parent
-    sequences it explicitly rather than using OrderedService.
-    """
-
-    def __init__(self, *, settings: WebhookSettings, reactor, store: WebhookStore,
-                 transport: Transport, dispatcher: Dispatcher, site, http_service: IService,
-                 notifier: SystemdNotifier | None, clock) -> None:
-        self.setName("gorge-webhook")
-        self.site = site
-        self.settings = settings
-        self.store = store
-        self.transport = transport
-        self.dispatcher = dispatcher
-        self.http_service = http_service
-        self._reactor = reactor
-        self._clock = clock
+    def __init__(self, dispatcher: Dispatcher, interval: float, clock,
+                 notifier: SystemdNotifier | None) -> None:
+        self._dispatcher = dispatcher
         self._notifier = notifier
         self._first_tick_done = False
-        # Deliveries are bounded by the timeout; the extra 10 s cover their writes.
-        self.drain_budget = settings.shutdown_budget
-        self.poller = Poller(self._tick, settings.poll_interval, clock, "webhook",
+        self.poller = Poller(self._tick, interval, clock, "webhook",
                              on_progress=notifier.progress if notifier is not None else None)
         dispatcher.set_wake(self.poller.wake)
 
     async def _tick(self) -> None:
-        await self.dispatcher.tick()
+        await self._dispatcher.tick()
         if not self._first_tick_done:
             self._first_tick_done = True
             if self._notifier is not None:
                 self._notifier.ready()
 
-    def privilegedStartService(self) -> None:
-        super().privilegedStartService()
-        self.http_service.privilegedStartService()
 
-    def startService(self) -> None:
-        super().startService()
-        # A listener that cannot bind raises here, before any polling.
-        if not self.http_service.running:
-            self.http_service.startService()
-        log.info("listening address={address}", address=self.settings.http.listen_addr)
-        self.poller.start()
+def webhook_tree(settings: WebhookSettings, reactor, clock, *, store: WebhookStore,
+                 transport: Transport, dispatcher: Dispatcher, site,
+                 notifier: SystemdNotifier | None) -> ServiceTree:
+    """Start: listener, then the poll loop. Stop: listener, loop, drain, pools.
 
-    def stopService(self) -> Deferred:
-        super().stopService()
-        return Deferred.fromCoroutine(self._stop())
+    The stop order is not the reverse of the start order (the listener stops
+    first, yet polling starts only once it is bound), so polling has a
+    start step above the listener ("polling") and a stop step below it
+    ("poll-drain").
+    """
+    loop = PollLoop(dispatcher, settings.poll_interval, clock, notifier)
+    # Deliveries are bounded by the timeout; the extra 10 s cover their writes.
+    # One budget for the last tick, the running deliveries and their writes,
+    # counted once the listener has stopped.
+    budget = StopBudget(settings.shutdown_budget, clock)
 
-    async def _stop(self) -> None:
-        if self._notifier is not None:
-            self._notifier.stopping()
-        log.info("shutting down budget={budget}", budget=self.drain_budget)
-        try:
-            # Bounded by the listener itself: LISTENER_STOP_BUDGET for the
-            # requests already received.
-            await maybeDeferred(self.http_service.stopService)
-        except Exception:
-            log.failure("STOP_FAILED step=listener", level=LogLevel.error)
-        # One budget for the last tick, the running deliveries and their writes.
-        budget = self.drain_budget
-        started = self._clock.seconds()
-        try:
-            await self.poller.stop().addTimeout(budget, self._clock)
-        except Exception:
-            log.failure("STOP_FAILED step=poller", level=LogLevel.error)
-        remaining = max(budget - (self._clock.seconds() - started), 1.0)
-        await self.dispatcher.drain(remaining)
-        try:
-            await Deferred.fromCoroutine(self.transport.close()).addTimeout(5, self._reactor)
-        except Exception:
-            log.failure("STOP_FAILED step=http-pool", level=LogLevel.error)
-        self.store.close()
+    async def close_store() -> None:
+        store.close()
         log.info("WEBHOOK_STOPPED")
+
+    async def close_pool() -> None:
+        await Deferred.fromCoroutine(transport.close()).addTimeout(5, reactor)
+
+    async def drain_deliveries() -> None:
+        await dispatcher.drain(max(budget.remaining(), 1.0))
+
+    async def stop_polling() -> None:
+        budget.start()
+        await loop.poller.stop().addTimeout(budget.seconds, clock)
+
+    def start_polling() -> None:
+        log.info("listening address={address}", address=settings.http.listen_addr)
+        loop.poller.start()
+
+    def announce_stop() -> None:
+        if notifier is not None:
+            notifier.stopping()
+        log.info("shutting down budget={budget}", budget=budget.seconds)
+
+    tree = ServiceTree("gorge-webhook")
+    tree.add("store", stop=close_store, part=store)
+    tree.add("transport", stop=close_pool, part=transport)
+    tree.add("dispatcher", stop=drain_deliveries, part=dispatcher)
+    tree.add("poll-drain", stop=stop_polling)
+    # Bounded by the listener itself: LISTENER_STOP_BUDGET for the requests
+    # already received. A listener that cannot bind raises when it starts,
+    # before any polling.
+    tree.add("listener", listener(settings.http.endpoint, site,
+                                  drain_timeout=LISTENER_STOP_BUDGET, clock=reactor))
+    tree.add("polling", start=start_polling, part=loop)
+    tree.add("shutdown", stop=announce_stop)
+    tree.keep("site", site)
+    tree.keep("settings", settings)
+    tree.keep("stop-budget", budget)
+    return tree
 
 
 def log_effective_settings(settings: WebhookSettings, engine: str,
@@ -118,13 +122,16 @@ def log_effective_settings(settings: WebhookSettings, engine: str,
              " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
              " effective_retry={effective_retry} breaker_threshold={threshold}"
              " breaker_window={window} database={database} store={store}"
-             " outbound_blacklist={blacklist}",
+             " outbound_blacklist={blacklist} standard_headers={standard_headers}"
+             " retry_after_max={retry_after_max}",
              poll_ms=int(settings.poll_interval * 1000), max_concurrent=settings.max_concurrent,
              timeout=settings.delivery_timeout, lease=settings.effective_lease,
              retry_backoff=settings.retry_backoff, effective_retry=settings.effective_retry,
              threshold=settings.breaker_threshold, window=settings.breaker_window,
              database=settings.mysql.describe(), store=engine,
-             blacklist=len(settings.outbound_blacklist))
+             blacklist=len(settings.outbound_blacklist),
+             standard_headers=settings.standard_headers,
+             retry_after_max=settings.retry_after_max)
     for warning in warnings + settings.startup_warnings():
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
 
@@ -134,11 +141,13 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
                           notifier: SystemdNotifier | None = None, clock=None,
                           registry: CollectorRegistry | None = None,
                           resolver: Resolver | None = None,
-                          config_warnings: list[str] | None = None) -> WebhookService:
+                          config_warnings: list[str] | None = None) -> ServiceTree:
     """The real constructor; ``makeService`` only wires in the global reactor and environment.
 
     ``clock`` (default: the reactor) drives the loop and the breaker; tests
-    pass a ``task.Clock``. ``store`` lets a demo run on SQLite.
+    pass a ``task.Clock``. ``store`` lets a demo run on SQLite. Parts:
+    ``store``, ``transport``, ``dispatcher``, ``polling``, ``site``,
+    ``settings``, ``stop-budget``.
     """
     clock = clock if clock is not None else reactor
     registry = registry if registry is not None else CollectorRegistry()
@@ -154,16 +163,14 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
     dispatcher = Dispatcher(store=store, transport=transport, policy=policy, breaker=breaker,
                             settings=settings, clock=clock, metrics=metrics)
 
-    site = build_site(api_resource=WebhookApi(store).resource(), prefix=PREFIX,
+    deliveries = DeliveryLog(store, metrics, breaker_threshold=settings.breaker_threshold,
+                             breaker_window=settings.breaker_window)
+    site = build_site(api_resource=WebhookApi(store, deliveries).resource(), prefix=PREFIX,
                       token=settings.http.token, body_limit=settings.http.body_limit,
                       readiness=store.ping, registry=registry, clock=reactor)
     log_effective_settings(settings, store.db.engine.name, config_warnings or [])
-    return WebhookService(settings=settings, reactor=reactor, store=store, transport=transport,
-                          dispatcher=dispatcher, site=site,
-                          http_service=listener(settings.http.endpoint, site,
-                                                drain_timeout=LISTENER_STOP_BUDGET,
-                                                clock=reactor),
-                          notifier=notifier, clock=clock)
+    return webhook_tree(settings, reactor, clock, store=store, transport=transport,
+                        dispatcher=dispatcher, site=site, notifier=notifier)
 
 
 def makeService(options: Mapping) -> IService:

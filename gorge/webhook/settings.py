@@ -56,6 +56,10 @@ class WebhookSettings:
     retry_backoff: int = 60
     claim_lease: int = 30
     outbound_blacklist: tuple[IPNetwork, ...] = field(default=(), repr=False)
+    # Standard Webhooks headers (webhook-id, -timestamp, -signature) next to Phorge's.
+    standard_headers: bool = False
+    # The longest wait a receiver's Retry-After may impose on one request.
+    retry_after_max: int = 3600
 
     @property
     def effective_lease(self) -> int:
@@ -116,4 +120,6 @@ def load_webhook_settings(environ: Mapping[str, str], *, listen: str | None = No
         retry_backoff=env.int("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", 60, min=0),
         claim_lease=env.int("GORGE_WEBHOOK_CLAIM_LEASE_SEC", 30, min=0),
         outbound_blacklist=parse_blacklist(env.raw(BLACKLIST_VAR)),
+        standard_headers=env.bool("GORGE_WEBHOOK_STANDARD_HEADERS", False),
+        retry_after_max=env.int("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", 3600, min=0),
     )

@@ -1,4 +1,5 @@
-"""The herald tables: candidates, claim, outcome writes, hook lookups, counts.
+"""The herald tables: candidates, claim, outcome writes, hook lookups, counts,
+Retry-After holds, and the delivery log with its replays.
 
 Every statement stands alone (autocommit; a few of them may share one short
 ``runInteraction``). Every time value compared with or stored into
@@ -19,6 +20,7 @@ adapts it to SQLite for the demo, and every read or write runs through
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -43,6 +45,9 @@ LOAD_CHUNK = 40 * BLOCK  # ids counted per statement by the start-up pass
 SWEEP_RATE = 2000.0  # ids recounted per second by the background pass
 SWEEP_MAX_STEPS = 4  # blocks per poll at most, however long since the last one
 IDS_PER_STATEMENT = 500  # SQLite's old limit is 999 bound parameters
+LIST_WINDOW = 2000  # ids per statement of the delivery log's listing
+LIST_BUDGET = 10_000  # ids one listing call reads at most
+SINCE_SLACK = 60  # seconds: how much older a row with a higher id may be
 
 SQL_NOW = "SELECT UNIX_TIMESTAMP()"
 
@@ -115,6 +120,11 @@ SQL_RETIRE = (
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
 
+# A Retry-After hold keeps other replicas off the row by claiming it again
+# (docs/webhook.md, "Retry-After and 410 Gone"): dateModified moves to now, as
+# every write of ours does, and nothing else changes.
+SQL_RENEW_HOLD = SQL_CLAIM
+
 SQL_HOOKS = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
 
 # Every row of the hook counts, whatever its status. A range of
@@ -129,6 +139,56 @@ SQL_BREAKER_COUNT = (
 SQL_ACTIVE_HOOKS = "SELECT COUNT(*) FROM herald_webhook WHERE status <> 'disabled'"
 
 SQL_HOOK_TOTAL = "SELECT COUNT(*) FROM herald_webhook"
+
+# -- the delivery log (docs/webhook.md, "Delivery log and replay") -------------
+
+_REQUEST_COLUMNS = (
+    "id, phid, webhookPHID, objectPHID, status, properties,"
+    " lastRequestResult, lastRequestEpoch, dateCreated, dateModified")
+
+# Newest first, one window of the primary key at a time: a call reads a
+# bounded number of rows whatever the filters (fragments from LIST_FILTERS).
+SQL_LIST_WINDOW = (
+    f"SELECT {_REQUEST_COLUMNS} FROM herald_webhookrequest"
+    " WHERE id < %s AND id >= %s{filters} ORDER BY id DESC LIMIT %s"
+)
+
+LIST_FILTERS = {
+    "hook": " AND webhookPHID = %s",
+    "status": " AND status = %s",
+    "result": " AND lastRequestResult = %s",
+    "since": " AND dateCreated >= %s",
+}
+
+# The lowest id created at or after a second: one entry of key_collect(dateCreated).
+SQL_FIRST_ID_SINCE = (
+    "SELECT id FROM herald_webhookrequest WHERE dateCreated >= %s"
+    " ORDER BY dateCreated ASC, id ASC LIMIT 1"
+)
+
+SQL_REQUEST_BY_ID = f"SELECT {_REQUEST_COLUMNS} FROM herald_webhookrequest WHERE id = %s"
+
+SQL_REQUEST_BY_PHID = f"SELECT {_REQUEST_COLUMNS} FROM herald_webhookrequest WHERE phid = %s"
+
+# A hook's finished requests created in a time range, oldest first from an id on.
+SQL_REPLAY_RANGE = (
+    f"SELECT {_REQUEST_COLUMNS} FROM herald_webhookrequest"
+    " WHERE webhookPHID = %s AND dateCreated >= %s AND dateCreated < %s"
+    " AND status IN ({statuses}) AND id > %s ORDER BY id ASC LIMIT %s"
+)
+
+# A replay puts a finished row back in the state Phorge inserts it in: queued,
+# no attempt made, dateModified = dateCreated (an untouched row, a candidate at
+# once for every replica). Only over the state read, so a row that changed
+# meanwhile is not replayed twice, and never a row that is still queued.
+SQL_REPLAY = (
+    "UPDATE herald_webhookrequest"
+    " SET status = 'queued', lastRequestResult = 'none', lastRequestEpoch = 0,"
+    " dateModified = dateCreated"
+    " WHERE id = %s AND status = %s AND dateModified = %s"
+)
+
+SQL_HOOK_LIST = "SELECT phid, name, status FROM herald_webhook ORDER BY id ASC"
 
 
 def _text(value: Any) -> str:
@@ -199,6 +259,73 @@ class Stats:
     sent: int
     failed: int
     active_hooks: int
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One row of ``herald_webhookrequest``, every column."""
+
+    id: int
+    phid: str
+    hook_phid: str
+    object_phid: str
+    status: str
+    properties: str
+    last_result: str
+    last_epoch: int
+    date_created: int
+    date_modified: int
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> "RequestRow":
+        return cls(
+            id=int(row[0]), phid=_text(row[1]), hook_phid=_text(row[2]),
+            object_phid=_text(row[3]), status=_text(row[4]), properties=_text(row[5]),
+            last_result=_text(row[6]), last_epoch=int(row[7]), date_created=int(row[8]),
+            date_modified=int(row[9]),
+        )
+
+    def seen(self) -> Seen:
+        return Seen(id=self.id, hook=self.hook_phid, status=self.status, result=self.last_result,
+                    epoch=self.last_epoch, created=self.date_created, modified=self.date_modified)
+
+
+@dataclass(frozen=True)
+class RequestPage:
+    rows: list[RequestRow]
+    next_cursor: int | None  # ids below this may match too; None: nothing older matches
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A row put back to queued: as it was, and as it is now."""
+
+    before: RequestRow
+    after: RequestRow
+
+
+class NotReplayable(Exception):
+    """The row is queued (or changed while it was being replayed)."""
+
+    def __init__(self, row: RequestRow) -> None:
+        super().__init__(row.status)
+        self.row = row
+
+
+@dataclass(frozen=True)
+class RangeReplay:
+    replayed: list[Replay]
+    skipped: list[RequestRow]  # changed between the read and the replay
+    next_after_id: int | None  # more may match above this id; None: the range is done
+
+
+@dataclass(frozen=True)
+class HookState:
+    phid: str
+    name: str
+    status: str
+    failures: int  # failed attempts within the breaker window, all replicas
+    queued: int  # queued rows this replica knows of
 
 
 # Phorge's layout and keys, nothing more: the demo must behave as production does.
@@ -375,11 +502,11 @@ class WebhookStore:
         view.finish_load(loading.start, loading.lowest)
         view.scanned(rows, upto, stamp, self._pace())
         self._loading = None
-        counts = view.counts()
+        totals = view.counts()
         log.info("WEBHOOK_QUEUE_LOADED lowest_id={lowest} highest_id={highest} queued={queued}"
                  " sent={sent} failed={failed} seconds={seconds}", lowest=loading.lowest,
-                 highest=loading.highest, queued=counts.queued, sent=counts.sent,
-                 failed=counts.failed, seconds=round(self._pace() - loading.started, 3))
+                 highest=loading.highest, queued=totals.queued, sent=totals.sent,
+                 failed=totals.failed, seconds=round(self._pace() - loading.started, 3))
 
     def _sweep_steps(self, at: float) -> int:
         """Blocks to recount this poll: SWEEP_RATE ids a second, spread over the polls."""
@@ -507,6 +634,49 @@ class WebhookStore:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
         return changed
 
+    # -- Retry-After holds ------------------------------------------------------
+
+    async def hold(self, candidate: Candidate, delay: float) -> int | None:
+        """After a failed attempt left the row queued: do not offer it again
+        before ``delay`` seconds after that attempt (the database's second of
+        the write). Returns the second held until, or None when the row is due
+        no earlier anyway (or is no longer ours)."""
+        stamp = self._view.stamp()
+        rows = await self.db.run("hold", self._read_by_id, [candidate.id])
+        seen = rows[0] if rows else None
+        if seen is None or seen.status != QUEUED or seen.result != RESULT_FAIL:
+            return None
+        not_before = seen.epoch + int(math.ceil(delay))
+        return not_before if self._view.hold(seen, not_before, stamp) else None
+
+    async def renew_holds(self) -> list[int]:
+        """Renew the leases of held rows that need it; returns the ids whose row
+        someone else changed meanwhile (the hold is dropped)."""
+        due = self._view.renewals(self._view.now)
+        if not due:
+            return self._view.lost_holds()
+
+        def renew(txn) -> tuple[list[int], list[Seen]]:
+            changed = []
+            for request_id, version in due:
+                self._execute(txn, SQL_RENEW_HOLD, (request_id, version))
+                if txn.rowcount == 1:
+                    changed.append(request_id)
+            return changed, self._read_by_id(txn, changed)
+
+        changed, rows = await self.db.run("renew_holds", renew)
+        stamp = self._view.stamp()  # an own write is stamped when it has completed
+        versions = {seen.id: seen.modified for seen in rows}
+        for request_id, _ in due:
+            if request_id in versions:
+                self._view.renewed(request_id, versions[request_id], stamp)
+            else:
+                self._view.hold_lost(request_id, stamp)
+        return self._view.lost_holds()
+
+    def held_until(self, request_id: int) -> int | None:
+        return self._view.held_until(request_id)
+
     # -- hooks, breaker, diagnostics -----------------------------------------
 
     async def load_hooks(self, phids: Sequence[str]) -> dict[str, Hook]:
@@ -551,6 +721,139 @@ class WebhookStore:
 
     async def hook_total(self) -> int:
         return await self._count(SQL_HOOK_TOTAL, description="hook_total")
+
+    # -- the delivery log and replays ------------------------------------------
+
+    async def list_requests(self, *, limit: int, cursor: int | None = None,
+                            hook: str | None = None, status: str | None = None,
+                            result: str | None = None, since: int | None = None,
+                            window: int = LIST_WINDOW, budget: int = LIST_BUDGET) -> RequestPage:
+        """Requests newest first, filtered; at most ``budget`` ids are read per call."""
+        filters = {"hook": hook, "status": status, "result": result, "since": since}
+        used = [(name, value) for name, value in filters.items() if value is not None]
+        statement = SQL_LIST_WINDOW.format(filters="".join(LIST_FILTERS[n] for n, _ in used))
+        values = [
+            value.encode("utf-8") if isinstance(value, str) and name == "hook" else value
+            for name, value in used
+        ]
+
+        def scan(txn) -> RequestPage:
+            lowest, highest = self._read_bounds(txn)
+            if lowest is None or highest is None:
+                return RequestPage([], None)
+            floor = lowest
+            if since is not None:
+                # Commit order is not id order: rows up to a minute older than
+                # ``since`` may carry higher ids (docs/webhook.md, Polling).
+                self._execute(txn, SQL_FIRST_ID_SINCE, (max(since - SINCE_SLACK, 0),))
+                first = txn.fetchone()
+                if first is None:
+                    return RequestPage([], None)
+                floor = max(floor, int(first[0]))
+            upper = highest + 1 if cursor is None else min(cursor, highest + 1)
+            rows: list[RequestRow] = []
+            read = 0
+            while upper > floor and read < budget:
+                low = max(floor, upper - window, upper - (budget - read))
+                wanted = limit - len(rows)
+                self._execute(txn, statement, (upper, low, *values, wanted))
+                found = [RequestRow.from_row(row) for row in txn.fetchall()]
+                rows.extend(found)
+                if len(found) == wanted:
+                    return RequestPage(rows, found[-1].id if found[-1].id > floor else None)
+                read += upper - low
+                upper = low
+            return RequestPage(rows, upper if upper > floor else None)
+
+        return await self.db.run("list_requests", scan)
+
+    def _read_request(self, txn, request: int | str) -> RequestRow | None:
+        if isinstance(request, int):
+            self._execute(txn, SQL_REQUEST_BY_ID, (request,))
+        else:
+            self._execute(txn, SQL_REQUEST_BY_PHID, (request.encode("utf-8"),))
+        row = txn.fetchone()
+        return None if row is None else RequestRow.from_row(row)
+
+    async def request(self, request: int | str) -> RequestRow | None:
+        """One request by id or PHID."""
+        return await self.db.run("request", self._read_request, request)
+
+    def _replay_rows(self, txn, rows: list[RequestRow]) -> tuple[list[Replay], list[RequestRow]]:
+        replayed, skipped = [], []
+        for row in rows:
+            self._execute(txn, SQL_REPLAY, (row.id, row.status, row.date_modified))
+            if txn.rowcount == 1:
+                after = self._read_request(txn, row.id)
+                if after is not None:
+                    replayed.append(Replay(before=row, after=after))
+                    continue
+            skipped.append(row)
+        return replayed, skipped
+
+    def _requeued(self, replays: list[Replay], stamp: int) -> None:
+        for replay in replays:
+            self._view.requeued(replay.after.seen(), replay.before.status, stamp)
+
+    async def replay(self, request: int | str) -> Replay | None:
+        """Put a sent or failed request back in the queue; None when there is no
+        such request. Raises NotReplayable for a queued one."""
+        await self._load()
+
+        def replay(txn) -> tuple[RequestRow | None, list[Replay]]:
+            row = self._read_request(txn, request)
+            if row is None or row.status not in (SENT, FAILED):
+                return row, []
+            replayed, skipped = self._replay_rows(txn, [row])
+            return (self._read_request(txn, row.id) if skipped else row), replayed
+
+        row, replayed = await self.db.run("replay", replay)
+        if replayed:
+            # This process offers the row at its next poll (docs/webhook.md).
+            self._requeued(replayed, self._view.stamp())
+            return replayed[0]
+        if row is None:
+            return None
+        raise NotReplayable(row)
+
+    async def replay_range(self, *, hook: str, since: int, until: int, statuses: Sequence[str],
+                           after_id: int = 0, limit: int = 1000) -> RangeReplay:
+        """Replay a hook's finished requests created in ``since <= dateCreated < until``,
+        oldest first, at most ``limit`` per call, from ``after_id`` on."""
+        await self._load()
+        statement = SQL_REPLAY_RANGE.format(statuses=_marks(len(statuses)))
+
+        def replay(txn) -> tuple[list[Replay], list[RequestRow], bool]:
+            self._execute(txn, statement,
+                          (hook.encode("utf-8"), since, until, *statuses, after_id, limit + 1))
+            rows = [RequestRow.from_row(row) for row in txn.fetchall()]
+            more = len(rows) > limit
+            replayed, skipped = self._replay_rows(txn, rows[:limit])
+            return replayed, skipped, more
+
+        replayed, skipped, more = await self.db.run("replay_range", replay)
+        self._requeued(replayed, self._view.stamp())
+        last = max([r.before.id for r in replayed] + [r.id for r in skipped], default=after_id)
+        return RangeReplay(replayed=replayed, skipped=skipped,
+                           next_after_id=last if more else None)
+
+    async def hook_states(self, window: int) -> list[HookState]:
+        """Every hook, with its failures in the breaker window (the breaker's own
+        count) and the queued rows this process knows of."""
+        await self._load()
+
+        def read(txn) -> list[tuple[str, str, str, int]]:
+            self._execute(txn, SQL_HOOK_LIST)
+            hooks = [(_text(r[0]), _text(r[1]), _text(r[2])) for r in txn.fetchall()]
+            counted = []
+            for phid, name, status in hooks:
+                self._execute(txn, SQL_BREAKER_COUNT, (phid.encode("utf-8"), window))
+                counted.append((phid, name, status, int(txn.fetchone()[0])))
+            return counted
+
+        return [HookState(phid=phid, name=name, status=status, failures=failures,
+                          queued=self._view.queued_for_hook(phid))
+                for phid, name, status, failures in await self.db.run("hook_states", read)]
 
     async def ping(self) -> str | None:
         """None when the database answers, else a short reason for ``/readyz``."""

@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urljoin
 
-from twisted.internet import error as net_error
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
-from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import optionsForClientTLS
-from twisted.python.failure import Failure
-from twisted.web.client import (
-    Agent,
-    HTTPConnectionPool,
-    PartialDownloadError,
-    ResponseDone,
-    ResponseNeverReceived,
-)
-from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
+from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from gorge.httpclient import OneShotBody, QuietEndpoint, make_pool
+from gorge import httpclient
+from gorge.httpclient import (
+    BodyCutShort,
+    Cause,
+    QuietEndpoint,
+    TransportFailure,
+    classify,
+    leaf_reasons,
+    make_pool,
+)
 from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
@@ -45,6 +45,12 @@ CODE_RESET = 56
 CODE_CERTIFICATE = 60
 CODE_OTHER = 0
 
+__all__ = [
+    "Attempt", "BodyCutShort", "Transport", "transport_code", "USER_AGENT", "MAX_REDIRECTS",
+    "CODE_TIMEOUT", "CODE_UNRESOLVED", "CODE_CONNECT", "CODE_PARTIAL", "CODE_TLS",
+    "CODE_EMPTY_REPLY", "CODE_RESET", "CODE_CERTIFICATE", "CODE_OTHER",
+]
+
 
 @implementer(IAgentEndpointFactory)
 class _CheckedEndpointFactory:
@@ -59,6 +65,7 @@ class _CheckedEndpointFactory:
     def endpointForURI(self, uri):
         address = self._target.addresses[0]
         port = uri.port
+        endpoint: IStreamClientEndpoint
         if ipaddress.ip_address(address.split("%", 1)[0]).version == 6:
             endpoint = TCP6ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
         else:
@@ -78,88 +85,32 @@ class Attempt:
     code: int | str = CODE_OTHER
     detail: str = ""
     aborted: bool = False
+    retry_after: bytes | None = None  # the final answer's Retry-After header, as sent
 
 
-class BodyCutShort(Exception):
-    """The connection failed while the response body was being read: the
-    body ended before its declared end. ``reasons`` holds the failure."""
-
-    def __init__(self, reason: Failure) -> None:
-        super().__init__(str(reason.value))
-        self.reasons = [reason]
-
-
-class _Discard(Protocol):
-    """Reads a response body to its end and keeps none of it."""
-
-    def __init__(self, done: Deferred) -> None:
-        self._done = done
-
-    def dataReceived(self, data: bytes) -> None:
-        pass
-
-    def connectionLost(self, reason: Failure) -> None:
-        if self._done.called:
-            return
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self._done.callback(None)
-        else:
-            self._done.errback(BodyCutShort(reason))
-
-
-def _discard_body(response) -> Deferred:
-    protocol: _Discard
-
-    def cancel(d: Deferred) -> None:
-        if protocol.transport is not None:
-            protocol.transport.stopProducing()
-
-    done: Deferred = Deferred(cancel)
-    protocol = _Discard(done)
-    response.deliverBody(protocol)
-    return done
-
-
-def _reasons(exc: BaseException) -> list[BaseException]:
-    found = []
-    for reason in getattr(exc, "reasons", None) or []:
-        inner = reason.value if isinstance(reason, Failure) else reason
-        found.extend(_reasons(inner) or [inner])
-    return found
+# cURL's code for each cause of a failed exchange; anything else is CODE_OTHER.
+_CURL_CODES = {
+    Cause.DEADLINE: CODE_TIMEOUT,
+    Cause.CANCELLED: CODE_TIMEOUT,
+    Cause.TIMED_OUT: CODE_TIMEOUT,
+    Cause.DNS: CODE_UNRESOLVED,
+    Cause.REFUSED: CODE_CONNECT,
+    Cause.CONNECT: CODE_CONNECT,
+    Cause.CERTIFICATE: CODE_CERTIFICATE,
+    Cause.TLS: CODE_TLS,
+    Cause.BODY_CUT: CODE_PARTIAL,
+    Cause.EMPTY_REPLY: CODE_EMPTY_REPLY,
+    Cause.RESET: CODE_RESET,
+    # HEAD_CUT, a connection that ended inside the status line or the
+    # headers, is "anything else", not a body cut short.
+}
 
 
 def transport_code(exc: BaseException) -> int:
     """cURL's code for a transport failure; our own deadline is decided elsewhere."""
     if isinstance(exc, Unresolvable):
         return CODE_UNRESOLVED
-    if isinstance(exc, net_error.TimeoutError):
-        return CODE_TIMEOUT
-    if isinstance(exc, net_error.ConnectError):
-        return CODE_CONNECT
-    if isinstance(exc, PartialDownloadError):
-        return CODE_PARTIAL
-    reasons = _reasons(exc)
-    for reason in reasons:
-        if isinstance(reason, net_error.TimeoutError):
-            return CODE_TIMEOUT
-        if isinstance(reason, net_error.ConnectError):
-            return CODE_CONNECT
-        name = type(reason).__name__
-        text = str(reason)
-        if name == "VerificationError" or "certificate verify failed" in text:
-            return CODE_CERTIFICATE
-        if type(reason).__module__.startswith("OpenSSL"):
-            return CODE_TLS
-    if isinstance(exc, BodyCutShort):
-        return CODE_PARTIAL
-    if isinstance(exc, ResponseNeverReceived):
-        if any(isinstance(r, net_error.ConnectionDone) for r in reasons):
-            return CODE_EMPTY_REPLY
-        if any(isinstance(r, net_error.ConnectionLost) for r in reasons):
-            return CODE_RESET
-    # A ResponseFailed before the body closed inside the status line or the
-    # headers: "anything else", not a body cut short.
-    return CODE_OTHER
+    return _CURL_CODES.get(classify(exc), CODE_OTHER)
 
 
 class Transport:
@@ -183,7 +134,8 @@ class Transport:
     async def attempt(self, target: Target, body: bytes, headers: dict[str, str]) -> Attempt:
         """One delivery: redirects (307/308 only) and the body read share the deadline."""
         deadline_fired = []
-        exchange = Deferred.fromCoroutine(self._exchange(target, body, headers))
+        deadline = self._reactor.seconds() + self._timeout
+        exchange = Deferred.fromCoroutine(self._exchange(target, body, headers, deadline))
         self._running.add(exchange)
 
         def expire() -> None:
@@ -192,11 +144,11 @@ class Transport:
 
         timer = self._reactor.callLater(self._timeout, expire)
         try:
-            status = await exchange
+            status, retry_after = await exchange
         except Exception as e:
             if self._aborting:
                 return Attempt(aborted=True, detail="shutdown")
-            if deadline_fired:
+            if deadline_fired or isinstance(e, TransportFailure) and e.cause is Cause.DEADLINE:
                 return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
             if isinstance(e, (CancelledError, DeferredTimeout)):
                 return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT,
@@ -216,31 +168,34 @@ class Transport:
             return Attempt(aborted=True, detail="shutdown")
         if deadline_fired:
             return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
-        return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status)
+        return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status,
+                       retry_after=retry_after)
 
-    async def _exchange(self, target: Target, body: bytes, headers: dict[str, str]) -> int:
-        send_headers = Headers({name.encode("ascii"): [value.encode("ascii")]
-                                for name, value in headers.items()})
-        send_headers.setRawHeaders(b"user-agent", [USER_AGENT.encode("ascii")])
+    async def _exchange(self, target: Target, body: bytes, headers: dict[str, str],
+                        deadline: float) -> tuple[int, bytes | None]:
+        """The final status, and its Retry-After header if it had one."""
+        send_headers = {**headers, "User-Agent": USER_AGENT}
         for _ in range(MAX_REDIRECTS + 1):
             agent = Agent.usingEndpointFactory(
                 self._reactor,
                 _CheckedEndpointFactory(self._reactor, target, self._timeout, self._trust_root),
                 pool=self._pool)
-            response = await agent.request(b"POST", target.uri.encode("utf-8"), send_headers,
-                                           OneShotBody(body))
-            # Read the body to the end so the connection can be reused.
-            await _discard_body(response)
-            location = response.headers.getRawHeaders(b"location") or []
-            if response.code not in (307, 308) or not location:
-                return response.code
+            # The body is read to its end (and dropped) so the connection can be reused.
+            reply = await httpclient.exchange(
+                agent, self._reactor, b"POST", target.uri.encode("utf-8"), headers=send_headers,
+                body=body, deadline=deadline, keep_body=False)
+            reply.require_body()
+            location = reply.header("location")
+            retry_after = reply.header("retry-after")
+            answer = reply.status, None if retry_after is None else retry_after.encode("latin-1")
+            if reply.status not in (307, 308) or not location:
+                return answer
             try:
-                target = await self._policy.check(
-                    urljoin(target.uri, location[0].decode("latin-1")))
+                target = await self._policy.check(urljoin(target.uri, location))
             except UriRefused:
-                return response.code
+                return answer
             # Unresolvable propagates: not a refusal, a failed attempt (code 6).
-        return response.code
+        return answer
 
     def abort_all(self) -> None:
         """Shutdown budget spent: cut the exchanges still open; their rows get no write."""
@@ -254,6 +209,5 @@ class Transport:
 
 
 def _describe(exc: BaseException) -> str:
-    reasons = _reasons(exc)
-    inner = reasons[0] if reasons else exc
+    inner = leaf_reasons(exc)[0]
     return f"{type(inner).__name__}: {inner}"[:200]

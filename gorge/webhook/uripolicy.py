@@ -9,14 +9,14 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Callable, Coroutine, Sequence
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.threads import deferToThreadPool
 
-Resolver = Callable[[str, int], Awaitable[list[str]]]
+Resolver = Callable[[str, int], Coroutine[Any, Any, list[str]]]
 
 
 class UriRefused(Exception):
@@ -55,7 +55,7 @@ def system_resolver(reactor) -> Resolver:
         addresses: list[str] = []
         for _family, _type, _proto, _name, sockaddr in infos:
             if sockaddr[0] not in addresses:
-                addresses.append(sockaddr[0])
+                addresses.append(str(sockaddr[0]))
         return addresses
 
     return resolve

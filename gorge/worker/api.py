@@ -1,4 +1,4 @@
-"""The worker's own API: ``GET /api/worker/stats``."""
+"""The worker's own API: ``GET /api/worker/stats`` and its OpenAPI document."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Callable
 
 from klein import Klein
 
-from gorge.web import add_error_handlers, ok
+from gorge.web import OpenApiDocument, add_error_handlers, ok
 
 
 class WorkerApi:
@@ -14,6 +14,7 @@ class WorkerApi:
 
     def __init__(self, stats: Callable[[], dict]) -> None:
         self._stats = stats
+        self._openapi = OpenApiDocument(__package__)
 
     def resource(self):
         return self.app.resource()
@@ -21,5 +22,9 @@ class WorkerApi:
     @app.route("/api/worker/stats", methods=["GET"])
     def stats(self, request):
         return ok(request, self._stats())
+
+    @app.route("/api/worker/openapi.json", methods=["GET"])
+    def openapi(self, request):
+        return self._openapi.render(request)
 
     add_error_handlers(app)

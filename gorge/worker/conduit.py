@@ -12,15 +12,18 @@ import re
 from typing import Any
 from urllib.parse import urlencode
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from gorge.worker.deadline import within
+from gorge.httpclient import Cause, TransportFailure, exchange
 
 log = Logger()
 
 PROBE_TIMEOUT = 10.0
+#: Bytes of a worker.execute answer read (a small JSON envelope); one more
+#: makes the call fail temporarily (docs/worker.md, Limits).
+ANSWER_LIMIT = 1024 * 1024
 SNIPPET_CHARS = 200
 PROBE_PASS_CODE = "ERR-NO-TASK-CLASS"
 _LINE_BREAKS = re.compile(r"\r\n|\n|\r")
@@ -80,34 +83,34 @@ class ConduitClient:
         self._url = base_url + "/api/worker.execute"
         self._token = token
 
-    def _headers(self) -> dict[bytes, list[bytes]]:
+    def _headers(self) -> dict[bytes, bytes]:
         headers = {
-            b"Content-Type": [b"application/x-www-form-urlencoded"],
-            b"Accept": [b"application/json"],
+            b"Content-Type": b"application/x-www-form-urlencoded",
+            b"Accept": b"application/json",
         }
         if self._token:
-            headers[b"X-Service-Token"] = [self._token.encode()]
+            headers[b"X-Service-Token"] = self._token.encode()
         return headers
 
-    async def _post(self, body: bytes) -> tuple[int, bytes]:
-        response = await self._http.post(
-            self._url, data=body, headers=self._headers(), allow_redirects=False
-        )
-        return response.code, await response.content()
+    async def _post(self, body: bytes, deadline: float | None) -> tuple[int, bytes]:
+        reply = await exchange(self._http, self._clock, "POST", self._url,
+                               headers=self._headers(), body=body, deadline=deadline,
+                               body_limit=ANSWER_LIMIT)
+        return reply.status, reply.require_body()
 
     async def execute(self, task_id: int, task_class: str, data: str | None) -> Any:
         """One worker.execute call.
 
-        Deliberately no timeout of its own: a delegated task may run as long as
-        its lease, and the consumer cancels this call at the lease deadline.
+        Deliberately no deadline of its own: a delegated task may run as long
+        as its lease, and the consumer cancels this call at the lease deadline.
         """
         body = build_execute_body(self._token, task_id, task_class, data)
         try:
-            status, raw = await self._post(body)
+            status, raw = await self._post(body, None)
         except CancelledError:
             raise
-        except Exception as exc:
-            raise ConduitError(f"http: {type(exc).__name__}: {exc}") from None
+        except TransportFailure as failure:
+            raise ConduitError(f"http: {failure}") from None
         return parse_conduit_answer(status, raw)
 
     async def probe(self, timeout: float = PROBE_TIMEOUT) -> str | None:
@@ -115,12 +118,11 @@ class ConduitClient:
         does for an empty class; otherwise the reason."""
         body = build_execute_body(self._token, None, "", None)
         try:
-            status, raw = await within(Deferred.fromCoroutine(self._post(body)), timeout,
-                                       self._clock)
-        except (TimeoutError, CancelledError):
-            return f"probe timed out after {timeout:g}s"
-        except Exception as exc:
-            return f"http: {type(exc).__name__}: {exc}"
+            status, raw = await self._post(body, self._clock.seconds() + timeout)
+        except TransportFailure as failure:
+            if failure.cause in (Cause.DEADLINE, Cause.CANCELLED):
+                return f"probe timed out after {timeout:g}s"
+            return f"http: {failure}"
         try:
             parse_conduit_answer(status, raw)
         except ConduitError as exc:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.task import deferLater
+from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger, LogLevel
 
 from gorge.service import InFlight
@@ -45,6 +45,9 @@ class LoopSettings:
     idle_timeout: float = 180.0
     hibernate: float = 0.0
     drain_timeout: float = 30.0
+    # Seconds the queue may hold an empty lease call (docs/worker.md,
+    # Long-poll); 0 asks once per poll interval.
+    lease_wait: float = 0.0
 
 
 @dataclass
@@ -69,6 +72,9 @@ class _Run:
         # not even when the drain budget cuts them.
         self.counted = True
         self.intended = "none"  # the outcome an uncounted run was reporting
+        # Holds one of MAX_WORKERS slots until its handler has ended; the
+        # report that follows does not (docs/worker.md, How work flows).
+        self.slot = True
 
 
 def _call_handler(handler: Callable, task: dict, payload: str | None) -> Deferred:
@@ -104,11 +110,18 @@ class Consumer:
         self._on_progress = on_progress
         self.counters = Counters()
         self._runs: dict[int, _Run] = {}
+        self._running = 0
         self._inflight = InFlight()
         self._timer: IDelayedCall | None = None
         self._lease_d: Deferred | None = None
         self._stopping = False
         self._more_waiting = False
+        # The queue held our last empty lease call for the wait asked: keep
+        # one call in flight whenever slots are free (an older queue answers
+        # at once, and is then asked once per poll interval).
+        self._queue_holds = settings.lease_wait > 0
+        self._lease_aborted = False
+        self._lease_may_hold = False
         # Off once the queue refuses a renewal (an older queue has no route).
         self._renewals = True
         # Lease health, for /readyz and state-change logging.
@@ -125,7 +138,8 @@ class Consumer:
     # -- state read by the API -------------------------------------------
     @property
     def active(self) -> int:
-        return len(self._runs)
+        """Tasks whose handler is running (reports in flight not counted)."""
+        return self._running
 
     @property
     def stopping(self) -> bool:
@@ -178,12 +192,16 @@ class Consumer:
         return max(1, min(s.lease_limit, s.max_workers) // 2)
 
     def _free(self) -> int:
-        return self._settings.max_workers - len(self._runs)
+        # A finished task's report overlaps the next lease and run; at most
+        # MAX_WORKERS reports wait like that, so a queue slow to record them
+        # slows the worker down instead of piling tasks up.
+        cap = self._settings.max_workers
+        return min(cap - self._running, 2 * cap - len(self._runs))
 
     def _wake_for_capacity(self) -> None:
         """A slot freed: lease now if the queue had more and a batch fits."""
         if (
-            self._more_waiting
+            (self._more_waiting or self._queue_holds)
             and not self._stopping
             and self._lease_d is None
             and self._hibernate_until is None
@@ -211,16 +229,39 @@ class Consumer:
             self._schedule(self._settings.poll_interval)
             return
         limit = min(self._settings.lease_limit, free)
+        # The first call, and the first after a failure, answer at once:
+        # readiness (and systemd's READY) must not wait for a held call.
+        wait = self._settings.lease_wait if self.lease_attempted and self.lease_error is None \
+            else 0.0
+        asked = self._clock.seconds()
+        self._lease_may_hold = wait > 0
+        keepalive = None
+        if wait > 0:
+            # A held call is the loop waiting for work, as hibernating is:
+            # keep feeding the watchdog (the call is bounded by its timeout).
+            keepalive = LoopingCall(self._loop_alive)
+            keepalive.clock = self._clock
+            keepalive.start(self._settings.poll_interval, now=False)
         try:
-            tasks = await self._queue.lease(limit, self._plan.task_classes)
+            if wait > 0:
+                tasks = await self._queue.lease(limit, self._plan.task_classes, wait=wait)
+            else:
+                tasks = await self._queue.lease(limit, self._plan.task_classes)
         except QueueError as exc:
+            if self._lease_aborted:
+                return  # stop() hung up on a held call; not a queue failure
             self._lease_failed(str(exc), task_ids=exc.task_ids)
             self._schedule(self._settings.poll_interval)
             return
         except Exception as exc:
+            if self._lease_aborted:
+                return
             self._lease_failed(f"lease: {type(exc).__name__}: {exc}")
             self._schedule(self._settings.poll_interval)
             return
+        finally:
+            if keepalive is not None:
+                keepalive.stop()
         self._lease_succeeded(len(tasks))
         if self._stopping:
             for task in tasks:
@@ -229,11 +270,18 @@ class Consumer:
         for task in tasks:
             self._start(task)
         self._more_waiting = len(tasks) >= limit
+        if wait > 0 and not tasks:
+            # An empty answer long before the wait ended: a queue that does
+            # not hold calls, or one shutting down.
+            self._queue_holds = self._clock.seconds() - asked >= wait / 2
         if self._track_idle(len(tasks)):
             return
-        if self._more_waiting and self._free() >= self._batch_threshold():
+        # After a held call, the next one goes out at once: the queue does the
+        # waiting. A call that did not ask to wait keeps the poll cadence.
+        held = wait > 0 and self._queue_holds
+        if (self._more_waiting or held) and self._free() >= self._batch_threshold():
             self._schedule(0)
-        else:
+        elif not held or self._free() <= 0:
             self._schedule(self._settings.poll_interval)
 
     def _lease_failed(self, error: str, *, task_ids: list | None = None) -> None:
@@ -327,7 +375,8 @@ class Consumer:
         if hand_back:
             run.intended = "yield"
         self._runs[task_id] = run
-        self._metrics.active.set(len(self._runs))
+        self._running += 1
+        self._metrics.active.set(self._running)
         d = Deferred.fromCoroutine(self._process(run, hand_back))
         self._inflight.track(d)
         d.addErrback(
@@ -338,8 +387,18 @@ class Consumer:
 
     def _finished(self, run: _Run) -> None:
         self._runs.pop(run.id, None)
-        self._metrics.active.set(len(self._runs))
+        if not self._release_slot(run):
+            self._wake_for_capacity()
+
+    def _release_slot(self, run: _Run) -> bool:
+        """The run's handler is over: its slot may take the next task."""
+        if not run.slot:
+            return False
+        run.slot = False
+        self._running -= 1
+        self._metrics.active.set(self._running)
         self._wake_for_capacity()
+        return True
 
     async def _process(self, run: _Run, hand_back: bool) -> None:
         task = run.task
@@ -366,6 +425,7 @@ class Consumer:
                 self._metrics.tasks.labels(task_class=run.task_class, outcome="skipped").inc()
             return
         handler = self._registry.get(run.task_class)
+        assert handler is not None  # the plan's runnable() asked this registry
         data = task.get("data")
         payload = data if isinstance(data, str) and data != "" else None
         remaining = run.deadline - now
@@ -416,6 +476,7 @@ class Consumer:
             log.info("TASK_OUTCOME task_id={task_id} task_class={task_class} "
                      "outcome={outcome} message={message}", task_id=run.id,
                      task_class=run.task_class, outcome=outcome.kind, message=outcome.message)
+        self._release_slot(run)
         await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
 
     def _keep_lease(self, run: _Run, guard: LeaseGuard) -> LeaseKeeper | None:
@@ -549,9 +610,16 @@ class Consumer:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        if self._lease_d is not None:
+        lease_d = self._lease_d
+        if lease_d is not None:
+            if self._lease_may_hold:
+                # The queue may hold the call for the whole wait: hang up.
+                # Tasks it claimed for us in that instant go back to the
+                # queue (it frees what a vanished caller was given).
+                self._lease_aborted = True
+                lease_d.cancel()
             # Bounded by the queue client's own call timeout.
-            await self._lease_d
+            await lease_d
         log.info("WORKER_DRAINING active={active} timeout={timeout}",
                  active=len(self._runs), timeout=self._settings.drain_timeout)
         drained = await self._inflight.drain(self._settings.drain_timeout, self._clock)

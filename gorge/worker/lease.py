@@ -35,7 +35,7 @@ class LeaseGuard:
 
     A failure of ``d`` that follows either becomes :class:`TimeoutError`
     (deadline) or :class:`LeaseLost`, whatever the cancelled work raised (a
-    cancelled treq request fails with ``ResponseNeverReceived``).
+    handler may turn the cancel into a failure of its own).
     """
 
     def __init__(self, d: Deferred, deadline: float, clock: IReactorTime) -> None:

@@ -1,8 +1,11 @@
 """HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield.
 
-Every call is bounded for the whole exchange (headers and body) on the
-injected clock, never follows redirects, and succeeds only for a 2xx JSON
-object without an ``error``.
+Every call is one :func:`gorge.httpclient.exchange`: bounded for the whole
+exchange (headers and body) on the injected clock, its answer read up to a
+size cap, never following redirects; it succeeds only for a 2xx JSON object
+without an ``error``. Result reports that finish close together go
+out as one batched call (:mod:`gorge.worker.reports`); a lease may ask the
+queue to hold the call until a task is there (docs/worker.md, Long-poll).
 """
 
 from __future__ import annotations
@@ -12,47 +15,24 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.web.iweb import IAgent
 
-from gorge.worker.deadline import within
+from gorge.httpclient import Cause, TransportFailure, exchange
+from gorge.worker.queueerror import QueueError
+from gorge.worker.reports import REPORT_PATH, ReportBatcher
 
 log = Logger()
 
 CALL_TIMEOUT = 30.0
+#: Bytes of a lease answer read: a batch of tasks with their data. One more
+#: fails the lease call (docs/worker.md, Limits).
+LEASE_ANSWER_LIMIT = 64 * 1024 * 1024
+#: Bytes of any other answer (renewals and reports answer a few hundred).
+ANSWER_LIMIT = 1024 * 1024
 OWNER_HOST_BYTES = 32
-
-
-class QueueError(Exception):
-    """A queue call that did not succeed; ``str()`` describes it in one line."""
-
-    def __init__(
-        self,
-        description: str,
-        *,
-        status: int | None = None,
-        code: str | None = None,
-        transient: bool = False,
-        task_ids: list | None = None,
-    ):
-        super().__init__(description)
-        self.status = status
-        self.code = code
-        # The ids in a rejected lease answer: those rows stay leased to us
-        # until their lease expires, so they must be named in the log.
-        self.task_ids = task_ids
-        # A body that is no JSON envelope came from something in front of the
-        # queue (a proxy's error page), so its status says nothing about us.
-        self.transient = transient
-
-    @property
-    def retryable(self) -> bool:
-        """Any 4xx except 408/429 will not get better by retrying,
-        unless the answer was not the queue's own JSON envelope."""
-        if self.transient or self.status is None or not 400 <= self.status < 500:
-            return True
-        return self.status in (408, 429)
 
 
 def truncate_host(host: str, limit: int = OWNER_HOST_BYTES) -> str:
@@ -113,51 +93,56 @@ class QueueClient:
 
     def __init__(
         self,
-        http_client: Any,
+        agent: IAgent,
         clock: IReactorTime,
         endpoint: QueueEndpoint,
         owner: str,
         *,
         timeout: float = CALL_TIMEOUT,
+        report_batch: int = 1,
+        report_delay: float = 0.0,
     ) -> None:
-        self._http = http_client
+        self._agent = agent
         self._clock = clock
         self._endpoint = endpoint
         self.owner = owner
         self._timeout = timeout
+        self._reports = ReportBatcher(self._post_reports, clock, max_size=report_batch,
+                                      delay=report_delay)
 
-    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, list[bytes]]:
+    @property
+    def batching_reports(self) -> bool:
+        return self._reports.enabled
+
+    def _headers(self, extra: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
         headers = {
-            b"Content-Type": [b"application/json"],
-            b"Accept": [b"application/json"],
+            b"Content-Type": b"application/json",
+            b"Accept": b"application/json",
         }
         if self._endpoint.token:
-            headers[b"X-Service-Token"] = [self._endpoint.token.encode()]
-        for name, value in (extra or {}).items():
-            headers[name] = [value]
+            headers[b"X-Service-Token"] = self._endpoint.token.encode()
+        headers.update(extra or {})
         return headers
 
     async def _call(
-        self, path: str, body: dict, *, timeout: float | None = None, extra=None
+        self, path: str, body: dict, *, timeout: float | None = None, extra=None,
+        answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
         url = self._endpoint.base_url + path
         payload = json.dumps(body, separators=(",", ":")).encode()
         headers = self._headers(extra)
-
-        async def exchange() -> tuple[int, bytes]:
-            response = await self._http.post(
-                url, data=payload, headers=headers, allow_redirects=False
-            )
-            return response.code, await response.content()
-
-        limit = self._timeout if timeout is None else min(timeout, self._timeout)
+        # A held lease call asks for more than the usual timeout (its wait).
+        limit = self._timeout if timeout is None else timeout
         try:
-            status, raw = await within(Deferred.fromCoroutine(exchange()), limit, self._clock)
-        except (TimeoutError, CancelledError):
-            raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
-        except Exception as exc:  # transport errors of every kind
-            raise QueueError(f"http: POST {path}: {type(exc).__name__}: {exc}") from None
-        return self._parse(path, status, raw)
+            reply = await exchange(self._agent, self._clock, "POST", url, headers=headers,
+                                   body=payload, deadline=self._clock.seconds() + limit,
+                                   body_limit=answer_limit)
+            raw = reply.require_body()
+        except TransportFailure as failure:
+            if failure.cause is Cause.DEADLINE:
+                raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
+            raise QueueError(f"http: POST {path}: {failure}") from None
+        return self._parse(path, reply.status, raw)
 
     @staticmethod
     def _parse(path: str, status: int, raw: bytes) -> Any:
@@ -180,13 +165,20 @@ class QueueClient:
             raise QueueError(f"http: POST {path}: unexpected status {status}", status=status)
         return doc.get("data")
 
-    async def lease(self, limit: int, task_classes: list[str] | None) -> list[dict]:
+    async def lease(self, limit: int, task_classes: list[str] | None,
+                    wait: float = 0) -> list[dict]:
+        """Up to ``limit`` tasks; with ``wait`` > 0 the queue may hold the call
+        that many seconds until one is there (an older queue answers at once)."""
         body: dict[str, Any] = {"limit": limit}
         if task_classes:
             body["taskClasses"] = sorted(task_classes)
+        if wait > 0:
+            body["wait"] = wait
         try:
             data = await self._call(
-                "/api/queue/lease", body, extra={b"X-Lease-Owner": self.owner.encode()}
+                "/api/queue/lease", body, timeout=self._timeout + wait,
+                extra={b"X-Lease-Owner": self.owner.encode()},
+                answer_limit=LEASE_ANSWER_LIMIT,
             )
         except QueueError as exc:
             raise QueueError(
@@ -204,7 +196,7 @@ class QueueClient:
         None when the queue says the lease is lost.  An id the answer does not
         mention is left out (its deadline stays as it was)."""
         data = await self._call("/api/queue/renew", {"taskIDs": list(task_ids)},
-                                timeout=timeout, extra=self._fenced())
+                                timeout=min(timeout, self._timeout), extra=self._fenced())
         if not isinstance(data, list):
             raise QueueError("unmarshal (status 200): /api/queue/renew answered no list",
                              status=200, transient=True)
@@ -219,12 +211,21 @@ class QueueClient:
                 out[item["taskID"]] = None
         return out
 
+    async def _post_reports(self, entries: list[dict], timeout: float) -> Any:
+        return await self._call(REPORT_PATH, {"reports": entries},
+                                timeout=min(timeout, self._timeout), extra=self._fenced())
+
+    def _report(self, path: str, body: dict, outcome: str, timeout: float) -> Deferred:
+        async def single(left: float) -> None:
+            await self._call(path, body, timeout=min(left, self._timeout),
+                             extra=self._fenced())
+
+        return self._reports.submit({**body, "outcome": outcome}, timeout, single)
+
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
-        await self._call(
-            "/api/queue/complete",
-            {"taskID": task_id, "duration": max(0, int(duration_us))},
-            timeout=timeout, extra=self._fenced(),
-        )
+        await self._report("/api/queue/complete",
+                           {"taskID": task_id, "duration": max(0, int(duration_us))},
+                           "complete", timeout)
 
     async def fail(
         self,
@@ -240,10 +241,9 @@ class QueueClient:
             body["retryWait"] = max(0, int(retry_wait))
         if message:
             body["message"] = message[:1000]
-        await self._call("/api/queue/fail", body, timeout=timeout, extra=self._fenced())
+        await self._report("/api/queue/fail", body, "fail", timeout)
 
     async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
-        await self._call(
-            "/api/queue/yield", {"taskID": task_id, "duration": max(5, int(seconds))},
-            timeout=timeout, extra=self._fenced(),
-        )
+        await self._report("/api/queue/yield",
+                           {"taskID": task_id, "duration": max(5, int(seconds))},
+                           "yield", timeout)

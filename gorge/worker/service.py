@@ -3,13 +3,13 @@
 Start order: HTTP pool, listener, Conduit probe, consume loop. Stop runs in
 reverse: the loop stops leasing and drains first (while /readyz says
 "shutting down" and the listener still answers), then the probe, then the
-listener, and the HTTP connection pool is closed last.
+listener, and the HTTP connection pool is closed last .
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Mapping
 
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
@@ -19,10 +19,8 @@ from twisted.python import usage
 
 from gorge.config import ConfigError
 from gorge.hangup import ReloadOnHangup
-from gorge.httpclient import make_http_client
-from gorge.service import (
-    DaemonRoot, FunctionService, OrderedService, Poller, listener, run_make_service,
-)
+from gorge.httpclient import make_agent
+from gorge.service import Poller, ServiceTree, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient
@@ -89,17 +87,6 @@ class ConduitProbe:
         return None
 
 
-class WorkerService(DaemonRoot, OrderedService):
-    """The worker's service tree, with its parts exposed for demos and tests."""
-
-    consumer: Consumer
-    registry: Registry
-    plan: LeasePlan
-    site: Any
-    metrics_registry: CollectorRegistry
-    probe: ConduitProbe | None
-
-
 def build_registry(
     settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics,
     feed_policy: FeedPolicy | None = None,
@@ -159,16 +146,21 @@ def check_webhook_owner_needed(settings: WorkerSettings, registry: Registry,
 def build_worker_service(
     settings: WorkerSettings, reactor, *, http_client=None, notifier=None,
     extra_handlers: Mapping[str, Handler] | None = None,
-) -> WorkerService:
+) -> ServiceTree:
     """The real constructor; ``extra_handlers`` lets a demo or benchmark add
-    native handlers by class name."""
+    native handlers by class name.
+
+    Parts: ``consumer``, ``registry``, ``plan``, ``site``,
+    ``metrics-registry`` and, with delegation, ``conduit-probe``.
+    """
     clock = reactor
-    pool = None
+    tree = ServiceTree("gorge-worker")
     if http_client is None:
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
-        http_client, pool = make_http_client(
+        http_client, pool = make_agent(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
+        tree.add("http-pool", stop=lambda: close_pool(pool, clock))
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
     # Read once here and again on SIGHUP, never per task (docs/worker.md).
@@ -176,18 +168,12 @@ def build_worker_service(
     registry, conduit = build_registry(settings, http_client, clock, metrics, feed_policy)
     for task_class, handler in (extra_handlers or {}).items():
         registry.register(task_class, handler)
-    plan = LeasePlan(registry, settings.class_filter)
-    check_webhook_owner_needed(settings, registry, plan)
-    if plan.empty:
-        raise ConfigError(
-            "GORGE_WORKER_TASK_CLASS_FILTER",
-            "leaves no task class this worker can run "
-            f"(runnable: {', '.join(registry.supported_classes()) or 'none'})",
-        )
+    plan = lease_plan(settings, registry)
     started = int(clock.seconds())
     owner = lease_owner(None, os.getpid(), started)
     queue = QueueClient(
-        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner
+        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner,
+        report_batch=settings.report_batch, report_delay=settings.report_delay_ms / 1000.0,
     )
     consumer = Consumer(
         queue=queue, registry=registry, plan=plan, clock=clock, metrics=metrics,
@@ -198,19 +184,62 @@ def build_worker_service(
             idle_timeout=float(settings.idle_timeout_sec),
             hibernate=float(settings.hibernate_sec),
             drain_timeout=float(settings.drain_timeout_sec),
+            lease_wait=float(settings.lease_wait_sec),
         ),
         on_progress=notifier.progress if notifier is not None else None,
     )
     probe = None
     if conduit is not None and settings.conduit_probe_sec > 0:
         probe = ConduitProbe(conduit, clock, float(settings.conduit_probe_sec))
+    site = build_site(
+        api_resource=WorkerApi(stats_of(consumer, registry, started, owner)).resource(),
+        prefix=API_PREFIX, token=settings.http.token, body_limit=settings.http.body_limit,
+        readiness=readiness_of(consumer, probe), registry=metrics_registry, clock=clock,
+        access_log=settings.http.access_log,
+    )
+    # Stopped bottom-up: the consume loop stops leasing and drains first,
+    # while /readyz says "shutting down" and the listener still answers; the
+    # connection pool closes last.
+    tree.add("listener", listener(settings.http.endpoint, site, clock=clock))
+    if feed_policy is not None:
+        tree.add("feed-policy-reload",
+                 ReloadOnHangup(feed_policy.reload, reactor, name="feed-policy-reload"))
+    if probe is not None:
+        tree.add("conduit-probe", start=probe.start, stop=probe.stop, part=probe)
+    loop = ConsumeLoop(consumer, settings, plan, registry, owner, notifier)
+    tree.add("consumer", start=loop.start, stop=loop.stop, part=consumer)
+    tree.keep("registry", registry)
+    tree.keep("plan", plan)
+    tree.keep("site", site)
+    tree.keep("metrics-registry", metrics_registry)
+    return tree
 
+
+def lease_plan(settings: WorkerSettings, registry: Registry) -> LeasePlan:
+    """What this worker leases; refuses a configuration that leases nothing
+    or would run webhook tasks through PHP without an owner."""
+    plan = LeasePlan(registry, settings.class_filter)
+    check_webhook_owner_needed(settings, registry, plan)
+    if plan.empty:
+        raise ConfigError(
+            "GORGE_WORKER_TASK_CLASS_FILTER",
+            "leaves no task class this worker can run "
+            f"(runnable: {', '.join(registry.supported_classes()) or 'none'})",
+        )
+    return plan
+
+
+def readiness_of(consumer: Consumer, probe: ConduitProbe | None):
     async def readiness() -> str | None:
         reason = consumer.readiness_reason()
         if reason is None and probe is not None:
             reason = probe.readiness_reason()
         return reason
 
+    return readiness
+
+
+def stats_of(consumer: Consumer, registry: Registry, started: int, owner: str):
     def stats() -> dict:
         c = consumer.counters
         return {
@@ -225,61 +254,53 @@ def build_worker_service(
             "leaseOwner": owner,
         }
 
-    site = build_site(
-        api_resource=WorkerApi(stats).resource(), prefix=API_PREFIX,
-        token=settings.http.token, body_limit=settings.http.body_limit,
-        readiness=readiness, registry=metrics_registry, clock=clock,
-    )
+    return stats
 
-    def start_loop() -> None:
+
+class ConsumeLoop:
+    """Starting and stopping the consume loop, with its log lines and the
+    systemd notifications."""
+
+    def __init__(self, consumer: Consumer, settings: WorkerSettings, plan: LeasePlan,
+                 registry: Registry, owner: str, notifier) -> None:
+        self._consumer = consumer
+        self._settings = settings
+        self._plan = plan
+        self._registry = registry
+        self._owner = owner
+        self._notifier = notifier
+
+    def start(self) -> None:
+        settings, plan = self._settings, self._plan
         for warning in settings.warnings:
             log.warn("CONFIG_WARNING warning={warning}", warning=warning)
         for name in plan.unrunnable_filter_entries:
             log.warn("FILTER_CLASS_NOT_RUNNABLE task_class={task_class}", task_class=name)
         log.info("WORKER_STARTING owner={owner} supported={supported} "
-                 "task_classes={task_classes} config={config}", owner=owner,
-                 supported=registry.supported_classes(), task_classes=plan.task_classes,
+                 "task_classes={task_classes} config={config}", owner=self._owner,
+                 supported=self._registry.supported_classes(), task_classes=plan.task_classes,
                  config=settings.describe())
-        if notifier is not None:
-            consumer.first_lease_done.addCallback(lambda _: notifier.ready())
-        consumer.start()
+        if self._notifier is not None:
+            notifier = self._notifier
+            self._consumer.first_lease_done.addCallback(lambda _: notifier.ready())
+        self._consumer.start()
 
-    async def stop_loop() -> None:
-        if notifier is not None:
-            notifier.stopping()
+    async def stop(self) -> None:
+        consumer = self._consumer
+        if self._notifier is not None:
+            self._notifier.stopping()
         log.info("WORKER_STOPPING active={active}", active=consumer.active)
         await consumer.stop()
         log.info("WORKER_STOPPED processed={processed} failed={failed} "
                  "unreported={unreported}", processed=consumer.counters.processed,
                  failed=consumer.counters.failed, unreported=consumer.counters.unreported)
 
-    async def close_pool() -> None:
-        if pool is not None:
-            try:
-                await pool.closeCachedConnections().addTimeout(5, clock)
-            except TimeoutError:
-                log.warn("HTTP_POOL_CLOSE_TIMED_OUT")
 
-    children: list[tservice.IService] = [
-        FunctionService(stop=lambda: Deferred.fromCoroutine(close_pool()), name="http-pool"),
-        listener(settings.http.endpoint, site, clock=clock),
-    ]
-    if feed_policy is not None:
-        children.append(ReloadOnHangup(feed_policy.reload, reactor, name="feed-policy-reload"))
-    if probe is not None:
-        children.append(FunctionService(start=probe.start, stop=probe.stop, name="conduit-probe"))
-    children.append(
-        FunctionService(start=start_loop, stop=lambda: Deferred.fromCoroutine(stop_loop()),
-                        name="consumer")
-    )
-    svc = WorkerService(*children, name="gorge-worker")
-    svc.consumer = consumer
-    svc.registry = registry
-    svc.plan = plan
-    svc.site = site
-    svc.metrics_registry = metrics_registry
-    svc.probe = probe
-    return svc
+async def close_pool(pool, clock) -> None:
+    try:
+        await pool.closeCachedConnections().addTimeout(5, clock)
+    except TimeoutError:
+        log.warn("HTTP_POOL_CLOSE_TIMED_OUT")
 
 
 def makeService(options) -> tservice.IService:

@@ -14,6 +14,11 @@ from gorge.worker.registry import is_php_class_name, parse_class_list
 DEFAULT_LISTEN = ":8170"
 DEFAULT_QUEUE_URL = "http://gorge-taskqueue:8090"
 DEFAULT_DRAIN_SEC = 30
+# docs/worker.md, Long-poll and Batched reports.
+DEFAULT_LEASE_WAIT_SEC = 20
+MAX_LEASE_WAIT_SEC = 30
+DEFAULT_REPORT_BATCH = 100
+DEFAULT_REPORT_DELAY_MS = 0
 _URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?(/[^\s?#]*)?")
 
 
@@ -48,6 +53,9 @@ class WorkerSettings:
     native_test_worker: bool = False
     webhook_owner: str = ""
     noop_classes: tuple[str, ...] = ()
+    lease_wait_sec: int = DEFAULT_LEASE_WAIT_SEC
+    report_batch: int = DEFAULT_REPORT_BATCH
+    report_delay_ms: int = DEFAULT_REPORT_DELAY_MS
     warnings: tuple[str, ...] = ()
 
     def describe(self) -> dict:
@@ -69,6 +77,9 @@ class WorkerSettings:
             "native_test_worker": self.native_test_worker,
             "webhook_owner": self.webhook_owner,
             "noop_classes": list(self.noop_classes),
+            "lease_wait_sec": self.lease_wait_sec,
+            "report_batch": self.report_batch,
+            "report_delay_ms": self.report_delay_ms,
         }
 
 
@@ -154,6 +165,12 @@ def load_worker_settings(
         native_test_worker=env.bool("GORGE_WORKER_NATIVE_TEST_WORKER", False),
         webhook_owner=webhook_owner,
         noop_classes=noop_classes,
+        lease_wait_sec=env.int("GORGE_WORKER_LEASE_WAIT_SEC", DEFAULT_LEASE_WAIT_SEC, min=0,
+                               max=MAX_LEASE_WAIT_SEC),
+        report_batch=env.int("GORGE_WORKER_REPORT_BATCH", DEFAULT_REPORT_BATCH, min=1,
+                             max=1000),
+        report_delay_ms=env.int("GORGE_WORKER_REPORT_DELAY_MS", DEFAULT_REPORT_DELAY_MS,
+                                min=0, max=1000),
         warnings=(),
     )
     # Legacy-alias warnings are collected by every getter above.

@@ -66,7 +66,7 @@ class Harness:
 
     @property
     def backends(self) -> dict:
-        return {b.key: b for b in self.service.dispatcher.backends}
+        return {b.key: b for b in self.service.part("dispatcher").backends}
 
     async def post(self, path: str, body: Any, *, token: str | None = TOKEN,
                    headers: dict | None = None) -> tuple[int, Any, bytes]:
@@ -105,7 +105,7 @@ def make_harness(env: dict[str, str], clock: Any = None) -> Harness:
     clock = clock if clock is not None else task.Clock()
     settings = load_mailer_settings(env)
     service = build_mailer_service(settings, clock, listen=False)
-    return Harness(service, stub_client(service.site), clock, real)
+    return Harness(service, stub_client(service.part("site")), clock, real)
 
 
 def contract_env(**extra: str) -> dict[str, str]:

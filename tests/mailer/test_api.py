@@ -130,7 +130,7 @@ async def test_success_answer_shape(harness):
 @pytest_twisted.ensureDeferred
 async def test_message_id_omitted_when_empty():
     h = make_harness(contract_env())
-    h.service.dispatcher.backends[0].send = _returning(Outcome.accepted(""))
+    h.service.part("dispatcher").backends[0].send = _returning(Outcome.accepted(""))
     status, doc = await h.send()
     assert status == 200 and doc == {"data": {"mailerKey": "test-mailer"}}
 
@@ -237,7 +237,7 @@ async def test_body_truncation_on_code_point_boundary():
     assert status == 200
     sent = h.backends["test-mailer"].messages[-1]
     assert sent.text_body == "Hello, 世" and sent.html_body == "<p>short</"
-    assert h.service.registry.get_sample_value("gorge_mailer_body_truncations_total") == 2
+    assert h.service.part("metrics-registry").get_sample_value("gorge_mailer_body_truncations_total") == 2
 
 
 @pytest_twisted.ensureDeferred
@@ -245,7 +245,7 @@ async def test_requests_metric_by_code(harness):
     await harness.send()
     await harness.send(mailerKeys=["rejects"])
     await harness.post("/api/mailer/send", b"{")
-    get = harness.service.registry.get_sample_value
+    get = harness.service.part("metrics-registry").get_sample_value
     assert get("gorge_mailer_requests_total", {"code": "OK"}) == 1
     assert get("gorge_mailer_requests_total", {"code": "ERR_PERMANENT_FAILURE"}) == 1
     assert get("gorge_mailer_requests_total", {"code": "ERR_BAD_REQUEST"}) == 1
@@ -276,7 +276,7 @@ async def test_retry_waits_on_the_clock_through_the_api():
 async def test_shutdown_lets_an_in_flight_send_finish():
     clock = task.Clock()
     h = make_harness({"GORGE_MAILER_CONFIG": '[{"key":"slow","type":"test"}]'}, clock=clock)
-    backend = h.service.dispatcher.backends[0]
+    backend = h.service.part("dispatcher").backends[0]
     release: Deferred = Deferred()
 
     async def slow_send(message, *, deadline):
@@ -310,7 +310,7 @@ async def test_shutdown_drain_budget_cancels_and_still_answers():
     clock = task.Clock()
     h = make_harness({"GORGE_MAILER_CONFIG": '[{"key":"stuck","type":"test"}]',
                       "GORGE_MAILER_SEND_TIMEOUT": "25"}, clock=clock)
-    backend = h.service.dispatcher.backends[0]
+    backend = h.service.part("dispatcher").backends[0]
 
     async def stuck(message, *, deadline):
         # Ignores the first cancel, like an adapter that cannot abort at once.
@@ -342,8 +342,8 @@ async def test_client_disconnect_cancels_the_dispatch(events):
                                 cancelled.callback(None)))
         return await d
 
-    h.service.dispatcher.backends[0].send = hang
-    port = reactor.listenTCP(0, h.service.site, interface="127.0.0.1")
+    h.service.part("dispatcher").backends[0].send = hang
+    port = reactor.listenTCP(0, h.service.part("site"), interface="127.0.0.1")
     body = json.dumps({"message": valid_message()}).encode()
 
     class Client(Protocol):

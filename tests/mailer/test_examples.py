@@ -35,6 +35,6 @@ def test_env_example_is_the_defaults():
 def test_json_example_builds_every_backend():
     settings = load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(CONF / "mailers.example.json")})
     service = build_mailer_service(settings, task.Clock(), listen=False)
-    types = {b.type for b in service.dispatcher.backends}
+    types = {b.type for b in service.part("dispatcher").backends}
     assert types == {"smtp", "sendmail", "ses", "sendgrid", "mailgun", "postmark", "test"}
-    assert service.dispatcher.backends[0].key == "smtp-primary"
+    assert service.part("dispatcher").backends[0].key == "smtp-primary"

@@ -12,7 +12,6 @@ import pytest
 import pytest_twisted
 from hypothesis import given, strategies as st
 from OpenSSL import SSL
-from treq.client import HTTPClient
 from twisted.internet import defer, error, ssl
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
@@ -349,13 +348,13 @@ class _Stalling(Resource):
 
 
 @asynccontextmanager
-async def _trusting_client(reactor, port, cert_pem: bytes) -> AsyncIterator[tuple[HTTPClient, str]]:
+async def _trusting_client(reactor, port, cert_pem: bytes) -> AsyncIterator[tuple[Agent, str]]:
     """A client that trusts only ``cert_pem`` and the https URL of ``port``;
     the pool is closed and the port stopped afterwards."""
     policy = BrowserLikePolicyForHTTPS(trustRoot=ssl.Certificate.loadPEM(cert_pem))
     pool = HTTPConnectionPool(reactor, persistent=False)
     try:
-        client = HTTPClient(Agent(reactor, contextFactory=policy, pool=pool, connectTimeout=5))
+        client = Agent(reactor, contextFactory=policy, pool=pool, connectTimeout=5)
         yield client, f"https://127.0.0.1:{port.getHost().port}/email"
     finally:
         await pool.closeCachedConnections()

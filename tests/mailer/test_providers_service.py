@@ -9,8 +9,10 @@ import json
 from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock
 
+from tests.support.memoryhttp import TcpStringTransport
+
 from .conftest import make_harness
-from .test_providers_support import _TcpStringTransport, response, split_request
+from .test_providers_support import response, split_request
 
 TOKEN = "contract-token"
 
@@ -30,7 +32,7 @@ def postmark(key: str = "pm", priority: int = 10, port: int = 8025) -> dict:
 def connect(reactor: MemoryReactorClock, index: int = -1):
     factory = reactor.tcpClients[index][2]
     protocol = factory.buildProtocol(None)
-    transport = _TcpStringTransport()
+    transport = TcpStringTransport()
     protocol.makeConnection(transport)
     return protocol, transport
 

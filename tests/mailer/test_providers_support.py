@@ -4,7 +4,7 @@
 * :func:`entry` -- a backend list element.
 * :func:`from_backend_list` -- a backend built the way the service builds
   it, from a ``GORGE_MAILER_CONFIG`` list.
-* :class:`MemoryHttp` -- a real ``Agent``/``HTTPClient`` on a
+* :class:`MemoryHttp` -- a real ``Agent`` on a
   ``MemoryReactorClock``: the test decides when the TCP connection comes up,
   reads the exact bytes the client wrote and scripts the server's answer,
   so deadlines before and after submission are deterministic.
@@ -19,10 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from treq.client import HTTPClient
 from twisted.internet import defer, task
-from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -33,6 +30,7 @@ from gorge.mailer.message import Message
 from gorge.mailer.outcome import Outcome
 from gorge.mailer.settings import parse_backend_list
 from tests.mailer.conftest import parsed_message
+from tests.support.memoryhttp import MemoryHttp as BaseMemoryHttp
 
 
 message = parsed_message
@@ -75,36 +73,8 @@ def from_backend_list(type_: str, key: str, options: dict) -> Any:
     return build_backend(parsed, reactor=task.Clock(), http_client=None)
 
 
-class _TcpStringTransport(StringTransport):
-    """What the HTTP client protocol expects of a TCP transport."""
-
-    def setTcpNoDelay(self, enabled: bool) -> None:
-        pass
-
-    def setTcpKeepAlive(self, enabled: bool) -> None:
-        pass
-
-
-class MemoryHttp:
-    """An ``HTTPClient`` whose network is a ``MemoryReactorClock``."""
-
-    def __init__(self) -> None:
-        self.reactor = MemoryReactorClock()
-        self.client = HTTPClient(Agent(self.reactor, connectTimeout=5))
-        self.transport: StringTransport | None = None
-        self.protocol: Any = None
-
-    @property
-    def attempts(self) -> int:
-        return len(self.reactor.tcpClients)
-
-    def connect(self) -> StringTransport:
-        """Complete the last TCP connection; the client then writes its request."""
-        _host, _port, factory, _timeout, _bind = self.reactor.tcpClients[-1]
-        self.protocol = factory.buildProtocol(None)
-        self.transport = _TcpStringTransport()
-        self.protocol.makeConnection(self.transport)
-        return self.transport
+class MemoryHttp(BaseMemoryHttp):
+    """:class:`tests.support.memoryhttp.MemoryHttp` that also sends mail."""
 
     def outcome_past_deadline(self, backend: Any, deadline: float, *, connect: bool) -> Outcome:
         """Send :func:`message` through ``backend`` (built on this client), bring
@@ -114,23 +84,6 @@ class MemoryHttp:
             self.connect()
         self.reactor.advance(deadline - self.reactor.seconds())
         return d.result
-
-    def refuse(self, reason: Exception) -> None:
-        connector = self.reactor.connectors[-1]
-        _host, _port, factory, _timeout, _bind = self.reactor.tcpClients[-1]
-        factory.clientConnectionFailed(connector, Failure(reason))
-        # HostnameEndpoint gives up once its next-address timer (0.3 s) ran out.
-        self.reactor.advance(0.5)
-
-    def respond(self, raw: bytes) -> None:
-        self.protocol.dataReceived(raw)
-
-    def lose(self, reason: Exception) -> None:
-        self.protocol.connectionLost(Failure(reason))
-
-    def request_bytes(self) -> bytes:
-        assert self.transport is not None
-        return self.transport.value()
 
 
 def split_request(raw: bytes) -> tuple[str, dict[str, str], bytes]:
@@ -198,7 +151,7 @@ class LoopbackServer:
         self.answer = Scripted()
         self.port: Any = None
         self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.client = HTTPClient(Agent(reactor, pool=self.pool, connectTimeout=5))
+        self.client = Agent(reactor, pool=self.pool, connectTimeout=5)
 
     def start(self) -> None:
         site = Site(_Recorder(self))

@@ -193,7 +193,7 @@ def test_make_service_builds_a_tree(monkeypatch):
     options = Options()
     options.parseOptions(["--listen", "127.0.0.1:0"])
     service = makeService(options)
-    assert [b.key for b in service.dispatcher.backends] == ["t"]
+    assert [b.key for b in service.part("dispatcher").backends] == ["t"]
     assert not service.running
 
 

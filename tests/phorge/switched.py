@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gorge.testing.gorge_stack import MAILER_TOKEN, WORKER_SUFFIX, GorgeStack
 from tests.mailer.smtpserver import ScriptedFactory, ServerState
-from tests.phorge.daemons import MAILER_TOKEN, WORKER_SUFFIX, GorgeStack
-from tests.phorge.site import Checkout, PhorgeSite, until
+from tests.phorge.site import LIBRARY, Checkout, PhorgeSite, until
 from tests.webhook.conftest import Receiver
 
 WORKER_BOT = "gorge-worker"
@@ -33,7 +33,7 @@ class Switched:
         """Storage, the worker's bot and the sinks; nothing started yet."""
         from twisted.internet import reactor
 
-        site = PhorgeSite(checkout, mariadb, workdir / "phorge", label)
+        site = PhorgeSite(checkout, mariadb, workdir / "phorge", label, libraries=[LIBRARY])
         site.upgrade_storage()
         token = site.helper_sync("setup", username=WORKER_BOT)["token"]
         smtp = ServerState()

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from tests.phorge.daemons import WORKER_SUFFIX
+from gorge.testing.gorge_stack import WORKER_SUFFIX
 from tests.phorge.site import wait
 from tests.phorge.switched import Switched, gorge_mailer_entry
 

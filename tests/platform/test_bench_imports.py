@@ -27,4 +27,4 @@ def test_no_benchmark_imports_from_tests():
         if name == "tests" or name.startswith("tests.")
     }
     assert offenders == set()
-    assert "gorge.testing.mariadb_server" in _imported_modules(BENCH / "worker.py")
+    assert "gorge.testing.mariadb_server" in _imported_modules(BENCH / "daemons.py")

@@ -9,7 +9,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SETTING = re.compile(r"\bGORGE_[A-Z0-9_]+\b")
 # Read by tooling around the daemons, not by a daemon.
-NOT_DAEMON_SETTINGS = {"GORGE_TEST_TIMEOUT"}
+NOT_DAEMON_SETTINGS = {"GORGE_TEST_TIMEOUT", "GORGE_PHORGE_ROOT"}
 
 
 def _settings_read_by_the_code() -> set[str]:
@@ -98,4 +98,4 @@ def test_compose_worker_needs_conduit_url_and_token_and_then_starts():
     settings = load_worker_settings({**env, "GORGE_LISTEN_ADDR": "127.0.0.1:0"})
     assert settings.webhook_owner == "gorge-webhook"  # gorge-webhook is in the stack
     service = build_worker_service(settings, Clock(), http_client=object())
-    assert service.plan.runnable("HeraldWebhookWorker")
+    assert service.part("plan").runnable("HeraldWebhookWorker")

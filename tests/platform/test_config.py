@@ -125,3 +125,11 @@ def test_http_settings_body_limit():
     assert settings.body_limit == 10 * 1024 * 1024
     with pytest.raises(ConfigError, match="GORGE_BODY_LIMIT"):
         load_http_settings(Env({"GORGE_BODY_LIMIT": "lots"}), default_listen=":1")
+
+
+@pytest.mark.parametrize("level,expected", [
+    (None, True), ("", True), ("debug", True), ("info", True), ("INFO", True),
+    ("warn", False), ("error", False), ("loud", True)])
+def test_http_settings_access_log_follows_the_log_level(level, expected):
+    environ = {} if level is None else {"GORGE_LOG_LEVEL": level}
+    assert load_http_settings(Env(environ), default_listen=":1").access_log is expected

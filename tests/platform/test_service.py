@@ -15,8 +15,8 @@ from twisted.web.server import Site
 
 from gorge.config import ConfigError
 from gorge.service import (
-    DaemonRoot, FunctionService, InFlight, OrderedService, Poller, SystemdNotifier, listener,
-    run_make_service,
+    DaemonRoot, FunctionService, InFlight, OrderedService, Poller, ServiceTree, SystemdNotifier,
+    listener, run_make_service,
 )
 
 
@@ -64,6 +64,57 @@ def test_ordered_service_keeps_stopping_after_a_child_fails():
     failing.stop_deferred.errback(RuntimeError("x"))
     assert ("stopped", "first") in events
     assert done.called
+
+
+def test_service_tree_starts_named_children_in_order_and_stops_them_in_reverse():
+    events = []
+    slow = Deferred()
+
+    async def drain():
+        events.append(("stopping", "drain"))
+        await slow
+        events.append(("stopped", "drain"))
+
+    tree = ServiceTree("daemon")
+    tree.add("pool", Recorder("ignored", events))
+    tree.add("drain", stop=drain)
+    tree.add("loop", start=lambda: events.append(("start", "loop")),
+             stop=lambda: events.append(("stopped", "loop")), part="the consumer")
+    tree.startService()
+    assert events == [("start", "pool"), ("start", "loop")]
+    events.clear()
+    done = tree.stopService()
+    # "pool" is not asked to stop while "drain" is still waiting.
+    assert events == [("stopped", "loop"), ("stopping", "drain")]
+    assert not done.called
+    slow.callback(None)
+    assert events[-2:] == [("stopping", "pool"), ("stopped", "pool")]
+    assert done.called and not tree.running
+
+
+def test_service_tree_parts_are_reachable_by_name():
+    tree = ServiceTree("daemon")
+    pool = tree.add("pool", Recorder("x", []))
+    assert pool.name == "pool" and tree.part("pool") is pool
+    tree.add("loop", start=lambda: None, part=["consumer"])
+    assert tree.part("loop") == ["consumer"]
+    tree.keep("site", "a site")
+    assert tree.part("site", str) == "a site" and tree.has_part("site")
+    assert not tree.has_part("missing")
+    with pytest.raises(KeyError, match="daemon has no part 'missing' .*loop, pool, site"):
+        tree.part("missing")
+    with pytest.raises(TypeError, match="part 'site' is a str, not a int"):
+        tree.part("site", int)
+    with pytest.raises(ValueError, match="already has a part named 'site'"):
+        tree.keep("site", "another")
+    with pytest.raises(ValueError, match="already has a part named 'pool'"):
+        tree.add("pool", stop=lambda: None)
+    with pytest.raises(TypeError, match="not both"):
+        tree.add("both", Recorder("y", []), stop=lambda: None)
+
+
+def test_service_tree_is_a_daemon_root():
+    assert isinstance(ServiceTree("daemon"), DaemonRoot)
 
 
 def test_poller_ticks_on_interval_without_overlap_and_survives_failures():

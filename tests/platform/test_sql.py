@@ -88,11 +88,14 @@ def test_only_retryable_errors_run_again_and_at_most_attempts_times(errors):
         assert result == expected
     retries = [e for e in events if e.get("log_format", "").startswith("UNIT_TXN_RETRY ")]
     assert [(e["txn"], e["attempt"]) for e in retries] == [
-        ("txn", n) for n in range(1, expected_calls)]
+        ("txn", n) for n in range(1, expected_calls)
+    ]
     stats = db.transactions["txn"]
     assert (stats.ok, stats.failed, stats.retries) == (
-        int(not isinstance(expected, Exception)), int(isinstance(expected, Exception)),
-        expected_calls - 1)
+        int(not isinstance(expected, Exception)),
+        int(isinstance(expected, Exception)),
+        expected_calls - 1,
+    )
 
 
 def test_a_transaction_that_does_not_answer_fails_at_the_deadline():
@@ -173,13 +176,16 @@ def test_metrics_name_each_transaction():
     assert 'gorge_sql_transaction_seconds_count{txn="complete"} 1.0' in text
 
 
-@pytest.mark.parametrize("error, retryable", [
-    (pymysql.err.OperationalError(1213, "Deadlock found"), True),
-    (pymysql.err.OperationalError(1205, "Lock wait timeout exceeded"), True),
-    (pymysql.err.OperationalError(2013, "Lost connection"), False),
-    (pymysql.err.IntegrityError(1062, "Duplicate entry"), False),
-    (LOCKED, False),
-])
+@pytest.mark.parametrize(
+    "error, retryable",
+    [
+        (pymysql.err.OperationalError(1213, "Deadlock found"), True),
+        (pymysql.err.OperationalError(1205, "Lock wait timeout exceeded"), True),
+        (pymysql.err.OperationalError(2013, "Lost connection"), False),
+        (pymysql.err.IntegrityError(1062, "Duplicate entry"), False),
+        (LOCKED, False),
+    ],
+)
 def test_mysql_retries_deadlocks_and_lock_waits_only(error, retryable):
     assert MySQLEngine().retryable(error) is retryable
 
@@ -212,11 +218,13 @@ async def exercise(db: Database) -> dict:
         return first, second, batch
 
     def read(txn) -> tuple:
-        db.execute(txn, "SELECT counterValue FROM lisk_counter WHERE counterName = %s"
-                        + db.engine.for_update, ("c",))
+        db.execute(
+            txn,
+            "SELECT counterValue FROM lisk_counter WHERE counterName = %s" + db.engine.for_update,
+            ("c",),
+        )
         value = txn.fetchone()[0]
-        db.execute(txn, "SELECT counterValue FROM lisk_counter WHERE counterName = %s",
-                   ("mark",))
+        db.execute(txn, "SELECT counterValue FROM lisk_counter WHERE counterName = %s", ("mark",))
         mark = txn.fetchone()[0]
         db.execute(txn, "SELECT 7 DIV 2, GREATEST(4, 9, 2)")
         return int(value), int(mark), tuple(int(v) for v in txn.fetchone())

@@ -259,3 +259,32 @@ async def test_only_one_access_log_line_per_request():
     lines = [e for e in observer if "REQUEST" in (e.get("log_format") or "")
              or "HTTP/1.1" in (e.get("log_format") or "") or e.get("log_namespace") == "twisted.web.server"]
     assert [e["log_format"].split()[0] for e in lines] == ["REQUEST"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_access_log_only_failures_are_logged():
+    from twisted.web.resource import Resource
+
+    class Api(Resource):
+        isLeaf = True
+
+        def render(self, request):
+            if request.path == b"/api/example/boom":
+                raise RuntimeError("boom")
+            return ok(request, {"fine": True})
+
+    async def ready():
+        return None
+
+    site = build_site(api_resource=Api(), prefix="/api/example/", token="", body_limit=1024,
+                      readiness=ready, registry=CollectorRegistry(), clock=task.Clock(),
+                      access_log=False)
+    client = stub_client(site)
+    with logged_events() as observer:
+        fine = await client.get("http://x/api/example/list")
+        await fine.content()
+        failed = await client.get("http://x/api/example/boom")
+        await failed.content()
+    names = [e.get("log_format", "").split(" ")[0] for e in observer]
+    assert (fine.code, failed.code) == (200, 500)
+    assert "REQUEST" not in names and "REQUEST_FAILED" in names

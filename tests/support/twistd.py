@@ -1,63 +1,23 @@
-"""Running the daemons as real ``twistd`` processes from the source tree."""
+"""Running the daemons as real ``twistd`` processes from the source tree.
+
+:class:`TwistdDaemon` and :func:`daemon_environ` live in gorge.testing (the
+benchmarks use them too); :class:`TwistdProcess` is the tests' own.
+"""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeout
 from twisted.internet.protocol import ProcessProtocol
 
+from gorge.testing.twistd import DAEMON_ARGS, TWISTD, TwistdDaemon, daemon_environ
+
 from .paths import REPO_ROOT
 
-# Exactly what the twistd console script runs.
-TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
-# How the units run a daemon.
-DAEMON_ARGS = ["--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env"]
-
-
-def daemon_environ(extra: Mapping[str, str] = {}, *, drop: tuple[str, ...] = ()) -> dict[str, str]:
-    """This process's environment without the variables whose names start with
-    one of ``drop``, with the repository first on ``PYTHONPATH`` (so twistd
-    finds the plugins of this tree), then ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
-    )
-    env.update(extra)
-    return env
-
-
-class TwistdDaemon:
-    """``twistd`` running ``tapname`` the way the units run it, its output in
-    ``log_path``. :meth:`kill` is the caller's clean-up."""
-
-    def __init__(self, tapname: str, env: Mapping[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(
-            [*TWISTD, *DAEMON_ARGS, tapname],
-            cwd=REPO_ROOT,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C meant for pytest must not hit it first
-        )
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        if not self._log.closed:
-            self._log.close()
+__all__ = ["DAEMON_ARGS", "TWISTD", "TwistdDaemon", "TwistdProcess", "daemon_environ", "healthz"]
 
 
 class TwistdProcess(ProcessProtocol):

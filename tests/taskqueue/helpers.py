@@ -29,7 +29,7 @@ class Client:
 
     def __init__(self, store, clock, **overrides) -> None:
         self.service = build_taskqueue_service(make_settings(**overrides), clock, store=store)
-        self.stub = stub_client(self.service.site)
+        self.stub = stub_client(self.service.part("site"))
 
     async def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
                    headers: dict | None = None, token: str | None = TOKEN) -> tuple[int, Any]:

@@ -94,7 +94,7 @@ def client(clock):
 
 @pytest_twisted.ensureDeferred
 async def test_dead_tasks_over_http(client, clock):
-    ids = await _archive_mix(client.service.store, clock)
+    ids = await _archive_mix(client.service.part("store"), clock)
     code, answer = await client.get("archived?result=failure&class=A&limit=1")
     assert code == 200
     (row,) = answer["data"]

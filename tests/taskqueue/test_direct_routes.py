@@ -48,7 +48,7 @@ async def test_crash_in_a_direct_route_is_the_opaque_500_with_panic_log(
     def broken(*args):
         raise RuntimeError("boom")
 
-    client.service.api._owner = broken  # outside _call: an unexpected crash
+    client.service.part("api")._owner = broken  # outside _call: an unexpected crash
     code, answer = await client.post("lease", {"limit": 1})
     assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
                                               "message": "internal server error"}})

@@ -88,8 +88,8 @@ async def test_make_service_connects_nowhere(monkeypatch):
     options = Options()
     options.parseOptions(["--listen", "127.0.0.1:0"])
     service = makeService(options)
-    assert service.settings.backend == "mysql" and not service.running
-    await service.store.close()
+    assert service.part("settings").backend == "mysql" and not service.running
+    await service.part("store").close()
 
 
 @pytest.mark.integration
@@ -147,7 +147,7 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
     service = build_taskqueue_service(settings, reactor)
     service.startService()
     try:
-        base = f"http://127.0.0.1:{service.listening.listening_port.getHost().port}"
+        base = f"http://127.0.0.1:{service.part('listener').listening_port.getHost().port}"
         headers = {"X-Service-Token": "contract-token", "Content-Type": "application/json"}
         response = await treq.post(base + "/api/queue/enqueue", headers=headers,
                                    data=json.dumps({"taskClass": "X"}).encode()).addTimeout(10, reactor)
@@ -158,7 +158,7 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
     finally:
         await service.stopService()
     assert not service.running
-    assert service.store.db.pool.running is False
+    assert service.part("store").db.pool.running is False
 
 
 class _Notifier:
@@ -183,9 +183,9 @@ async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_
                                       notifier=notifier)
     client = Client(memory_store, clock)
     await client.post("enqueue", {"taskClass": "X"})
-    await service._refresh_depth()
+    await service.part("stats").refresh()
     assert notifier.calls == ["ready", "progress"]
-    assert service.registry.get_sample_value("gorge_taskqueue_queue_depth",
+    assert service.part("metrics-registry").get_sample_value("gorge_taskqueue_queue_depth",
                                              {"state": "active"}) == 1.0
     memory_store.unreachable = "down"
 
@@ -194,7 +194,7 @@ async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_
 
     memory_store.stats = broken
     with pytest.raises(ConnectionRefusedError):
-        await service._refresh_depth()
+        await service.part("stats").refresh()
     assert notifier.calls[-2:] == ["ready", "progress"]
 
 

@@ -126,7 +126,7 @@ async def test_a_client_hanging_up_is_not_a_backend_failure(memory_store, clock)
     request.path = b"/api/queue/lease"
     request.content = BytesIO(b'{"limit":1}')
     with logged_events() as events:
-        client.service.api.resource().render(request)
+        client.service.part("api").resource().render(request)
         request.processingFailed(Failure(ConnectionDone("client went away")))
     assert gate.called  # the store call was cancelled with the request
     errors = [formatEvent(e) for e in events if getattr(e.get("log_level"), "name", "") in

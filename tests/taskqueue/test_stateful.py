@@ -17,7 +17,7 @@ from twisted.internet import task, threads
 from twisted.internet.defer import Deferred
 
 from gorge.taskqueue.memory import MemoryTaskStore
-from gorge.taskqueue.model import EnqueueRequest, InvalidArgument
+from gorge.taskqueue.model import EnqueueRequest, InvalidArgument, Report, ReportResult
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 from tests.taskqueue.conftest import T0, redis_backend_available
 
@@ -50,6 +50,10 @@ def _outcome(call):
 
 
 def _shape(value):
+    if isinstance(value, ReportResult):
+        error = value.error
+        return (value.task_id, value.task_class, type(error).__name__ if error else None,
+                getattr(error, "message", None))
     if isinstance(value, list):
         return [_shape(v) for v in value]
     if hasattr(value, "to_json"):
@@ -171,6 +175,17 @@ def _machine(reset: _Reset):
         @rule(task_id=IDS, duration=st.sampled_from([-3, 0, 5, 60, 4000]), owner=FENCES)
         def yield_(self, task_id, duration, owner):
             self.check("yield_", task_id, duration, owner)
+
+        @rule(reports=st.lists(st.one_of(
+                  st.builds(Report, IDS, st.just("complete"), st.integers(0, 10**7)),
+                  st.builds(Report, IDS, st.just("fail"), permanent=st.booleans(),
+                            retry_wait=st.sampled_from([0, 5, 300, 2**32])),
+                  st.builds(Report, IDS, st.just("yield"),
+                            st.sampled_from([-3, 0, 60, 2**32]))), min_size=1, max_size=6),
+              owner=FENCES)
+        def report(self, reports, owner):
+            """A batch answers and changes exactly what its single calls would."""
+            self.check("report", reports, owner)
 
         @rule(owner=st.sampled_from(OWNERS), task_ids=st.lists(IDS, min_size=1, max_size=4),
               duration=st.sampled_from([1, 300, LEASE, 2 * LEASE]))

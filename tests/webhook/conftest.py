@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from prometheus_client import CollectorRegistry
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.web import resource, server
@@ -53,12 +53,18 @@ class _ReceiverResource(resource.Resource):
             _, _, code, location = path.split("/", 3)
             status = int(code)
             request.setHeader(b"location", unquote(location).encode())
+        if "/after/" in path:  # /status/429/after/<Retry-After value, URL-quoted>
+            from urllib.parse import unquote
+
+            request.setHeader(b"retry-after", unquote(path.split("/after/", 1)[1]).encode())
         request.setResponseCode(status)
         owner = self._owner
         owner.active[path] = owner.active.get(path, 0) + 1
         owner.peak_total = max(owner.peak_total, sum(owner.active.values()))
         owner.peak_per_path = max(owner.peak_per_path, owner.active[path])
-        if owner.delay <= 0:
+        owner.arrived(path)
+        gate = owner.hold_until_arrived.get(path)
+        if owner.delay <= 0 and gate is None:
             owner.active[path] -= 1
             return b"ok"
 
@@ -71,12 +77,15 @@ class _ReceiverResource(resource.Resource):
                 request.write(b"ok")
                 request.finish()
 
-        deferLater(reactor, self._owner.delay).addCallback(answer)
+        opened = owner.when_arrived(gate) if gate is not None else defer.succeed(None)
+        opened.addCallback(lambda _: deferLater(reactor, max(owner.delay, 0.0)))
+        opened.addCallback(answer)
         return server.NOT_DONE_YET
 
 
 class Receiver:
-    """Records every POST; ``/status/NNN`` in the path picks the answer, like the golden one."""
+    """Records every POST; ``/status/NNN`` in the path picks the answer, like the golden one
+    (``/status/NNN/after/VALUE`` adds ``Retry-After: VALUE``)."""
 
     def __init__(self, tls_options=None) -> None:
         self.requests: list[Received] = []
@@ -84,6 +93,10 @@ class Receiver:
         self.active: dict[str, int] = {}
         self.peak_total = 0
         self.peak_per_path = 0
+        # path -> another path: the answers to the first wait until the second
+        # has arrived, so two deliveries overlap whatever the machine's speed.
+        self.hold_until_arrived: dict[str, str] = {}
+        self._arrival_waiters: dict[str, list[defer.Deferred]] = {}
         site = server.Site(_ReceiverResource(self))
         site.noisy = False
         site.log = lambda request: None  # the receiver's own access log is not ours to check
@@ -95,6 +108,17 @@ class Receiver:
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port.getHost().port}"
+
+    def arrived(self, path: str) -> None:
+        for waiter in self._arrival_waiters.pop(path, []):
+            waiter.callback(None)
+
+    def when_arrived(self, path: str) -> defer.Deferred:
+        if any(r.path == path for r in self.requests):
+            return defer.succeed(None)
+        waiter: defer.Deferred = defer.Deferred()
+        self._arrival_waiters.setdefault(path, []).append(waiter)
+        return waiter
 
     def count(self, path: str | None = None) -> int:
         return sum(1 for r in self.requests if path is None or r.path == path)
@@ -230,11 +254,11 @@ class Harness:
 
     @property
     def dispatcher(self):
-        return self.service.dispatcher
+        return self.service.part("dispatcher")
 
     @property
     def store(self) -> WebhookStore:
-        return self.service.store
+        return self.service.part("store")
 
     async def run_tick(self, timeout: float = 20.0) -> None:
         """One poll, then wait (bounded, on the real reactor) for what it started."""
@@ -246,8 +270,8 @@ class Harness:
         return 0.0 if value is None else value
 
     async def close(self) -> None:
-        await Deferred.fromCoroutine(self.service.transport.close())
-        self.service.store.close()
+        await Deferred.fromCoroutine(self.service.part("transport").close())
+        self.service.part("store").close()
 
 
 @pytest.fixture
@@ -272,6 +296,21 @@ def make_harness(mariadb, herald_db):
     yield make
     for harness in made:
         pytest_twisted.blockon(Deferred.fromCoroutine(harness.close()))
+
+
+@pytest.fixture
+def listen():
+    """Serve a site on 127.0.0.1 for the test; returns its base URL."""
+    ports = []
+
+    def start(site) -> str:
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        ports.append(port)
+        return f"http://127.0.0.1:{port.getHost().port}"
+
+    yield start
+    for port in ports:
+        pytest_twisted.blockon(port.stopListening())
 
 
 class CapturedLog(list):

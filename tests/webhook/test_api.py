@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import pytest_twisted
 import treq
 from twisted.internet import reactor
 
@@ -16,20 +15,6 @@ pytestmark = pytest.mark.integration
 TOKEN = "contract-token"
 HTTP = HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=TOKEN)
 SECRET_KEY = "s3cretkeys3cretkeys3cretkeys3cre"
-
-
-@pytest.fixture
-def listen():
-    ports = []
-
-    def start(site) -> str:
-        port = reactor.listenTCP(0, site, interface="127.0.0.1")
-        ports.append(port)
-        return f"http://127.0.0.1:{port.getHost().port}"
-
-    yield start
-    for port in ports:
-        pytest_twisted.blockon(port.stopListening())
 
 
 async def get(url: str, method: str = "GET", headers: dict | None = None):
@@ -47,7 +32,7 @@ def seed(herald, receiver_base: str = "http://127.0.0.1:9/x") -> None:
 
 async def test_stats_and_hooks_with_token(herald, make_harness, listen):
     seed(herald)
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     auth = {"X-Service-Token": TOKEN}
 
     code, body, headers = await get(base + "/api/webhook/stats", headers=auth)
@@ -72,7 +57,7 @@ async def test_stats_and_hooks_with_token(herald, make_harness, listen):
     ("/api/webhook/stats/", {"X-Service-Token": TOKEN}, 404, "ERR_NOT_FOUND"),
 ])
 async def test_auth_and_routing(herald, make_harness, listen, path, headers, status, error):
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     code, body, _ = await get(base + path, headers=headers)
     assert code == status
     assert json.loads(body)["error"]["code"] == error
@@ -80,7 +65,7 @@ async def test_auth_and_routing(herald, make_harness, listen, path, headers, sta
 
 
 async def test_wrong_method_under_the_prefix_is_404(herald, make_harness, listen):
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     code, body, _ = await get(base + "/api/webhook/stats", method="POST",
                               headers={"X-Service-Token": TOKEN})
     assert code == 404 and json.loads(body)["error"]["code"] == "ERR_NOT_FOUND"
@@ -95,7 +80,7 @@ async def test_database_failure_is_an_opaque_500(mariadb, make_harness, listen, 
     store = WebhookStore.mysql(settings.mysql, reactor)
     try:
         service = build_webhook_service(settings, reactor, store=store)
-        base = listen(service.site)
+        base = listen(service.part("site"))
         for path in ("/api/webhook/stats", "/api/webhook/hooks"):
             code, body, _ = await get(base + path, headers={"X-Service-Token": TOKEN})
             assert code == 500
@@ -117,7 +102,7 @@ async def test_readyz_follows_the_database_without_restart(mariadb, listen):
     settings = webhook_settings(mariadb.settings(name), http=HTTP)
     store = WebhookStore.mysql(settings.mysql, reactor)
     try:
-        base = listen(build_webhook_service(settings, reactor, store=store).site)
+        base = listen(build_webhook_service(settings, reactor, store=store).part("site"))
         code, body, _ = await get(base + "/readyz")
         assert code == 503
         answer = json.loads(body)
@@ -146,7 +131,7 @@ async def test_metrics_and_no_uri_or_key_in_logs(herald, receiver, make_harness,
     await harness.run_tick()
     assert receiver.count() == 2
 
-    base = listen(harness.service.site)
+    base = listen(harness.service.part("site"))
     code, body, _ = await get(base + "/metrics")
     text = body.decode()
     assert code == 200
@@ -166,7 +151,7 @@ async def test_metrics_and_no_uri_or_key_in_logs(herald, receiver, make_harness,
 
 async def test_head_has_no_body_and_a_wrong_probe_method_is_405(herald, make_harness, listen):
     # HEAD gets the status without a body; only a probe path answers 405.
-    base = listen(make_harness(http=HTTP).service.site)
+    base = listen(make_harness(http=HTTP).service.part("site"))
     code, body, _ = await get(base + "/api/webhook/stats", method="HEAD",
                               headers={"X-Service-Token": TOKEN})
     assert (code, body) == (200, b"")

@@ -60,7 +60,7 @@ def contract_site(tmp_path):
             listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=CONTRACT_TOKEN))
         service = build_webhook_service(settings, reactor, store=store,
                                         registry=CollectorRegistry())
-        return stub_client(service.site)
+        return stub_client(service.part("site"))
 
     yield make
     for store in made:
@@ -69,7 +69,9 @@ def contract_site(tmp_path):
 
 def test_fixture_directories_are_not_empty():
     assert [p.name for p in FIXTURES] == [
-        "hooks.json", "stats.json", "token-via-query-param.json", "unauthorized.json"]
+        "hooks-state.json", "hooks.json", "request-retry-queued.json", "request-retry.json",
+        "request-show.json", "request-unknown.json", "requests-bad-filter.json",
+        "requests-list.json", "stats.json", "token-via-query-param.json", "unauthorized.json"]
     assert [p.name for p in UNAVAILABLE] == ["stats-database-unreachable.json"]
 
 

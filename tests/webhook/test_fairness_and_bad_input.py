@@ -276,12 +276,12 @@ async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_ha
                                     registry=CollectorRegistry())
     try:
         for _ in range(5):
-            await Deferred.fromCoroutine(service.dispatcher.tick())
+            await Deferred.fromCoroutine(service.part("dispatcher").tick())
             clock.advance(1)
         assert len(captured_log.named("WEBHOOK_POLL_FAILED")) == 1
         assert captured_log.named("WEBHOOK_POLL_FAILED")[0]["reason"] == "unknown database"
         mariadb.create_database("herald", "nothere_herald")
-        await Deferred.fromCoroutine(service.dispatcher.tick())
+        await Deferred.fromCoroutine(service.part("dispatcher").tick())
         assert len(captured_log.named("WEBHOOK_POLL_RECOVERED")) == 1
     finally:
         store.close()

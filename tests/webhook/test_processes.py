@@ -124,3 +124,61 @@ async def test_sigterm_mid_delivery_finishes_and_writes_then_restart_sends_nothi
         again.kill()
     assert receiver.count() == 1
     assert herald.request(request_id) == row
+
+
+async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
+        mariadb, namespace_db, receiver, tmp_path):
+    import json
+
+    import treq
+
+    from gorge.testing.procs import free_port
+
+    namespace, herald = namespace_db
+    token = "replay-token"
+    hooks = [herald.insert_hook(uri=f"{receiver.base}/hook{i}") for i in range(3)]
+    for n in range(30):
+        herald.insert_request(hook=hooks[n % 3], object_phid=f"PHID-TASK-{n:020d}")
+    ports = [free_port() for _ in range(3)]
+    daemons = [Daemon(mariadb, namespace, tmp_path / f"d{i}.log",
+                      GORGE_LISTEN_ADDR=f"127.0.0.1:{port}", GORGE_SERVICE_TOKEN=token)
+               for i, port in enumerate(ports)]
+
+    async def post(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
+        response = await treq.post(f"http://127.0.0.1:{port}/api/webhook/{path}",
+                                   data=None if body is None else json.dumps(body).encode(),
+                                   headers={"X-Service-Token": token}, persistent=False)
+        return response.code, json.loads(await response.content())
+
+    try:
+        await wait_for(lambda: herald.status_counts() == {"sent": 30}, 120, daemons=daemons)
+        first = {_object_of(r.body): r for r in receiver.requests}
+        assert len(first) == 30 == receiver.count()
+        # Each replica is asked for a part: a range for one hook, single requests too.
+        code, answer = await post(ports[0], "requests/retry",
+                                  {"hookPHID": hooks[0], "since": 0, "status": "sent"})
+        assert code == 200 and len(answer["data"]["retried"]) == 10
+        code, answer = await post(ports[1], "requests/retry",
+                                  {"hookPHID": hooks[1], "since": 0, "status": "any"})
+        assert code == 200 and len(answer["data"]["retried"]) == 10
+        for (request_id,) in herald.query("SELECT id FROM herald_webhookrequest"
+                                          " WHERE webhookPHID = %s", (hooks[2],)):
+            code, _ = await post(ports[2], f"requests/{request_id}/retry")
+            assert code == 200
+        await wait_for(lambda: receiver.count() >= 60
+                       and herald.status_counts() == {"sent": 30}, 120, daemons=daemons)
+        await deferLater(reactor, 1.0)  # ten more polls on every replica: nothing more
+        codes = [await daemon.terminate() for daemon in daemons]
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+    assert receiver.count() == 60
+    assert set(Counter(_object_of(r.body) for r in receiver.requests).values()) == {2}
+    for got in receiver.requests[30:]:
+        original = first[_object_of(got.body)]
+        assert got.body == original.body
+        assert got.headers["x-phabricator-webhook-signature"] == \
+            original.headers["x-phabricator-webhook-signature"]
+    assert all(code in (0, -signal.SIGTERM) for code in codes), codes
+    replayed = sum(daemon.log_text().count("WEBHOOK_REQUEST_REPLAYED") for daemon in daemons)
+    assert replayed == 30

@@ -149,6 +149,15 @@ class QueueMachine(RuleBasedStateMachine):
                           " WHERE id = ?", (self.now, request_id))
         self.surprises.add(request_id)
 
+    @precondition(lambda self: self.rows("status <> 'queued'"))
+    @rule(data=st.data())
+    def another_replica_replays(self, data) -> None:
+        request_id = data.draw(st.sampled_from([r[0] for r in self.rows("status <> 'queued'")]))
+        self.conn.execute("UPDATE herald_webhookrequest SET status = 'queued',"
+                          " lastRequestResult = 'none', lastRequestEpoch = 0,"
+                          " dateModified = dateCreated WHERE id = ?", (request_id,))
+        self.surprises.add(request_id)  # this store learns of it at its recount
+
     @precondition(lambda self: self.due_in_table())
     @rule(data=st.data(), outcome=st.sampled_from(["claim", "sent", "failed", "retry"]))
     def another_replica(self, data, outcome) -> None:
@@ -182,11 +191,16 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def poll(self) -> None:
         self.candidates = done(self.store.candidates(limit=10_000, lease=LEASE, backoff=BACKOFF))
+        done(self.store.renew_holds())  # as every tick does after its candidates
         returned = [c.id for c in self.candidates]
         assert returned == sorted(returned)
         due = self.due_in_table()
         assert set(returned) <= due, "a candidate that is not due"
-        missing = due - set(returned) - self.surprises
+        assert not [i for i in returned if self.store.held_until(i)], "offered while held"
+        # A row held for a Retry-After is not offered before its time, even when
+        # its lease lapsed because no poll renewed it for longer than the lease.
+        held = {i for i in due if self.store.held_until(i)}
+        missing = due - set(returned) - self.surprises - held
         assert not missing, f"due rows not returned: {sorted(missing)}"
         known = set(self.store.view._rows)
         queued = {r[0] for r in self.rows("status = 'queued'")}
@@ -194,9 +208,18 @@ class QueueMachine(RuleBasedStateMachine):
         assert known - self.deleted <= queued, sorted(known - self.deleted - queued)
         assert queued - self.surprises <= known, sorted(queued - self.surprises - known)
 
+    @precondition(lambda self: self.rows("status <> 'queued'"))
+    @rule(data=st.data())
+    def replay_here(self, data) -> None:
+        """Through this store: offered at the next poll, no recount needed."""
+        request_id = data.draw(st.sampled_from([r[0] for r in self.rows("status <> 'queued'")]))
+        replay = done(self.store.replay(request_id))
+        assert replay is not None and replay.after.status == "queued"
+        assert self.store.view.knows(request_id)
+
     @precondition(lambda self: self.candidates)
     @rule(data=st.data(), outcome=st.sampled_from(["sent", "failed", "retry", "retire",
-                                                    "claim-and-die"]))
+                                                    "claim-and-die", "retry-after"]))
     def deliver(self, data, outcome) -> None:
         candidate = data.draw(st.sampled_from(self.candidates))
         self.candidates = [c for c in self.candidates if c.id != candidate.id]
@@ -209,8 +232,11 @@ class QueueMachine(RuleBasedStateMachine):
             self.store = self.new_store()
             return
         status, result = {"sent": ("sent", "okay"), "failed": ("failed", "fail"),
-                          "retry": ("queued", "fail")}[outcome]
-        done(self.store.finish(candidate, status, result, "{}"))
+                          "retry": ("queued", "fail"), "retry-after": ("queued", "fail")}[outcome]
+        if done(self.store.finish(candidate, status, result, "{}")) and outcome == "retry-after":
+            delay = data.draw(st.sampled_from([5, 100, 300]))
+            until = done(self.store.hold(candidate, delay))
+            assert until is None or until > self.now
 
     @rule()
     def restart(self) -> None:

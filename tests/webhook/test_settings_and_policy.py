@@ -213,3 +213,29 @@ def test_a_listener_that_cannot_bind_exits_1_before_polling():
     assert result.returncode == 1
     assert "CannotListenError" in output
     assert "WEBHOOK_POLL" not in output and "WEBHOOK_CONFIG " in output
+
+
+def test_the_example_env_file_holds_the_defaults():
+    from gorge.webhook.settings import load_webhook_settings
+    from tests.support.paths import REPO_ROOT
+
+    lines = (REPO_ROOT / "conf" / "webhook.env.example").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    assert {"GORGE_WEBHOOK_STANDARD_HEADERS", "GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC",
+            "GORGE_WEBHOOK_URL"} <= set(env)
+    assert load_webhook_settings(env) == load_webhook_settings({})
+    settings = load_webhook_settings({"GORGE_WEBHOOK_STANDARD_HEADERS": "1",
+                                      "GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC": "0"})
+    assert (settings.standard_headers, settings.retry_after_max) == (True, 0)
+
+
+@pytest.mark.parametrize("name,value", [("GORGE_WEBHOOK_STANDARD_HEADERS", "maybe"),
+                                        ("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", "-1"),
+                                        ("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", "1h")])
+def test_bad_new_settings_name_themselves(name, value):
+    from gorge.config import ConfigError
+    from gorge.webhook.settings import load_webhook_settings
+
+    with pytest.raises(ConfigError) as raised:
+        load_webhook_settings({name: value})
+    assert raised.value.setting == name

@@ -49,7 +49,7 @@ async def test_stop_lets_the_delivery_finish_and_write_then_closes_the_pool(
     assert json.loads(row["properties"])["errorCode"] == 200  # never a fake timeout (28)
     late_row = herald.request(late)
     assert late_row["status"] == "queued" and late_row["dateModified"] == late_row["dateCreated"]
-    assert service.store.db.pool.running is False
+    assert service.part("store").db.pool.running is False
     names = captured_log.names()
     assert names.index("WEBHOOK_DELIVERED") < names.index("WEBHOOK_STOPPED")
     assert "WEBHOOK_DELIVERY_ABANDONED" not in names
@@ -76,7 +76,7 @@ async def test_budget_exhausted_aborts_and_writes_nothing(mariadb, herald_db, he
     service = started_service(mariadb, herald_db, delivery_timeout=30)
     await wait_for(lambda: receiver.count() == 1)
     claimed = herald.request(request_id)
-    service.drain_budget = 0.5  # the delivery cannot finish inside it
+    service.part("stop-budget").seconds = 0.5  # the delivery cannot finish inside it
     await service.stopService().addTimeout(30, reactor)
     row = herald.request(request_id)
     assert row == claimed  # claimed, nothing written: the lease hands it out again
@@ -111,7 +111,7 @@ async def test_budget_exhausted_while_resolving_a_redirect_writes_nothing(
     service.startService()
     await wait_for(lambda: asked == ["hang.example"])
     claimed = herald.request(request_id)
-    service.drain_budget = 0.5
+    service.part("stop-budget").seconds = 0.5
     await service.stopService().addTimeout(30, reactor)
     assert herald.request(request_id) == claimed
     assert captured_log.named("WEBHOOK_DELIVERY_ABANDONED")

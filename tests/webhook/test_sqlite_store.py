@@ -50,13 +50,13 @@ def sqlite_service(tmp_path):
 
 
 async def run_tick(service) -> None:
-    await Deferred.fromCoroutine(service.dispatcher.tick())
-    assert await service.dispatcher.wait_idle(20, reactor)
+    await Deferred.fromCoroutine(service.part("dispatcher").tick())
+    assert await service.part("dispatcher").wait_idle(20, reactor)
 
 
 async def test_golden_cases_on_sqlite(sqlite_service, receiver):
     service, clock, path = sqlite_service
-    assert await service.store.ping() is None  # creates the tables
+    assert await service.part("store").ping() is None  # creates the tables
     db = SQLiteHerald(path)
     expected = {}
     for case in all_cases():
@@ -80,7 +80,7 @@ async def test_golden_cases_on_sqlite(sqlite_service, receiver):
 
 async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
     service, clock, path = sqlite_service
-    assert await service.store.ping() is None
+    assert await service.part("store").ping() is None
     db = SQLiteHerald(path)
     db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
                                      viewPolicy="u", editPolicy="u", status="enabled",
@@ -89,20 +89,20 @@ async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
         phid="PHID-HWBR-a", webhookPHID="PHID-HWBH-a", objectPHID="PHID-TASK-a", status="queued",
         properties=json.dumps({"retry": "forever"}), lastRequestResult="none", lastRequestEpoch=0,
         dateCreated=T0, dateModified=T0))
-    (candidate,) = await service.store.candidates(limit=5, lease=30, backoff=60)
-    assert await service.store.claim(candidate) is True
-    assert await service.store.claim(candidate) is False  # same second, version moved
+    (candidate,) = await service.part("store").candidates(limit=5, lease=30, backoff=60)
+    assert await service.part("store").claim(candidate) is True
+    assert await service.part("store").claim(candidate) is False  # same second, version moved
     assert db.request(request_id)["dateModified"] == T0 + 1
-    stats = await service.store.stats()
+    stats = await service.part("store").stats()
     assert (stats.queued, stats.sent, stats.failed, stats.active_hooks) == (1, 0, 0, 1)
-    assert await service.store.hook_total() == 1
+    assert await service.part("store").hook_total() == 1
 
 
 async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, receiver):
     # Enough rows for the start-up pass's per-block counts (integer division on
     # SQLite) and for the background recount to find a row put back to queued.
     service, clock, path = sqlite_service
-    assert await service.store.ping() is None
+    assert await service.part("store").ping() is None
     db = SQLiteHerald(path)
     db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
                                      viewPolicy="u", editPolicy="u", status="enabled",
@@ -117,7 +117,7 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
         " VALUES (?, 'PHID-HWBH-a', 'PHID-TASK-a', ?, '{}', ?, 1, 1, 2)",
         [(f"PHID-HWBR-h{n}".encode(), "failed" if n % 4 == 0 else "sent",
           "fail" if n % 4 == 0 else "okay") for n in range(3000)])
-    stats = await service.store.stats()
+    stats = await service.part("store").stats()
     assert (stats.queued, stats.sent, stats.failed) == (1, 2250, 750)
     await run_tick(service)
     assert db.request(old)["status"] == "sent" and receiver.count("/a") == 1
@@ -129,7 +129,7 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
         clock.advance(1)
         await run_tick(service)
     assert receiver.count("/a") == 2
-    stats = await service.store.stats()
+    stats = await service.part("store").stats()
     assert (stats.queued, stats.sent, stats.failed) == (0, 2251, 750)
 
 
@@ -137,7 +137,8 @@ async def test_the_demo_file_is_opened_like_the_taskqueue_one(sqlite_service):
     # WAL lets the demo's readers (and Phorge-side writers) work beside the
     # store; the busy timeout makes a writer wait rather than fail.
     service, _, path = sqlite_service
-    assert await service.store.ping() is None
+    store = service.part("store")
+    assert await store.ping() is None
 
     def pragmas(txn) -> tuple:
         txn.execute("PRAGMA journal_mode")
@@ -145,5 +146,5 @@ async def test_the_demo_file_is_opened_like_the_taskqueue_one(sqlite_service):
         txn.execute("PRAGMA busy_timeout")
         return journal, txn.fetchone()[0]
 
-    assert await service.store.db.run("pragmas", pragmas) == ("wal", 5000)
+    assert await store.db.run("pragmas", pragmas) == ("wal", 5000)
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -253,10 +253,10 @@ async def test_every_window_follows_the_database_clock_not_the_service_clock(
                                     result="fail", epoch=db_now - 59,
                                     properties={"retry": "forever"})
     try:
-        await Deferred.fromCoroutine(service.dispatcher.tick())
-        assert await service.dispatcher.wait_idle(20, reactor)
+        await Deferred.fromCoroutine(service.part("dispatcher").tick())
+        assert await service.part("dispatcher").wait_idle(20, reactor)
     finally:
-        await Deferred.fromCoroutine(service.transport.close())
+        await Deferred.fromCoroutine(service.part("transport").close())
         store.close()
     assert receiver.count() == 1
     row = herald.request(due)

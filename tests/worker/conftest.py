@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 import pytest_twisted
-from treq.client import HTTPClient
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from .rawhttp import RawServer
@@ -18,7 +17,7 @@ def reactor():
 @pytest.fixture
 def http_client(reactor):
     pool = HTTPConnectionPool(reactor, persistent=False)
-    yield HTTPClient(Agent(reactor, pool=pool, connectTimeout=5))
+    yield Agent(reactor, pool=pool, connectTimeout=5)
     pytest_twisted.blockon(pool.closeCachedConnections())
 
 

@@ -58,9 +58,36 @@ class FakeQueue:
         self.renewals: list[tuple[list[int], float]] = []
         self.renew_answers: list[Any] = []
         self.expiry: dict[int, int | None] = {}
+        # Long-poll: the wait of every lease call; with a clock in
+        # ``holds_on``, an empty call that asks to wait is held on it until
+        # its wait ends or ``arrive`` brings tasks, as a queue that holds does.
+        self.lease_waits: list[float] = []
+        self.holds_on: Any = None
+        self.held: Deferred | None = None
+        self.hung_up = 0
 
-    async def lease(self, limit: int, task_classes):
+    def arrive(self, *tasks: dict) -> None:
+        self.waiting += list(tasks)
+        if self.held is not None and not self.held.called:
+            self.held.callback(None)
+
+    async def _hold(self, wait: float) -> None:
+        def hang_up(_):
+            self.hung_up += 1
+
+        self.held = Deferred(hang_up)
+        timer = self.holds_on.callLater(wait, lambda: self.held.called or self.held.callback(None))
+        try:
+            await self.held
+        finally:
+            if timer.active():
+                timer.cancel()
+
+    async def lease(self, limit: int, task_classes, wait: float = 0):
         self.leases.append((limit, task_classes))
+        self.lease_waits.append(wait)
+        if wait > 0 and self.holds_on is not None and not self.waiting and not self.lease_errors:
+            await self._hold(wait)
         if self.lease_hold is not None:
             hold, self.lease_hold = self.lease_hold, None
             await hold

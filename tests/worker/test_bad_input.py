@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
@@ -42,7 +42,7 @@ class Queue(Resource):
 
 
 def run_against(resource, clock, registry, seconds):
-    stub = StubTreq(resource)
+    stub = RequestTraversalAgent(resource)
     client = QueueClient(stub, clock, QueueEndpoint("http://queue"), "o")
     consumer, _ = make_consumer(client, registry, clock)
     consumer.start()
@@ -84,7 +84,7 @@ def test_hanging_lease_times_out_and_polling_resumes():
     clock = Clock()
     registry = Registry()
     registry.register("NoopWorker", lambda task, data: None)
-    resource_client = StubTreq(_HangOnce())
+    resource_client = RequestTraversalAgent(_HangOnce())
     client = QueueClient(resource_client, clock, QueueEndpoint("http://queue"), "o")
     consumer, _ = make_consumer(client, registry, clock)
     consumer.start()

@@ -156,6 +156,18 @@ async def test_probe_is_bounded(reactor, http_client, raw_server):
     assert reason == "probe timed out after 0.2s"
 
 
+@pytest_twisted.ensureDeferred
+async def test_an_answer_over_the_cap_fails_the_call_temporarily(reactor, http_client,
+                                                                 raw_server):
+    from gorge.worker import conduit
+
+    server, base = raw_server(Answer(body=b" " * (conduit.ANSWER_LIMIT + 1)))
+    client = ConduitClient(http_client, reactor, base, TOKEN)
+    with pytest.raises(ConduitError, match="response body over the limit of 1048576 bytes"):
+        await Deferred.fromCoroutine(client.execute(12, "PhabricatorSearchWorker", DATA))
+    assert len(server.requests) == 1
+
+
 def test_snippet_rules():
     assert snippet(b"") == ""
     assert snippet(b"  a\r\nb\nc\rd  ") == "a b c d"

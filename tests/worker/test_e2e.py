@@ -59,7 +59,7 @@ class Stack:
         )
         self.store = MySQLTaskStore.from_settings(settings.mysql, self.reactor)
         self.queue = build_taskqueue_service(settings, self.reactor, store=self.store)
-        self.port = self.reactor.listenTCP(0, self.queue.site, interface="127.0.0.1")
+        self.port = self.reactor.listenTCP(0, self.queue.part("site"), interface="127.0.0.1")
         self.queue_url = f"http://127.0.0.1:{self.port.getHost().port}"
 
     async def stop(self):
@@ -121,7 +121,7 @@ async def test_tasks_are_leased_run_and_archived(stack):
     assert failed["result"] == 1
     # The row is archived before the queue's answer reaches the worker, and
     # the counters move on that answer: wait for it.
-    counters = stack.worker.consumer.counters
+    counters = stack.worker.part("consumer").counters
     await stack.until(lambda: counters.processed + counters.failed == 2)
     assert counters.processed == 1
     assert counters.failed == 1
@@ -133,7 +133,7 @@ async def test_a_noop_class_is_leased_and_archived_as_completed(stack):
     task_id = await stack.enqueue("RetiredWorker", '{"whatever": true}')
     done = await stack.until(stack.archived(task_id))
     assert done["result"] == 0
-    counters = stack.worker.consumer.counters
+    counters = stack.worker.part("consumer").counters
     await stack.until(lambda: counters.processed == 1)
 
 
@@ -168,7 +168,7 @@ async def test_yielded_task_comes_back_after_its_window(stack):
     archived = await stack.until(stack.archived(task_id))
     assert archived["result"] == 0 and len(runs) == 2
     assert runs[1] - runs[0] >= 5
-    assert stack.worker.consumer.counters.yielded == 1
+    assert stack.worker.part("consumer").counters.yielded == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -180,29 +180,29 @@ async def test_unsupported_class_is_not_leased_or_is_failed_temporarily(stack):
     untouched = stack.row("worker_activetask", task_id)
     assert untouched["leaseOwner"] is None and untouched["failureCount"] == 0
     # A queue that ignored the class filter would hand it out anyway.
-    stack.worker.plan.task_classes = None
+    stack.worker.part("plan").task_classes = None
     row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
                             and r["failureCount"] == 1 and r)
     assert row["leaseOwner"] is None
     assert row["leaseExpires"] - row["failureTime"] == 60
-    assert stack.worker.consumer.counters.failed == 0
+    assert stack.worker.part("consumer").counters.failed == 0
 
 
 @pytest_twisted.ensureDeferred
 async def test_stop_lets_the_running_task_finish_and_report(stack):
     await stack.start()
     task_id = await stack.enqueue("PhabricatorTestWorker", '{"duration":1}')
-    await stack.until(lambda: stack.worker.consumer.active == 1)
+    await stack.until(lambda: stack.worker.part("consumer").active == 1)
     leases_seen = []
-    stack.worker.consumer._queue.lease = lambda *a: leases_seen.append(a)  # must not be called
+    stack.worker.part("consumer")._queue.lease = lambda *a: leases_seen.append(a)  # must not be called
     stopping = stack.worker.stopService()
-    assert stack.worker.consumer.readiness_reason() == "shutting down"
+    assert stack.worker.part("consumer").readiness_reason() == "shutting down"
     await stopping
     archived = stack.row("worker_archivetask", task_id)
     assert archived is not None and archived["result"] == 0
     assert archived["duration"] >= 1_000_000
     assert leases_seen == []
-    assert stack.worker.consumer.counters.processed == 1
+    assert stack.worker.part("consumer").counters.processed == 1
 
 
 def _conduit_answer(request):
@@ -271,5 +271,5 @@ async def test_a_long_task_keeps_its_lease_and_runs_once_with_two_workers(stack)
         await second.stopService()
     assert archived["result"] == 0 and archived["duration"] >= 6_000_000
     assert runs == [("first", task_id)]
-    assert second.consumer.counters.processed == 0
-    assert stack.worker.consumer.counters.processed == 1
+    assert second.part("consumer").counters.processed == 0
+    assert stack.worker.part("consumer").counters.processed == 1

@@ -129,7 +129,7 @@ class RecordingClient:
     def __init__(self):
         self.calls = []
 
-    def post(self, *args, **kwargs):
+    def request(self, *args, **kwargs):
         self.calls.append((args, kwargs))
         raise AssertionError("must not send")
 

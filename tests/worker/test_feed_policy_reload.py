@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import pytest_twisted
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.web.resource import Resource
@@ -43,12 +43,12 @@ async def test_sighup_makes_the_running_worker_read_the_policy_again(tmp_path, h
 
     policy = tmp_path / "policy.json"
     policy.write_text('{"silent": true, "uris": []}')
-    stub = StubTreq(EmptyQueue())
+    stub = RequestTraversalAgent(EmptyQueue())
     settings = load_worker_settings({
         "GORGE_WORKER_TASK_QUEUE_URL": "http://queue:8090", "GORGE_LISTEN_ADDR": "127.0.0.1:0",
         "GORGE_WORKER_FEED_POLICY_FILE": str(policy)})
     svc = build_worker_service(settings, reactor, http_client=stub)
-    handler = svc.registry.get(FEED)
+    handler = svc.part("registry").get(FEED)
 
     async def run_task():
         return await Deferred.fromCoroutine(handler({"id": 1, "failureCount": 0}, TASK))

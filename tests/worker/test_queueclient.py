@@ -7,7 +7,7 @@ import json
 
 import pytest
 from hypothesis import given, strategies as st
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
@@ -43,7 +43,7 @@ class ScriptedQueue(Resource):
 
 def client_for(resource, token="queue-token", clock=None):
     clock = clock or Clock()
-    stub = StubTreq(resource)
+    stub = RequestTraversalAgent(resource)
     return QueueClient(stub, clock, QueueEndpoint("http://queue:8090", token),
                        "host:1:2:gorge-worker"), stub, clock
 
@@ -142,7 +142,7 @@ def test_a_hanging_queue_is_cut_at_the_timeout():
 
 def test_transport_error_is_an_http_error():
     class Broken:
-        def post(self, *args, **kwargs):
+        def request(self, *args, **kwargs):
             from twisted.internet.error import ConnectionRefusedError
             raise ConnectionRefusedError()
 
@@ -199,3 +199,77 @@ def test_a_4xx_without_a_json_envelope_is_retried(status):
     assert failure.check(QueueError)
     assert f"unmarshal (status {status})" in str(failure.value)
     assert failure.value.retryable
+
+
+def _agent_client(resource, clock=None):
+    """The client over an in-memory Agent."""
+    from treq.testing import RequestTraversalAgent
+
+    clock = clock or Clock()
+    agent = RequestTraversalAgent(resource)
+    client = QueueClient(agent, clock, QueueEndpoint("http://queue:8090", "queue-token"),
+                         "host:1:2:gorge-worker")
+    return client, agent, clock
+
+
+def test_agent_path_sends_the_same_request_and_reads_the_answer():
+    resource = ScriptedQueue(body=json.dumps({"data": [
+        {"id": 3, "taskClass": "A", "data": "{}"}]}).encode())
+    client, agent, _ = _agent_client(resource)
+    d = Deferred.fromCoroutine(client.lease(2, ["B", "A"], wait=5))
+    agent.flush()
+    assert result_of_deferred(d) == [{"id": 3, "taskClass": "A", "data": "{}"}]
+    (req,) = resource.requests
+    assert (req["method"], req["path"]) == (b"POST", b"/api/queue/lease")
+    assert req["headers"][b"content-type"] == b"application/json"
+    assert req["headers"][b"x-service-token"] == b"queue-token"
+    assert req["headers"][b"x-lease-owner"] == b"host:1:2:gorge-worker"
+    assert json.loads(req["body"]) == {"limit": 2, "taskClasses": ["A", "B"], "wait": 5}
+
+
+def test_agent_path_errors_and_timeouts_are_queue_errors():
+    refused = ScriptedQueue(status=409, body=b'{"error":{"code":"ERR_LEASE_CONFLICT",'
+                                             b'"message":"gone"}}')
+    client, agent, _ = _agent_client(refused)
+    d = Deferred.fromCoroutine(client.complete(4, 10, timeout=5))
+    agent.flush()
+    failure = result_of_deferred(d)
+    assert (failure.value.status, failure.value.code) == (409, "ERR_LEASE_CONFLICT")
+    client, agent, clock = _agent_client(ScriptedQueue(hang=True))
+    d = Deferred.fromCoroutine(client.complete(4, 10, timeout=5))
+    agent.flush()
+    clock.advance(5)
+    failure = result_of_deferred(d)
+    assert str(failure.value) == "http: POST /api/queue/complete: timed out after 5s"
+
+
+def result_of_deferred(d):
+    results = []
+    d.addBoth(results.append)
+    return results[0] if results else None
+
+
+def test_an_answer_over_the_cap_is_an_http_error():
+    from gorge.worker import queueclient
+
+    resource = ScriptedQueue(body=b'{"data":"' + b"x" * queueclient.ANSWER_LIMIT + b'"}')
+    client, _, _ = client_for(resource)
+    failure = result_of(client.complete(1, 0, timeout=10))
+    assert failure.check(QueueError)
+    assert str(failure.value) == (
+        "http: POST /api/queue/complete: response body over the limit of 1048576 bytes")
+    assert failure.value.retryable
+
+
+def test_a_lease_answer_has_its_own_larger_cap(monkeypatch):
+    from gorge.worker import queueclient
+
+    monkeypatch.setattr(queueclient, "LEASE_ANSWER_LIMIT", 2 * queueclient.ANSWER_LIMIT)
+    task = {"id": 3, "taskClass": "A", "data": "x" * queueclient.ANSWER_LIMIT}
+    client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
+    assert result_of(client.lease(1, None)) == [task]
+    task["data"] += "x" * queueclient.ANSWER_LIMIT
+    client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
+    failure = result_of(client.lease(1, None))
+    assert str(failure.value).startswith(
+        "lease: http: POST /api/queue/lease: response body over the limit of")

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import pytest_twisted
-from treq.testing import StubTreq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
@@ -124,8 +124,8 @@ def test_filter_that_leaves_nothing_refuses_to_start():
 ])
 def test_registry_and_lease_classes(env, supported, classes):
     svc = build_worker_service(settings_of(**env), Clock(), http_client=object())
-    assert svc.registry.supported_classes() == supported
-    assert svc.plan.task_classes == classes
+    assert svc.part("registry").supported_classes() == supported
+    assert svc.part("plan").task_classes == classes
 
 
 @pytest.mark.parametrize("env", [
@@ -145,7 +145,7 @@ async def test_a_noop_class_completes_with_one_line():
 
     svc = build_worker_service(settings_of(GORGE_WORKER_NOOP_CLASSES="RetiredWorker"), Clock(),
                                http_client=object())
-    handler = svc.registry.get("RetiredWorker")
+    handler = svc.part("registry").get("RetiredWorker")
     with logged_events() as events:
         assert await handler({"id": 42, "failureCount": 0}, '{"anything": 1}') is None
     (line,) = [e for e in events if e.get("log_format", "").startswith("NOOP_TASK")]
@@ -193,53 +193,53 @@ def readyz(site):
 
 def test_readiness_follows_the_last_lease_and_shutdown():
     clock, queue = Clock(), FakeQueueResource()
-    stub = StubTreq(queue)
+    stub = RequestTraversalAgent(queue)
     svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), clock, http_client=stub)
-    svc.consumer.start()
-    assert readyz(svc.site) == (503, {"status": "unavailable",
+    svc.part("consumer").start()
+    assert readyz(svc.part("site")) == (503, {"status": "unavailable",
                                       "reason": "no lease attempt has completed yet"})
     clock.advance(1.0)
     stub.flush()
-    assert readyz(svc.site) == (200, {"status": "ok"})
+    assert readyz(svc.part("site")) == (200, {"status": "ok"})
     queue.status = 500
     queue.answers[b"/api/queue/lease"] = (
         b'{"error":{"code":"ERR_INTERNAL","message":"internal server error"}}')
     clock.advance(1.0)
     stub.flush()
-    assert readyz(svc.site) == (503, {
+    assert readyz(svc.part("site")) == (503, {
         "status": "unavailable",
         "reason": "taskqueue: lease: api error [ERR_INTERNAL]: internal server error"})
-    Deferred.fromCoroutine(svc.consumer.stop())
-    assert readyz(svc.site)[1]["reason"] == "shutting down"
+    Deferred.fromCoroutine(svc.part("consumer").stop())
+    assert readyz(svc.part("site"))[1]["reason"] == "shutting down"
 
 
 def test_readiness_with_delegation_needs_a_passing_probe():
     clock, queue = Clock(), FakeQueueResource()
-    stub = StubTreq(queue)
+    stub = RequestTraversalAgent(queue)
     svc = build_worker_service(settings_of(GORGE_WORKER_CONDUIT_URL="http://gw:8150",
                                            GORGE_WORKER_CONDUIT_TOKEN="t",
                                            GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook"),
                                clock, http_client=stub)
-    svc.consumer.start()
+    svc.part("consumer").start()
     clock.advance(1.0)
     stub.flush()
-    assert readyz(svc.site)[1]["reason"] == "conduit: no probe has completed yet"
-    svc.probe.start()
+    assert readyz(svc.part("site"))[1]["reason"] == "conduit: no probe has completed yet"
+    svc.part("conduit-probe").start()
     stub.flush()
-    assert readyz(svc.site) == (200, {"status": "ok"})
+    assert readyz(svc.part("site")) == (200, {"status": "ok"})
     queue.answers[b"/api/worker.execute"] = b'{"result":null,"error_code":"ERR-WORKER-AUTH",' \
                                             b'"error_info":"denied"}'
     clock.advance(60)
     stub.flush()
-    assert readyz(svc.site)[1]["reason"] == "conduit: conduit error [ERR-WORKER-AUTH]: denied"
-    svc.probe.stop()
+    assert readyz(svc.part("site"))[1]["reason"] == "conduit: conduit error [ERR-WORKER-AUTH]: denied"
+    svc.part("conduit-probe").stop()
 
 
 def test_stats_contract_and_auth():
     clock = Clock()
     svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), clock,
                                http_client=object())
-    client = stub_client(svc.site)
+    client = stub_client(svc.part("site"))
     denied = flushed(client, client.get("http://worker/api/worker/stats"))
     assert denied.code == 401
     assert flushed(client, denied.json()) == {
@@ -258,12 +258,12 @@ def test_stats_contract_and_auth():
 
 def test_metrics_are_served_from_the_service_registry():
     clock, queue = Clock(), FakeQueueResource()
-    stub = StubTreq(queue)
+    stub = RequestTraversalAgent(queue)
     svc = build_worker_service(settings_of(), clock, http_client=stub)
-    svc.consumer.start()
+    svc.part("consumer").start()
     clock.advance(1.0)
     stub.flush()
-    client = stub_client(svc.site)
+    client = stub_client(svc.part("site"))
     response = flushed(client, client.get("http://worker/metrics"))
     text = flushed(client, response.text())
     assert 'gorge_worker_lease_requests_total{result="empty"} 1.0' in text
@@ -285,7 +285,7 @@ def test_env_example_lists_every_setting_with_its_default():
 def test_probe_routes_need_no_token_and_unknown_api_paths_need_one():
     svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), Clock(),
                                http_client=object())
-    client = stub_client(svc.site)
+    client = stub_client(svc.part("site"))
     for path in ("/", "/healthz", "/readyz", "/metrics"):
         response = flushed(client, client.get("http://worker" + path))
         assert response.code in (200, 503), path

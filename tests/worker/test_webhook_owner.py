@@ -86,26 +86,26 @@ def test_unset_owner_is_refused_when_the_worker_would_delegate_webhook_tasks():
 ])
 def test_unset_owner_is_fine_when_the_worker_never_leases_webhook_tasks(env):
     svc = build(**env)
-    assert not svc.plan.runnable(WEBHOOK)
-    assert svc.plan.task_classes is None or WEBHOOK not in svc.plan.task_classes
+    assert not svc.part("plan").runnable(WEBHOOK)
+    assert svc.part("plan").task_classes is None or WEBHOOK not in svc.part("plan").task_classes
 
 
 def test_owner_gorge_webhook_runs_the_class_natively_even_with_a_catch_all_delegate():
     svc = build(GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook", **CONDUIT)
-    assert isinstance(svc.registry.get(WEBHOOK), LeftToGorgeWebhook)
-    assert isinstance(svc.registry.get("AnyOtherWorker"), ConduitDelegate)
+    assert isinstance(svc.part("registry").get(WEBHOOK), LeftToGorgeWebhook)
+    assert isinstance(svc.part("registry").get("AnyOtherWorker"), ConduitDelegate)
 
 
 def test_owner_gorge_webhook_without_conduit_leases_the_class():
     svc = build(GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook")
-    assert svc.plan.task_classes == ["FeedPublisherHTTPWorker", WEBHOOK]
+    assert svc.part("plan").task_classes == ["FeedPublisherHTTPWorker", WEBHOOK]
 
 
 def test_owner_phorge_delegates_the_class_even_when_the_allow_list_omits_it():
     svc = build(GORGE_WORKER_WEBHOOK_OWNER="phorge",
                 GORGE_WORKER_DELEGATE_CLASSES="PhabricatorSearchWorker", **CONDUIT)
-    assert isinstance(svc.registry.get(WEBHOOK), ConduitDelegate)
-    assert svc.plan.task_classes == ["FeedPublisherHTTPWorker", WEBHOOK,
+    assert isinstance(svc.part("registry").get(WEBHOOK), ConduitDelegate)
+    assert svc.part("plan").task_classes == ["FeedPublisherHTTPWorker", WEBHOOK,
                                      "PhabricatorSearchWorker"]
 
 
@@ -136,13 +136,13 @@ def test_no_setup_leaves_webhook_delivery_to_a_default(owner, conduit, delegate,
         assert exc.setting in (SETTING, "GORGE_WORKER_TASK_CLASS_FILTER")
         return
     assert not refused_on_owner
-    handler = svc.registry.get(WEBHOOK)
+    handler = svc.part("registry").get(WEBHOOK)
     if owner == "gorge-webhook":
         assert isinstance(handler, LeftToGorgeWebhook)  # never Conduit
     elif owner == "phorge":
         assert isinstance(handler, ConduitDelegate)
     else:
-        assert not svc.plan.runnable(WEBHOOK)
+        assert not svc.part("plan").runnable(WEBHOOK)
 
 
 def test_request_phid_is_read_from_any_data():

@@ -13,9 +13,10 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
   for the backends that need them, ``IReactorTCP``/``IReactorSSL``/
   ``IReactorProcess``. Tests pass a ``task.Clock``/``MemoryReactorClock``
   or the real reactor. Never import the global reactor.
-* ``http_client`` -- the service's one ``treq.client.HTTPClient`` (one
-  connection pool per service, no redirect following). Non-HTTP backends
-  ignore it.
+* ``http_client`` -- the service's one ``IAgent`` (one connection pool
+  per service, see :func:`gorge.httpclient.make_agent`); the provider
+  backends send through :func:`gorge.mailer.backends.http.post`, which
+  never follows redirects. Non-HTTP backends ignore it.
 
 ``build`` validates every option it reads and raises ``ConfigError`` via
 ``entry.error(field, reason)`` / the ``entry.*`` getters for anything it
@@ -52,6 +53,7 @@ The returned object satisfies :class:`Backend`. Its ``send`` contract:
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
@@ -109,12 +111,12 @@ class BackendEntry:
         values that may be credentials."""
         return ConfigError(self.setting(name), reason)
 
-    def str(self, name: str, default: str = "") -> str:
+    def str(self, name: str, default: str = "") -> builtins.str:
         """The option as given, or ``default`` when absent or empty."""
         value = self.options.get(name, "")
         return value if value != "" else default
 
-    def required(self, name: str) -> str:
+    def required(self, name: builtins.str) -> builtins.str:
         """A non-empty option, else ``ConfigError`` "<type>: <name> is
         required" (for example ``sendgrid: api-key is required``)."""
         value = self.options.get(name, "")
@@ -123,7 +125,12 @@ class BackendEntry:
         return value
 
     def int(
-        self, name: str, default: int, *, min: int | None = None, max: int | None = None
+        self,
+        name: builtins.str,
+        default: builtins.int,
+        *,
+        min: builtins.int | None = None,
+        max: builtins.int | None = None,
     ) -> int:
         """An integer option (accepts ``"587"``; numbers arrive as strings).
         Absent/empty -> ``default``; anything else unparseable or out of
@@ -141,11 +148,11 @@ class BackendEntry:
             raise self.error(name, f"must be <= {max}")
         return value
 
-    def port(self, name: str = "port", default: int = 25) -> int:
+    def port(self, name: builtins.str = "port", default: builtins.int = 25) -> builtins.int:
         """A TCP port 1..65535."""
         return self.int(name, default, min=1, max=65535)
 
-    def bool(self, name: str, default: bool = False) -> bool:
+    def bool(self, name: builtins.str, default: bool = False) -> bool:
         """``1/0, t/f, true/false, yes/no, on/off`` (case-insensitive)."""
         raw = self.options.get(name, "").strip().lower()
         if raw == "":
@@ -156,7 +163,9 @@ class BackendEntry:
             return False
         raise self.error(name, f"not a boolean: {raw[:20]!r}")
 
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+    def choice(
+        self, name: builtins.str, default: builtins.str, choices: tuple[builtins.str, ...]
+    ) -> builtins.str:
         """A case-insensitive choice; returns the lower-cased value."""
         raw = self.options.get(name, "").strip().lower()
         if raw == "":

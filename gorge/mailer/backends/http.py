@@ -2,10 +2,11 @@
 
 * :func:`endpoint_url` -- the optional ``endpoint`` option (base URL; plain
   ``http`` for loopback hosts only).
-* :func:`post` -- one bounded POST through the service's ``HTTPClient``:
-  never follows redirects, reads at most 64 KiB of answer, and raises
-  :class:`PostFailed` with ``submitted`` telling whether the whole request
-  had been handed to the transport when it failed.
+* :func:`post` -- one bounded POST (:func:`gorge.httpclient.exchange`)
+  through the service's agent: never follows redirects, reads at most
+  64 KiB of answer, and raises :class:`PostFailed` with ``submitted``
+  telling whether the whole request had been handed to the transport when
+  it failed.
 * :func:`classify_status` / :func:`failure_outcome` -- the generic tables
   that turn an HTTP status or a transport failure into an :class:`Outcome`.
 * :func:`json_body` / :func:`json_object` -- the JSON a provider is sent and
@@ -30,20 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
-from twisted.internet import defer, error
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Protocol
-from twisted.python.failure import Failure
-from twisted.web.client import (
-    RequestGenerationFailed,
-    RequestNotSent,
-    RequestTransmissionFailed,
-    ResponseDone,
-    ResponseFailed,
-)
-from twisted.web.http import PotentialDataLoss
+from twisted.web.client import ResponseFailed
 
-from gorge.httpclient import OneShotBody
+from gorge.httpclient import Cause, Reply, TransportFailure, exchange
 from gorge.logging import scrub
 
 from ..outcome import Outcome, parse_retry_after
@@ -71,17 +62,10 @@ class PostFailed(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class HttpReply:
-    """A status line was received. ``body`` is ``None`` when it could not be
-    read in full (reset, deadline, over :data:`RESPONSE_LIMIT`)."""
-
-    status: int
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes | None = None
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name.lower())
+#: A status line was received (``gorge.httpclient.Reply``). ``body`` is
+#: ``None`` when it could not be read in full (reset, deadline, over
+#: :data:`RESPONSE_LIMIT`).
+HttpReply = Reply
 
 
 # ---------------------------------------------------------------- config
@@ -128,110 +112,28 @@ def endpoint_url(
 # ---------------------------------------------------------------- the POST
 
 
-class _LimitedCollector(Protocol):
-    """Collects a response body up to ``limit`` bytes; beyond that (or on any
-    failure) the result is ``None`` and the connection is dropped."""
-
-    def __init__(self, limit: int, done: defer.Deferred) -> None:
-        self._limit = limit
-        self._done = done
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._done.called:
-            return
-        self._size += len(data)
-        if self._size > self._limit:
-            self._done.callback(None)
-            self.transport.stopProducing()
-            return
-        self._parts.append(data)
-
-    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        if self._done.called:
-            return
-        if reason is not None and reason.check(ResponseDone, PotentialDataLoss):
-            self._done.callback(b"".join(self._parts))
-        else:
-            self._done.callback(None)
-
-
-def _read_limited(response: Any, limit: int) -> defer.Deferred:
-    collector: _LimitedCollector | None = None
-
-    def cancel(_: defer.Deferred) -> None:
-        if collector is not None and collector.transport is not None:
-            collector.transport.stopProducing()
-
-    done: defer.Deferred = defer.Deferred(cancel)
-    collector = _LimitedCollector(limit, done)
-    response.deliverBody(collector)
-    return done
-
-
-def _flat_reasons(exc: BaseException) -> list[BaseException]:
-    """The exception and every reason wrapped in Twisted's client errors."""
-    out = [exc]
-    for reason in getattr(exc, "reasons", None) or ():
-        value = reason.value if isinstance(reason, Failure) else reason
-        if isinstance(value, BaseException):
-            out.extend(_flat_reasons(value))
-    return out
-
-
-def _is_tls_failure(exc: BaseException) -> bool:
-    try:
-        from OpenSSL import SSL
-    except ImportError:  # pragma: no cover - twisted[tls] is a dependency
-        return False
-    module = type(exc).__module__
-    return isinstance(exc, SSL.Error) or module.startswith("service_identity")
-
-
-_DESCRIPTIONS: tuple[tuple[type, str], ...] = (
-    (error.DNSLookupError, "DNS lookup failed"),
-    (error.ConnectionRefusedError, "connection refused"),
-    (error.TCPTimedOutError, "connect timed out"),
-    (error.ConnectingCancelledError, "cancelled while connecting"),
-    (defer.TimeoutError, "timed out"),
-    (error.TimeoutError, "timed out"),
-    (defer.CancelledError, "cancelled"),
-    (error.ConnectError, "connect failed"),
-    (RequestNotSent, "request not sent"),
-    (RequestGenerationFailed, "request not sent"),
-    (RequestTransmissionFailed, "connection failed while sending the request"),
-    (error.ConnectionLost, "connection lost"),
-    (error.ConnectionDone, "connection closed"),
-)
-
-
-def _describe(reasons: list[BaseException]) -> str:
-    for typ, text in _DESCRIPTIONS:
-        if any(isinstance(r, typ) for r in reasons):
-            return text
-    return type(reasons[-1]).__name__
-
-
-def transport_failure(exc: BaseException, *, handed_over: bool, deadline_fired: bool) -> PostFailed:
-    """Classify an exception from the request phase (no status line yet)."""
-    reasons = _flat_reasons(exc)
-    tls_failure = any(_is_tls_failure(r) for r in reasons)
-    if tls_failure and not handed_over:
+def _post_failed(failure: TransportFailure) -> PostFailed:
+    """Where the line between TRANSIENT and UNKNOWN runs (module docstring)."""
+    if failure.cause.tls and not failure.submitted:
         return PostFailed(False, "TLS handshake failed")
     # After the hand-over (for https: after the handshake) a TLS error is a
     # broken connection like any other: the provider may have the request.
-    what = ("deadline reached" if deadline_fired
-            else "TLS error" if tls_failure else _describe(reasons))
-    if not handed_over:
+    what = "TLS error" if failure.cause.tls else str(failure)
+    if not failure.submitted:
         return PostFailed(False, f"{what} before the request was sent")
-    if isinstance(exc, ResponseFailed) or deadline_fired:
+    if isinstance(failure.error, ResponseFailed) or failure.cause is Cause.DEADLINE:
         return PostFailed(True, f"{what} after the request was sent, no response")
     return PostFailed(True, f"{what} after the request was sent")
 
 
+def transport_failure(exc: BaseException, *, handed_over: bool, deadline_fired: bool) -> PostFailed:
+    """Classify an exception from the request phase (no status line yet)."""
+    return _post_failed(TransportFailure.from_error(exc, submitted=handed_over,
+                                                    deadline=deadline_fired))
+
+
 async def post(
-    client: Any,
+    agent: Any,
     clock: IReactorTime,
     url: str,
     *,
@@ -240,56 +142,26 @@ async def post(
     deadline: float,
     limit: int = RESPONSE_LIMIT,
 ) -> HttpReply:
-    """POST ``body`` to ``url`` and return the answer; every phase bounded.
+    """POST ``body`` to ``url`` through the service's agent and return the
+    answer; one :func:`gorge.httpclient.exchange`.
 
     ``deadline`` is absolute on ``clock``; the exchange also stops after
     :data:`REQUEST_CAP` seconds and waits at most :data:`HEADERS_TIMEOUT`
     for the status line. Raises :class:`PostFailed` when no status line was
-    received (cancellation of the awaiting Deferred included).
+    received (cancellation of the awaiting Deferred included). The status
+    line is the verdict: a body that could not be read is ``None``, and
+    each provider says what a missing receipt means.
     """
     started = clock.seconds()
     budget = min(REQUEST_CAP, deadline - started)
     if budget <= 0:
         raise PostFailed(False, "deadline reached before start")
-    producer = OneShotBody(body)
-    fired: list[bool] = []
-
-    def on_timeout(result: Any, _timeout: float) -> Any:
-        fired.append(True)
-        return result
-
     try:
-        request = client.request(
-            "POST",
-            url,
-            headers={k: [v] for k, v in headers.items()},
-            data=producer,
-            allow_redirects=False,
-            unbuffered=True,
-        )
-        # Our own timer rather than treq's ``timeout=``: it records that the
-        # deadline (not some other cancel) ended the wait.
-        request.addTimeout(min(HEADERS_TIMEOUT, budget), clock, onTimeoutCancel=on_timeout)
-        response = await request
-    except Exception as exc:
-        raise transport_failure(
-            exc, handed_over=producer.handed_over, deadline_fired=bool(fired)
-        ) from None
-
-    status = int(response.code)
-    reply_headers = {
-        name.decode("latin-1").lower(): values[-1].decode("latin-1")
-        for name, values in response.headers.getAllRawHeaders()
-        if values
-    }
-    remaining = max(0.0, started + budget - clock.seconds())
-    try:
-        content = await _read_limited(response, limit).addTimeout(remaining, clock)
-    except Exception:
-        # The status line is the verdict; the body is only a receipt or a
-        # diagnostic, and each provider says what a missing one means.
-        content = None
-    return HttpReply(status=status, headers=reply_headers, body=content)
+        return await exchange(agent, clock, "POST", url, headers=headers, body=body,
+                              deadline=started + budget,
+                              headers_deadline=started + HEADERS_TIMEOUT, body_limit=limit)
+    except TransportFailure as failure:
+        raise _post_failed(failure) from None
 
 
 # ---------------------------------------------------------------- verdicts

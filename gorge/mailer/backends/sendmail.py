@@ -61,6 +61,7 @@ class _Child(ProcessProtocol):
         self.killed: str | None = None
 
     def connectionMade(self) -> None:
+        assert self.transport is not None
         self.transport.write(self.content)
         self.transport.closeStdin()
 
@@ -104,6 +105,7 @@ class _Child(ProcessProtocol):
             self._finish()
             return
         self.killed = why
+        assert self.transport is not None  # spawnProcess connects before it returns
         try:
             self.transport.signalProcess("KILL")
         except (ProcessExitedAlready, OSError):

@@ -125,7 +125,7 @@ def error_code(body: bytes | None) -> tuple[str, str] | None:
         code = _child(err, "Code")
         if code is not None and (code.text or "").strip():
             text = _child(err, "Message")
-            return code.text.strip(), (text.text or "").strip() if text is not None else ""
+            return (code.text or "").strip(), (text.text or "").strip() if text is not None else ""
     return None
 
 

@@ -24,11 +24,12 @@ import re
 import socket
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from OpenSSL import SSL
 from twisted.internet import ssl
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, ITCPTransport
 from twisted.internet.protocol import ClientFactory, connectionDone
 from twisted.mail.smtp import (
     Address,
@@ -309,7 +310,7 @@ class _Session(ESMTPClient):
             outcome = Outcome.transient(f"smtp: {why} during {self._where()}")
         self.done.callback(outcome)
         if self.transport is not None:
-            self.transport.abortConnection()
+            cast(ITCPTransport, self.transport).abortConnection()
         elif self.connector is not None:
             self.connector.disconnect()
 
@@ -321,6 +322,7 @@ class _Session(ESMTPClient):
         return _STAGE_NAMES.get(self.stage, self.stage)
 
     def connectFailed(self, reason: Failure) -> None:
+        assert reason.type is not None  # a Failure always carries its exception type
         self.finish(Outcome.transient(f"smtp: cannot connect to {self.cfg.host}:{self.cfg.port}"
                                       f" ({reason.type.__name__})"))
 
@@ -330,7 +332,7 @@ class _Session(ESMTPClient):
         # SMTP is lock-step; Nagle would hold each short command (and the
         # final dot behind the content) until the previous segment's ACK.
         try:
-            self.transport.setTcpNoDelay(True)
+            cast(ITCPTransport, self.transport).setTcpNoDelay(True)
         except (AttributeError, OSError):
             pass
         super().connectionMade()
@@ -383,6 +385,7 @@ class _Session(ESMTPClient):
             self.pipelined = True
             self._ahead.extend([*(b"RCPT TO:" + quoteaddr(r) for r in self.recipients),
                                 b"DATA"])
+            assert self.transport is not None
             self.transport.write(b"".join(c + b"\r\n" for c in [line, *self._ahead]))
             return
         super().sendLine(line)
@@ -538,6 +541,7 @@ class SmtpBackend:
         self.cfg = cfg
         self._reactor = reactor
         if cfg.insecure:
+            self._tls: ssl.CertificateOptions | IOpenSSLClientConnectionCreator
             self._tls = ssl.CertificateOptions(verify=False,
                                                raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
         else:

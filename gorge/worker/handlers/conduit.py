@@ -3,7 +3,7 @@ and turn its answer into an outcome."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from twisted.logger import Logger
 
@@ -14,7 +14,7 @@ from gorge.worker.registry import is_php_class_name
 log = Logger()
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

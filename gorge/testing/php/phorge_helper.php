@@ -1,8 +1,9 @@
 <?php
 
-// Test helper run with the PHP CLI against a throwaway Phorge:
+// Helper run with the PHP CLI against a throwaway Phorge, for the
+// real-Phorge tests and bench/phorge.py:
 //
-//   php gorge_test.php <phorge root> <command> '<JSON arguments>'
+//   php phorge_helper.php <phorge root> <command> '<JSON arguments>'
 //
 // It loads Phorge the way its own scripts do (scripts/init/init-script.php,
 // configuration from PHABRICATOR_ENV) and prints one JSON object. Every
@@ -26,6 +27,21 @@ switch ($command) {
     break;
   case 'schedule':
     $result = gorge_test_schedule($args);
+    break;
+  case 'schedule-batch':
+    $result = gorge_test_schedule_batch($args);
+    break;
+  case 'schedule-spaced':
+    $result = gorge_test_schedule_spaced($args);
+    break;
+  case 'maniphest-task':
+    $result = gorge_test_maniphest_task($args);
+    break;
+  case 'hooks':
+    $result = gorge_test_hooks($args);
+    break;
+  case 'webhook-batch':
+    $result = gorge_test_webhook_batch($args);
     break;
   case 'lock-name':
     $result = array(
@@ -172,5 +188,132 @@ function gorge_test_schedule(array $args) {
 
   return array(
     'taskID' => (int)$task->getID(),
+    'committedAt' => microtime(true),
+  );
+}
+
+// Many tasks scheduled the normal way, inside one transaction on the worker
+// database: a consumer that is already running sees all of them at once, at
+// "committedAt".
+function gorge_test_schedule_batch(array $args) {
+  $tasks = new PhabricatorWorkerActiveTask();
+  $first = null;
+  $last = null;
+
+  $tasks->openTransaction();
+  for ($ii = 0; $ii < $args['count']; $ii++) {
+    $task = PhabricatorWorker::scheduleTask($args['taskClass'], $args['data']);
+    if ($first === null) {
+      $first = (int)$task->getID();
+    }
+    $last = (int)$task->getID();
+  }
+  $tasks->saveTransaction();
+
+  return array(
+    'firstID' => $first,
+    'lastID' => $last,
+    'committedAt' => microtime(true),
+  );
+}
+
+// Single tasks, each scheduled (and committed) after its own pause, for
+// pickup latencies: one (taskID, committedAt) per pause in "gapsMs".
+function gorge_test_schedule_spaced(array $args) {
+  $scheduled = array();
+  foreach ($args['gapsMs'] as $gap_ms) {
+    usleep((int)($gap_ms * 1000));
+    $task = PhabricatorWorker::scheduleTask($args['taskClass'], $args['data']);
+    $scheduled[] = array(
+      'taskID' => (int)$task->getID(),
+      'committedAt' => microtime(true),
+    );
+  }
+  return array('tasks' => $scheduled);
+}
+
+function gorge_test_user($username) {
+  return id(new PhabricatorPeopleQuery())
+    ->setViewer(PhabricatorUser::getOmnipotentUser())
+    ->withUsernames(array($username))
+    ->executeOne();
+}
+
+// A Maniphest task created through its editor, as an edit in the web UI
+// would: the object (and transactions) that webhook requests point at.
+function gorge_test_maniphest_task(array $args) {
+  $viewer = gorge_test_user($args['author']);
+
+  $task = ManiphestTask::initializeNewTask($viewer);
+  $xactions = array();
+  $xactions[] = id(new ManiphestTransaction())
+    ->setTransactionType(ManiphestTaskTitleTransaction::TRANSACTIONTYPE)
+    ->setNewValue($args['title']);
+
+  $applied = id(new ManiphestTransactionEditor())
+    ->setActor($viewer)
+    ->setContinueOnNoEffect(true)
+    ->setContentSource(
+      PhabricatorContentSource::newForSource(
+        PhabricatorConsoleContentSource::SOURCECONST))
+    ->applyTransactions($task, $xactions);
+
+  return array(
+    'phid' => $task->getPHID(),
+    'transactionPHIDs' => array_values(mpull($applied, 'getPHID')),
+  );
+}
+
+// Enabled webhooks, the n-th calling "<uri>/<n>".
+function gorge_test_hooks(array $args) {
+  $viewer = gorge_test_user($args['author']);
+
+  $phids = array();
+  for ($ii = 0; $ii < $args['count']; $ii++) {
+    $hook = HeraldWebhook::initializeNewWebhook($viewer)
+      ->setName($args['name'].' '.$ii)
+      ->setWebhookURI($args['uri'].'/'.$ii)
+      ->setStatus(HeraldWebhook::HOOKSTATUS_ENABLED);
+    $hook->save();
+    $phids[] = $hook->getPHID();
+  }
+  return array('hookPHIDs' => $phids);
+}
+
+// Webhook requests made the way an edit makes them (the transaction
+// editor's queueWebhooks(): a request row, then its HeraldWebhookWorker task
+// through queueCall()), round-robin over the hooks. Rows and tasks are
+// written in one transaction on each database and committed together, the
+// requests first, so a consumer that is already running sees all of them at
+// once, at "committedAt".
+function gorge_test_webhook_batch(array $args) {
+  $hooks = id(new HeraldWebhookQuery())
+    ->setViewer(PhabricatorUser::getOmnipotentUser())
+    ->withPHIDs($args['hookPHIDs'])
+    ->execute();
+  $hooks = array_values(mpull($hooks, null, 'getPHID'));
+
+  $requests = new HeraldWebhookRequest();
+  $tasks = new PhabricatorWorkerActiveTask();
+  $requests->openTransaction();
+  $tasks->openTransaction();
+  for ($ii = 0; $ii < $args['count']; $ii++) {
+    $hook = $hooks[$ii % count($hooks)];
+    $request = HeraldWebhookRequest::initializeNewWebhookRequest($hook)
+      ->setObjectPHID($args['objectPHID'])
+      ->setTransactionPHIDs($args['transactionPHIDs'])
+      ->setTriggerPHIDs(array($hook->getPHID()))
+      ->setRetryMode(HeraldWebhookRequest::RETRY_FOREVER)
+      ->setIsSilentAction(false)
+      ->setIsSecureAction(false)
+      ->save();
+    $request->queueCall();
+  }
+  $requests->saveTransaction();
+  $tasks->saveTransaction();
+
+  return array(
+    'count' => (int)$args['count'],
+    'committedAt' => microtime(true),
   );
 }

@@ -1,4 +1,4 @@
-"""The gorge daemons of one switched-over Phorge, as real ``twistd`` processes."""
+"""The gorge daemons of one throwaway Phorge, as real ``twistd`` processes."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from gorge.testing.procs import free_port
-from tests.phorge.site import BOUND, STEP, PhorgeSite
-from tests.support.twistd import TwistdDaemon, daemon_environ
+from .phorge import BOUND, STEP, PhorgeSite
+from .procs import free_port
+from .twistd import TwistdDaemon, daemon_environ
 
 QUEUE_TOKEN = "queue-token"
 MAILER_TOKEN = "mailer-token"
 WORKER_SUFFIX = ":gorge-worker"  # how gorge-worker's lease owners end
+DAEMONS = ("taskqueue", "worker", "mailer", "webhook")
 
 
 class Daemon(TwistdDaemon):
@@ -42,7 +43,7 @@ class Daemon(TwistdDaemon):
         while True:
             self.require_alive()
             try:
-                response = await treq.get(self.url + path, reactor=reactor, timeout=10)
+                response = await treq.get(self.url + path, timeout=10)
                 body = await response.content()
                 if response.code == 200:
                     return
@@ -68,13 +69,21 @@ class Daemon(TwistdDaemon):
 
 
 class GorgeStack:
-    """gorge-taskqueue, gorge-worker, gorge-mailer and gorge-webhook for one site."""
+    """gorge-taskqueue, gorge-worker, gorge-mailer and gorge-webhook for one site.
 
-    def __init__(self, site: PhorgeSite, workdir: Path, smtp_port: int) -> None:
+    ``poll_ms`` is the worker's and the webhook's poll interval (None: their
+    defaults, what an operator gets). The worker calls ``worker.execute`` on
+    the site only once :attr:`worker_token` is set; the mailer needs
+    ``smtp_port``.
+    """
+
+    def __init__(self, site: PhorgeSite, workdir: Path, smtp_port: int | None = None,
+                 poll_ms: int | None = 100) -> None:
         self.site = site
         self.dir = workdir
         self.smtp_port = smtp_port
-        self.ports = {name: free_port() for name in ("taskqueue", "worker", "mailer", "webhook")}
+        self.poll_ms = poll_ms
+        self.ports = {name: free_port() for name in DAEMONS}
         self.daemons: dict[str, Daemon] = {}
         self.worker_token = ""
         self._starts = 0
@@ -86,39 +95,48 @@ class GorgeStack:
     def _mysql(self, prefix: str) -> dict[str, str]:
         db = self.site.mariadb
         return {
-            f"{prefix}_MYSQL_HOST": db.host,
-            f"{prefix}_MYSQL_PORT": str(db.port),
-            f"{prefix}_MYSQL_USER": db.user,
-            f"{prefix}_MYSQL_PASS": db.password,
-            f"{prefix}_NAMESPACE": self.site.namespace,
+            f"{prefix}MYSQL_HOST": db.host,
+            f"{prefix}MYSQL_PORT": str(db.port),
+            f"{prefix}MYSQL_USER": db.user,
+            f"{prefix}MYSQL_PASS": db.password,
+            f"{prefix}NAMESPACE": self.site.namespace,
         }
+
+    def _poll(self, setting: str) -> dict[str, str]:
+        return {} if self.poll_ms is None else {setting: str(self.poll_ms)}
 
     def environment(self, name: str) -> dict[str, str]:
         if name == "taskqueue":
             return {"GORGE_SERVICE_TOKEN": QUEUE_TOKEN, "GORGE_TASKQUEUE_BACKEND": "mysql",
-                    **self._mysql("GORGE_TASKQUEUE")}
+                    **self._mysql("GORGE_TASKQUEUE_")}
         if name == "worker":
-            return {
+            env = {
                 "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{self.ports['taskqueue']}",
                 "GORGE_WORKER_TASK_QUEUE_TOKEN": QUEUE_TOKEN,
-                "GORGE_WORKER_POLL_INTERVAL_MS": "100",
-                # worker.execute on Phorge's own /api/, with the bot's API token.
-                "GORGE_WORKER_CONDUIT_URL": self.site.base_uri,
-                "GORGE_WORKER_CONDUIT_TOKEN": self.worker_token,
-                # One probe at start-up is enough to prove the method answers.
-                "GORGE_WORKER_CONDUIT_PROBE_SEC": "3600",
                 "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
                 "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
+                **self._poll("GORGE_WORKER_POLL_INTERVAL_MS"),
             }
+            if self.worker_token:
+                env.update({
+                    # worker.execute on Phorge's own /api/, with the bot's API token.
+                    "GORGE_WORKER_CONDUIT_URL": self.site.base_uri,
+                    "GORGE_WORKER_CONDUIT_TOKEN": self.worker_token,
+                    # One probe at start-up is enough to prove the method answers.
+                    "GORGE_WORKER_CONDUIT_PROBE_SEC": "3600",
+                })
+            return env
         if name == "mailer":
+            if self.smtp_port is None:
+                raise ValueError("gorge-mailer needs an SMTP port")
             return {"GORGE_SERVICE_TOKEN": MAILER_TOKEN, "GORGE_MAILER_TYPE": "smtp",
                     "GORGE_MAILER_KEY": "sink", "SMTP_HOST": "127.0.0.1",
                     "SMTP_PORT": str(self.smtp_port), "GORGE_MAILER_MAX_RETRIES": "0",
                     "GORGE_MAILER_SEND_TIMEOUT": "20", "GORGE_MAILER_STRICT": "1"}
         if name == "webhook":
-            return {"GORGE_WEBHOOK_POLL_INTERVAL_MS": "100",
-                    "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
-                    **self._mysql("GORGE_WEBHOOK")}
+            return {"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
+                    **self._poll("GORGE_WEBHOOK_POLL_INTERVAL_MS"),
+                    **self._mysql("GORGE_WEBHOOK_")}
         raise ValueError(name)
 
     def start(self, name: str, **overrides: str) -> Daemon:

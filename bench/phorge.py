@@ -1,0 +1,782 @@
+"""Benchmark: gorge against Phorge's own PHP daemons, on one machine, in one run.
+
+Needs a Phorge checkout with Arcanist beside it (``GORGE_PHORGE_ROOT``, as for
+tests/phorge); without it, it prints one skip line and exits 0. It starts a
+throwaway MariaDB and a throwaway Phorge on it (gorge.testing.phorge: its own
+storage namespace, ``bin/storage upgrade``, ``security.outbound-blacklist``
+empty so Phorge may call the loopback receiver), and a receiver in its own
+process that answers every POST with 200 and notes when it arrived. Both
+sides work the same Phorge databases, one after the other, in alternating
+order per round:
+
+* tasks: N ``PhabricatorTestWorker`` tasks (no work), scheduled by Phorge's
+  own ``PhabricatorWorker::scheduleTask`` in one transaction while the
+  consumer is already running and idle, so all of them become visible at
+  once. Drained by one Phorge taskmaster (``bin/phd launch
+  PhabricatorTaskmasterDaemon``), then by one gorge-taskqueue (mysql backend
+  on Phorge's worker database) + one gorge-worker (native test worker).
+* webhooks: N Herald webhook requests made as Phorge's transaction editor
+  makes them (a ``HeraldWebhookRequest`` row and its ``HeraldWebhookWorker``
+  task, via ``queueCall()``), spread over H hooks, committed at once.
+  Delivered by Phorge's ``HeraldWebhookWorker`` through one taskmaster, then
+  by one gorge-webhook, with gorge-taskqueue + gorge-worker completing the
+  ``HeraldWebhookWorker`` tasks without delivering
+  (``GORGE_WORKER_WEBHOOK_OWNER=gorge-webhook``), as a switched-over site
+  runs. A delivery counts when the receiver has it.
+* idle pickup: single tasks scheduled into the idle queue at spread-out
+  moments; the time from their commit until the row is in
+  ``worker_archivetask``.
+
+gorge's daemons run as real twistd processes at their default settings (only
+addresses, tokens, the namespace, the native test worker and the webhook
+owner are set). For each run it prints the bulk rate (between 10% and 90%
+done), the rate from the commit, CPU per item (utime + stime from
+/proc/<pid>/stat: every gorge process together against Phorge's daemon and
+its overseer, and MariaDB's apart) and the RSS of each process; then the
+medians over the rounds, the ratios gorge/Phorge and the targets.
+
+``--plot FILE.png`` draws completed items over time for both sides, one panel
+per workload (needs matplotlib: the ``bench`` extra). ``--profile DIR``
+records the gorge processes with py-spy during one more task run, after the
+measured rounds, and prints their top functions.
+
+Usage: GORGE_PHORGE_ROOT=/srv/phorge python bench/phorge.py [--tasks 3000]
+       [--webhooks 2000] [--hooks 50] [--rounds 3] [--pickup-samples 5]
+       [--plot FILE.png] [--profile DIR] [--quick] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from twisted.internet.defer import Deferred  # noqa: E402
+from twisted.internet.task import LoopingCall, deferLater, react  # noqa: E402
+
+from gorge.testing.gorge_stack import GorgeStack  # noqa: E402
+from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
+from gorge.testing.phorge import ROOT_VARIABLE, PhorgeSite, find_checkout  # noqa: E402
+
+SKIP_LINE = (f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
+             "(a Phorge checkout with arcanist/ beside it)")
+TEST_WORKER = "PhabricatorTestWorker"
+WEBHOOK_WORKER = "HeraldWebhookWorker"
+TASKMASTER = "PhabricatorTaskmasterDaemon"
+BOT = "bench-bot"
+SUCCESS = 0  # worker_archivetask.result
+SAMPLE_SEC = 0.02  # completion curve resolution
+PICKUP_POLL_SEC = 0.003
+RUN_BOUND = 900.0  # the slowest run of a full benchmark takes well under a minute
+TICK = os.sysconf("SC_CLK_TCK")
+
+# Targets of the takeover, at the daemons' default settings.
+TARGET_TASKS = 2.0
+TARGET_WEBHOOKS = 8.0
+TARGET_PICKUP_MS = 30.0
+
+RECEIVER = r"""
+import json, sys, time
+from twisted.internet import reactor
+from twisted.web import resource, server
+
+times = []
+
+class Receiver(resource.Resource):
+    isLeaf = True
+    def render_POST(self, request):
+        request.content.read()
+        times.append(time.time())
+        return b"ok"
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(times).encode()
+
+site = server.Site(Receiver())
+site.log = lambda request: None
+port = reactor.listenTCP(0, site, interface="127.0.0.1")
+sys.stdout.write("%d\n" % port.getHost().port)
+sys.stdout.flush()
+reactor.run()
+"""
+
+
+# -- processes and /proc ---------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` so far (its threads included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK  # fields 14 and 15 of stat(5)
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of ``pid`` in MB; zeros once it is gone."""
+    values = {"VmRSS": 0.0, "VmHWM": 0.0}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in values:
+                values[key] = int(rest.split()[0]) / 1024
+    except OSError:
+        pass
+    return values["VmRSS"], values["VmHWM"]
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def child_pids(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and parent_pid(int(entry.name)) == parent:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+class Receiver:
+    """The webhook receiver, in a process of its own so that it never slows the side it serves."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.port = int(self.proc.stdout.readline())
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def times(self) -> list[float]:
+        """Arrival times (epoch seconds) of every POST so far."""
+        with urllib.request.urlopen(self.base + "/times", timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(15)
+
+
+# -- measurements ------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One side draining one workload once."""
+
+    side: str
+    workload: str
+    n: int
+    curve: list[tuple[float, int]]  # (seconds after the commit, items done)
+    settled: float  # seconds until every row and task was finished
+    cpu: dict[str, float]  # process -> CPU seconds during the run
+    db_cpu: float
+    memory: dict[str, tuple[float, float]]  # process -> (RSS, peak) MB at the end
+    problems: list[str] = field(default_factory=list)
+    others: dict[tuple[str, int], int] = field(default_factory=dict)  # other tasks archived
+
+    def crossing(self, fraction: float) -> float:
+        """When ``fraction`` of the items were done (linear between samples)."""
+        level = fraction * self.n
+        previous = (0.0, 0)
+        for t, count in self.curve:
+            if count >= level:
+                (t0, c0) = previous
+                if count == c0:
+                    return t
+                return t0 + (t - t0) * (level - c0) / (count - c0)
+            previous = (t, count)
+        return float("nan")
+
+    @property
+    def bulk_rate(self) -> float:
+        span = self.crossing(0.9) - self.crossing(0.1)
+        return 0.8 * self.n / span if span > 0 else float("nan")
+
+    @property
+    def rate_from_start(self) -> float:
+        end = self.crossing(1.0)
+        return self.n / end if end > 0 else float("nan")
+
+    @property
+    def cpu_ms_per_item(self) -> float:
+        return 1000 * sum(self.cpu.values()) / self.n
+
+    @property
+    def db_ms_per_item(self) -> float:
+        return 1000 * self.db_cpu / self.n
+
+
+def cumulative(times: list[float], start: float) -> list[tuple[float, int]]:
+    return [(t - start, index + 1) for index, t in enumerate(sorted(times))]
+
+
+def median(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.median(values) if values else float("nan")
+
+
+# -- the two sides ---------------------------------------------------------------
+
+
+class PhorgeSide:
+    """One Phorge taskmaster, launched with ``bin/phd launch``."""
+
+    name = "Phorge"
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.site = bench.site
+        self.pids: dict[str, int] = {}
+
+    async def start(self, workload: str) -> None:
+        await self.site.bin("phd", "launch", TASKMASTER)
+        # daemon_log names the overseer (phd-daemon); the taskmaster is its
+        # child running exec_daemon.php.
+        deadline = time.monotonic() + 120
+        while True:
+            rows = self.site.rows(
+                "daemon", "SELECT pid FROM daemon_log WHERE daemon = %s AND status = 'run'"
+                " ORDER BY id DESC LIMIT 1", TASKMASTER)
+            overseer = int(rows[0]["pid"]) if rows else 0
+            children = [pid for pid in child_pids(overseer)
+                        if TASKMASTER in command_line(pid)] if overseer else []
+            if children:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("Phorge's taskmaster did not start; see phd's log in "
+                                   f"{self.site.dir / 'log'}")
+            await deferLater(self.bench.reactor, 0.1)
+        self.pids = {"taskmaster": children[0], "overseer": overseer}
+
+    async def stop(self) -> None:
+        await self.site.bin("phd", "stop", check=False)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in self.pids.values()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Phorge's daemons still running: {self.pids}")
+            await deferLater(self.bench.reactor, 0.1)
+        self.pids = {}
+
+
+class GorgeSide:
+    """gorge-taskqueue + gorge-worker, and gorge-webhook for webhooks."""
+
+    name = "gorge"
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.stack = GorgeStack(bench.site, bench.workdir, poll_ms=None)
+        self.pids: dict[str, int] = {}
+
+    async def start(self, workload: str) -> None:
+        names = ["taskqueue", "worker"] + (["webhook"] if workload == "webhooks" else [])
+        for name in names:
+            daemon = await self.stack.start_ready(name)
+            self.pids[name] = daemon.pid
+
+    async def stop(self) -> None:
+        for name in list(self.stack.daemons):
+            await self.stack.stop(name)
+        self.pids = {}
+
+
+# -- the benchmark -----------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, reactor, args, site: PhorgeSite, db: MariaDBServer, receiver: Receiver,
+                 workdir: Path) -> None:
+        self.reactor = reactor
+        self.args = args
+        self.site = site
+        self.db = db
+        self.receiver = receiver
+        self.workdir = workdir
+        self.sides = {"Phorge": PhorgeSide(self), "gorge": GorgeSide(self)}
+        self.runs: list[Run] = []
+        self.pickups: dict[str, list[float]] = {"Phorge": [], "gorge": []}
+        self.hooks: list[str] = []
+        self.target: dict = {}
+
+    # -- set-up ----------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        await self.site.helper("setup", username=BOT, admin=True)
+        self.target = await self.site.helper("maniphest-task", author=BOT,
+                                             title="what the benchmark's webhooks announce")
+        self.hooks = (await self.site.helper(
+            "hooks", author=BOT, count=self.args.hooks, name="bench",
+            uri=self.receiver.base + "/hook"))["hookPHIDs"]
+        self.clean()
+
+    def clean(self) -> None:
+        """Forget what earlier runs (and the set-up's edit) left in the tables,
+        so each run starts from the same state."""
+        self.site.execute("worker", "DELETE FROM worker_activetask")
+        self.site.execute("worker", "DELETE FROM worker_archivetask")
+        self.site.execute("worker", "DELETE FROM worker_taskdata")
+        self.site.execute("herald", "DELETE FROM herald_webhookrequest")
+        self.site.execute("daemon", "DELETE FROM daemon_logevent")
+
+    def highest_task_id(self) -> int:
+        ids = [self.site.rows("worker", f"SELECT MAX(id) AS m FROM {table}")[0]["m"] or 0
+               for table in ("worker_activetask", "worker_archivetask")]
+        return max(ids)
+
+    # -- one run ---------------------------------------------------------------
+
+    async def run(self, side_name: str, workload: str, profile: Path | None = None) -> Run:
+        side = self.sides[side_name]
+        n = self.args.tasks if workload == "tasks" else self.args.webhooks
+        self.clean()
+        marker = self.highest_task_id()
+        received_before = len(self.receiver.times())
+        await side.start(workload)
+        await deferLater(self.reactor, 1.0)  # idle, polling an empty queue
+        recorders = self.start_profiles(side.pids, profile) if profile else []
+
+        samples: list[tuple[float, int]] = []
+
+        task_class = TEST_WORKER if workload == "tasks" else WEBHOOK_WORKER
+
+        def archived() -> int:
+            return self.site.rows(
+                "worker", "SELECT COUNT(*) AS n FROM worker_archivetask WHERE id > %s"
+                " AND taskClass = %s", marker, task_class)[0]["n"]
+
+        sampler = LoopingCall(lambda: samples.append((time.time(), archived())))
+        # The daemons' idle polls while the batch is written cost next to
+        # nothing; MariaDB's share of the writing is left out.
+        cpu_before = {name: cpu_seconds(pid) for name, pid in side.pids.items()}
+        sampler.start(SAMPLE_SEC)
+        try:
+            if workload == "tasks":
+                batch = await self.site.helper("schedule-batch", taskClass=TEST_WORKER,
+                                               data={"doWork": "nothing"}, count=n)
+            else:
+                batch = await self.site.helper(
+                    "webhook-batch", hookPHIDs=self.hooks, objectPHID=self.target["phid"],
+                    transactionPHIDs=self.target["transactionPHIDs"], count=n)
+            start = batch["committedAt"]
+            db_before = cpu_seconds(self.db.pid)
+            deadline = time.monotonic() + RUN_BOUND
+            while not (samples and samples[-1][1] >= n and self.requests_queued() == 0):
+                for pid in side.pids.values():
+                    if not alive(pid):
+                        raise RuntimeError(f"{side_name}: process {pid} ended during the run")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{side_name} {workload}: not done within {RUN_BOUND:g}s "
+                                       f"({samples[-1][1] if samples else 0} of {n} archived)")
+                await deferLater(self.reactor, SAMPLE_SEC)
+            settled = time.time() - start
+        finally:
+            sampler.stop()
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in side.pids.items()}
+        db_cpu = cpu_seconds(self.db.pid) - db_before
+        memory = {name: memory_mb(pid) for name, pid in side.pids.items()}
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)
+        await side.stop()
+        for recorder in recorders:
+            recorder.wait(60)
+
+        if workload == "tasks":
+            curve = [(t - start, count) for t, count in samples if t >= start]
+        else:
+            curve = cumulative(self.receiver.times()[received_before:], start)
+        run = Run(side_name, workload, n, curve, settled, cpu, db_cpu, memory)
+        run.problems = self.check(run, marker, len(self.receiver.times()) - received_before)
+        return run
+
+    def requests_queued(self) -> int:
+        return self.site.rows(
+            "herald", "SELECT COUNT(*) AS n FROM herald_webhookrequest WHERE status = 'queued'"
+        )[0]["n"]
+
+    def check(self, run: Run, marker: int, delivered: int) -> list[str]:
+        """What the run did wrong, if anything: every figure stands on it."""
+        problems = []
+        results = Counter((row["taskClass"], row["result"]) for row in self.site.rows(
+            "worker", "SELECT taskClass, result FROM worker_archivetask WHERE id > %s", marker))
+        expected = TEST_WORKER if run.workload == "tasks" else WEBHOOK_WORKER
+        mine = {key: count for key, count in results.items() if key[0] == expected}
+        if mine != {(expected, SUCCESS): run.n}:
+            problems.append(f"{expected} tasks archived (class, result): {mine}, "
+                            f"expected {run.n} successes")
+        # Phorge's code may queue a task of its own on the way (a search
+        # index update): reported, not counted.
+        run.others = {key: count for key, count in results.items() if key[0] != expected}
+        if run.workload == "webhooks":
+            statuses = Counter(row["status"] for row in self.site.rows(
+                "herald", "SELECT status FROM herald_webhookrequest"))
+            if statuses != Counter({"sent": run.n}):
+                problems.append(f"request statuses {dict(statuses)}, expected {run.n} sent")
+            if delivered != run.n:
+                problems.append(f"{delivered} deliveries received, expected {run.n}")
+        return problems
+
+    # -- idle pickup -----------------------------------------------------------
+
+    async def pickup(self, side_name: str, samples: int, rng: random.Random) -> list[float]:
+        side = self.sides[side_name]
+        self.clean()
+        marker = self.highest_task_id()
+        await side.start("tasks")
+        await deferLater(self.reactor, 1.5)
+        seen: dict[int, float] = {}
+
+        def look() -> None:
+            for row in self.site.rows(
+                    "worker", "SELECT id FROM worker_archivetask WHERE id > %s", marker):
+                seen.setdefault(row["id"], time.time())
+
+        watcher = LoopingCall(look)
+        watcher.start(PICKUP_POLL_SEC)
+        try:
+            # Gaps longer than a poll interval (1 s by default on both sides),
+            # uneven, so the tasks land at different moments of the poll cycle.
+            gaps = [rng.uniform(1100, 2100) for _ in range(samples)]
+            spaced = await self.site.helper("schedule-spaced", taskClass=TEST_WORKER,
+                                            data={"doWork": "nothing"}, gapsMs=gaps)
+            ids = [t["taskID"] for t in spaced["tasks"]]
+            deadline = time.monotonic() + 60
+            while not all(i in seen for i in ids):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{side_name}: pickup tasks not archived within 60 s")
+                await deferLater(self.reactor, PICKUP_POLL_SEC)
+        finally:
+            watcher.stop()
+        await side.stop()
+        return [seen[t["taskID"]] - t["committedAt"] for t in spaced["tasks"]]
+
+    # -- profile ---------------------------------------------------------------
+
+    def start_profiles(self, pids: dict[str, int], directory: Path) -> list[subprocess.Popen]:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not Path(spy).exists() and shutil.which(spy) is None:
+            raise RuntimeError("--profile needs py-spy (pip install py-spy)")
+        directory.mkdir(parents=True, exist_ok=True)
+        recorders = []
+        for name, pid in pids.items():
+            with open(directory / f"{name}.py-spy.log", "wb") as log:
+                recorders.append(subprocess.Popen(
+                    [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                     # Only samples that hold the GIL: Python at work, not waiting.
+                     "--gil", "--nolineno", "--output", str(directory / f"{name}.txt")],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
+        return recorders
+
+
+def _package(frame: str) -> str:
+    """Where a py-spy frame's code lives: ``twisted/web``, ``gorge/taskqueue``, ``pymysql``."""
+    path = frame.rpartition("(")[2].rstrip(")")
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] in ("twisted", "gorge"):
+        return "/".join(parts[:2])
+    return parts[0] if len(parts) > 1 else f"{path} (standard library)"
+
+
+def profile_summary(path: Path, top: int) -> list[str]:
+    """Where a py-spy raw profile's samples are: functions and packages by own
+    samples, and gorge's own functions inclusive."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        # Leading frames may name the process and thread: not code.
+        frames = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        samples = int(count)
+        total += samples
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+    if not total:
+        return ["  (no samples)"]
+    packages: Counter[str] = Counter()
+    for frame, count in own.items():
+        packages[_package(frame)] += count
+
+    def share(count: int) -> str:
+        return f"{100 * count / total:5.1f}%"
+
+    lines = [f"  {total} samples holding the GIL; own time by package:"]
+    lines += [f"    {share(c)}  {p}" for p, c in packages.most_common(top)]
+    lines.append("  own time by function:")
+    lines += [f"    {share(c)}  {f}" for f, c in own.most_common(top)]
+    lines.append("  inclusive, gorge's own functions:")
+    shown = [(f, c) for f, c in inclusive.most_common() if "(gorge/" in f][:top]
+    lines += [f"    {share(c)}  {f}" for f, c in shown]
+    return lines
+
+
+# -- report ------------------------------------------------------------------------
+
+
+def describe_run(run: Run, round_no: int) -> str:
+    processes = " + ".join(f"{name} {1000 * s / run.n:.2f}" for name, s in run.cpu.items())
+    text = (f"round {round_no} {run.workload:8s} {run.side:6s}  bulk {run.bulk_rate:7.0f}/s  "
+            f"from start {run.rate_from_start:7.0f}/s  settled {run.settled:6.1f}s  "
+            f"CPU/item {run.cpu_ms_per_item:5.2f} ms ({processes}; MariaDB {run.db_ms_per_item:.2f})")
+    if run.others:
+        text += "\n  also archived (class, result): " + ", ".join(
+            f"{cls} {result}: {count}" for (cls, result), count in sorted(run.others.items()))
+    for problem in run.problems:
+        text += f"\n  PROBLEM: {run.side} {run.workload}: {problem}"
+    return text
+
+
+def report(bench: Bench, args) -> list[str]:
+    lines = []
+
+    def figures(workload: str, side: str) -> list[Run]:
+        return [r for r in bench.runs if r.workload == workload and r.side == side]
+
+    def row(label: str, phorge: float, gorge: float, unit: str, digits: int = 0) -> str:
+        text = (f"{label:32s} {phorge:10.{digits}f} {unit:4s} {gorge:10.{digits}f} {unit:4s}"
+                f"  {gorge / phorge if phorge else float('nan'):6.2f}x")
+        return text
+
+    lines.append(f"{'median of ' + str(args.rounds) + ' round(s)':32s} {'Phorge':>15s} {'gorge':>15s}  gorge/Phorge")
+    ratios = {}
+    for workload, unit in (("tasks", "tasks"), ("webhooks", "hooks")):
+        p, g = figures(workload, "Phorge"), figures(workload, "gorge")
+        bulk_p, bulk_g = median([r.bulk_rate for r in p]), median([r.bulk_rate for r in g])
+        ratios[workload] = bulk_g / bulk_p if bulk_p else float("nan")
+        lines.append(row(f"{workload}/s, bulk (10%-90%)", bulk_p, bulk_g, "/s"))
+        lines.append(row(f"{workload}/s, from the commit", median([r.rate_from_start for r in p]),
+                         median([r.rate_from_start for r in g]), "/s"))
+        lines.append(row(f"CPU per {workload[:-1]}, daemons", median([r.cpu_ms_per_item for r in p]),
+                         median([r.cpu_ms_per_item for r in g]), "ms", 2))
+        lines.append(row(f"CPU per {workload[:-1]}, MariaDB", median([r.db_ms_per_item for r in p]),
+                         median([r.db_ms_per_item for r in g]), "ms", 2))
+    pickup = {side: 1000 * median(values) for side, values in bench.pickups.items()}
+    if bench.pickups["Phorge"]:
+        lines.append(row(f"idle pickup p50 ({len(bench.pickups['gorge'])} samples)",
+                         pickup["Phorge"], pickup["gorge"], "ms"))
+    lines.append("RSS at the end of the runs (median) / peak (max), MB:")
+    for side in ("Phorge", "gorge"):
+        names: dict[str, list[tuple[float, float]]] = {}
+        for run in bench.runs:
+            if run.side == side:
+                for name, value in run.memory.items():
+                    names.setdefault(f"{name} ({run.workload})", []).append(value)
+        for name, values in names.items():
+            lines.append(f"  {side:6s} {name:22s} {median([v[0] for v in values]):6.1f} / "
+                         f"{max(v[1] for v in values):6.1f}")
+    cpu_p = median([r.cpu_ms_per_item for r in figures("tasks", "Phorge")])
+    cpu_g = median([r.cpu_ms_per_item for r in figures("tasks", "gorge")])
+    def met(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    verdict = [
+        (f"tasks {ratios['tasks']:.2f}x (target >= {TARGET_TASKS:g}x): "
+         f"{met(ratios['tasks'] >= TARGET_TASKS)}"),
+        (f"webhooks {ratios['webhooks']:.2f}x (target >= {TARGET_WEBHOOKS:g}x): "
+         f"{met(ratios['webhooks'] >= TARGET_WEBHOOKS)}"),
+        (f"CPU per task {cpu_g:.2f} ms against Phorge's {cpu_p:.2f} ms (target below): "
+         f"{met(cpu_g < cpu_p)}"),
+    ]
+    if bench.pickups["gorge"]:
+        verdict.append(f"pickup p50 {pickup['gorge']:.0f} ms (target <= {TARGET_PICKUP_MS:g} ms): "
+                       f"{met(pickup['gorge'] <= TARGET_PICKUP_MS)}")
+    lines.append("targets: " + "; ".join(verdict))
+    problems = [p for r in bench.runs for p in r.problems]
+    if problems:
+        lines.append(f"WARNING: {len(problems)} run(s) did not finish cleanly; see PROBLEM lines")
+    return lines
+
+
+def plot(bench: Bench, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'gorge[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"Phorge": "#b5651d", "gorge": "#1f6fb4"}
+    figure, panels = plt.subplots(1, 2, figsize=(12, 4.8))
+    for panel, workload in zip(panels, ("tasks", "webhooks")):
+        labelled = set()
+        for run in bench.runs:
+            if run.workload != workload or not run.curve:
+                continue
+            xs = [0.0] + [t for t, _ in run.curve]
+            ys = [0] + [c for _, c in run.curve]
+            label = None
+            if run.side not in labelled:
+                rate = median([r.bulk_rate for r in bench.runs
+                               if r.workload == workload and r.side == run.side])
+                label = f"{run.side}: {rate:.0f}/s (median bulk rate)"
+                labelled.add(run.side)
+            panel.plot(xs, ys, drawstyle="steps-post", color=colours[run.side], linewidth=1.4,
+                       alpha=0.8, label=label)
+        noun = "tasks archived" if workload == "tasks" else "webhooks delivered"
+        panel.set_title({"tasks": f"{bench.args.tasks} no-op tasks",
+                         "webhooks": f"{bench.args.webhooks} Herald webhooks, "
+                                     f"{bench.args.hooks} hooks"}[workload])
+        panel.set_xlabel("seconds after the commit")
+        panel.set_ylabel(noun)
+        panel.grid(alpha=0.3)
+        panel.legend(loc="lower right")
+        panel.set_xlim(left=0)
+        panel.set_ylim(bottom=0)
+    figure.suptitle(f"gorge and Phorge on one machine, {bench.args.rounds} alternating round(s)"
+                    f" (load average at start {bench.args.load_at_start})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# -- main --------------------------------------------------------------------------
+
+
+async def benchmark(reactor, args, site: PhorgeSite, db: MariaDBServer, receiver: Receiver,
+                    workdir: Path) -> None:
+    bench = Bench(reactor, args, site, db, receiver, workdir)
+    await bench.prepare()
+    rng = random.Random(14)
+    try:
+        for round_no in range(1, args.rounds + 1):
+            # Alternate who goes first, so load from elsewhere hits both alike.
+            order = ("Phorge", "gorge") if round_no % 2 else ("gorge", "Phorge")
+            for workload in ("tasks", "webhooks"):
+                for side in order:
+                    run = await bench.run(side, workload)
+                    bench.runs.append(run)
+                    print(describe_run(run, round_no), flush=True)
+            if args.pickup_samples:
+                for side in order:
+                    bench.pickups[side] += await bench.pickup(side, args.pickup_samples, rng)
+                print(f"round {round_no} pickup   " + "  ".join(
+                    f"{side} {', '.join(f'{1000 * v:.0f}' for v in bench.pickups[side][-args.pickup_samples:])} ms"
+                    for side in order), flush=True)
+        print(f"load average at the end: {load_average()}")
+        for line in report(bench, args):
+            print(line)
+        if args.plot:
+            plot(bench, Path(args.plot))
+            print(f"chart: {args.plot}")
+        if args.profile:
+            directory = Path(args.profile)
+            run = await bench.run("gorge", "tasks", profile=directory)
+            print(f"profiled run (py-spy attached, not a measurement): {run.bulk_rate:.0f} tasks/s")
+            for name in sorted(run.cpu):
+                print(f"py-spy, gorge-{name}, {args.tasks} tasks ({directory / (name + '.txt')}):")
+                for line in profile_summary(directory / f"{name}.txt", args.profile_top):
+                    print(line)
+    finally:
+        for side in bench.sides.values():
+            if side.pids:
+                await side.stop()
+
+
+def load_average() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=3000, help="no-op tasks per run (3000)")
+    parser.add_argument("--webhooks", type=int, default=2000, help="webhook requests per run (2000)")
+    parser.add_argument("--hooks", type=int, default=50, help="hooks the requests are spread over (50)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds; the figures are their medians (3)")
+    parser.add_argument("--pickup-samples", type=int, default=5,
+                        help="idle pickup samples per side and round (5)")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a chart of both sides")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="one more gorge task run under py-spy; raw profiles go to DIR")
+    parser.add_argument("--profile-top", type=int, default=12, help="functions shown per profile")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: 200 tasks, 100 webhooks over 5 hooks, 1 round, 2 pickups")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the working directory (daemon logs) and say where it is")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tasks, args.webhooks, args.hooks, args.rounds, args.pickup_samples = 200, 100, 5, 1, 2
+    for name in ("tasks", "webhooks", "hooks", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    checkout, problem = find_checkout()
+    if checkout is None and problem is None:
+        print(SKIP_LINE)
+        return 0
+    if checkout is None:
+        print(f"bench/phorge.py: {problem}", file=sys.stderr)
+        return 2
+    args.load_at_start = load_average()
+    print(f"bench/phorge.py: {checkout.describe()}; {os.cpu_count()} CPUs, "
+          f"load average {args.load_at_start}", flush=True)
+    print(f"tasks={args.tasks} webhooks={args.webhooks} hooks={args.hooks} rounds={args.rounds} "
+          f"pickup samples={args.pickup_samples}/side/round", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="gorge-bench-phorge-"))
+    db = MariaDBServer()
+    site = receiver = None
+    try:
+        db.start()
+        site = PhorgeSite(checkout, db, workdir / "phorge", "bench")
+        site.configure({"security.outbound-blacklist": []})
+        started = time.monotonic()
+        site.upgrade_storage()
+        print(f"storage upgraded in {time.monotonic() - started:.0f}s", flush=True)
+        receiver = Receiver()
+        react(lambda reactor: Deferred.fromCoroutine(
+            benchmark(reactor, args, site, db, receiver, workdir)))
+    finally:
+        if receiver is not None:
+            receiver.stop()
+        if site is not None:
+            site.close()
+        db.stop()
+        if args.keep:
+            print(f"working directory kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

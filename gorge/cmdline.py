@@ -1,0 +1,93 @@
+"""What the ``gorge`` sub-commands that talk to a daemon share: one-line usage
+errors, argument types, times, tables and the common options."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from datetime import datetime, timezone
+from typing import Mapping, TextIO
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit 2), not usage + error."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+
+def wrap(text: str) -> str:
+    return textwrap.fill(text, 78)
+
+
+def non_negative(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text.strip()):
+        raise argparse.ArgumentTypeError(f"not a non-negative integer: {text!r}")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_when(text: str, now: float, *, past: bool = False) -> int:
+    """A time: epoch seconds, ``now``, ``+90s`` / ``+30m`` / ``+6h`` / ``+2d``
+    (``-2h`` ... when ``past``: that long ago), or an ISO 8601 date or time
+    (``2026-09-08``, ``2026-09-08T12:30``; local time unless it names an offset)."""
+    value = text.strip()
+    if value == "now":
+        return int(now)
+    if re.fullmatch(r"[0-9]+", value):
+        return int(value)
+    relative = re.fullmatch(r"([+-])([0-9]+)([smhd]?)", value)
+    if relative and (relative.group(1) == "+" or past):
+        sign = 1 if relative.group(1) == "+" else -1
+        return int(now) + sign * int(relative.group(2)) * _UNITS[relative.group(3) or "s"]
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        relatives = "-2h, -30m, +30m" if past else "+30m, +6h, +2d"
+        raise argparse.ArgumentTypeError(
+            f"not a time (use epoch seconds, now, {relatives} or 2026-09-08T12:30): "
+            f"{text!r}") from None
+    return int(moment.timestamp())
+
+
+def utc_time(epoch: int | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def print_table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
+
+
+def common_options(env: Mapping[str, str], *, url_setting: str, default_url: str,
+                   product: str, noun: str) -> OneLineParser:
+    """``--url``, ``--token``, ``--json``, ``--timeout``, as a parent parser."""
+    common = OneLineParser(add_help=False)
+    common.add_argument("--url", default=env.get(url_setting) or default_url,
+                        help=f"base URL of {product} (default: {url_setting}, "
+                             f"else {default_url})")
+    common.add_argument("--token", default=env.get("GORGE_SERVICE_TOKEN", ""),
+                        help=f"{noun}'s service token (default: GORGE_SERVICE_TOKEN)")
+    common.add_argument("--json", action="store_true",
+                        help=f"print {noun}'s answer as JSON, for scripts")
+    common.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
+                        help="give up on a request after this long (default 30)")
+    return common
