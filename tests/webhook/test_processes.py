@@ -131,6 +131,7 @@ async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
     import json
 
     import treq
+    from twisted.internet.error import ConnectionRefusedError
 
     from gorge.testing.procs import free_port
 
@@ -150,10 +151,24 @@ async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
                                    headers={"X-Service-Token": token}, persistent=False)
         return response.code, json.loads(await response.content())
 
+    async def listening(port: int, bound: float = 60.0) -> None:
+        # The rows may all be sent before a slower replica has bound its port.
+        deadline = reactor.seconds() + bound
+        while True:
+            try:
+                await treq.get(f"http://127.0.0.1:{port}/healthz", persistent=False)
+                return
+            except ConnectionRefusedError:
+                if reactor.seconds() > deadline:
+                    raise
+                await deferLater(reactor, 0.1)
+
     try:
         await wait_for(lambda: herald.status_counts() == {"sent": 30}, 120, daemons=daemons)
         first = {_object_of(r.body): r for r in receiver.requests}
         assert len(first) == 30 == receiver.count()
+        for port in ports:
+            await listening(port)
         # Each replica is asked for a part: a range for one hook, single requests too.
         code, answer = await post(ports[0], "requests/retry",
                                   {"hookPHID": hooks[0], "since": 0, "status": "sent"})
