@@ -14,9 +14,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
@@ -87,19 +88,47 @@ class Daemon:
 
     def start(self) -> Daemon:
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "GORGE_LISTEN_ADDR": f"127.0.0.1:{self.port}",
-               "GORGE_SERVICE_TOKEN": TOKEN, **self.env}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "GORGE_LISTEN_ADDR": f"127.0.0.1:{self.port}",
+            "GORGE_SERVICE_TOKEN": TOKEN,
+            **self.env,
+        }
         twistd = str(Path(sys.executable).with_name("twistd"))
-        argv = [twistd, "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env",
-                self.name]
+        argv = [
+            twistd,
+            "--nodaemon",
+            "--pidfile=",
+            "--logger=gorge.logging.observer_from_env",
+            self.name,
+        ]
         if self.profile is not None:
             # py-spy samples the daemon from outside: collapsed stacks, read by top_entries().
             spy = str(Path(sys.executable).with_name("py-spy"))
-            argv = [spy, "record", "--format", "raw", "--rate", "250", "--gil",
-                    "-o", str(self.profile), "--", *argv]
+            argv = [
+                spy,
+                "record",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "--gil",
+                "-o",
+                str(self.profile),
+                "--",
+                *argv,
+            ]
         self._log = open(self.workdir / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+        )
         self._wait_healthy()
         return self
 
@@ -195,11 +224,14 @@ def start_backend(name: str) -> Backend:
 
         def mysql_env(label: str) -> dict:
             database(label)
-            return {"GORGE_TASKQUEUE_BACKEND": "mysql", "GORGE_TASKQUEUE_MYSQL_HOST": server.host,
-                    "GORGE_TASKQUEUE_MYSQL_PORT": str(server.port),
-                    "GORGE_TASKQUEUE_MYSQL_USER": server.user,
-                    "GORGE_TASKQUEUE_MYSQL_PASS": server.password,
-                    "GORGE_TASKQUEUE_NAMESPACE": label}
+            return {
+                "GORGE_TASKQUEUE_BACKEND": "mysql",
+                "GORGE_TASKQUEUE_MYSQL_HOST": server.host,
+                "GORGE_TASKQUEUE_MYSQL_PORT": str(server.port),
+                "GORGE_TASKQUEUE_MYSQL_USER": server.user,
+                "GORGE_TASKQUEUE_MYSQL_PASS": server.password,
+                "GORGE_TASKQUEUE_NAMESPACE": label,
+            }
 
         def mysql_store(reactor, label: str):
             return MySQLTaskStore(make_pool(server.settings(database(label)), reactor), reactor)
@@ -218,13 +250,16 @@ def start_backend(name: str) -> Backend:
         server.start()
 
         def redis_env(label: str) -> dict:
-            return {"GORGE_TASKQUEUE_BACKEND": "redis",
-                    "GORGE_TASKQUEUE_REDIS_ADDR": f"{server.host}:{server.port}",
-                    "GORGE_TASKQUEUE_REDIS_KEY_PREFIX": f"{label}:tq:"}
+            return {
+                "GORGE_TASKQUEUE_BACKEND": "redis",
+                "GORGE_TASKQUEUE_REDIS_ADDR": f"{server.host}:{server.port}",
+                "GORGE_TASKQUEUE_REDIS_KEY_PREFIX": f"{label}:tq:",
+            }
 
         def redis_store(reactor, label: str):
-            return RedisTaskStore(make_redis(server.settings(), reactor), clock=reactor,
-                                  key_prefix=f"{label}:tq:")
+            return RedisTaskStore(
+                make_redis(server.settings(), reactor), clock=reactor, key_prefix=f"{label}:tq:"
+            )
 
         def stop_redis() -> None:
             server.stop()
@@ -235,8 +270,10 @@ def start_backend(name: str) -> Backend:
         from gorge.taskqueue.sqlite import SQLiteTaskStore
 
         def sqlite_env(label: str) -> dict:
-            return {"GORGE_TASKQUEUE_BACKEND": "sqlite",
-                    "GORGE_TASKQUEUE_SQLITE_PATH": str(workdir / f"{label}.sqlite3")}
+            return {
+                "GORGE_TASKQUEUE_BACKEND": "sqlite",
+                "GORGE_TASKQUEUE_SQLITE_PATH": str(workdir / f"{label}.sqlite3"),
+            }
 
         def sqlite_store(reactor, label: str):
             return SQLiteTaskStore.open(str(workdir / f"{label}.sqlite3"), reactor)

@@ -37,6 +37,7 @@ MAILER = "mailer"
 
 # --- the sink: minimal, fast SMTP receiver ------------------------------------
 
+
 def run_sink() -> None:
     from twisted.internet import reactor
     from twisted.internet.protocol import Factory, Protocol
@@ -57,14 +58,14 @@ def run_sink() -> None:
                         if len(self.buffer) > 8:
                             self.buffer = self.buffer[-8:]
                         return
-                    self.buffer = self.buffer[end + 5:]
+                    self.buffer = self.buffer[end + 5 :]
                     self.in_data = False
                     self.transport.write(b"250 2.0.0 queued\r\n")
                     continue
                 end = self.buffer.find(b"\r\n")
                 if end < 0:
                     return
-                line, self.buffer = self.buffer[:end], self.buffer[end + 2:]
+                line, self.buffer = self.buffer[:end], self.buffer[end + 2 :]
                 verb = line[:4].upper()
                 if verb == b"EHLO":
                     self.transport.write(b"250-sink\r\n250-PIPELINING\r\n250 8BITMIME\r\n")
@@ -85,17 +86,27 @@ def run_sink() -> None:
 
 # --- the mailer service in its own process --------------------------------------
 
+
 def run_mailer(sink_port: int) -> None:
     from twisted.internet import reactor
 
     from gorge.mailer.service import build_mailer_service
     from gorge.mailer.settings import load_mailer_settings
 
-    mailers = [{"key": "sink", "type": "smtp",
-                "options": {"host": "127.0.0.1", "port": sink_port, "helo": "bench"}}]
-    settings = load_mailer_settings({"GORGE_MAILER_CONFIG": json.dumps(mailers),
-                                     "GORGE_SERVICE_TOKEN": "bench-token",
-                                     "GORGE_MAILER_MAX_RETRIES": "0"})
+    mailers = [
+        {
+            "key": "sink",
+            "type": "smtp",
+            "options": {"host": "127.0.0.1", "port": sink_port, "helo": "bench"},
+        }
+    ]
+    settings = load_mailer_settings(
+        {
+            "GORGE_MAILER_CONFIG": json.dumps(mailers),
+            "GORGE_SERVICE_TOKEN": "bench-token",
+            "GORGE_MAILER_MAX_RETRIES": "0",
+        }
+    )
     service = build_mailer_service(settings, reactor, listen=False)
     service.startService()
     port = reactor.listenTCP(0, service.part("site"), interface="127.0.0.1", backlog=256)
@@ -117,18 +128,26 @@ def run_mailer(sink_port: int) -> None:
 
 # --- the driver ------------------------------------------------------------------
 
+
 def message_json(i: int, attachment: bytes | None) -> dict:
     message = {
         "from": {"name": "Phorge", "address": "noreply@example.com"},
         "to": [{"name": "Alice", "address": f"alice{i}@example.com"}],
         "subject": f"[Differential] D{i}: Fix the thing",
         "textBody": "Hello,\n\nthis is a small benchmark message.\n" * 4,
-        "headers": [{"name": "X-Phabricator-Sent-This-Message", "value": "Yes"},
-                    {"name": "X-Phabricator-Mail-ID", "value": str(i)}],
+        "headers": [
+            {"name": "X-Phabricator-Sent-This-Message", "value": "Yes"},
+            {"name": "X-Phabricator-Mail-ID", "value": str(i)},
+        ],
     }
     if attachment is not None:
-        message["attachments"] = [{"filename": "blob.bin", "mimeType": "application/octet-stream",
-                                   "data": base64.b64encode(attachment).decode()}]
+        message["attachments"] = [
+            {
+                "filename": "blob.bin",
+                "mimeType": "application/octet-stream",
+                "data": base64.b64encode(attachment).decode(),
+            }
+        ]
     return {"message": message}
 
 
@@ -234,6 +253,7 @@ async def bench(reactor, args) -> None:
         def connectionMade(self):
             self.transport.setTcpNoDelay(True)
             super().connectionMade()
+
     from twisted.web.client import Agent, HTTPConnectionPool
 
     from gorge.mailer.message import parse_send_request
@@ -241,8 +261,10 @@ async def bench(reactor, args) -> None:
 
     sink = subprocess.Popen([sys.executable, __file__, "--role", SINK], stdout=subprocess.PIPE)
     sink_port = int(sink.stdout.readline())
-    mailer = subprocess.Popen([sys.executable, __file__, "--role", MAILER,
-                               "--sink-port", str(sink_port)], stdout=subprocess.PIPE)
+    mailer = subprocess.Popen(
+        [sys.executable, __file__, "--role", MAILER, "--sink-port", str(sink_port)],
+        stdout=subprocess.PIPE,
+    )
     mailer_port = int(mailer.stdout.readline())
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = args.concurrency
@@ -250,19 +272,31 @@ async def bench(reactor, args) -> None:
     url = f"http://127.0.0.1:{mailer_port}/api/mailer/send".encode()
     results = []
     try:
-        workloads = [("small text", args.count, None),
-                     ("1 MiB attachment", args.large_count, os.urandom(1024 * 1024))]
+        workloads = [
+            ("small text", args.count, None),
+            ("1 MiB attachment", args.large_count, os.urandom(1024 * 1024)),
+        ]
         for name, count, attachment in workloads:
             bodies = [json.dumps(message_json(i, attachment)).encode() for i in range(count)]
-            mimes = [build_mime(parse_send_request(json.loads(b)).message, now=time.time())
-                     for b in bodies[: min(count, 64)]]
+            mimes = [
+                build_mime(parse_send_request(json.loads(b)).message, now=time.time())
+                for b in bodies[: min(count, 64)]
+            ]
 
             async def direct(i, nodelay=True):
                 done: Deferred = Deferred()
                 factory = ESMTPSenderFactory(
-                    None, None, "noreply@example.com", [f"alice{i}@example.com"],
-                    BytesIO(mimes[i % len(mimes)]), done, retries=0, timeout=30,
-                    requireAuthentication=False, requireTransportSecurity=False)
+                    None,
+                    None,
+                    "noreply@example.com",
+                    [f"alice{i}@example.com"],
+                    BytesIO(mimes[i % len(mimes)]),
+                    done,
+                    retries=0,
+                    timeout=30,
+                    requireAuthentication=False,
+                    requireTransportSecurity=False,
+                )
                 factory.noisy = False
                 if nodelay:
                     factory.protocol = NoDelaySender
@@ -271,8 +305,13 @@ async def bench(reactor, args) -> None:
 
             async def via_gorge(i):
                 response = await client.post(
-                    url, data=OneShotBody(bodies[i]), headers={b"Content-Type": [b"application/json"],
-                                                  b"X-Service-Token": [b"bench-token"]})
+                    url,
+                    data=OneShotBody(bodies[i]),
+                    headers={
+                        b"Content-Type": [b"application/json"],
+                        b"X-Service-Token": [b"bench-token"],
+                    },
+                )
                 body = await response.content()
                 if response.code != 200:
                     raise RuntimeError(f"send {i}: {response.code} {body[:200]!r}")
@@ -284,9 +323,12 @@ async def bench(reactor, args) -> None:
             gorge = await run_pool(count, args.concurrency, via_gorge)
             after = cpu_seconds(mailer.pid), cpu_seconds(sink.pid)
             if os.environ.get("GORGE_BENCH_VERBOSE"):
-                print(f"  {name}: sink cpu {middle[1] - before[1]:.2f}s (bound) "
-                      f"{after[1] - middle[1]:.2f}s (gorge); mailer cpu "
-                      f"{(after[0] - middle[0]) * 1000 / count:.2f} ms/message", flush=True)
+                print(
+                    f"  {name}: sink cpu {middle[1] - before[1]:.2f}s (bound) "
+                    f"{after[1] - middle[1]:.2f}s (gorge); mailer cpu "
+                    f"{(after[0] - middle[0]) * 1000 / count:.2f} ms/message",
+                    flush=True,
+                )
             results.append((name, count, count / stock, count / bound, count / gorge))
     finally:
         await pool.closeCachedConnections()
@@ -297,11 +339,15 @@ async def bench(reactor, args) -> None:
 
     print("bound = stock twisted.mail client with TCP_NODELAY; the stock client without it is")
     print("shown for context (Nagle's algorithm stalls its lock-step SMTP commands).")
-    print(f"{'workload':<18} {'messages':>8} {'stock msg/s':>12} {'bound msg/s':>12} "
-          f"{'gorge msg/s':>12} {'ratio':>6}")
+    print(
+        f"{'workload':<18} {'messages':>8} {'stock msg/s':>12} {'bound msg/s':>12} "
+        f"{'gorge msg/s':>12} {'ratio':>6}"
+    )
     for name, count, stock_rate, bound_rate, gorge_rate in results:
-        print(f"{name:<18} {count:>8} {stock_rate:>12.1f} {bound_rate:>12.1f} {gorge_rate:>12.1f} "
-              f"{gorge_rate / bound_rate:>6.2f}")
+        print(
+            f"{name:<18} {count:>8} {stock_rate:>12.1f} {bound_rate:>12.1f} {gorge_rate:>12.1f} "
+            f"{gorge_rate / bound_rate:>6.2f}"
+        )
     print(f"peak RSS: gorge mailer {mailer_peak:.0f} MB")
 
 
@@ -317,10 +363,13 @@ def main() -> None:
         return run_sink()
     if args.role == MAILER:
         return run_mailer(args.sink_port)
-    from twisted.internet import reactor, task
+    from twisted.internet import task
 
-    task.react(lambda r: __import__("twisted.internet.defer", fromlist=["Deferred"])
-               .Deferred.fromCoroutine(bench(r, args)))
+    task.react(
+        lambda r: __import__(
+            "twisted.internet.defer", fromlist=["Deferred"]
+        ).Deferred.fromCoroutine(bench(r, args))
+    )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,10 @@ from gorge.testing.gorge_stack import GorgeStack  # noqa: E402
 from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
 from gorge.testing.phorge import ROOT_VARIABLE, PhorgeSite, find_checkout  # noqa: E402
 
-SKIP_LINE = (f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
-             "(a Phorge checkout with arcanist/ beside it)")
+SKIP_LINE = (
+    f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
+    "(a Phorge checkout with arcanist/ beside it)"
+)
 TEST_WORKER = "PhabricatorTestWorker"
 WEBHOOK_WORKER = "HeraldWebhookWorker"
 TASKMASTER = "PhabricatorTaskmasterDaemon"
@@ -159,7 +161,9 @@ def child_pids(parent: int) -> list[int]:
 
 def command_line(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
@@ -172,8 +176,12 @@ class Receiver:
     """The webhook receiver, in a process of its own so that it never slows the side it serves."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", RECEIVER],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.port = int(self.proc.stdout.readline())
         self.base = f"http://127.0.0.1:{self.port}"
 
@@ -267,16 +275,23 @@ class PhorgeSide:
         deadline = time.monotonic() + 120
         while True:
             rows = self.site.rows(
-                "daemon", "SELECT pid FROM daemon_log WHERE daemon = %s AND status = 'run'"
-                " ORDER BY id DESC LIMIT 1", TASKMASTER)
+                "daemon",
+                "SELECT pid FROM daemon_log WHERE daemon = %s AND status = 'run'"
+                " ORDER BY id DESC LIMIT 1",
+                TASKMASTER,
+            )
             overseer = int(rows[0]["pid"]) if rows else 0
-            children = [pid for pid in child_pids(overseer)
-                        if TASKMASTER in command_line(pid)] if overseer else []
+            children = (
+                [pid for pid in child_pids(overseer) if TASKMASTER in command_line(pid)]
+                if overseer
+                else []
+            )
             if children:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError("Phorge's taskmaster did not start; see phd's log in "
-                                   f"{self.site.dir / 'log'}")
+                raise RuntimeError(
+                    f"Phorge's taskmaster did not start; see phd's log in {self.site.dir / 'log'}"
+                )
             await deferLater(self.bench.reactor, 0.1)
         self.pids = {"taskmaster": children[0], "overseer": overseer}
 
@@ -316,8 +331,9 @@ class GorgeSide:
 
 
 class Bench:
-    def __init__(self, reactor, args, site: PhorgeSite, db: MariaDBServer, receiver: Receiver,
-                 workdir: Path) -> None:
+    def __init__(
+        self, reactor, args, site: PhorgeSite, db: MariaDBServer, receiver: Receiver, workdir: Path
+    ) -> None:
         self.reactor = reactor
         self.args = args
         self.site = site
@@ -334,11 +350,18 @@ class Bench:
 
     async def prepare(self) -> None:
         await self.site.helper("setup", username=BOT, admin=True)
-        self.target = await self.site.helper("maniphest-task", author=BOT,
-                                             title="what the benchmark's webhooks announce")
-        self.hooks = (await self.site.helper(
-            "hooks", author=BOT, count=self.args.hooks, name="bench",
-            uri=self.receiver.base + "/hook"))["hookPHIDs"]
+        self.target = await self.site.helper(
+            "maniphest-task", author=BOT, title="what the benchmark's webhooks announce"
+        )
+        self.hooks = (
+            await self.site.helper(
+                "hooks",
+                author=BOT,
+                count=self.args.hooks,
+                name="bench",
+                uri=self.receiver.base + "/hook",
+            )
+        )["hookPHIDs"]
         self.clean()
 
     def clean(self) -> None:
@@ -351,8 +374,10 @@ class Bench:
         self.site.execute("daemon", "DELETE FROM daemon_logevent")
 
     def highest_task_id(self) -> int:
-        ids = [self.site.rows("worker", f"SELECT MAX(id) AS m FROM {table}")[0]["m"] or 0
-               for table in ("worker_activetask", "worker_archivetask")]
+        ids = [
+            self.site.rows("worker", f"SELECT MAX(id) AS m FROM {table}")[0]["m"] or 0
+            for table in ("worker_activetask", "worker_archivetask")
+        ]
         return max(ids)
 
     # -- one run ---------------------------------------------------------------
@@ -373,8 +398,11 @@ class Bench:
 
         def archived() -> int:
             return self.site.rows(
-                "worker", "SELECT COUNT(*) AS n FROM worker_archivetask WHERE id > %s"
-                " AND taskClass = %s", marker, task_class)[0]["n"]
+                "worker",
+                "SELECT COUNT(*) AS n FROM worker_archivetask WHERE id > %s AND taskClass = %s",
+                marker,
+                task_class,
+            )[0]["n"]
 
         sampler = LoopingCall(lambda: samples.append((time.time(), archived())))
         # The daemons' idle polls while the batch is written cost next to
@@ -383,12 +411,17 @@ class Bench:
         sampler.start(SAMPLE_SEC)
         try:
             if workload == "tasks":
-                batch = await self.site.helper("schedule-batch", taskClass=TEST_WORKER,
-                                               data={"doWork": "nothing"}, count=n)
+                batch = await self.site.helper(
+                    "schedule-batch", taskClass=TEST_WORKER, data={"doWork": "nothing"}, count=n
+                )
             else:
                 batch = await self.site.helper(
-                    "webhook-batch", hookPHIDs=self.hooks, objectPHID=self.target["phid"],
-                    transactionPHIDs=self.target["transactionPHIDs"], count=n)
+                    "webhook-batch",
+                    hookPHIDs=self.hooks,
+                    objectPHID=self.target["phid"],
+                    transactionPHIDs=self.target["transactionPHIDs"],
+                    count=n,
+                )
             start = batch["committedAt"]
             db_before = cpu_seconds(self.db.pid)
             deadline = time.monotonic() + RUN_BOUND
@@ -397,8 +430,10 @@ class Bench:
                     if not alive(pid):
                         raise RuntimeError(f"{side_name}: process {pid} ended during the run")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{side_name} {workload}: not done within {RUN_BOUND:g}s "
-                                       f"({samples[-1][1] if samples else 0} of {n} archived)")
+                    raise RuntimeError(
+                        f"{side_name} {workload}: not done within {RUN_BOUND:g}s "
+                        f"({samples[-1][1] if samples else 0} of {n} archived)"
+                    )
                 await deferLater(self.reactor, SAMPLE_SEC)
             settled = time.time() - start
         finally:
@@ -428,19 +463,26 @@ class Bench:
     def check(self, run: Run, marker: int, delivered: int) -> list[str]:
         """What the run did wrong, if anything: every figure stands on it."""
         problems = []
-        results = Counter((row["taskClass"], row["result"]) for row in self.site.rows(
-            "worker", "SELECT taskClass, result FROM worker_archivetask WHERE id > %s", marker))
+        results = Counter(
+            (row["taskClass"], row["result"])
+            for row in self.site.rows(
+                "worker", "SELECT taskClass, result FROM worker_archivetask WHERE id > %s", marker
+            )
+        )
         expected = TEST_WORKER if run.workload == "tasks" else WEBHOOK_WORKER
         mine = {key: count for key, count in results.items() if key[0] == expected}
         if mine != {(expected, SUCCESS): run.n}:
-            problems.append(f"{expected} tasks archived (class, result): {mine}, "
-                            f"expected {run.n} successes")
+            problems.append(
+                f"{expected} tasks archived (class, result): {mine}, expected {run.n} successes"
+            )
         # Phorge's code may queue a task of its own on the way (a search
         # index update): reported, not counted.
         run.others = {key: count for key, count in results.items() if key[0] != expected}
         if run.workload == "webhooks":
-            statuses = Counter(row["status"] for row in self.site.rows(
-                "herald", "SELECT status FROM herald_webhookrequest"))
+            statuses = Counter(
+                row["status"]
+                for row in self.site.rows("herald", "SELECT status FROM herald_webhookrequest")
+            )
             if statuses != Counter({"sent": run.n}):
                 problems.append(f"request statuses {dict(statuses)}, expected {run.n} sent")
             if delivered != run.n:
@@ -459,7 +501,8 @@ class Bench:
 
         def look() -> None:
             for row in self.site.rows(
-                    "worker", "SELECT id FROM worker_archivetask WHERE id > %s", marker):
+                "worker", "SELECT id FROM worker_archivetask WHERE id > %s", marker
+            ):
                 seen.setdefault(row["id"], time.time())
 
         watcher = LoopingCall(look)
@@ -468,8 +511,9 @@ class Bench:
             # Gaps longer than a poll interval (1 s by default on both sides),
             # uneven, so the tasks land at different moments of the poll cycle.
             gaps = [rng.uniform(1100, 2100) for _ in range(samples)]
-            spaced = await self.site.helper("schedule-spaced", taskClass=TEST_WORKER,
-                                            data={"doWork": "nothing"}, gapsMs=gaps)
+            spaced = await self.site.helper(
+                "schedule-spaced", taskClass=TEST_WORKER, data={"doWork": "nothing"}, gapsMs=gaps
+            )
             ids = [t["taskID"] for t in spaced["tasks"]]
             deadline = time.monotonic() + 60
             while not all(i in seen for i in ids):
@@ -491,11 +535,28 @@ class Bench:
         recorders = []
         for name, pid in pids.items():
             with open(directory / f"{name}.py-spy.log", "wb") as log:
-                recorders.append(subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
-                     # Only samples that hold the GIL: Python at work, not waiting.
-                     "--gil", "--nolineno", "--output", str(directory / f"{name}.txt")],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
+                recorders.append(
+                    subprocess.Popen(
+                        [
+                            spy,
+                            "record",
+                            "--pid",
+                            str(pid),
+                            "--format",
+                            "raw",
+                            "--rate",
+                            "250",
+                            # Only samples that hold the GIL: Python at work, not waiting.
+                            "--gil",
+                            "--nolineno",
+                            "--output",
+                            str(directory / f"{name}.txt"),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                    )
+                )
         return recorders
 
 
@@ -551,12 +612,15 @@ def profile_summary(path: Path, top: int) -> list[str]:
 
 def describe_run(run: Run, round_no: int) -> str:
     processes = " + ".join(f"{name} {1000 * s / run.n:.2f}" for name, s in run.cpu.items())
-    text = (f"round {round_no} {run.workload:8s} {run.side:6s}  bulk {run.bulk_rate:7.0f}/s  "
-            f"from start {run.rate_from_start:7.0f}/s  settled {run.settled:6.1f}s  "
-            f"CPU/item {run.cpu_ms_per_item:5.2f} ms ({processes}; MariaDB {run.db_ms_per_item:.2f})")
+    text = (
+        f"round {round_no} {run.workload:8s} {run.side:6s}  bulk {run.bulk_rate:7.0f}/s  "
+        f"from start {run.rate_from_start:7.0f}/s  settled {run.settled:6.1f}s  "
+        f"CPU/item {run.cpu_ms_per_item:5.2f} ms ({processes}; MariaDB {run.db_ms_per_item:.2f})"
+    )
     if run.others:
         text += "\n  also archived (class, result): " + ", ".join(
-            f"{cls} {result}: {count}" for (cls, result), count in sorted(run.others.items()))
+            f"{cls} {result}: {count}" for (cls, result), count in sorted(run.others.items())
+        )
     for problem in run.problems:
         text += f"\n  PROBLEM: {run.side} {run.workload}: {problem}"
     return text
@@ -569,27 +633,57 @@ def report(bench: Bench, args) -> list[str]:
         return [r for r in bench.runs if r.workload == workload and r.side == side]
 
     def row(label: str, phorge: float, gorge: float, unit: str, digits: int = 0) -> str:
-        text = (f"{label:32s} {phorge:10.{digits}f} {unit:4s} {gorge:10.{digits}f} {unit:4s}"
-                f"  {gorge / phorge if phorge else float('nan'):6.2f}x")
+        text = (
+            f"{label:32s} {phorge:10.{digits}f} {unit:4s} {gorge:10.{digits}f} {unit:4s}"
+            f"  {gorge / phorge if phorge else float('nan'):6.2f}x"
+        )
         return text
 
-    lines.append(f"{'median of ' + str(args.rounds) + ' round(s)':32s} {'Phorge':>15s} {'gorge':>15s}  gorge/Phorge")
+    lines.append(
+        f"{'median of ' + str(args.rounds) + ' round(s)':32s} {'Phorge':>15s} {'gorge':>15s}  gorge/Phorge"
+    )
     ratios = {}
     for workload, unit in (("tasks", "tasks"), ("webhooks", "hooks")):
         p, g = figures(workload, "Phorge"), figures(workload, "gorge")
         bulk_p, bulk_g = median([r.bulk_rate for r in p]), median([r.bulk_rate for r in g])
         ratios[workload] = bulk_g / bulk_p if bulk_p else float("nan")
         lines.append(row(f"{workload}/s, bulk (10%-90%)", bulk_p, bulk_g, "/s"))
-        lines.append(row(f"{workload}/s, from the commit", median([r.rate_from_start for r in p]),
-                         median([r.rate_from_start for r in g]), "/s"))
-        lines.append(row(f"CPU per {workload[:-1]}, daemons", median([r.cpu_ms_per_item for r in p]),
-                         median([r.cpu_ms_per_item for r in g]), "ms", 2))
-        lines.append(row(f"CPU per {workload[:-1]}, MariaDB", median([r.db_ms_per_item for r in p]),
-                         median([r.db_ms_per_item for r in g]), "ms", 2))
+        lines.append(
+            row(
+                f"{workload}/s, from the commit",
+                median([r.rate_from_start for r in p]),
+                median([r.rate_from_start for r in g]),
+                "/s",
+            )
+        )
+        lines.append(
+            row(
+                f"CPU per {workload[:-1]}, daemons",
+                median([r.cpu_ms_per_item for r in p]),
+                median([r.cpu_ms_per_item for r in g]),
+                "ms",
+                2,
+            )
+        )
+        lines.append(
+            row(
+                f"CPU per {workload[:-1]}, MariaDB",
+                median([r.db_ms_per_item for r in p]),
+                median([r.db_ms_per_item for r in g]),
+                "ms",
+                2,
+            )
+        )
     pickup = {side: 1000 * median(values) for side, values in bench.pickups.items()}
     if bench.pickups["Phorge"]:
-        lines.append(row(f"idle pickup p50 ({len(bench.pickups['gorge'])} samples)",
-                         pickup["Phorge"], pickup["gorge"], "ms"))
+        lines.append(
+            row(
+                f"idle pickup p50 ({len(bench.pickups['gorge'])} samples)",
+                pickup["Phorge"],
+                pickup["gorge"],
+                "ms",
+            )
+        )
     lines.append("RSS at the end of the runs (median) / peak (max), MB:")
     for side in ("Phorge", "gorge"):
         names: dict[str, list[tuple[float, float]]] = {}
@@ -598,24 +692,35 @@ def report(bench: Bench, args) -> list[str]:
                 for name, value in run.memory.items():
                     names.setdefault(f"{name} ({run.workload})", []).append(value)
         for name, values in names.items():
-            lines.append(f"  {side:6s} {name:22s} {median([v[0] for v in values]):6.1f} / "
-                         f"{max(v[1] for v in values):6.1f}")
+            lines.append(
+                f"  {side:6s} {name:22s} {median([v[0] for v in values]):6.1f} / "
+                f"{max(v[1] for v in values):6.1f}"
+            )
     cpu_p = median([r.cpu_ms_per_item for r in figures("tasks", "Phorge")])
     cpu_g = median([r.cpu_ms_per_item for r in figures("tasks", "gorge")])
+
     def met(ok: bool) -> str:
         return "met" if ok else "missed"
 
     verdict = [
-        (f"tasks {ratios['tasks']:.2f}x (target >= {TARGET_TASKS:g}x): "
-         f"{met(ratios['tasks'] >= TARGET_TASKS)}"),
-        (f"webhooks {ratios['webhooks']:.2f}x (target >= {TARGET_WEBHOOKS:g}x): "
-         f"{met(ratios['webhooks'] >= TARGET_WEBHOOKS)}"),
-        (f"CPU per task {cpu_g:.2f} ms against Phorge's {cpu_p:.2f} ms (target below): "
-         f"{met(cpu_g < cpu_p)}"),
+        (
+            f"tasks {ratios['tasks']:.2f}x (target >= {TARGET_TASKS:g}x): "
+            f"{met(ratios['tasks'] >= TARGET_TASKS)}"
+        ),
+        (
+            f"webhooks {ratios['webhooks']:.2f}x (target >= {TARGET_WEBHOOKS:g}x): "
+            f"{met(ratios['webhooks'] >= TARGET_WEBHOOKS)}"
+        ),
+        (
+            f"CPU per task {cpu_g:.2f} ms against Phorge's {cpu_p:.2f} ms (target below): "
+            f"{met(cpu_g < cpu_p)}"
+        ),
     ]
     if bench.pickups["gorge"]:
-        verdict.append(f"pickup p50 {pickup['gorge']:.0f} ms (target <= {TARGET_PICKUP_MS:g} ms): "
-                       f"{met(pickup['gorge'] <= TARGET_PICKUP_MS)}")
+        verdict.append(
+            f"pickup p50 {pickup['gorge']:.0f} ms (target <= {TARGET_PICKUP_MS:g} ms): "
+            f"{met(pickup['gorge'] <= TARGET_PICKUP_MS)}"
+        )
     lines.append("targets: " + "; ".join(verdict))
     problems = [p for r in bench.runs for p in r.problems]
     if problems:
@@ -642,24 +747,41 @@ def plot(bench: Bench, path: Path) -> None:
             ys = [0] + [c for _, c in run.curve]
             label = None
             if run.side not in labelled:
-                rate = median([r.bulk_rate for r in bench.runs
-                               if r.workload == workload and r.side == run.side])
+                rate = median(
+                    [
+                        r.bulk_rate
+                        for r in bench.runs
+                        if r.workload == workload and r.side == run.side
+                    ]
+                )
                 label = f"{run.side}: {rate:.0f}/s (median bulk rate)"
                 labelled.add(run.side)
-            panel.plot(xs, ys, drawstyle="steps-post", color=colours[run.side], linewidth=1.4,
-                       alpha=0.8, label=label)
+            panel.plot(
+                xs,
+                ys,
+                drawstyle="steps-post",
+                color=colours[run.side],
+                linewidth=1.4,
+                alpha=0.8,
+                label=label,
+            )
         noun = "tasks archived" if workload == "tasks" else "webhooks delivered"
-        panel.set_title({"tasks": f"{bench.args.tasks} no-op tasks",
-                         "webhooks": f"{bench.args.webhooks} Herald webhooks, "
-                                     f"{bench.args.hooks} hooks"}[workload])
+        panel.set_title(
+            {
+                "tasks": f"{bench.args.tasks} no-op tasks",
+                "webhooks": f"{bench.args.webhooks} Herald webhooks, {bench.args.hooks} hooks",
+            }[workload]
+        )
         panel.set_xlabel("seconds after the commit")
         panel.set_ylabel(noun)
         panel.grid(alpha=0.3)
         panel.legend(loc="lower right")
         panel.set_xlim(left=0)
         panel.set_ylim(bottom=0)
-    figure.suptitle(f"gorge and Phorge on one machine, {bench.args.rounds} alternating round(s)"
-                    f" (load average at start {bench.args.load_at_start})")
+    figure.suptitle(
+        f"gorge and Phorge on one machine, {bench.args.rounds} alternating round(s)"
+        f" (load average at start {bench.args.load_at_start})"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -668,8 +790,9 @@ def plot(bench: Bench, path: Path) -> None:
 # -- main --------------------------------------------------------------------------
 
 
-async def benchmark(reactor, args, site: PhorgeSite, db: MariaDBServer, receiver: Receiver,
-                    workdir: Path) -> None:
+async def benchmark(
+    reactor, args, site: PhorgeSite, db: MariaDBServer, receiver: Receiver, workdir: Path
+) -> None:
     bench = Bench(reactor, args, site, db, receiver, workdir)
     await bench.prepare()
     rng = random.Random(14)
@@ -685,9 +808,14 @@ async def benchmark(reactor, args, site: PhorgeSite, db: MariaDBServer, receiver
             if args.pickup_samples:
                 for side in order:
                     bench.pickups[side] += await bench.pickup(side, args.pickup_samples, rng)
-                print(f"round {round_no} pickup   " + "  ".join(
-                    f"{side} {', '.join(f'{1000 * v:.0f}' for v in bench.pickups[side][-args.pickup_samples:])} ms"
-                    for side in order), flush=True)
+                print(
+                    f"round {round_no} pickup   "
+                    + "  ".join(
+                        f"{side} {', '.join(f'{1000 * v:.0f}' for v in bench.pickups[side][-args.pickup_samples :])} ms"
+                        for side in order
+                    ),
+                    flush=True,
+                )
         print(f"load average at the end: {load_average()}")
         for line in report(bench, args):
             print(line)
@@ -715,20 +843,38 @@ def load_average() -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=3000, help="no-op tasks per run (3000)")
-    parser.add_argument("--webhooks", type=int, default=2000, help="webhook requests per run (2000)")
-    parser.add_argument("--hooks", type=int, default=50, help="hooks the requests are spread over (50)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating rounds; the figures are their medians (3)")
-    parser.add_argument("--pickup-samples", type=int, default=5,
-                        help="idle pickup samples per side and round (5)")
+    parser.add_argument(
+        "--webhooks", type=int, default=2000, help="webhook requests per run (2000)"
+    )
+    parser.add_argument(
+        "--hooks", type=int, default=50, help="hooks the requests are spread over (50)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating rounds; the figures are their medians (3)",
+    )
+    parser.add_argument(
+        "--pickup-samples", type=int, default=5, help="idle pickup samples per side and round (5)"
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="write a chart of both sides")
-    parser.add_argument("--profile", metavar="DIR",
-                        help="one more gorge task run under py-spy; raw profiles go to DIR")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="one more gorge task run under py-spy; raw profiles go to DIR",
+    )
     parser.add_argument("--profile-top", type=int, default=12, help="functions shown per profile")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke test: 200 tasks, 100 webhooks over 5 hooks, 1 round, 2 pickups")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the working directory (daemon logs) and say where it is")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 200 tasks, 100 webhooks over 5 hooks, 1 round, 2 pickups",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the working directory (daemon logs) and say where it is",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.webhooks, args.hooks, args.rounds, args.pickup_samples = 200, 100, 5, 1, 2
@@ -748,10 +894,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/phorge.py: {problem}", file=sys.stderr)
         return 2
     args.load_at_start = load_average()
-    print(f"bench/phorge.py: {checkout.describe()}; {os.cpu_count()} CPUs, "
-          f"load average {args.load_at_start}", flush=True)
-    print(f"tasks={args.tasks} webhooks={args.webhooks} hooks={args.hooks} rounds={args.rounds} "
-          f"pickup samples={args.pickup_samples}/side/round", flush=True)
+    print(
+        f"bench/phorge.py: {checkout.describe()}; {os.cpu_count()} CPUs, "
+        f"load average {args.load_at_start}",
+        flush=True,
+    )
+    print(
+        f"tasks={args.tasks} webhooks={args.webhooks} hooks={args.hooks} rounds={args.rounds} "
+        f"pickup samples={args.pickup_samples}/side/round",
+        flush=True,
+    )
     workdir = Path(tempfile.mkdtemp(prefix="gorge-bench-phorge-"))
     db = MariaDBServer()
     site = receiver = None
@@ -763,8 +915,11 @@ def main(argv: list[str] | None = None) -> int:
         site.upgrade_storage()
         print(f"storage upgraded in {time.monotonic() - started:.0f}s", flush=True)
         receiver = Receiver()
-        react(lambda reactor: Deferred.fromCoroutine(
-            benchmark(reactor, args, site, db, receiver, workdir)))
+        react(
+            lambda reactor: Deferred.fromCoroutine(
+                benchmark(reactor, args, site, db, receiver, workdir)
+            )
+        )
     finally:
         if receiver is not None:
             receiver.stop()

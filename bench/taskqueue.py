@@ -28,14 +28,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from daemons import (  # noqa: E402
+    TOKEN,
+    Daemon,
+    cpu_seconds,
+    load_average,
+    start_backend,
+    top_entries,
+)
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol  # noqa: E402
 from twisted.internet.protocol import Protocol  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
 
-from daemons import (  # noqa: E402
-    TOKEN, Daemon, cpu_seconds, load_average, start_backend, top_entries,
-)
 from gorge.taskqueue.model import EnqueueRequest  # noqa: E402
 
 LEASE_DURATION = 7200
@@ -97,8 +102,9 @@ class KeepAliveClient(Protocol):
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._waiting = Deferred()
         self.transport.write(
-            f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n{head}\r\n"
-            .encode() + body)
+            f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode()
+            + body
+        )
         return self._waiting
 
     def dataReceived(self, data: bytes) -> None:
@@ -111,7 +117,7 @@ class KeepAliveClient(Protocol):
         for line in head[1:]:
             name, _, value = line.partition(":")
             fields[name.strip().lower()] = value.strip()
-        rest = self._buffer[end + 4:]
+        rest = self._buffer[end + 4 :]
         if fields.get("transfer-encoding") == "chunked":
             payload, consumed = b"", 0
             while True:
@@ -121,7 +127,7 @@ class KeepAliveClient(Protocol):
                 size = int(rest[consumed:eol].split(b";")[0], 16)
                 if len(rest) < eol + 2 + size + 2:
                     return
-                payload += rest[eol + 2:eol + 2 + size]
+                payload += rest[eol + 2 : eol + 2 + size]
                 consumed = eol + 2 + size + 2
                 if size == 0:
                     break
@@ -147,8 +153,8 @@ async def over_http(reactor, daemon: Daemon, clients: int, tasks: int, batch: in
         connection = free.pop()
         try:
             status, content = await connection.request(
-                "/api/queue/" + path, json.dumps(body).encode(),
-                {**headers, **(extra or {})}).addTimeout(30, reactor)
+                "/api/queue/" + path, json.dumps(body).encode(), {**headers, **(extra or {})}
+            ).addTimeout(30, reactor)
         finally:
             free.append(connection)
         answer = json.loads(content)
@@ -179,29 +185,39 @@ async def main(reactor, args) -> None:
         backend = start_backend(name)
         daemon = None
         try:
-            bound = await direct(backend.store(reactor, "direct"), args.clients, args.tasks,
-                                 args.lease_limit)
+            bound = await direct(
+                backend.store(reactor, "direct"), args.clients, args.tasks, args.lease_limit
+            )
             env = {**backend.env("service"), "GORGE_LOG_LEVEL": args.log_level}
             profile = Path(args.profile) / f"taskqueue-{name}.txt" if args.profile else None
             daemon = Daemon("gorge-taskqueue", env, backend.workdir, profile=profile).start()
             cpu_daemon, cpu_client = daemon.cpu_seconds(), cpu_seconds()
             service = await over_http(reactor, daemon, args.clients, args.tasks, args.lease_limit)
-            cpu = ((daemon.cpu_seconds() - cpu_daemon) * 1000 / args.tasks,
-                   (cpu_seconds() - cpu_client) * 1000 / args.tasks)
+            cpu = (
+                (daemon.cpu_seconds() - cpu_daemon) * 1000 / args.tasks,
+                (cpu_seconds() - cpu_client) * 1000 / args.tasks,
+            )
             daemon.stop()
-            results.append((name, service, bound, daemon.peak_mb, load_before, load_average(),
-                            profile, cpu))
+            results.append(
+                (name, service, bound, daemon.peak_mb, load_before, load_average(), profile, cpu)
+            )
         finally:
             if daemon is not None:
                 daemon.stop()
             backend.stop()
-    print(f"taskqueue: {args.tasks} tasks, {args.clients} clients, lease limit "
-          f"{args.lease_limit}, log level {args.log_level}")
-    print(f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6} "
-          f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13}  load (before / after)")
+    print(
+        f"taskqueue: {args.tasks} tasks, {args.clients} clients, lease limit "
+        f"{args.lease_limit}, log level {args.log_level}"
+    )
+    print(
+        f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6} "
+        f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13}  load (before / after)"
+    )
     for name, service, bound, peak, before, after, _, cpu in results:
-        print(f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f} "
-              f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f}  {before} / {after}")
+        print(
+            f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f} "
+            f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f}  {before} / {after}"
+        )
     print("(CPU ms/cycle: the taskqueue daemon + this process's HTTP client)")
     for name, *_, profile, _ in results:
         if profile is None:
@@ -215,13 +231,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--lease-limit", "--batch", dest="lease_limit", type=int, default=10,
-                        help="tasks asked for per lease call (default 10)")
+    parser.add_argument(
+        "--lease-limit",
+        "--batch",
+        dest="lease_limit",
+        type=int,
+        default=10,
+        help="tasks asked for per lease call (default 10)",
+    )
     parser.add_argument("--backends", default="mysql,redis,sqlite")
-    parser.add_argument("--log-level", default="warn",
-                        help="GORGE_LOG_LEVEL of the daemon (default warn)")
-    parser.add_argument("--profile", default="",
-                        help="directory for py-spy samples of the daemon (needs py-spy)")
+    parser.add_argument(
+        "--log-level", default="warn", help="GORGE_LOG_LEVEL of the daemon (default warn)"
+    )
+    parser.add_argument(
+        "--profile", default="", help="directory for py-spy samples of the daemon (needs py-spy)"
+    )
     return parser.parse_args(argv)
 
 

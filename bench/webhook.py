@@ -82,16 +82,27 @@ POLL = 1.0  # the default poll interval, used by the daemon under test
 
 
 def start_receiver() -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+    )
     return proc, int(proc.stdout.readline())
 
 
 def properties(n: int) -> str:
-    return json.dumps({"retry": "forever",
-                       "transactionPHIDs": [f"PHID-XACT-TASK-{n:015d}a", f"PHID-XACT-TASK-{n:015d}b"],
-                       "triggerPHIDs": ["PHID-HRUL-cccccccccccccccccccc"],
-                       "silent": False, "secure": False}, separators=(",", ":"))
+    return json.dumps(
+        {
+            "retry": "forever",
+            "transactionPHIDs": [f"PHID-XACT-TASK-{n:015d}a", f"PHID-XACT-TASK-{n:015d}b"],
+            "triggerPHIDs": ["PHID-HRUL-cccccccccccccccccccc"],
+            "silent": False,
+            "secure": False,
+        },
+        separators=(",", ":"),
+    )
 
 
 def seed(db: MariaDBServer, name: str, base: str, rows: int, hooks: int, now: int) -> list[str]:
@@ -102,13 +113,24 @@ def seed(db: MariaDBServer, name: str, base: str, rows: int, hooks: int, now: in
             "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status,"
             " hmacKey, dateCreated, dateModified) VALUES (%s, %s, %s, 'users', 'users',"
             " 'enabled', %s, %s, %s)",
-            [(p, f"hook {i}", f"{base}/hook/{i}", "k" * 32, now, now) for i, p in enumerate(phids)])
+            [(p, f"hook {i}", f"{base}/hook/{i}", "k" * 32, now, now) for i, p in enumerate(phids)],
+        )
         cur.executemany(
             "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,"
             " lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
             " VALUES (%s, %s, %s, 'queued', %s, 'none', 0, %s, %s)",
-            [(f"PHID-HWBR-bench{n:015d}", phids[n % hooks], f"PHID-TASK-{n:020d}", properties(n),
-              now, now) for n in range(rows)])
+            [
+                (
+                    f"PHID-HWBR-bench{n:015d}",
+                    phids[n % hooks],
+                    f"PHID-TASK-{n:020d}",
+                    properties(n),
+                    now,
+                    now,
+                )
+                for n in range(rows)
+            ],
+        )
     conn.close()
     return phids
 
@@ -125,9 +147,12 @@ class Bench:
         from gorge.config import HttpSettings
         from gorge.webhook.settings import WebhookSettings
 
-        values = dict(http=HttpSettings("127.0.0.1:0", "tcp:0:interface=127.0.0.1"),
-                      mysql=self.db.settings(database), max_concurrent=self.concurrency,
-                      outbound_blacklist=())
+        values = dict(
+            http=HttpSettings("127.0.0.1:0", "tcp:0:interface=127.0.0.1"),
+            mysql=self.db.settings(database),
+            max_concurrent=self.concurrency,
+            outbound_blacklist=(),
+        )
         values.update(overrides)
         return WebhookSettings(**values)
 
@@ -143,10 +168,19 @@ class Bench:
         client = HTTPClient(Agent(self.reactor, pool=pool))
         bodies = []
         for n in range(self.args.rows):
-            body = payload.build_body(f"PHID-TASK-{n:020d}", 1, payload.parse_properties(properties(n)))
-            bodies.append((f"{self.base}/hook/{n % self.args.hooks}", body,
-                           {"Content-Type": "application/json",
-                            payload.SIGNATURE_HEADER: payload.sign("k" * 32, body)}))
+            body = payload.build_body(
+                f"PHID-TASK-{n:020d}", 1, payload.parse_properties(properties(n))
+            )
+            bodies.append(
+                (
+                    f"{self.base}/hook/{n % self.args.hooks}",
+                    body,
+                    {
+                        "Content-Type": "application/json",
+                        payload.SIGNATURE_HEADER: payload.sign("k" * 32, body),
+                    },
+                )
+            )
         semaphore = DeferredSemaphore(self.concurrency)
 
         async def post(url, body, headers):
@@ -154,8 +188,9 @@ class Bench:
             await response.content()
 
         started = time.perf_counter()
-        await gatherResults([semaphore.run(lambda a=a: Deferred.fromCoroutine(post(*a)))
-                             for a in bodies])
+        await gatherResults(
+            [semaphore.run(lambda a=a: Deferred.fromCoroutine(post(*a))) for a in bodies]
+        )
         elapsed = time.perf_counter() - started
         await pool.closeCachedConnections()
         return self.args.rows / elapsed
@@ -173,16 +208,21 @@ class Bench:
 
         async def one(candidate):
             if await store.claim(candidate):
-                await store.finish(candidate, "sent", "okay",
-                                   payload.with_outcome(json.loads(candidate.properties), "http", 200))
+                await store.finish(
+                    candidate,
+                    "sent",
+                    "okay",
+                    payload.with_outcome(json.loads(candidate.properties), "http", 200),
+                )
 
         started = time.perf_counter()
         while True:
             rows = await store.candidates(limit=batch, lease=30, backoff=60)
             if not rows:
                 break
-            await gatherResults([semaphore.run(lambda c=c: Deferred.fromCoroutine(one(c)))
-                                 for c in rows])
+            await gatherResults(
+                [semaphore.run(lambda c=c: Deferred.fromCoroutine(one(c))) for c in rows]
+            )
         elapsed = time.perf_counter() - started
         store.close()
         return self.args.rows / elapsed
@@ -198,8 +238,10 @@ class Bench:
         service = build_webhook_service(self.settings(name), self.reactor, registry=registry)
 
         def delivered() -> float:
-            return registry.get_sample_value("gorge_webhook_deliveries_total",
-                                             {"outcome": "sent"}) or 0.0
+            return (
+                registry.get_sample_value("gorge_webhook_deliveries_total", {"outcome": "sent"})
+                or 0.0
+            )
 
         started = time.perf_counter()
         service.startService()
@@ -229,10 +271,12 @@ class Bench:
         service.part("dispatcher").tick = timed_tick
         conn = self.db.connect(name)
         with conn.cursor() as cur:
-            cur.execute("INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy,"
-                        " editPolicy, status, hmacKey, dateCreated, dateModified) VALUES"
-                        " ('PHID-HWBH-pickup', 'p', %s, 'u', 'u', 'enabled', %s, 1, 1)",
-                        (f"{self.base}/pickup", "k" * 32))
+            cur.execute(
+                "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy,"
+                " editPolicy, status, hmacKey, dateCreated, dateModified) VALUES"
+                " ('PHID-HWBH-pickup', 'p', %s, 'u', 'u', 'enabled', %s, 1, 1)",
+                (f"{self.base}/pickup", "k" * 32),
+            )
         samples = self.args.latency_samples
         phases = [(i + 0.5) / samples for i in range(samples)]
         random.shuffle(phases)
@@ -248,7 +292,9 @@ class Bench:
                     "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status,"
                     " properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
                     " VALUES (%s, 'PHID-HWBH-pickup', 'PHID-TASK-pickup', 'queued', '{}', 'none',"
-                    " 0, %s, %s)", (f"PHID-HWBR-pickup{n:010d}", now, now))
+                    " 0, %s, %s)",
+                    (f"PHID-HWBR-pickup{n:010d}", now, now),
+                )
             inserted = time.time()
             arrived = await self.reactor_readline()
             latencies.append(arrived - inserted)
@@ -320,21 +366,27 @@ class HistoryBench:
         conn = self.db.connect(name)
         now = int(time.time())
         started = time.perf_counter()
-        fill_history(conn, size, [f"PHID-HWBH-old{i:016d}" for i in range(20)],
-                     created=now - 3 * 86400)
+        fill_history(
+            conn, size, [f"PHID-HWBH-old{i:016d}" for i in range(20)], created=now - 3 * 86400
+        )
         fill_seconds = time.perf_counter() - started
         with conn.cursor() as cur:
-            cur.execute("INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy,"
-                        " editPolicy, status, hmacKey, dateCreated, dateModified) VALUES"
-                        " ('PHID-HWBH-pickup', 'p', %s, 'u', 'u', 'enabled', %s, 1, 1)",
-                        (f"{self.base}/pickup", "k" * 32))
+            cur.execute(
+                "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy,"
+                " editPolicy, status, hmacKey, dateCreated, dateModified) VALUES"
+                " ('PHID-HWBH-pickup', 'p', %s, 'u', 'u', 'enabled', %s, 1, 1)",
+                (f"{self.base}/pickup", "k" * 32),
+            )
             cur.execute("ANALYZE TABLE herald_webhookrequest")
             cur.fetchall()
         former = self.former_queries(conn, now)
 
         settings = WebhookSettings(
             http=HttpSettings("127.0.0.1:0", "tcp:0:interface=127.0.0.1"),
-            mysql=self.db.settings(name), poll_interval=self.POLL, outbound_blacklist=())
+            mysql=self.db.settings(name),
+            poll_interval=self.POLL,
+            outbound_blacklist=(),
+        )
         service = build_webhook_service(settings, self.reactor, registry=CollectorRegistry())
         ticks: list[float] = []
         tick = service.part("dispatcher").tick
@@ -366,16 +418,26 @@ class HistoryBench:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE {name}")
         conn.close()
-        return dict(size=size, fill=fill_seconds, load=load_seconds, polls=polls,
-                    reads=reads / polls, cpu_ms=cpu * 1000 / polls,
-                    latency=statistics.median(latencies), latency_max=max(latencies),
-                    stats=statistics.median(stats), former=former)
+        return dict(
+            size=size,
+            fill=fill_seconds,
+            load=load_seconds,
+            polls=polls,
+            reads=reads / polls,
+            cpu_ms=cpu * 1000 / polls,
+            latency=statistics.median(latencies),
+            latency_max=max(latencies),
+            stats=statistics.median(stats),
+            former=former,
+        )
 
     def former_queries(self, conn, now: int) -> dict:
         """The former candidate and stats queries, run directly, for comparison."""
         out = {}
-        for label, sql, params in (("poll", FORMER_CANDIDATES, (now - 30, now - 60)),
-                                   ("stats", FORMER_STATS, ())):
+        for label, sql, params in (
+            ("poll", FORMER_CANDIDATES, (now - 30, now - 60)),
+            ("stats", FORMER_STATS, ()),
+        ):
             runs = 5
             reads, cpu = handler_reads(conn), cpu_seconds(self.db.pid)
             started = time.perf_counter()
@@ -383,9 +445,11 @@ class HistoryBench:
                 for _ in range(runs):
                     cur.execute(sql, params)
                     cur.fetchall()
-            out[label] = dict(reads=(handler_reads(conn) - reads) / runs,
-                              cpu_ms=(cpu_seconds(self.db.pid) - cpu) * 1000 / runs,
-                              ms=(time.perf_counter() - started) * 1000 / runs)
+            out[label] = dict(
+                reads=(handler_reads(conn) - reads) / runs,
+                cpu_ms=(cpu_seconds(self.db.pid) - cpu) * 1000 / runs,
+                ms=(time.perf_counter() - started) * 1000 / runs,
+            )
         return out
 
     async def pickup(self, conn, ticks: list[float]) -> list[float]:
@@ -404,7 +468,9 @@ class HistoryBench:
                     "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status,"
                     " properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
                     " VALUES (%s, 'PHID-HWBH-pickup', 'PHID-TASK-pickup', 'queued', '{}',"
-                    " 'none', 0, %s, %s)", (f"PHID-HWBR-pickup{n:010d}", stamp, stamp))
+                    " 'none', 0, %s, %s)",
+                    (f"PHID-HWBR-pickup{n:010d}", stamp, stamp),
+                )
             inserted = time.time()
             from twisted.internet.threads import deferToThread
 
@@ -429,8 +495,8 @@ class HistoryBench:
 async def history_main(reactor, args) -> None:
     log_stream = open(os.devnull, "w")
     globalLogBeginner.beginLoggingTo(
-        [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)],
-        redirectStandardIO=False)
+        [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)], redirectStandardIO=False
+    )
     db = BenchMariaDB()
     db.start()
     receiver, port = start_receiver()
@@ -440,30 +506,41 @@ async def history_main(reactor, args) -> None:
         for size in [int(s) for s in args.sizes.split(",")]:
             result = await bench.run(size)
             results.append(result)
-            print(f"H={size:>9,}: filled in {result['fill']:.1f} s, start-up pass"
-                  f" {result['load']:.2f} s, {result['polls']} idle polls", flush=True)
+            print(
+                f"H={size:>9,}: filled in {result['fill']:.1f} s, start-up pass"
+                f" {result['load']:.2f} s, {result['polls']} idle polls",
+                flush=True,
+            )
     finally:
         receiver.terminate()
         receiver.wait(10)
         db.stop()
     print()
-    print(f"gorge-webhook, poll {HistoryBench.POLL * 1000:.0f} ms, idle, H finished rows"
-          f" (Phorge's stock keys)")
-    print("| H | rows read per idle poll | MariaDB CPU per poll | new-row latency p50 (max)"
-          " | stats p50 | start-up pass |")
+    print(
+        f"gorge-webhook, poll {HistoryBench.POLL * 1000:.0f} ms, idle, H finished rows"
+        f" (Phorge's stock keys)"
+    )
+    print(
+        "| H | rows read per idle poll | MariaDB CPU per poll | new-row latency p50 (max)"
+        " | stats p50 | start-up pass |"
+    )
     print("|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['size']:,} | {r['reads']:.1f} | {r['cpu_ms']:.2f} ms"
-              f" | {r['latency'] * 1000:.0f} ms ({r['latency_max'] * 1000:.0f} ms)"
-              f" | {r['stats'] * 1000:.1f} ms | {r['load']:.2f} s |")
+        print(
+            f"| {r['size']:,} | {r['reads']:.1f} | {r['cpu_ms']:.2f} ms"
+            f" | {r['latency'] * 1000:.0f} ms ({r['latency_max'] * 1000:.0f} ms)"
+            f" | {r['stats'] * 1000:.1f} ms | {r['load']:.2f} s |"
+        )
     print()
     print("for comparison, the former statements run directly on the same tables:")
     print("| H | former poll: rows read | CPU | former stats: rows read | CPU |")
     print("|---|---|---|---|---|")
     for r in results:
         poll, stats = r["former"]["poll"], r["former"]["stats"]
-        print(f"| {r['size']:,} | {poll['reads']:,.0f} | {poll['cpu_ms']:.1f} ms"
-              f" | {stats['reads']:,.0f} | {stats['cpu_ms']:.1f} ms |")
+        print(
+            f"| {r['size']:,} | {poll['reads']:,.0f} | {poll['cpu_ms']:.1f} ms"
+            f" | {stats['reads']:,.0f} | {stats['cpu_ms']:.1f} ms |"
+        )
 
 
 async def main(reactor, args) -> None:
@@ -473,8 +550,8 @@ async def main(reactor, args) -> None:
     log_stream = open(os.devnull, "w")
     # A deployment logs at info: one line per delivery is part of the cost measured.
     globalLogBeginner.beginLoggingTo(
-        [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)],
-        redirectStandardIO=False)
+        [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)], redirectStandardIO=False
+    )
     db = MariaDBServer()
     db.start()
     receiver, port = start_receiver()
@@ -493,19 +570,27 @@ async def main(reactor, args) -> None:
     p50 = statistics.median(latencies)
     p90 = latencies[int(0.9 * (len(latencies) - 1))]
     poll = POLL
-    print(f"rows={args.rows} hooks={args.hooks} concurrency={bench.concurrency}"
-          f" log_level={args.log_level}")
+    print(
+        f"rows={args.rows} hooks={args.hooks} concurrency={bench.concurrency}"
+        f" log_level={args.log_level}"
+    )
     print(f"raw HTTP bound (bare treq, no DB):     {http_rate:8.0f} POST/s")
     print(f"raw SQL bound (claim+finish, no HTTP): {sql_rate:8.0f} rows/s")
     print(f"gorge-webhook (one daemon):            {daemon_rate:8.0f} deliveries/s")
-    print(f"ratio to the lower bound:              {daemon_rate / lower:8.2f}"
-          f"   (target >= 0.5; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
-          f" x{daemon_rate / PHORGE_RATE:.1f})")
-    print(f"pickup latency (poll {poll:.1f} s): p50 {p50 * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms,"
-          f" max {latencies[-1] * 1000:.0f} ms   (target p50 < {(poll / 2 + 0.02) * 1000:.0f} ms;"
-          f" Phorge ~{PHORGE_PICKUP * 1000:.0f} ms)")
-    print(f"  of which after the tick (select, claim, POST): p50"
-          f" {statistics.median(after_tick) * 1000:.0f} ms, max {max(after_tick) * 1000:.0f} ms")
+    print(
+        f"ratio to the lower bound:              {daemon_rate / lower:8.2f}"
+        f"   (target >= 0.5; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
+        f" x{daemon_rate / PHORGE_RATE:.1f})"
+    )
+    print(
+        f"pickup latency (poll {poll:.1f} s): p50 {p50 * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms,"
+        f" max {latencies[-1] * 1000:.0f} ms   (target p50 < {(poll / 2 + 0.02) * 1000:.0f} ms;"
+        f" Phorge ~{PHORGE_PICKUP * 1000:.0f} ms)"
+    )
+    print(
+        f"  of which after the tick (select, claim, POST): p50"
+        f" {statistics.median(after_tick) * 1000:.0f} ms, max {max(after_tick) * 1000:.0f} ms"
+    )
 
 
 if __name__ == "__main__":
@@ -514,10 +599,12 @@ if __name__ == "__main__":
     parser.add_argument("--hooks", type=int, default=50)
     parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--log-level", default="info")
-    parser.add_argument("--history", action="store_true",
-                        help="measure idle polling over a long history instead")
-    parser.add_argument("--sizes", default="0,100000,1000000",
-                        help="history sizes for --history, comma-separated")
+    parser.add_argument(
+        "--history", action="store_true", help="measure idle polling over a long history instead"
+    )
+    parser.add_argument(
+        "--sizes", default="0,100000,1000000", help="history sizes for --history, comma-separated"
+    )
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--stats-samples", type=int, default=50)
     react(main, (parser.parse_args(),))

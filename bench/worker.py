@@ -35,18 +35,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from daemons import TOKEN, Daemon, load_average, start_backend, top_entries  # noqa: E402
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
 from twisted.internet.task import deferLater, react  # noqa: E402
 from twisted.logger import globalLogBeginner  # noqa: E402
 from twisted.web.resource import Resource  # noqa: E402
 from twisted.web.server import Site  # noqa: E402
 
-from daemons import TOKEN, Daemon, load_average, start_backend, top_entries  # noqa: E402
 from gorge.logging import make_observer  # noqa: E402
 from gorge.taskqueue.model import EnqueueRequest, Task  # noqa: E402
+
 try:
     from gorge.worker.settings import (  # noqa: E402
-        DEFAULT_LEASE_WAIT_SEC, DEFAULT_REPORT_BATCH, DEFAULT_REPORT_DELAY_MS,
+        DEFAULT_LEASE_WAIT_SEC,
+        DEFAULT_REPORT_BATCH,
+        DEFAULT_REPORT_DELAY_MS,
     )
 except ImportError:  # a tree from before long-poll and batched reports
     DEFAULT_LEASE_WAIT_SEC, DEFAULT_REPORT_BATCH, DEFAULT_REPORT_DELAY_MS = 0, 1, 0
@@ -58,10 +61,24 @@ IMPORT_CHUNK = 2000
 
 
 def noop_tasks(count: int, task_class: str, now: int) -> list[Task]:
-    return [Task(id=0, task_class=task_class, lease_owner=None, lease_expires=None,
-                 failure_count=0, data_id=0, failure_time=None, priority=2000, object_phid=None,
-                 container_phid=None, date_created=now, date_modified=now, data="{}")
-            for _ in range(count)]
+    return [
+        Task(
+            id=0,
+            task_class=task_class,
+            lease_owner=None,
+            lease_expires=None,
+            failure_count=0,
+            data_id=0,
+            failure_time=None,
+            priority=2000,
+            object_phid=None,
+            container_phid=None,
+            date_created=now,
+            date_modified=now,
+            data="{}",
+        )
+        for _ in range(count)
+    ]
 
 
 class Receiver(Resource):
@@ -95,8 +112,7 @@ class Bench:
         self.worker: Daemon | None = None
 
     async def call(self, url: str, body: dict | None = None, headers: dict | None = None):
-        headers = {"X-Service-Token": TOKEN, "Content-Type": "application/json",
-                   **(headers or {})}
+        headers = {"X-Service-Token": TOKEN, "Content-Type": "application/json", **(headers or {})}
         if body is None:
             response = await self.http.get(url, headers=headers)
         else:
@@ -120,17 +136,32 @@ class Bench:
     async def report(self, tasks: list[dict], owner: str) -> None:
         if self.batched_reports:
             try:
-                await self.call(self.queue.url + "/api/queue/report", {"reports": [
-                    {"taskID": t["id"], "outcome": "complete", "duration": 1} for t in tasks]},
-                    {"X-Lease-Owner": owner})
+                await self.call(
+                    self.queue.url + "/api/queue/report",
+                    {
+                        "reports": [
+                            {"taskID": t["id"], "outcome": "complete", "duration": 1} for t in tasks
+                        ]
+                    },
+                    {"X-Lease-Owner": owner},
+                )
                 return
             except RuntimeError as e:
                 if ": 404 " not in str(e):
                     raise
                 self.batched_reports = False  # an older queue
-        await gatherResults([Deferred.fromCoroutine(self.call(
-            self.queue.url + "/api/queue/complete", {"taskID": t["id"], "duration": 1},
-            {"X-Lease-Owner": owner})) for t in tasks])
+        await gatherResults(
+            [
+                Deferred.fromCoroutine(
+                    self.call(
+                        self.queue.url + "/api/queue/complete",
+                        {"taskID": t["id"], "duration": 1},
+                        {"X-Lease-Owner": owner},
+                    )
+                )
+                for t in tasks
+            ]
+        )
 
     async def queue_only(self, count: int) -> float:
         """Lease and report ``count`` tasks with the worker's shape: one lease
@@ -146,9 +177,11 @@ class Bench:
             if free <= 0:
                 await _first(running)
                 continue
-            tasks = await self.call(self.queue.url + "/api/queue/lease",
-                                    {"limit": min(limit, free), "taskClasses": [BOUND_CLASS]},
-                                    {"X-Lease-Owner": owner})
+            tasks = await self.call(
+                self.queue.url + "/api/queue/lease",
+                {"limit": min(limit, free), "taskClasses": [BOUND_CLASS]},
+                {"X-Lease-Owner": owner},
+            )
             if not tasks and not running:
                 raise RuntimeError(f"queue ran dry after {done} tasks")
             if tasks:
@@ -182,8 +215,9 @@ class Bench:
 
     # -- 3. pickup latency -------------------------------------------------------
 
-    async def pickup_latency(self, samples: int, receiver: Receiver, hook: str,
-                             direct: bool) -> list[float]:
+    async def pickup_latency(
+        self, samples: int, receiver: Receiver, hook: str, direct: bool
+    ) -> list[float]:
         latencies = []
         for index in range(samples):
             # An idle worker, its lease call held; spread over the wait.
@@ -194,8 +228,9 @@ class Bench:
             if direct:
                 await self.store.enqueue(EnqueueRequest(FEED_CLASS, data))
             else:
-                await self.call(self.queue.url + "/api/queue/enqueue",
-                                {"taskClass": FEED_CLASS, "data": data})
+                await self.call(
+                    self.queue.url + "/api/queue/enqueue", {"taskClass": FEED_CLASS, "data": data}
+                )
             for _ in range(5000):
                 if key in receiver.arrived:
                     break
@@ -207,8 +242,11 @@ class Bench:
 
     async def lease_calls(self) -> float:
         text = await (await self.http.get(self.worker.url + "/metrics")).text()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("gorge_worker_lease_requests_total{"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("gorge_worker_lease_requests_total{")
+        )
 
 
 async def _first(pending) -> None:
@@ -246,13 +284,19 @@ async def run(reactor, args) -> None:
     monitor = None
     try:
         profiles = Path(args.profile) if args.profile else None
-        queue = Daemon("gorge-taskqueue", {**backend.env("bench"),
-                                           "GORGE_LOG_LEVEL": args.log_level},
-                       backend.workdir,
-                       profile=profiles / "taskqueue.txt" if profiles else None).start()
+        queue = Daemon(
+            "gorge-taskqueue",
+            {**backend.env("bench"), "GORGE_LOG_LEVEL": args.log_level},
+            backend.workdir,
+            profile=profiles / "taskqueue.txt" if profiles else None,
+        ).start()
         bench = Bench(reactor, args, backend, queue)
-        worker = Daemon("gorge-worker", worker_env(args, queue), backend.workdir,
-                        profile=profiles / "worker.txt" if profiles else None)
+        worker = Daemon(
+            "gorge-worker",
+            worker_env(args, queue),
+            backend.workdir,
+            profile=profiles / "worker.txt" if profiles else None,
+        )
 
         def sample() -> None:
             for daemon in (queue, worker):
@@ -264,10 +308,12 @@ async def run(reactor, args) -> None:
         monitor = LoopingCall(sample)
         monitor.clock = reactor
         monitor.start(0.5)
-        print(f"backend {args.backend}: lease_limit={args.lease_limit} "
-              f"max_workers={args.max_workers} lease_wait={args.lease_wait}s "
-              f"report_batch={args.report_batch} report_delay={args.report_delay_ms}ms "
-              f"log_level={args.log_level}")
+        print(
+            f"backend {args.backend}: lease_limit={args.lease_limit} "
+            f"max_workers={args.max_workers} lease_wait={args.lease_wait}s "
+            f"report_batch={args.report_batch} report_delay={args.report_delay_ms}ms "
+            f"log_level={args.log_level}"
+        )
         if args.backlog:
             started = time.perf_counter()
             await bench.write_tasks(args.backlog, NOOP_CLASS, chunk=IMPORT_CHUNK)
@@ -277,10 +323,12 @@ async def run(reactor, args) -> None:
             while await bench.processed() < args.backlog:
                 await deferLater(reactor, 0.5)
             drained = time.perf_counter() - started
-            print(f"backlog {args.backlog}: written in {written:.0f} s, drained in "
-                  f"{drained:.0f} s ({args.backlog / drained:.0f} tasks/s), load "
-                  f"{load_average()}; peak RSS so far: taskqueue {queue.peak_mb:.0f} MB, "
-                  f"worker {worker.peak_mb:.0f} MB")
+            print(
+                f"backlog {args.backlog}: written in {written:.0f} s, drained in "
+                f"{drained:.0f} s ({args.backlog / drained:.0f} tasks/s), load "
+                f"{load_average()}; peak RSS so far: taskqueue {queue.peak_mb:.0f} MB, "
+                f"worker {worker.peak_mb:.0f} MB"
+            )
         else:
             bench.worker = worker.start()
         raws, e2es = [], []
@@ -289,12 +337,16 @@ async def run(reactor, args) -> None:
             # machine hits both alike; the medians are the figures to compare.
             raws.append(await bench.queue_only(args.tasks))
             e2es.append(await bench.end_to_end(args.tasks))
-            print(f"round {round_no}: queue only {raws[-1]:6.0f}/s  worker e2e "
-                  f"{e2es[-1]:6.0f}/s  ratio {e2es[-1] / raws[-1]:.2f}  load {load_average()}")
+            print(
+                f"round {round_no}: queue only {raws[-1]:6.0f}/s  worker e2e "
+                f"{e2es[-1]:6.0f}/s  ratio {e2es[-1] / raws[-1]:.2f}  load {load_average()}"
+            )
         raw, e2e = statistics.median(raws), statistics.median(e2es)
         print(f"queue only:     {raw:8.0f} tasks/s  (median; lease + report, the bound)")
-        print(f"worker e2e:     {e2e:8.0f} tasks/s  (median) ratio {e2e / raw:.2f} "
-              f"(target: ratio >= 0.9)")
+        print(
+            f"worker e2e:     {e2e:8.0f} tasks/s  (median) ratio {e2e / raw:.2f} "
+            f"(target: ratio >= 0.9)"
+        )
         if args.latency_samples:
             receiver = Receiver(reactor)
             port = reactor.listenTCP(0, Site(receiver), interface="127.0.0.1")
@@ -303,30 +355,44 @@ async def run(reactor, args) -> None:
                 await deferLater(reactor, 1.0)  # idle: the worker's lease call is held
                 calls_before = await bench.lease_calls()
                 for direct in (False, True):
-                    latencies = await bench.pickup_latency(args.latency_samples, receiver,
-                                                           hook, direct)
-                    how = ("written to storage directly" if direct
-                           else "enqueued through the queue's API")
-                    print(f"pickup latency, {how} ({len(latencies)} samples): "
-                          f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
-                          f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms  "
-                          f"load {load_average()}")
+                    latencies = await bench.pickup_latency(
+                        args.latency_samples, receiver, hook, direct
+                    )
+                    how = (
+                        "written to storage directly"
+                        if direct
+                        else "enqueued through the queue's API"
+                    )
+                    print(
+                        f"pickup latency, {how} ({len(latencies)} samples): "
+                        f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+                        f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms  "
+                        f"load {load_average()}"
+                    )
                 calls = await bench.lease_calls() - calls_before
-                print(f"lease calls during the pickup phase: {calls:.0f} for "
-                      f"{2 * args.latency_samples} tasks")
+                print(
+                    f"lease calls during the pickup phase: {calls:.0f} for "
+                    f"{2 * args.latency_samples} tasks"
+                )
                 if args.idle_seconds:
                     before = await bench.lease_calls()
                     await deferLater(reactor, args.idle_seconds)
                     idle = await bench.lease_calls() - before
-                    print(f"idle worker: {idle:.0f} lease calls in {args.idle_seconds:g} s "
-                          f"(lease wait {args.lease_wait} s)")
+                    print(
+                        f"idle worker: {idle:.0f} lease calls in {args.idle_seconds:g} s "
+                        f"(lease wait {args.lease_wait} s)"
+                    )
             finally:
                 await port.stopListening()
         sample()
-        print(f"peak RSS: gorge-taskqueue {queue.peak_mb:.0f} MB, "
-              f"gorge-worker {worker.peak_mb:.0f} MB (limit 120 MB)")
-        print(f"CPU so far: gorge-taskqueue {queue.cpu_seconds():.1f} s, "
-              f"gorge-worker {worker.cpu_seconds():.1f} s")
+        print(
+            f"peak RSS: gorge-taskqueue {queue.peak_mb:.0f} MB, "
+            f"gorge-worker {worker.peak_mb:.0f} MB (limit 120 MB)"
+        )
+        print(
+            f"CPU so far: gorge-taskqueue {queue.cpu_seconds():.1f} s, "
+            f"gorge-worker {worker.cpu_seconds():.1f} s"
+        )
         await bench.pool.closeCachedConnections()
         await bench.store.close()
     finally:
@@ -347,27 +413,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="mysql", choices=("mysql", "redis", "sqlite"))
     parser.add_argument("--tasks", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating queue-only / worker measurements (default 3)")
-    parser.add_argument("--lease-limit", type=int, default=4,
-                        help="GORGE_WORKER_LEASE_LIMIT (default: the worker's, 4)")
-    parser.add_argument("--max-workers", type=int, default=4,
-                        help="GORGE_WORKER_MAX_WORKERS (default: the worker's, 4)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating queue-only / worker measurements (default 3)",
+    )
+    parser.add_argument(
+        "--lease-limit",
+        type=int,
+        default=4,
+        help="GORGE_WORKER_LEASE_LIMIT (default: the worker's, 4)",
+    )
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=4,
+        help="GORGE_WORKER_MAX_WORKERS (default: the worker's, 4)",
+    )
     parser.add_argument("--lease-wait", type=int, default=DEFAULT_LEASE_WAIT_SEC)
     parser.add_argument("--report-batch", type=int, default=DEFAULT_REPORT_BATCH)
     parser.add_argument("--report-delay-ms", type=int, default=DEFAULT_REPORT_DELAY_MS)
     parser.add_argument("--poll-ms", type=int, default=1000)
     parser.add_argument("--latency-samples", type=int, default=40)
-    parser.add_argument("--idle-seconds", type=float, default=0,
-                        help="also count the lease calls of an idle worker this long")
-    parser.add_argument("--backlog", type=int, default=0,
-                        help="tasks written before the worker starts, drained first")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=0,
+        help="also count the lease calls of an idle worker this long",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="tasks written before the worker starts, drained first",
+    )
     parser.add_argument("--log-level", default="warn")
-    parser.add_argument("--profile", default="",
-                        help="directory for py-spy samples of both daemons (needs py-spy)")
+    parser.add_argument(
+        "--profile", default="", help="directory for py-spy samples of both daemons (needs py-spy)"
+    )
     args = parser.parse_args()
     globalLogBeginner.beginLoggingTo(
-        [make_observer({"GORGE_LOG_LEVEL": "warn"}, sys.stderr)], redirectStandardIO=False)
+        [make_observer({"GORGE_LOG_LEVEL": "warn"}, sys.stderr)], redirectStandardIO=False
+    )
     react(lambda reactor: Deferred.fromCoroutine(run(reactor, args)))
 
 

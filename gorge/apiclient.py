@@ -43,8 +43,16 @@ class ApiClient:
     it should be when the answer is not ours ("gorge-taskqueue").
     """
 
-    def __init__(self, base_url: str, prefix: str, *, noun: str, product: str,
-                 token: str = "", timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        prefix: str,
+        *,
+        noun: str,
+        product: str,
+        token: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._prefix = "/" + prefix.strip("/") + "/"
         self._noun = noun
@@ -79,8 +87,9 @@ class ApiClient:
             status, raw = e.code, e.read()
         except urllib.error.URLError as e:
             raise ServiceUnavailable(
-                f"cannot reach {self._noun} at {self.base_url}: {_reason(e.reason)}") from None
-        except (TimeoutError, socket.timeout):
+                f"cannot reach {self._noun} at {self.base_url}: {_reason(e.reason)}"
+            ) from None
+        except TimeoutError:
             raise ServiceUnavailable(
                 f"{self._noun} at {self.base_url} did not answer within {self._timeout:g}s"
             ) from None
@@ -96,7 +105,8 @@ class ApiClient:
         if not isinstance(doc, dict) or ("data" not in doc and "error" not in doc):
             raise ServiceUnavailable(
                 f"{self.base_url} answered HTTP {status} without {self._noun}'s JSON envelope; "
-                f"is it a {self._product}?")
+                f"is it a {self._product}?"
+            )
         error = doc.get("error")
         if error is None and 200 <= status < 300:
             return doc.get("data")
@@ -104,7 +114,8 @@ class ApiClient:
         code, message = str(error.get("code", "")), str(error.get("message", ""))
         if status == 401:
             raise ServiceUnavailable(
-                f"{self._noun} refused the service token (set GORGE_SERVICE_TOKEN or --token)")
+                f"{self._noun} refused the service token (set GORGE_SERVICE_TOKEN or --token)"
+            )
         if 400 <= status < 500:
             raise Refused(status, code, message)
         raise ServiceUnavailable(f"{self._noun} answered HTTP {status} {code}: {message}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _positive(text: str) -> float:
@@ -25,30 +25,49 @@ def _positive(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gorge", description="Phorge background work on Twisted: tools around the daemons.")
+        prog="gorge", description="Phorge background work on Twisted: tools around the daemons."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
-        "demo", help="run all four services on SQLite in one process and show them at work",
+        "demo",
+        help="run all four services on SQLite in one process and show them at work",
         description="Start gorge-webhook, gorge-mailer, gorge-taskqueue and gorge-worker on "
-                    "SQLite in a temporary directory, with a webhook receiver and an SMTP sink "
-                    "in the same process; seed hooks, tasks and mails; narrate; and exit 0 once "
-                    "every item reached its expected final state.")
-    demo.add_argument("--serve", action="store_true",
-                      help="keep everything running afterwards and print the service URLs")
-    demo.add_argument("--timeout", type=_positive, default=60.0, metavar="SECONDS",
-                      help="give up (exit 1) if the items have not settled by then (default 60)")
-    demo.add_argument("--workdir", default="", metavar="DIR",
-                      help="directory for the SQLite files and the service log "
-                           "(default: a new temporary directory)")
+        "SQLite in a temporary directory, with a webhook receiver and an SMTP sink "
+        "in the same process; seed hooks, tasks and mails; narrate; and exit 0 once "
+        "every item reached its expected final state.",
+    )
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep everything running afterwards and print the service URLs",
+    )
+    demo.add_argument(
+        "--timeout",
+        type=_positive,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up (exit 1) if the items have not settled by then (default 60)",
+    )
+    demo.add_argument(
+        "--workdir",
+        default="",
+        metavar="DIR",
+        help="directory for the SQLite files and the service log "
+        "(default: a new temporary directory)",
+    )
     # Parsed by gorge.taskqueue.cli itself (see main); listed here for --help.
     commands.add_parser(
-        "queue", add_help=False,
+        "queue",
+        add_help=False,
         help="inspect and steer a running gorge-taskqueue: stats, ls, show, cancel, delay, "
-             "retry, priority, free, flood, dead ls/requeue, migrate (gorge queue --help)")
+        "retry, priority, free, flood, dead ls/requeue, migrate (gorge queue --help)",
+    )
     commands.add_parser(
-        "webhook", add_help=False,
+        "webhook",
+        add_help=False,
         help="the delivery log of a running gorge-webhook: stats, ls, show, retry, hooks "
-             "(gorge webhook --help)")
+        "(gorge webhook --help)",
+    )
     return parser
 
 
@@ -64,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(webhook_main(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from gorge.demo import DemoOptions, main as demo_main
+        from gorge.demo import DemoOptions
+        from gorge.demo import main as demo_main
 
         demo_main(DemoOptions(serve=args.serve, timeout=args.timeout, workdir=args.workdir))
 

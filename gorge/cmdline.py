@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import re
 import textwrap
-from datetime import datetime, timezone
-from typing import Mapping, TextIO
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TextIO
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -60,15 +61,15 @@ def parse_when(text: str, now: float, *, past: bool = False) -> int:
     except ValueError:
         relatives = "-2h, -30m, +30m" if past else "+30m, +6h, +2d"
         raise argparse.ArgumentTypeError(
-            f"not a time (use epoch seconds, now, {relatives} or 2026-09-08T12:30): "
-            f"{text!r}") from None
+            f"not a time (use epoch seconds, now, {relatives} or 2026-09-08T12:30): {text!r}"
+        ) from None
     return int(moment.timestamp())
 
 
 def utc_time(epoch: int | None) -> str:
     if epoch is None:
         return "-"
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def print_table(rows: list[list[str]], out: TextIO) -> None:
@@ -77,17 +78,29 @@ def print_table(rows: list[list[str]], out: TextIO) -> None:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() + "\n")
 
 
-def common_options(env: Mapping[str, str], *, url_setting: str, default_url: str,
-                   product: str, noun: str) -> OneLineParser:
+def common_options(
+    env: Mapping[str, str], *, url_setting: str, default_url: str, product: str, noun: str
+) -> OneLineParser:
     """``--url``, ``--token``, ``--json``, ``--timeout``, as a parent parser."""
     common = OneLineParser(add_help=False)
-    common.add_argument("--url", default=env.get(url_setting) or default_url,
-                        help=f"base URL of {product} (default: {url_setting}, "
-                             f"else {default_url})")
-    common.add_argument("--token", default=env.get("GORGE_SERVICE_TOKEN", ""),
-                        help=f"{noun}'s service token (default: GORGE_SERVICE_TOKEN)")
-    common.add_argument("--json", action="store_true",
-                        help=f"print {noun}'s answer as JSON, for scripts")
-    common.add_argument("--timeout", type=seconds, default=30.0, metavar="SECONDS",
-                        help="give up on a request after this long (default 30)")
+    common.add_argument(
+        "--url",
+        default=env.get(url_setting) or default_url,
+        help=f"base URL of {product} (default: {url_setting}, else {default_url})",
+    )
+    common.add_argument(
+        "--token",
+        default=env.get("GORGE_SERVICE_TOKEN", ""),
+        help=f"{noun}'s service token (default: GORGE_SERVICE_TOKEN)",
+    )
+    common.add_argument(
+        "--json", action="store_true", help=f"print {noun}'s answer as JSON, for scripts"
+    )
+    common.add_argument(
+        "--timeout",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="give up on a request after this long (default 30)",
+    )
     return common

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import builtins
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 __all__ = [
     "ConfigError",
@@ -63,8 +63,16 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean (use true/false, 1/0, yes/no, on/off): {text!r}")
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2,
-               "g": 1024**3, "gb": 1024**3}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+}
 
 
 def parse_size(text: str) -> int:
@@ -152,8 +160,9 @@ class Env:
     def int(self, names, default: int, *, min: int | None = None, max: int | None = None) -> int:
         return self._typed(names, default, parse_int, min, max)
 
-    def float(self, names, default: float, *, min: float | None = None,
-              max: float | None = None) -> float:
+    def float(
+        self, names, default: float, *, min: float | None = None, max: float | None = None
+    ) -> float:
         return self._typed(names, default, parse_float, min, max)
 
     def bool(self, names, default: bool) -> bool:
@@ -164,9 +173,7 @@ class Env:
     ) -> builtins.int:
         return self._typed(names, default, parse_size, min)
 
-    def choice(
-        self, names, default: builtins.str, choices: Sequence[builtins.str]
-    ) -> builtins.str:
+    def choice(self, names, default: builtins.str, choices: Sequence[builtins.str]) -> builtins.str:
         name, value = self._lookup(names)
         if value is None:
             return default
@@ -190,9 +197,14 @@ class HttpSettings:
     access_log: bool = True
 
 
-def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1024 * 1024,
-                       listen_override: str | None = None,
-                       legacy_names: bool = False) -> HttpSettings:
+def load_http_settings(
+    env: Env,
+    *,
+    default_listen: str,
+    body_limit: int = 2 * 1024 * 1024,
+    listen_override: str | None = None,
+    legacy_names: bool = False,
+) -> HttpSettings:
     """``GORGE_LISTEN_ADDR``, ``GORGE_SERVICE_TOKEN`` and ``GORGE_BODY_LIMIT``.
 
     ``listen_override`` comes from the twistd ``--listen`` option and wins
@@ -200,7 +212,9 @@ def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1
     ``SERVICE_TOKEN`` where an older deployment still sets them.
     """
     listen_names = ("GORGE_LISTEN_ADDR", "LISTEN_ADDR") if legacy_names else "GORGE_LISTEN_ADDR"
-    token_names = ("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN") if legacy_names else "GORGE_SERVICE_TOKEN"
+    token_names = (
+        ("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN") if legacy_names else "GORGE_SERVICE_TOKEN"
+    )
     if listen_override:
         setting, listen_addr = "--listen", listen_override
     else:
@@ -223,8 +237,9 @@ def load_http_settings(env: Env, *, default_listen: str, body_limit: int = 2 * 1
 def _logs_info(level_text: str) -> bool:
     """Whether ``GORGE_LOG_LEVEL`` prints info lines; a bad value counts as
     yes (the log observer refuses it at start-up with its own message)."""
-    from gorge.logging import parse_level  # imported here: gorge.logging imports this module
     from twisted.logger import LogLevel
+
+    from gorge.logging import parse_level  # imported here: gorge.logging imports this module
 
     try:
         return parse_level(level_text) <= LogLevel.info

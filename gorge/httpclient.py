@@ -22,8 +22,9 @@ are kept: each caller decides about both.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, cast
+from typing import Any, cast
 
 from hyperlink import EncodedURL
 from twisted.internet import defer, error
@@ -106,7 +107,8 @@ class _Endpoints:
         except UnicodeDecodeError:
             raise ValueError(f"non-ASCII host in {uri.toBytes()!r}") from None
         endpoint: IStreamClientEndpoint = HostnameEndpoint(
-            self._reactor, host, uri.port, timeout=self._timeout)
+            self._reactor, host, uri.port, timeout=self._timeout
+        )
         if uri.scheme == b"https":
             endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
         elif uri.scheme != b"http":
@@ -114,7 +116,9 @@ class _Endpoints:
         return QuietEndpoint(endpoint)
 
 
-def make_pool(reactor, *, max_per_host: int, retry_automatically: bool = False) -> HTTPConnectionPool:
+def make_pool(
+    reactor, *, max_per_host: int, retry_automatically: bool = False
+) -> HTTPConnectionPool:
     """A persistent connection pool; pair it with :class:`QuietEndpoint`s.
 
     ``retry_automatically`` stays off by default: Twisted would silently
@@ -129,8 +133,9 @@ def make_pool(reactor, *, max_per_host: int, retry_automatically: bool = False) 
     return pool
 
 
-def make_agent(reactor, *, max_per_host: int, connect_timeout: float = 10,
-               retry_automatically: bool = False) -> tuple[Agent, HTTPConnectionPool]:
+def make_agent(
+    reactor, *, max_per_host: int, connect_timeout: float = 10, retry_automatically: bool = False
+) -> tuple[Agent, HTTPConnectionPool]:
     """A service's one ``Agent`` over a :func:`make_pool` pool: ``(agent, pool)``."""
     pool = make_pool(reactor, max_per_host=max_per_host, retry_automatically=retry_automatically)
     agent = Agent.usingEndpointFactory(reactor, _Endpoints(reactor, connect_timeout), pool=pool)
@@ -312,8 +317,9 @@ class TransportFailure(Exception):
     errors wrap theirs).
     """
 
-    def __init__(self, cause: Cause, error: BaseException | None = None, *,
-                 submitted: bool = False) -> None:
+    def __init__(
+        self, cause: Cause, error: BaseException | None = None, *, submitted: bool = False
+    ) -> None:
         super().__init__(cause.value)
         self.cause = cause
         self.error = error
@@ -321,8 +327,9 @@ class TransportFailure(Exception):
         self.reasons = [error] if error is not None else []
 
     @classmethod
-    def from_error(cls, error: BaseException, *, submitted: bool,
-                   deadline: bool = False) -> "TransportFailure":
+    def from_error(
+        cls, error: BaseException, *, submitted: bool, deadline: bool = False
+    ) -> TransportFailure:
         cause = Cause.DEADLINE if deadline else classify(error)
         kind = ExchangeCancelled if cause is Cause.CANCELLED else cls
         return kind(cause, error, submitted=submitted)
@@ -426,8 +433,9 @@ def _uri(url: str | bytes) -> bytes:
     return EncodedURL.from_text(url).to_uri().to_text().encode("ascii")
 
 
-def _bounded(d: defer.Deferred, until: float | None, clock: IReactorTime,
-             fired: list[bool]) -> defer.Deferred:
+def _bounded(
+    d: defer.Deferred, until: float | None, clock: IReactorTime, fired: list[bool]
+) -> defer.Deferred:
     """``d``, cancelled at ``until`` (absolute on ``clock``; ``None``: never);
     ``fired`` records that it was our timer, not some other cancel."""
     if until is None:
@@ -482,8 +490,9 @@ async def exchange(
         )
         response = await _bounded(request, head_until, clock, fired)
     except Exception as exc:
-        raise TransportFailure.from_error(exc, submitted=producer.handed_over,
-                                          deadline=bool(fired)) from None
+        raise TransportFailure.from_error(
+            exc, submitted=producer.handed_over, deadline=bool(fired)
+        ) from None
     reply_headers = {
         name.decode("latin-1").lower(): values[-1].decode("latin-1")
         for name, values in response.headers.getAllRawHeaders()
@@ -491,8 +500,9 @@ async def exchange(
     }
     fired_in_body: list[bool] = []
     try:
-        content = await _bounded(_read_body(response, body_limit if keep_body else None),
-                                 deadline, clock, fired_in_body)
+        content = await _bounded(
+            _read_body(response, body_limit if keep_body else None), deadline, clock, fired_in_body
+        )
     except Exception as exc:
         # The status line is the answer; what the body could not say is the
         # caller's to judge.

@@ -15,18 +15,19 @@ import logging as stdlib_logging
 import os
 import re
 import sys
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
-from datetime import datetime, timezone
-from typing import IO, Any, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import IO, Any
 from urllib.parse import unquote
 
 from twisted.logger import (
     FilteringLogObserver,
     ILogObserver,
     LogEvent,
+    Logger,
     LogLevel,
     LogLevelFilterPredicate,
-    Logger,
     formatEvent,
 )
 from zope.interface import implementer
@@ -45,10 +46,20 @@ __all__ = [
 
 request_id_var: ContextVar[str | None] = ContextVar("gorge_request_id", default=None)
 
-_CREDENTIAL_KEYS = frozenset({
-    "token", "servicetoken", "accesstoken", "refreshtoken", "apikey", "password",
-    "passwd", "secret", "clientsecret", "authorization",
-})
+_CREDENTIAL_KEYS = frozenset(
+    {
+        "token",
+        "servicetoken",
+        "accesstoken",
+        "refreshtoken",
+        "apikey",
+        "password",
+        "passwd",
+        "secret",
+        "clientsecret",
+        "authorization",
+    }
+)
 
 _LEVELS = {
     "debug": LogLevel.debug,
@@ -60,10 +71,21 @@ _LEVELS = {
 }
 
 # Field names whose values never reach a log line, whatever the event.
-_SECRET_FIELDS = frozenset({
-    "token", "password", "passwd", "secret", "key", "hmac_key", "api_key", "apikey",
-    "authorization", "body", "service_token",
-})
+_SECRET_FIELDS = frozenset(
+    {
+        "token",
+        "password",
+        "passwd",
+        "secret",
+        "key",
+        "hmac_key",
+        "api_key",
+        "apikey",
+        "authorization",
+        "body",
+        "service_token",
+    }
+)
 
 
 def _is_credential_key(key: str) -> bool:
@@ -118,7 +140,8 @@ def parse_level(text: str) -> LogLevel:
         return _LEVELS[text.strip().lower()]
     except KeyError:
         raise ValueError(
-            f"unknown log level {text!r} (accepted: debug, info, warn, error)") from None
+            f"unknown log level {text!r} (accepted: debug, info, warn, error)"
+        ) from None
 
 
 def _event_name(event: Mapping[str, Any]) -> str:
@@ -153,7 +176,7 @@ class LineObserver:
 
     def __call__(self, event: LogEvent) -> None:
         level = event.get("log_level", LogLevel.info)
-        ts = datetime.fromtimestamp(event.get("log_time") or 0, tz=timezone.utc)
+        ts = datetime.fromtimestamp(event.get("log_time") or 0, tz=UTC)
         stamp = ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
         request_id = event.get("request_id") or event.get("gorge_request_id")
         try:
@@ -182,7 +205,9 @@ class LineObserver:
             line = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=repr)
         else:
             rid = f" request_id={request_id}" if request_id else ""
-            line = f"{stamp} {level.name.upper():<5} [{event.get('log_namespace', '')}] {message}{rid}"
+            line = (
+                f"{stamp} {level.name.upper():<5} [{event.get('log_namespace', '')}] {message}{rid}"
+            )
         try:
             self._stream.write(line + "\n")
             self._stream.flush()
@@ -213,10 +238,15 @@ class _ForwardToTwisted(stdlib_logging.Handler):
         self._log = Logger(namespace="stdlib")
 
     def emit(self, record: stdlib_logging.LogRecord) -> None:
-        level = (LogLevel.error if record.levelno >= stdlib_logging.ERROR
-                 else LogLevel.warn if record.levelno >= stdlib_logging.WARNING
-                 else LogLevel.info if record.levelno >= stdlib_logging.INFO
-                 else LogLevel.debug)
+        level = (
+            LogLevel.error
+            if record.levelno >= stdlib_logging.ERROR
+            else LogLevel.warn
+            if record.levelno >= stdlib_logging.WARNING
+            else LogLevel.info
+            if record.levelno >= stdlib_logging.INFO
+            else LogLevel.debug
+        )
         self._log.emit(level, "{name}: {message}", name=record.name, message=record.getMessage())
 
 
@@ -232,8 +262,7 @@ def make_observer(environ: Mapping[str, str], stream: IO[str]) -> ILogObserver:
         raise ConfigError("GORGE_LOG_LEVEL", str(e)) from None
     fmt = (environ.get("GORGE_LOG_FORMAT") or "text").strip().lower()
     if fmt not in ("text", "json"):
-        raise ConfigError("GORGE_LOG_FORMAT",
-                          f"unknown log format {fmt!r} (accepted: text, json)")
+        raise ConfigError("GORGE_LOG_FORMAT", f"unknown log format {fmt!r} (accepted: text, json)")
     predicate = LogLevelFilterPredicate(defaultLogLevel=level)
     return _RequestIdStamp(FilteringLogObserver(LineObserver(stream, fmt), [predicate]))
 

@@ -42,8 +42,9 @@ def _set_session(connection) -> None:
         cursor.execute("SET SESSION time_zone = '+00:00'")
 
 
-def make_pool(settings: MySQLSettings, reactor, *,
-              autocommit: bool = False) -> adbapi.ConnectionPool:
+def make_pool(
+    settings: MySQLSettings, reactor, *, autocommit: bool = False
+) -> adbapi.ConnectionPool:
     """``autocommit``: every statement commits on its own."""
     return adbapi.ConnectionPool(
         "pymysql",

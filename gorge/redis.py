@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeoutError
+from twisted.internet.defer import Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 
 __all__ = ["RedisSettings", "parse_redis_addr", "make_redis", "LuaScript", "ping"]

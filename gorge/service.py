@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Any, Awaitable, Callable, Mapping, TypeVar, overload
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, overload
 
 from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
@@ -61,8 +62,11 @@ class DaemonRoot(Service):
     log_observer: ILogObserver | None = None
 
     def setServiceParent(self, parent: Any) -> None:
-        if (self.log_observer is not None and isinstance(parent, Componentized)
-                and parent.getComponent(ILogObserver) is None):
+        if (
+            self.log_observer is not None
+            and isinstance(parent, Componentized)
+            and parent.getComponent(ILogObserver) is None
+        ):
             parent.setComponent(ILogObserver, self.log_observer)
             forward_stdlib_logging()
         super().setServiceParent(parent)
@@ -124,9 +128,14 @@ class ServiceTree(DaemonRoot, OrderedService):
         self._parts: dict[str, Any] = {}
 
     def add(  # type: ignore[override]  # named children, unlike OrderedService.add
-            self, name: str, child: IService | None = None, *,
-            start: Callable[[], object] | None = None,
-            stop: Callable[[], object] | None = None, part: Any = None) -> IService:
+        self,
+        name: str,
+        child: IService | None = None,
+        *,
+        start: Callable[[], object] | None = None,
+        stop: Callable[[], object] | None = None,
+        part: Any = None,
+    ) -> IService:
         """Add the child ``name``: ``child`` itself, or a step made of a
         ``start`` and a ``stop`` callable (``stop`` may return a Deferred or
         be a coroutine function; the tree waits for it). :meth:`part` then
@@ -157,11 +166,13 @@ class ServiceTree(DaemonRoot, OrderedService):
         try:
             found = self._parts[name]
         except KeyError:
-            raise KeyError(f"{self.name} has no part {name!r} "
-                           f"(it has: {', '.join(sorted(self._parts))})") from None
+            raise KeyError(
+                f"{self.name} has no part {name!r} (it has: {', '.join(sorted(self._parts))})"
+            ) from None
         if kind is not None and not isinstance(found, kind):
-            raise TypeError(f"{self.name} part {name!r} is a {type(found).__name__}, "
-                            f"not a {kind.__name__}")
+            raise TypeError(
+                f"{self.name} part {name!r} is a {type(found).__name__}, not a {kind.__name__}"
+            )
         return found
 
     def has_part(self, name: str) -> bool:
@@ -178,8 +189,12 @@ class FunctionService(Service):
     parent waits for it before stopping the previous child.
     """
 
-    def __init__(self, start: Callable[[], object] | None = None,
-                 stop: Callable[[], object] | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        start: Callable[[], object] | None = None,
+        stop: Callable[[], object] | None = None,
+        name: str | None = None,
+    ) -> None:
         self._start = start
         self._stop = stop
         if name is not None:
@@ -208,9 +223,14 @@ class Poller:
     has finished; :meth:`wake` runs the next tick now when the loop is idle.
     """
 
-    def __init__(self, tick: Callable[[], Awaitable[None]], interval: float,
-                 clock: IReactorTime, name: str,
-                 on_progress: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        tick: Callable[[], Awaitable[None]],
+        interval: float,
+        clock: IReactorTime,
+        name: str,
+        on_progress: Callable[[], None] | None = None,
+    ) -> None:
         self._tick = tick
         self._interval = interval
         self._clock = clock
@@ -230,8 +250,10 @@ class Poller:
         self._loop.clock = self._clock
         self._done = self._loop.start(self._interval, now=now)
         self._done.addErrback(
-            lambda f: log.failure("POLL_LOOP_DIED name={name}", f, level=LogLevel.critical,
-                                  name=self._name))
+            lambda f: log.failure(
+                "POLL_LOOP_DIED name={name}", f, level=LogLevel.critical, name=self._name
+            )
+        )
 
     def _run_once(self) -> Deferred:
         return Deferred.fromCoroutine(self._guarded())
@@ -359,8 +381,9 @@ class HTTPListener(Service):
     only stops accepting.
     """
 
-    def __init__(self, endpoint: str, site, *, drain_timeout: float, reactor: Any,
-                 clock: IReactorTime) -> None:
+    def __init__(
+        self, endpoint: str, site, *, drain_timeout: float, reactor: Any, clock: IReactorTime
+    ) -> None:
         self.site = site
         self.listening_port: IListeningPort | None = None
         self._endpoint = endpoint
@@ -395,15 +418,26 @@ class HTTPListener(Service):
         drain = getattr(self.site, "drain", None)
         if drain is None:  # a plain Site keeps no connections
             return
-        log.info("HTTP_LISTENER_CLOSED open_connections={open_connections} budget={budget}",
-                 open_connections=self.site.open_connections, budget=self._drain_timeout)
+        log.info(
+            "HTTP_LISTENER_CLOSED open_connections={open_connections} budget={budget}",
+            open_connections=self.site.open_connections,
+            budget=self._drain_timeout,
+        )
         if not await drain(self._drain_timeout, self._clock):
-            log.warn("HTTP_DRAIN_ABANDONED open_connections={open_connections}",
-                     open_connections=self.site.open_connections)
+            log.warn(
+                "HTTP_DRAIN_ABANDONED open_connections={open_connections}",
+                open_connections=self.site.open_connections,
+            )
 
 
-def listener(endpoint: str, site, *, drain_timeout: float = HTTP_DRAIN_TIMEOUT,
-             reactor: Any = None, clock: IReactorTime | None = None) -> HTTPListener:
+def listener(
+    endpoint: str,
+    site,
+    *,
+    drain_timeout: float = HTTP_DRAIN_TIMEOUT,
+    reactor: Any = None,
+    clock: IReactorTime | None = None,
+) -> HTTPListener:
     """The HTTP listener for ``site`` on the strports ``endpoint``.
 
     ``reactor`` (default: the global one) runs the port; ``clock`` (default:
@@ -413,8 +447,13 @@ def listener(endpoint: str, site, *, drain_timeout: float = HTTP_DRAIN_TIMEOUT,
     """
     if reactor is None:
         from twisted.internet import reactor
-    return HTTPListener(endpoint, site, drain_timeout=drain_timeout, reactor=reactor,
-                        clock=clock if clock is not None else reactor)
+    return HTTPListener(
+        endpoint,
+        site,
+        drain_timeout=drain_timeout,
+        reactor=reactor,
+        clock=clock if clock is not None else reactor,
+    )
 
 
 def _twistd_prints_to_stdout(server_options: Mapping[str, Any] | None) -> bool:
@@ -422,15 +461,20 @@ def _twistd_prints_to_stdout(server_options: Mapping[str, Any] | None) -> bool:
     daemonized, and no ``--logger``, ``--logfile`` or ``--syslog`` chosen."""
     if server_options is None:
         return False
-    return (bool(server_options.get("nodaemon"))
-            and not server_options.get("logger")
-            and not server_options.get("syslog")
-            and server_options.get("logfile") in (None, "", "-"))
+    return (
+        bool(server_options.get("nodaemon"))
+        and not server_options.get("logger")
+        and not server_options.get("syslog")
+        and server_options.get("logfile") in (None, "", "-")
+    )
 
 
-def run_make_service(service_name: str, build: Callable[[], IService],
-                     environ: Mapping[str, str] | None = None,
-                     options: Any = None) -> IService:
+def run_make_service(
+    service_name: str,
+    build: Callable[[], IService],
+    environ: Mapping[str, str] | None = None,
+    options: Any = None,
+) -> IService:
     """Call ``build``; a :class:`ConfigError` becomes one stderr line and exit 2.
 
     ``options`` are the plugin's parsed twistd options: when twistd would
@@ -446,7 +490,8 @@ def run_make_service(service_name: str, build: Callable[[], IService],
         sys.stderr.flush()
         raise SystemExit(2)
     if isinstance(service, DaemonRoot) and _twistd_prints_to_stdout(
-            getattr(options, "parent", None)):
+        getattr(options, "parent", None)
+    ):
         service.log_observer = observer
     return service
 
@@ -471,7 +516,11 @@ class SystemdNotifier:
         usec = environ.get("WATCHDOG_USEC") or ""
         watchdog_pid = environ.get("WATCHDOG_PID") or ""
         self._watchdog_interval: float | None = None
-        if usec.isdigit() and int(usec) > 0 and (not watchdog_pid or watchdog_pid == str(os.getpid())):
+        if (
+            usec.isdigit()
+            and int(usec) > 0
+            and (not watchdog_pid or watchdog_pid == str(os.getpid()))
+        ):
             self._watchdog_interval = int(usec) / 1e6 / 2
 
     @property
@@ -489,8 +538,11 @@ class SystemdNotifier:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
                 sock.sendto(message.encode("utf-8"), self._address)
         except OSError as e:
-            log.warn("SYSTEMD_NOTIFY_FAILED message={message} error={error}",
-                     message=message.split("=")[0], error=str(e))
+            log.warn(
+                "SYSTEMD_NOTIFY_FAILED message={message} error={error}",
+                message=message.split("=")[0],
+                error=str(e),
+            )
 
     def ready(self) -> None:
         if self._ready:
@@ -517,8 +569,9 @@ class SystemdNotifier:
         self._send(f"STATUS={text}")
 
 
-def watchdog_heartbeat(notifier: SystemdNotifier, clock: IReactorTime,
-                       name: str = "watchdog") -> IService:
+def watchdog_heartbeat(
+    notifier: SystemdNotifier, clock: IReactorTime, name: str = "watchdog"
+) -> IService:
     """Feed the watchdog from a reactor timer, for request-driven daemons.
 
     A service without a poll loop (the mailer) is alive when its reactor

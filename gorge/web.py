@@ -20,8 +20,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Coroutine
 from io import BytesIO
-from typing import Any, Callable, Coroutine
+from typing import Any
 from urllib.parse import parse_qs
 
 from klein import Klein
@@ -142,9 +143,14 @@ def render_failure(request, failure) -> bytes:
             return fail(request, 413, "ERR_TOO_LARGE", "Request Entity Too Large")
         return fail(request, 400, "ERR_BAD_REQUEST", e.description or "bad request")
     uri = redact_uri(request.uri.decode("latin-1"))
-    log.failure("PANIC_RECOVERED method={method} uri={uri} error={error}", failure,
-                level=LogLevel.error, method=request.method.decode("latin-1"), uri=uri,
-                error=failure.getErrorMessage())
+    log.failure(
+        "PANIC_RECOVERED method={method} uri={uri} error={error}",
+        failure,
+        level=LogLevel.error,
+        method=request.method.decode("latin-1"),
+        uri=uri,
+        error=failure.getErrorMessage(),
+    )
     request.gorge_error = failure.getErrorMessage()
     return fail(request, 500, "ERR_INTERNAL", "internal server error")
 
@@ -326,18 +332,31 @@ class LimitedRequest(server.Request):
         method = self.method.decode("latin-1", "replace")
         if self.access_log:
             duration_ms = round((time.monotonic() - self._started) * 1000, 3)
-            log.info("REQUEST method={method} uri={uri} status={status} "
-                     "duration_ms={duration_ms}", method=method, uri=uri, status=status,
-                     duration_ms=duration_ms, request_id=self._request_id)
+            log.info(
+                "REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
+                method=method,
+                uri=uri,
+                status=status,
+                duration_ms=duration_ms,
+                request_id=self._request_id,
+            )
         if status >= 500:
-            log.error("REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
-                      method=method, uri=uri, status=status,
-                      error=self.gorge_error or "", request_id=self._request_id)
+            log.error(
+                "REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
+                method=method,
+                uri=uri,
+                status=status,
+                error=self.gorge_error or "",
+                request_id=self._request_id,
+            )
 
 
 def _request_factory(limit: int, access_log: bool = True) -> type[LimitedRequest]:
-    return type("LimitedRequest%d" % limit, (LimitedRequest,),
-                {"limit": limit, "request_ids": RequestIds(), "access_log": access_log})
+    return type(
+        "LimitedRequest%d" % limit,
+        (LimitedRequest,),
+        {"limit": limit, "request_ids": RequestIds(), "access_log": access_log},
+    )
 
 
 def _presented_token(request) -> bytes:
@@ -358,9 +377,16 @@ class GorgeRoot(Resource):
 
     isLeaf = True
 
-    def __init__(self, *, api_resource: Resource, prefix: str, token: str,
-                 readiness: Callable[[], Coroutine[Any, Any, str | None]],
-                 registry: CollectorRegistry, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        *,
+        api_resource: Resource,
+        prefix: str,
+        token: str,
+        readiness: Callable[[], Coroutine[Any, Any, str | None]],
+        registry: CollectorRegistry,
+        clock: IReactorTime,
+    ) -> None:
         super().__init__()
         self._api = api_resource
         self._prefix = prefix.encode("ascii")
@@ -390,7 +416,8 @@ class GorgeRoot(Resource):
         async def check() -> str | None:
             try:
                 return await Deferred.fromCoroutine(self._readiness()).addTimeout(
-                    READINESS_TIMEOUT, self._clock)
+                    READINESS_TIMEOUT, self._clock
+                )
             except DeferredTimeoutError:
                 return "readiness check timed out"
             except Exception as e:  # a probe answers, it never crashes
@@ -496,16 +523,29 @@ class GorgeSite(server.Site):
         return self._connections.drain(timeout, clock)
 
 
-def build_site(*, api_resource: Resource, prefix: str, token: str, body_limit: int,
-               readiness: Callable[[], Coroutine[Any, Any, str | None]],
-               registry: CollectorRegistry, clock: IReactorTime,
-               access_log: bool = True) -> server.Site:
+def build_site(
+    *,
+    api_resource: Resource,
+    prefix: str,
+    token: str,
+    body_limit: int,
+    readiness: Callable[[], Coroutine[Any, Any, str | None]],
+    registry: CollectorRegistry,
+    clock: IReactorTime,
+    access_log: bool = True,
+) -> server.Site:
     """The one Site a service listens with (or hands to :func:`stub_client`).
 
     ``access_log`` False leaves out the per-request ``REQUEST`` line (for a
     log level that would drop it); ``REQUEST_FAILED`` is always written."""
-    root = GorgeRoot(api_resource=api_resource, prefix=prefix, token=token,
-                     readiness=readiness, registry=registry, clock=clock)
+    root = GorgeRoot(
+        api_resource=api_resource,
+        prefix=prefix,
+        token=token,
+        readiness=readiness,
+        registry=registry,
+        clock=clock,
+    )
     site = GorgeSite(root, requestFactory=_request_factory(body_limit, access_log))
     site.noisy = False
     site.displayTracebacks = False

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, settings
 # Property tests assert rules, not speed: a loaded CI machine must not turn a
 # slow example into a failure (speed is measured under bench/).
 settings.register_profile(
-    "gorge", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+    "gorge", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
 settings.load_profile("gorge")
 
 from gorge.testing.mariadb_server import MariaDBServer
@@ -85,9 +86,7 @@ def pytest_runtest_protocol(item, nextitem):
         limit = max(limit, float(marker.args[0]))
     timer = None
     if limit > 0:
-        timer = threading.Timer(
-            limit, _abort_hung_test, args=(item.config, item.nodeid, limit)
-        )
+        timer = threading.Timer(limit, _abort_hung_test, args=(item.config, item.nodeid, limit))
         timer.daemon = True
         timer.start()
     try:

@@ -35,7 +35,12 @@ def run_demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "gorge.cli", "demo", "--workdir", str(tmp_path), *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=DEMO_BOUND)
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_BOUND,
+    )
 
 
 @pytest.mark.slow
@@ -45,7 +50,7 @@ def test_demo_settles_every_seeded_item_and_exits_0(tmp_path):
     assert result.returncode == 0, out + result.stderr
     items = len(REQUESTS) + len(TASKS) + len(MAILS)
     assert f"All {items} seeded items reached their expected state" in out
-    table = out[out.index("area "):]
+    table = out[out.index("area ") :]
     rows = [line for line in table.splitlines()[2:] if line.strip() and not line.startswith("All ")]
     assert len(rows) == items
     assert all(row.rstrip().endswith(" ok") for row in rows), table
@@ -108,13 +113,21 @@ async def test_receiver_accepts_a_correct_signature_and_answers_the_paths_status
     events = []
     client = _receiver(events)
     body = json.dumps({"object": {"type": "TASK", "phid": "PHID-TASK-x"}}).encode()
-    good = await client.post("http://r/hooks/good", data=body, headers={
-        "X-Phabricator-Webhook-Signature": signature_of("key-good", body)})
-    bad = await client.post("http://r/hooks/bad", data=body, headers={
-        "X-Phabricator-Webhook-Signature": signature_of("key-bad", body)})
+    good = await client.post(
+        "http://r/hooks/good",
+        data=body,
+        headers={"X-Phabricator-Webhook-Signature": signature_of("key-good", body)},
+    )
+    bad = await client.post(
+        "http://r/hooks/bad",
+        data=body,
+        headers={"X-Phabricator-Webhook-Signature": signature_of("key-bad", body)},
+    )
     assert (good.code, bad.code) == (200, 500)
     assert [(e.path, e.object_phid, e.signature_ok, e.status) for e in events] == [
-        ("good", "PHID-TASK-x", True, 200), ("bad", "PHID-TASK-x", True, 500)]
+        ("good", "PHID-TASK-x", True, 200),
+        ("bad", "PHID-TASK-x", True, 500),
+    ]
 
 
 @pytest_twisted.ensureDeferred
@@ -122,8 +135,11 @@ async def test_receiver_refuses_a_wrong_or_missing_signature():
     events = []
     client = _receiver(events)
     body = b'{"object":{"phid":"PHID-TASK-y"}}'
-    wrong = await client.post("http://r/hooks/good", data=body, headers={
-        "X-Phabricator-Webhook-Signature": signature_of("key-bad", body)})
+    wrong = await client.post(
+        "http://r/hooks/good",
+        data=body,
+        headers={"X-Phabricator-Webhook-Signature": signature_of("key-bad", body)},
+    )
     missing = await client.post("http://r/hooks/good", data=body)
     assert (wrong.code, missing.code) == (401, 401)
     assert [e.signature_ok for e in events] == [False, False]
@@ -132,7 +148,8 @@ async def test_receiver_refuses_a_wrong_or_missing_signature():
 def test_signature_is_lowercase_hex_hmac_sha256():
     # RFC 4231 test case 2.
     assert signature_of("Jefe", b"what do ya want for nothing?") == (
-        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    )
 
 
 # -- the task handlers -----------------------------------------------------
@@ -166,7 +183,11 @@ async def test_observed_reports_start_and_outcome_and_keeps_the_exception():
         await observed({"id": 3, "taskClass": "C", "priority": 2000, "failureCount": 0}, None)
     await observed({"id": 3, "taskClass": "C", "priority": 2000, "failureCount": 1}, None)
     assert [(r.task_id, r.failure_count, r.outcome) for r in runs] == [
-        (3, 0, ""), (3, 0, "retry"), (3, 1, ""), (3, 1, "ok")]
+        (3, 0, ""),
+        (3, 0, "retry"),
+        (3, 1, ""),
+        (3, 1, "ok"),
+    ]
 
 
 # -- judging and the summary -----------------------------------------------
@@ -182,14 +203,24 @@ def test_nothing_counts_as_done_before_anything_happened():
 
 def test_seeded_properties_are_what_phorge_writes():
     document = json.loads(request_properties(REQUESTS[0]))
-    assert list(document) == ["retry", "transactionPHIDs", "triggerPHIDs", "silent", "secure",
-                              "test"]
+    assert list(document) == [
+        "retry",
+        "transactionPHIDs",
+        "triggerPHIDs",
+        "silent",
+        "secure",
+        "test",
+    ]
     assert document["retry"] in ("forever", "never")
 
 
 def test_summary_table_has_a_row_per_check_and_marks_the_missing():
-    table = summary_table([Check("task", "#1 a", "archived success", "active", False),
-                           Check("mail", "welcome", "200", "HTTP 200", True)])
+    table = summary_table(
+        [
+            Check("task", "#1 a", "archived success", "active", False),
+            Check("mail", "welcome", "200", "HTTP 200", True),
+        ]
+    )
     lines = table.splitlines()
     assert lines[0].split() == ["area", "item", "expected", "observed"]
     assert lines[2].endswith("MISSING") and lines[3].endswith("ok")
@@ -216,11 +247,19 @@ def test_serve_keeps_the_four_services_answering_until_interrupted(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
         [sys.executable, "-m", "gorge.cli", "demo", "--serve", "--workdir", str(tmp_path)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        bufsize=0,
+    )
     try:
         out = _read_until(proc, "/hooks/<name>", DEMO_BOUND)
-        urls = [line.split()[1] for line in out.splitlines()
-                if line.startswith("  gorge-") and "/readyz" in line]
+        urls = [
+            line.split()[1]
+            for line in out.splitlines()
+            if line.startswith("  gorge-") and "/readyz" in line
+        ]
         assert len(urls) == 4
         for url in urls:
             with urllib.request.urlopen(url, timeout=10) as response:
@@ -250,22 +289,43 @@ def _smtp_session(sink: SmtpSink, lines: list[bytes]) -> list[bytes]:
 
 def test_sink_records_one_message_for_two_recipients():
     sink = SmtpSink(reject=frozenset(), on_event=lambda e: None)
-    replies = _smtp_session(sink, [
-        b"EHLO client.test", b"MAIL FROM:<noreply@phorge.test>",
-        b"RCPT TO:<bob@demo.test>", b"RCPT TO:<carol@demo.test>", b"DATA",
-        b"Subject: hello", b"", b"body", b".", b"QUIT"])
+    replies = _smtp_session(
+        sink,
+        [
+            b"EHLO client.test",
+            b"MAIL FROM:<noreply@phorge.test>",
+            b"RCPT TO:<bob@demo.test>",
+            b"RCPT TO:<carol@demo.test>",
+            b"DATA",
+            b"Subject: hello",
+            b"",
+            b"body",
+            b".",
+            b"QUIT",
+        ],
+    )
     assert [r[:3] for r in replies if r[:1].isdigit() and r[3:4] == b" "][-3:] == [
-        b"354", b"250", b"221"]
+        b"354",
+        b"250",
+        b"221",
+    ]
     assert [(e.recipients, e.subject) for e in sink.accepted] == [
-        (("bob@demo.test", "carol@demo.test"), "hello")]
+        (("bob@demo.test", "carol@demo.test"), "hello")
+    ]
 
 
 def test_sink_refuses_a_listed_recipient_with_a_permanent_mailbox_error():
     events = []
     sink = SmtpSink(reject=frozenset({"nobody@bounce.demo.test"}), on_event=events.append)
-    replies = _smtp_session(sink, [
-        b"EHLO client.test", b"MAIL FROM:<noreply@phorge.test>",
-        b"RCPT TO:<nobody@bounce.demo.test>", b"QUIT"])
+    replies = _smtp_session(
+        sink,
+        [
+            b"EHLO client.test",
+            b"MAIL FROM:<noreply@phorge.test>",
+            b"RCPT TO:<nobody@bounce.demo.test>",
+            b"QUIT",
+        ],
+    )
     assert b"550 5.1.1 <nobody@bounce.demo.test>: mailbox unavailable" in replies
     assert sink.rejected == ["nobody@bounce.demo.test"] and sink.accepted == []
     assert [e.kind for e in events] == ["rejected"]

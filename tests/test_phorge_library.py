@@ -25,14 +25,17 @@ from tests.support.paths import REPO_ROOT
 
 LIBRARY = REPO_ROOT / "phorge" / "src"
 MAP = "__phutil_library_map__.php"
-PHP_FILES = sorted(path for folder in ("phorge", "gorge", "tests")
-                   for path in (REPO_ROOT / folder).rglob("*.php"))
+PHP_FILES = sorted(
+    path for folder in ("phorge", "gorge", "tests") for path in (REPO_ROOT / folder).rglob("*.php")
+)
 
 
 def _php() -> str:
     php = shutil.which("php")
     if php is None:
-        pytest.skip("php is not installed (./scripts/test.sh installs it with GORGE_PHORGE_ROOT set)")
+        pytest.skip(
+            "php is not installed (./scripts/test.sh installs it with GORGE_PHORGE_ROOT set)"
+        )
     return php
 
 
@@ -45,8 +48,10 @@ def _arcanist() -> Path:
             return beside
     arc = shutil.which("arc")
     if arc is None:
-        pytest.skip("Arcanist is not available: put arc on PATH or set GORGE_PHORGE_ROOT "
-                    "to a Phorge checkout with arcanist/ beside it")
+        pytest.skip(
+            "Arcanist is not available: put arc on PATH or set GORGE_PHORGE_ROOT "
+            "to a Phorge checkout with arcanist/ beside it"
+        )
     return Path(arc).resolve().parent.parent
 
 
@@ -63,9 +68,15 @@ def _xhpast_is_built(arcanist: Path) -> bool:
 def _xhpast_cache(arcanist: Path) -> Path:
     """Where a parser built for these xhpast sources is kept between runs."""
     digest = hashlib.sha256()
-    sources = sorted(p for p in (arcanist / "support" / "xhpast").rglob("*")
-                     if p.is_file() and p.suffix not in (".o", ".a") and p.name != "xhpast")
-    for path in [*sources, arcanist / "src" / "parser" / "xhpast" / "bin" / "PhutilXHPASTBinary.php"]:
+    sources = sorted(
+        p
+        for p in (arcanist / "support" / "xhpast").rglob("*")
+        if p.is_file() and p.suffix not in (".o", ".a") and p.name != "xhpast"
+    )
+    for path in [
+        *sources,
+        arcanist / "src" / "parser" / "xhpast" / "bin" / "PhutilXHPASTBinary.php",
+    ]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "gorge-tests" / f"xhpast-{digest.hexdigest()[:16]}"
@@ -83,8 +94,10 @@ def _arc(tmp_path: Path) -> tuple[str, Path | None]:
         return str(arcanist / "bin" / "arc"), None
     cache = _xhpast_cache(arcanist)
     if not cache.is_file() and (shutil.which("make") is None or shutil.which("g++") is None):
-        pytest.skip(f"Arcanist's xhpast is not built in {arcanist}, and building it in a "
-                    "copy needs make and g++")
+        pytest.skip(
+            f"Arcanist's xhpast is not built in {arcanist}, and building it in a "
+            "copy needs make and g++"
+        )
     copy = tmp_path / "arcanist"
     shutil.copytree(arcanist, copy, symlinks=True)
     binary = copy / "src" / "parser" / "xhpast" / "bin" / "xhpast"
@@ -121,11 +134,17 @@ def test_library_map_is_what_arc_liberate_writes(tmp_path):
     copy = tmp_path / "src"
     shutil.copytree(LIBRARY, copy, ignore=shutil.ignore_patterns(".phutil_module_cache"))
 
-    done = subprocess.run([arc, "liberate", "--", str(copy)], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600)
+    done = subprocess.run(
+        [arc, "liberate", "--", str(copy)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
 
     assert done.returncode == 0, done.stdout + done.stderr
     if cache is not None:
         _keep_built_parser(arc, cache)
     assert (copy / MAP).read_text() == (LIBRARY / MAP).read_text(), (
-        f"phorge/src/{MAP} is stale: run `arc liberate -- phorge/src` and commit the result")
+        f"phorge/src/{MAP} is stale: run `arc liberate -- phorge/src` and commit the result"
+    )

@@ -14,7 +14,6 @@ from tests.support.twistd import TWISTD, daemon_environ
 SERVICES = ("gorge-webhook", "gorge-mailer", "gorge-taskqueue", "gorge-worker")
 
 
-
 def _twistd(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*TWISTD, *args],
@@ -90,9 +89,7 @@ def test_twistd_subcommand_help_lists_its_options(tapname):
     own_options = [
         line
         for line in result.stdout.splitlines()
-        if line.lstrip().startswith("-")
-        and "--help" not in line
-        and "--version" not in line
+        if line.lstrip().startswith("-") and "--help" not in line and "--version" not in line
     ]
     assert own_options, result.stdout
 
@@ -104,9 +101,7 @@ def test_every_package_directory_is_declared_for_installation():
     import tomllib
 
     declared = set(
-        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-            "packages"
-        ]
+        tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
     on_disk = {
         ".".join(path.parent.relative_to(REPO_ROOT).parts)

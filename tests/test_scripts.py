@@ -14,7 +14,10 @@ SERVERS = {"mariadb-server", "redis-server"}
 def _packages(*args: str) -> set[str]:
     run = subprocess.run(
         ["bash", str(SCRIPTS / "install-deps.sh"), *args, "--print-packages"],
-        capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
     )
     return set(run.stdout.split())
 
@@ -41,7 +44,9 @@ def test_each_command_asks_for_its_own_mode():
 def test_an_unknown_option_is_refused_with_one_line():
     run = subprocess.run(
         ["bash", str(SCRIPTS / "install-deps.sh"), "--everything"],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.paths import FIXTURES_DIR, REPO_ROOT
 from gorge.testing.phorge_schema import create_statements
 from gorge.testing.procs import ServerUnavailable, find_binary
 from gorge.testing.resp import RedisReplyError, encode_command
+from tests.support.paths import FIXTURES_DIR, REPO_ROOT
 
 
 def _tables(conn: pymysql.connections.Connection) -> set[str]:
@@ -25,9 +25,7 @@ def _tables(conn: pymysql.connections.Connection) -> set[str]:
 def _listening_addresses(pid: int) -> set[str] | None:
     """Local TCP addresses a process listens on, from ``ss``; None without ``ss``."""
     try:
-        out = subprocess.run(
-            ["ss", "-Hltnp"], capture_output=True, text=True, check=True
-        ).stdout
+        out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return {line.split()[3] for line in out.splitlines() if f"pid={pid}," in line}
@@ -47,9 +45,7 @@ def _other_interface_address() -> str | None:
     """An IPv4 address of this machine that is not loopback, if there is one."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         try:
-            sock.connect(
-                ("192.0.2.1", 9)
-            )  # TEST-NET-1: no packet is sent for UDP connect
+            sock.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for UDP connect
         except OSError:
             return None
         address = sock.getsockname()[0]
@@ -98,8 +94,7 @@ def test_server_binaries_are_found_in_sbin_without_it_on_path(monkeypatch):
 
 def test_resp_encoding_is_length_prefixed():
     assert (
-        encode_command(("SET", "k", b"a\r\nb"))
-        == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n"
+        encode_command(("SET", "k", b"a\r\nb")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\na\r\nb\r\n"
     )
 
 

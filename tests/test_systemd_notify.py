@@ -50,7 +50,7 @@ class NotifySocket:
         self._sock.settimeout(remaining)
         try:
             data = self._sock.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             return None
         for line in data.decode("utf-8", "replace").splitlines():
             self.messages.append((time.monotonic(), line))
@@ -83,14 +83,18 @@ class NotifySocket:
 
 
 class Daemon(TwistdDaemon):
-    def __init__(self, tapname: str, env: dict[str, str], notify: NotifySocket,
-                 log_path: Path) -> None:
-        environ = daemon_environ({
-            "NOTIFY_SOCKET": notify.path,
-            "WATCHDOG_USEC": str(WATCHDOG_USEC),
-            "GORGE_LOG_LEVEL": "info",
-            **env,
-        }, drop=("GORGE_", "NOTIFY_SOCKET", "WATCHDOG_"))
+    def __init__(
+        self, tapname: str, env: dict[str, str], notify: NotifySocket, log_path: Path
+    ) -> None:
+        environ = daemon_environ(
+            {
+                "NOTIFY_SOCKET": notify.path,
+                "WATCHDOG_USEC": str(WATCHDOG_USEC),
+                "GORGE_LOG_LEVEL": "info",
+                **env,
+            },
+            drop=("GORGE_", "NOTIFY_SOCKET", "WATCHDOG_"),
+        )
         super().__init__(tapname, environ, log_path)
 
     def log_tail(self) -> str:
@@ -164,21 +168,26 @@ def _env_for(tapname: str, request, tmp_path: Path, start) -> dict[str, str]:
 # most every WATCHDOG_USEC/2, and the taskqueue's loop is its 15 s stats refresh.
 PING_BOUND = {"gorge-taskqueue": 20.0}
 
-@pytest.mark.parametrize("tapname", [
-    pytest.param("gorge-webhook", marks=pytest.mark.integration),
-    "gorge-mailer",
-    "gorge-taskqueue",
-    "gorge-worker",
-])
+
+@pytest.mark.parametrize(
+    "tapname",
+    [
+        pytest.param("gorge-webhook", marks=pytest.mark.integration),
+        "gorge-mailer",
+        "gorge-taskqueue",
+        "gorge-worker",
+    ],
+)
 def test_ready_then_watchdog_pings_then_stopping_and_a_clean_exit(
-        tapname, request, tmp_path, notify, start):
+    tapname, request, tmp_path, notify, start
+):
     daemon = start(tapname, _env_for(tapname, request, tmp_path, start), notify)
     assert notify.wait_for("READY=1", START_BOUND), daemon.log_tail()
     ready_at = notify.first("READY=1")
     # The ping sent together with READY=1 proves nothing about the loop: want two.
-    assert notify.wait_until(lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2,
-                             PING_BOUND.get(tapname, 10.0)), (
-        f"messages: {notify.names()}\n{daemon.log_tail()}")
+    assert notify.wait_until(
+        lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2, PING_BOUND.get(tapname, 10.0)
+    ), f"messages: {notify.names()}\n{daemon.log_tail()}"
     assert "STOPPING=1" not in notify.names()
     status = daemon.terminate()
     assert notify.wait_for("STOPPING=1", 5.0), notify.names()
@@ -188,20 +197,24 @@ def test_ready_then_watchdog_pings_then_stopping_and_a_clean_exit(
     assert order == ["READY=1", "STOPPING=1"]
 
 
-def test_worker_whose_queue_is_unreachable_keeps_pinging_and_is_not_ready(
-        tmp_path, notify, start):
+def test_worker_whose_queue_is_unreachable_keeps_pinging_and_is_not_ready(tmp_path, notify, start):
     """A queue outage is /readyz's business: the loop still turns, so the
     watchdog is fed and systemd does not kill tasks that are still running."""
     port = free_port()
-    daemon = start("gorge-worker", {
-        "GORGE_LISTEN_ADDR": f"127.0.0.1:{port}",
-        "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{free_port()}",
-        "GORGE_WORKER_POLL_INTERVAL_MS": "100",
-    }, notify)
+    daemon = start(
+        "gorge-worker",
+        {
+            "GORGE_LISTEN_ADDR": f"127.0.0.1:{port}",
+            "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{free_port()}",
+            "GORGE_WORKER_POLL_INTERVAL_MS": "100",
+        },
+        notify,
+    )
     assert notify.wait_for("READY=1", START_BOUND), daemon.log_tail()
     ready_at = notify.first("READY=1")
-    assert notify.wait_until(lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2,
-                             3 * WATCHDOG_USEC / 1e6), notify.names()
+    assert notify.wait_until(
+        lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2, 3 * WATCHDOG_USEC / 1e6
+    ), notify.names()
     assert "LEASE_FAILED" in daemon.log_text()
     with pytest.raises(urllib.error.HTTPError) as answer:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10)
@@ -218,19 +231,27 @@ def test_worker_keeps_pinging_while_its_slots_are_busy(tmp_path, notify, start):
         assert queue_notify.wait_for("READY=1", START_BOUND), queue.log_tail()
     finally:
         queue_notify.close()
-    body = json.dumps({"taskClass": "PhabricatorTestWorker",
-                       "data": json.dumps({"duration": 4})}).encode()
-    enqueue = urllib.request.Request(f"http://127.0.0.1:{port}/api/queue/enqueue", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"taskClass": "PhabricatorTestWorker", "data": json.dumps({"duration": 4})}
+    ).encode()
+    enqueue = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/queue/enqueue",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(enqueue, timeout=10) as response:
         assert response.status == 200
-    daemon = start("gorge-worker", {
-        "GORGE_LISTEN_ADDR": "127.0.0.1:0",
-        "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{port}",
-        "GORGE_WORKER_POLL_INTERVAL_MS": "100",
-        "GORGE_WORKER_MAX_WORKERS": "1",
-        "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
-    }, notify)
+    daemon = start(
+        "gorge-worker",
+        {
+            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+            "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{port}",
+            "GORGE_WORKER_POLL_INTERVAL_MS": "100",
+            "GORGE_WORKER_MAX_WORKERS": "1",
+            "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
+        },
+        notify,
+    )
     assert notify.wait_for("READY=1", START_BOUND), daemon.log_tail()
     ready_at = notify.first("READY=1")
     # The task occupies the only slot for 4 s; watch 3 s of it.

@@ -7,8 +7,8 @@ sees each run start and end (the worker itself logs successes at debug).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from twisted.internet.defer import maybeDeferred
 
@@ -59,8 +59,12 @@ class Observed:
         self._on_run = on_run
 
     async def __call__(self, task: dict, data: str | None) -> None:
-        run = TaskRun(int(task["id"]), str(task.get("taskClass", "")),
-                      int(task.get("priority") or 0), int(task.get("failureCount") or 0))
+        run = TaskRun(
+            int(task["id"]),
+            str(task.get("taskClass", "")),
+            int(task.get("priority") or 0),
+            int(task.get("failureCount") or 0),
+        )
         self._on_run(run)
         try:
             await maybeDeferred(self._handler, task, data)
@@ -80,8 +84,8 @@ def _finished(run: TaskRun, outcome: str) -> TaskRun:
     return TaskRun(run.task_id, run.task_class, run.priority, run.failure_count, outcome)
 
 
-def observed_handlers(handlers: dict[str, Handler],
-                      on_run: Callable[[TaskRun], None]) -> dict[str, Handler]:
+def observed_handlers(
+    handlers: dict[str, Handler], on_run: Callable[[TaskRun], None]
+) -> dict[str, Handler]:
     """The worker's ``extra_handlers``: each handler wrapped in :class:`Observed`."""
     return {task_class: Observed(handler, on_run) for task_class, handler in handlers.items()}
-

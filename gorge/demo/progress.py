@@ -8,7 +8,8 @@ log goes to the log file only.
 
 from __future__ import annotations
 
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -58,25 +59,35 @@ class Progress:
         return HOOK_NAMES.get(phid, phid)
 
     def _delivered(self, event: dict) -> str:
-        return (f"request {event.get('request')} to {self._hook(event)} delivered"
-                f" (HTTP {event.get('status')}), row sent")
+        return (
+            f"request {event.get('request')} to {self._hook(event)} delivered"
+            f" (HTTP {event.get('status')}), row sent"
+        )
 
     def _rejected(self, event: dict) -> str:
         if event.get("row_status") == "queued":
-            return (f"request {event.get('request')} to {self._hook(event)} got HTTP"
-                    f" {event.get('status')}: retry=forever, will be retried")
-        return (f"request {event.get('request')} to {self._hook(event)} got HTTP"
-                f" {event.get('status')}: retry=never, row failed")
+            return (
+                f"request {event.get('request')} to {self._hook(event)} got HTTP"
+                f" {event.get('status')}: retry=forever, will be retried"
+            )
+        return (
+            f"request {event.get('request')} to {self._hook(event)} got HTTP"
+            f" {event.get('status')}: retry=never, row failed"
+        )
 
     def _transport_failed(self, event: dict) -> str:
-        return (f"request {event.get('request')} to {self._hook(event)} failed"
-                f" ({event.get('error_type')} {event.get('code')}), row {event.get('row_status')}")
+        return (
+            f"request {event.get('request')} to {self._hook(event)} failed"
+            f" ({event.get('error_type')} {event.get('code')}), row {event.get('row_status')}"
+        )
 
     def _breaker_opened(self, event: dict) -> str | None:
         if "threshold" not in event:
             return None  # the per-row skip note, not the state change
-        return (f"breaker OPENED for {self._hook(event)}: {event.get('failures')} failures"
-                f" >= {event.get('threshold')} within {event.get('window')}s, its rows wait")
+        return (
+            f"breaker OPENED for {self._hook(event)}: {event.get('failures')} failures"
+            f" >= {event.get('threshold')} within {event.get('window')}s, its rows wait"
+        )
 
     def _breaker_closed(self, event: dict) -> str:
         return f"breaker closed for {self._hook(event)}"
@@ -85,8 +96,10 @@ class Progress:
 
     def receiver(self, event: ReceiverEvent) -> None:
         signature = "signature ok" if event.signature_ok else "signature BAD"
-        self.say("receiver", f"/hooks/{event.path} got {event.object_phid}: {signature},"
-                             f" answered {event.status}")
+        self.say(
+            "receiver",
+            f"/hooks/{event.path} got {event.object_phid}: {signature}, answered {event.status}",
+        )
 
     def sink(self, event: SinkEvent) -> None:
         if event.kind == "accepted":
@@ -119,8 +132,9 @@ class Progress:
 def summary_table(checks: list[Check]) -> str:
     """A plain-text table, one row per seeded item."""
     header = ("area", "item", "expected", "observed", "")
-    rows = [header] + [(c.area, c.item, c.expected, c.observed, "ok" if c.ok else "MISSING")
-                       for c in checks]
+    rows = [header] + [
+        (c.area, c.item, c.expected, c.observed, "ok" if c.ok else "MISSING") for c in checks
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = []
     for index, row in enumerate(rows):

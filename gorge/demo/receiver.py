@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from twisted.web.resource import Resource
 
@@ -67,8 +67,9 @@ class _HookPath(Resource):
         return b"ok\n" if status < 300 else b"no\n"
 
 
-def build_receiver(paths: list[ReceiverPath],
-                   on_event: Callable[[ReceiverEvent], None]) -> Resource:
+def build_receiver(
+    paths: list[ReceiverPath], on_event: Callable[[ReceiverEvent], None]
+) -> Resource:
     """The root resource: ``/hooks/<name>`` for each path, 404 elsewhere."""
     root = Resource()
     hooks = Resource()

@@ -10,8 +10,6 @@ seeded item reached its expected final state within the bound, 1 otherwise
 
 from __future__ import annotations
 
-from twisted.web.iweb import IAgent
-
 import os
 import sys
 import tempfile
@@ -28,10 +26,10 @@ from twisted.logger import (
     globalLogPublisher,
     textFileLogObserver,
 )
+from twisted.web.iweb import IAgent
 from twisted.web.server import Site
 
 if TYPE_CHECKING:
-    from treq.client import HTTPClient
     from twisted.web.client import HTTPConnectionPool
 
 from gorge.config import ConfigError
@@ -119,8 +117,9 @@ class Demo:
         from twisted.web.client import Agent, HTTPConnectionPool
 
         smtp_port = self._listen_local(SinkFactory(self.sink, self._reactor))
-        receiver = build_receiver([ReceiverPath(h.name, h.hmac_key, h.answers) for h in HOOKS],
-                                  self._on_receiver)
+        receiver = build_receiver(
+            [ReceiverPath(h.name, h.hmac_key, h.answers) for h in HOOKS], self._on_receiver
+        )
         receiver_port = self._listen_local(Site(receiver))
         self.receiver_url = f"http://127.0.0.1:{receiver_port}"
         self.settings = demo_settings(self._options.workdir, smtp_port)
@@ -131,35 +130,37 @@ class Demo:
         self._client = Agent(self._reactor, pool=self._pool, connectTimeout=5)
         self.stack.root.privilegedStartService()
         self.stack.root.startService()
-        self._progress.say("demo", f"receiver on {self.receiver_url}, SMTP sink on"
-                                   f" 127.0.0.1:{smtp_port}")
+        self._progress.say(
+            "demo", f"receiver on {self.receiver_url}, SMTP sink on 127.0.0.1:{smtp_port}"
+        )
         for name, endpoint in self.settings.endpoints().items():
             self._progress.say("demo", f"gorge-{name} on {endpoint.base_url}")
 
     async def _insert_requests(self, hooks, requests) -> None:
         assert self._herald is not None  # start() built it
-        await Deferred.fromCoroutine(self._herald.insert(
-            hooks, requests, self.receiver_url, int(self._reactor.seconds())
-        )).addTimeout(STORE_TIMEOUT, self._reactor)
+        await Deferred.fromCoroutine(
+            self._herald.insert(hooks, requests, self.receiver_url, int(self._reactor.seconds()))
+        ).addTimeout(STORE_TIMEOUT, self._reactor)
 
     async def seed(self) -> None:
         assert self.settings is not None and self.stack is not None  # start() built them
         endpoints = self.settings.endpoints()
         first = tuple(r for r in REQUESTS if not r.after_hits)
         await self._insert_requests(HOOKS, first)
-        self._progress.say("demo", f"inserted {len(HOOKS)} hooks and {len(first)} queued"
-                                   " webhook requests into the herald tables")
+        self._progress.say(
+            "demo",
+            f"inserted {len(HOOKS)} hooks and {len(first)} queued"
+            " webhook requests into the herald tables",
+        )
         for task in TASKS:
-            task_id = await enqueue_task(self._client, self._reactor, endpoints["taskqueue"],
-                                         task)
+            task_id = await enqueue_task(self._client, self._reactor, endpoints["taskqueue"], task)
             self.state.task_ids[task.label] = task_id
             self._progress.enqueued(task.label, task_id, task.priority)
         self.stack.worker.privilegedStartService()
         self.stack.worker.startService()
         self._progress.say("demo", "worker started: it leases the queued tasks by priority")
         for mail in MAILS:
-            status, detail = await send_mail(self._client, self._reactor, endpoints["mailer"],
-                                             mail)
+            status, detail = await send_mail(self._client, self._reactor, endpoints["mailer"], mail)
             self.state.mail_answers[mail.label] = (status, detail)
             self._progress.mail_answer(mail.label, status, detail)
 
@@ -171,30 +172,37 @@ class Demo:
         self._late_requests = [r for r in self._late_requests if r not in due]
         await self._insert_requests((), tuple(due))
         for request in due:
-            self._progress.say("demo", f"inserted request {request.phid} to {request.hook}"
-                                       f" after its {request.after_hits} failed attempts")
+            self._progress.say(
+                "demo",
+                f"inserted request {request.phid} to {request.hook}"
+                f" after its {request.after_hits} failed attempts",
+            )
 
     async def refresh(self) -> None:
         """Read the final-state evidence the events alone cannot give."""
         assert self.settings is not None and self.stack is not None  # start() built them
         assert self._herald is not None
         rows = await Deferred.fromCoroutine(self._herald.request_states()).addTimeout(
-            STORE_TIMEOUT, self._reactor)
-        self.state.webhook_rows = {_text(phid): (_text(status), _text(result))
-                                   for phid, status, result in rows}
+            STORE_TIMEOUT, self._reactor
+        )
+        self.state.webhook_rows = {
+            _text(phid): (_text(status), _text(result)) for phid, status, result in rows
+        }
         queue: Endpoint = self.settings.endpoints()["taskqueue"]
         for task_id in self.state.pending_task_ids():
-            status, _ = await call_api(self._client, self._reactor, queue, "GET",
-                                       f"/api/queue/tasks/{task_id}")
+            status, _ = await call_api(
+                self._client, self._reactor, queue, "GET", f"/api/queue/tasks/{task_id}"
+            )
             if status != 404:
                 continue
             archived = await Deferred.fromCoroutine(
-                self.stack.task_store.get_archived(task_id)).addTimeout(STORE_TIMEOUT,
-                                                                        self._reactor)
+                self.stack.task_store.get_archived(task_id)
+            ).addTimeout(STORE_TIMEOUT, self._reactor)
             if archived is not None:
                 self.state.archived[task_id] = (archived.result, archived.failure_count)
-                self._progress.archived(task_id, RESULT_NAMES.get(archived.result, "?"),
-                                        archived.failure_count)
+                self._progress.archived(
+                    task_id, RESULT_NAMES.get(archived.result, "?"), archived.failure_count
+                )
 
     async def watch(self) -> bool:
         """True once every item is in its expected state, False at the bound."""
@@ -230,8 +238,9 @@ class Demo:
         assert self.settings is not None  # start() made them
         self._out.write("\nThe services keep running (Ctrl-C stops them):\n")
         for name, endpoint in self.settings.endpoints().items():
-            self._out.write(f"  gorge-{name:<10} {endpoint.base_url}/readyz"
-                            f"   token: {endpoint.token}\n")
+            self._out.write(
+                f"  gorge-{name:<10} {endpoint.base_url}/readyz   token: {endpoint.token}\n"
+            )
         self._out.write(f"  receiver         {self.receiver_url}/hooks/<name>\n")
         self._out.flush()
 
@@ -265,12 +274,15 @@ async def run_demo(reactor, options: DemoOptions, progress: Progress, out: TextI
     elapsed = reactor.seconds() - started
     missing = [c for c in checks if not c.ok]
     if reached:
-        out.write(f"\nAll {len(checks)} seeded items reached their expected state"
-                  f" in {elapsed:.1f}s.\n")
+        out.write(
+            f"\nAll {len(checks)} seeded items reached their expected state in {elapsed:.1f}s.\n"
+        )
     else:
-        out.write(f"\nFAILED: {len(missing)} of {len(checks)} items did not reach their"
-                  f" expected state within {options.timeout:g}s:"
-                  f" {', '.join(c.area + ' ' + c.item for c in missing)}\n")
+        out.write(
+            f"\nFAILED: {len(missing)} of {len(checks)} items did not reach their"
+            f" expected state within {options.timeout:g}s:"
+            f" {', '.join(c.area + ' ' + c.item for c in missing)}\n"
+        )
     out.flush()
     if options.serve and reached:
         demo.print_urls()
@@ -308,8 +320,7 @@ def main(options: DemoOptions, out: TextIO = sys.stdout) -> None:
     def react_main(reactor) -> Deferred:
         progress = Progress(out, reactor)
         log_file = open(log_path, "a", encoding="utf-8")
-        globalLogBeginner.beginLoggingTo([textFileLogObserver(log_file)],
-                                         redirectStandardIO=False)
+        globalLogBeginner.beginLoggingTo([textFileLogObserver(log_file)], redirectStandardIO=False)
         progress.say("demo", f"working directory {workdir} (service log: {log_path})")
         return Deferred.fromCoroutine(_exit_status(run_demo(reactor, options, progress, out)))
 

@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.demo.handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
@@ -68,25 +67,36 @@ class DemoMail:
 
 
 HOOKS = (
-    DemoHook("team-chat", "PHID-HWBH-demoteamchat00000000", "k3y-team-chat-0123456789abcdefgh",
-             200),
+    DemoHook(
+        "team-chat", "PHID-HWBH-demoteamchat00000000", "k3y-team-chat-0123456789abcdefgh", 200
+    ),
     DemoHook("ci-bridge", "PHID-HWBH-democibridge0000000", "k3y-ci-bridge-0123456789abcdefgh", 200),
     DemoHook("broken", "PHID-HWBH-demobroken0000000000", "k3y-broken-0123456789abcdefghijk", 500),
 )
 
 REQUESTS = (
-    DemoRequest("PHID-HWBR-demo000000000000001", "team-chat", "PHID-TASK-demo0000000000001",
-                False, "sent"),
-    DemoRequest("PHID-HWBR-demo000000000000002", "ci-bridge", "PHID-DREV-demo0000000000002",
-                True, "sent"),
-    DemoRequest("PHID-HWBR-demo000000000000003", "team-chat", "PHID-TASK-demo0000000000003",
-                True, "sent"),
+    DemoRequest(
+        "PHID-HWBR-demo000000000000001", "team-chat", "PHID-TASK-demo0000000000001", False, "sent"
+    ),
+    DemoRequest(
+        "PHID-HWBR-demo000000000000002", "ci-bridge", "PHID-DREV-demo0000000000002", True, "sent"
+    ),
+    DemoRequest(
+        "PHID-HWBR-demo000000000000003", "team-chat", "PHID-TASK-demo0000000000003", True, "sent"
+    ),
     # retry=forever at a receiver that always answers 500: retried, then held by the
     # breaker once a second request of the same hook has failed too.
-    DemoRequest("PHID-HWBR-demo000000000000004", "broken", "PHID-TASK-demo0000000000004",
-                True, "retrying"),
-    DemoRequest("PHID-HWBR-demo000000000000005", "broken", "PHID-TASK-demo0000000000005",
-                False, "failed", after_hits=2),
+    DemoRequest(
+        "PHID-HWBR-demo000000000000004", "broken", "PHID-TASK-demo0000000000004", True, "retrying"
+    ),
+    DemoRequest(
+        "PHID-HWBR-demo000000000000005",
+        "broken",
+        "PHID-TASK-demo0000000000005",
+        False,
+        "failed",
+        after_hits=2,
+    ),
 )
 
 TASKS = (
@@ -95,19 +105,24 @@ TASKS = (
     DemoTask("default", TEST_WORKER_CLASS, PRIORITY_DEFAULT, {"note": "default"}, "success"),
     DemoTask("fails once", FAIL_ONCE_CLASS, PRIORITY_DEFAULT, {}, "success", failures=1),
     DemoTask("yields once", YIELD_ONCE_CLASS, PRIORITY_BULK, {}, "success"),
-    DemoTask("permanent failure", TEST_WORKER_CLASS, PRIORITY_BULK,
-             {"doWork": "fail-permanent"}, "failure"),
+    DemoTask(
+        "permanent failure",
+        TEST_WORKER_CLASS,
+        PRIORITY_BULK,
+        {"doWork": "fail-permanent"},
+        "failure",
+    ),
 )
 
 MAILS = (
     DemoMail("welcome", ("alice@demo.test",), "Welcome to gorge", "accepted"),
-    DemoMail("digest", ("bob@demo.test", "carol@demo.test"), "[Maniphest] T1: digest",
-             "accepted"),
+    DemoMail("digest", ("bob@demo.test", "carol@demo.test"), "[Maniphest] T1: digest", "accepted"),
     DemoMail("bounce", ("nobody@bounce.demo.test",), "This one bounces", "rejected"),
 )
 
 REJECTED_ADDRESSES = frozenset(
-    address for mail in MAILS if mail.expect == "rejected" for address in mail.to)
+    address for mail in MAILS if mail.expect == "rejected" for address in mail.to
+)
 
 SQL_INSERT_HOOK = (
     "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy, status,"
@@ -128,14 +143,17 @@ def hook_named(name: str) -> DemoHook:
 
 def request_properties(request: DemoRequest) -> str:
     """The document Phorge's editor writes."""
-    return json.dumps({
-        "retry": "forever" if request.retry_forever else "never",
-        "transactionPHIDs": [request.object_phid.replace("PHID-", "PHID-XACT-", 1)],
-        "triggerPHIDs": ["PHID-HRUL-demorule0000000001"],
-        "silent": False,
-        "secure": False,
-        "test": False,
-    }, separators=(",", ":"))
+    return json.dumps(
+        {
+            "retry": "forever" if request.retry_forever else "never",
+            "transactionPHIDs": [request.object_phid.replace("PHID-", "PHID-XACT-", 1)],
+            "triggerPHIDs": ["PHID-HRUL-demorule0000000001"],
+            "silent": False,
+            "secure": False,
+            "test": False,
+        },
+        separators=(",", ":"),
+    )
 
 
 class DemoHerald:
@@ -145,20 +163,43 @@ class DemoHerald:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def insert(self, hooks: tuple[DemoHook, ...], requests: tuple[DemoRequest, ...],
-                     receiver_url: str, now: int) -> None:
+    async def insert(
+        self,
+        hooks: tuple[DemoHook, ...],
+        requests: tuple[DemoRequest, ...],
+        receiver_url: str,
+        now: int,
+    ) -> None:
         """Hooks and queued requests, in one transaction."""
 
         def insert(txn) -> None:
             self._db.engine.begin_write(txn)
             for hook in hooks:
-                self._db.execute(txn, SQL_INSERT_HOOK, (
-                    hook.phid.encode(), hook.name, f"{receiver_url}/hooks/{hook.name}",
-                    hook.hmac_key, now, now))
+                self._db.execute(
+                    txn,
+                    SQL_INSERT_HOOK,
+                    (
+                        hook.phid.encode(),
+                        hook.name,
+                        f"{receiver_url}/hooks/{hook.name}",
+                        hook.hmac_key,
+                        now,
+                        now,
+                    ),
+                )
             for request in requests:
-                self._db.execute(txn, SQL_INSERT_REQUEST, (
-                    request.phid.encode(), hook_named(request.hook).phid.encode(),
-                    request.object_phid.encode(), request_properties(request), now, now))
+                self._db.execute(
+                    txn,
+                    SQL_INSERT_REQUEST,
+                    (
+                        request.phid.encode(),
+                        hook_named(request.hook).phid.encode(),
+                        request.object_phid.encode(),
+                        request_properties(request),
+                        now,
+                        now,
+                    ),
+                )
 
         await self._db.run("demo_insert", insert)
 
@@ -178,15 +219,23 @@ class Endpoint:
     token: str
 
 
-async def call_api(agent, clock: IReactorTime, endpoint: Endpoint, method: str, path: str,
-                   body: dict | None = None) -> tuple[int, Any]:
+async def call_api(
+    agent, clock: IReactorTime, endpoint: Endpoint, method: str, path: str, body: dict | None = None
+) -> tuple[int, Any]:
     """One bounded JSON call to a demo service: (status, decoded body or None)."""
     headers = {b"X-Service-Token": endpoint.token.encode()}
     if body is not None:
         headers[b"Content-Type"] = b"application/json"
-    reply = await exchange(agent, clock, method, endpoint.base_url + path, headers=headers,
-                           body=b"" if body is None else json.dumps(body).encode(),
-                           deadline=clock.seconds() + HTTP_TIMEOUT, body_limit=ANSWER_LIMIT)
+    reply = await exchange(
+        agent,
+        clock,
+        method,
+        endpoint.base_url + path,
+        headers=headers,
+        body=b"" if body is None else json.dumps(body).encode(),
+        deadline=clock.seconds() + HTTP_TIMEOUT,
+        body_limit=ANSWER_LIMIT,
+    )
     content = reply.require_body()
     try:
         decoded = json.loads(content) if content else None
@@ -196,11 +245,18 @@ async def call_api(agent, clock: IReactorTime, endpoint: Endpoint, method: str, 
 
 
 async def enqueue_task(agent, clock: IReactorTime, queue: Endpoint, task: DemoTask) -> int:
-    status, answer = await call_api(agent, clock, queue, "POST", "/api/queue/enqueue", {
-        "taskClass": task.task_class,
-        "data": json.dumps(task.data),
-        "priority": task.priority,
-    })
+    status, answer = await call_api(
+        agent,
+        clock,
+        queue,
+        "POST",
+        "/api/queue/enqueue",
+        {
+            "taskClass": task.task_class,
+            "data": json.dumps(task.data),
+            "priority": task.priority,
+        },
+    )
     if status != 200:
         raise RuntimeError(f"enqueue of {task.label!r} answered HTTP {status}: {answer}")
     return int(answer["data"]["id"])
@@ -218,11 +274,13 @@ def mail_request(mail: DemoMail) -> dict:
     }
 
 
-async def send_mail(agent, clock: IReactorTime, mailer: Endpoint,
-                    mail: DemoMail) -> tuple[int, str]:
+async def send_mail(
+    agent, clock: IReactorTime, mailer: Endpoint, mail: DemoMail
+) -> tuple[int, str]:
     """(HTTP status, the accepting backend's key or the error code)."""
-    status, answer = await call_api(agent, clock, mailer, "POST", "/api/mailer/send",
-                                    mail_request(mail))
+    status, answer = await call_api(
+        agent, clock, mailer, "POST", "/api/mailer/send", mail_request(mail)
+    )
     answer = answer if isinstance(answer, dict) else {}
     if status == 200:
         return status, str(answer.get("data", {}).get("mailerKey", ""))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from twisted.application.service import IService
 
@@ -53,8 +53,9 @@ def free_port() -> int:
 
 def _http(port: int) -> HttpSettings:
     address = f"127.0.0.1:{port}"
-    return HttpSettings(listen_addr=address, endpoint=parse_listen_addr(address),
-                        token=secrets.token_hex(16))
+    return HttpSettings(
+        listen_addr=address, endpoint=parse_listen_addr(address), token=secrets.token_hex(16)
+    )
 
 
 @dataclass(frozen=True)
@@ -83,32 +84,52 @@ def demo_settings(workdir: str, smtp_port: int) -> DemoSettings:
     webhook = WebhookSettings(
         http=_http(ports["webhook"]),
         mysql=MySQLSettings(database="unused-the-demo-runs-on-sqlite"),
-        poll_interval=0.2, delivery_timeout=1, max_concurrent=4,
+        poll_interval=0.2,
+        delivery_timeout=1,
+        max_concurrent=4,
         # The breaker counts failing rows, not attempts: two rows of one hook open it.
-        breaker_window=60, breaker_threshold=2, retry_backoff=3, claim_lease=3,
+        breaker_window=60,
+        breaker_threshold=2,
+        retry_backoff=3,
+        claim_lease=3,
         outbound_blacklist=(),  # the receiver is on loopback, which Phorge's default refuses
     )
     mailer = MailerSettings(
         http=_http(ports["mailer"]),
-        entries=(BackendEntry(key="smtp", type="smtp", priority=10,
-                              options={"host": "127.0.0.1", "port": str(smtp_port),
-                                       "helo": "gorge-demo.test"}),),
-        max_retries=0, retry_wait=0.0, send_timeout=10.0,
+        entries=(
+            BackendEntry(
+                key="smtp",
+                type="smtp",
+                priority=10,
+                options={"host": "127.0.0.1", "port": str(smtp_port), "helo": "gorge-demo.test"},
+            ),
+        ),
+        max_retries=0,
+        retry_wait=0.0,
+        send_timeout=10.0,
     )
     taskqueue = TaskQueueSettings(
-        http=taskqueue_http, backend="sqlite",
+        http=taskqueue_http,
+        backend="sqlite",
         sqlite_path=os.path.join(workdir, "taskqueue.sqlite3"),
-        retry_wait=1, drain_timeout=5.0, stats_interval=1.0,
+        retry_wait=1,
+        drain_timeout=5.0,
+        stats_interval=1.0,
     )
     worker = WorkerSettings(
         http=_http(ports["worker"]),
-        queue_url=f"http://{taskqueue_http.listen_addr}", queue_token=taskqueue_http.token,
+        queue_url=f"http://{taskqueue_http.listen_addr}",
+        queue_token=taskqueue_http.token,
         # One task per lease shows the priority order; two slots let a retry overlap.
-        lease_limit=1, poll_interval_ms=200, max_workers=2, drain_timeout_sec=5,
+        lease_limit=1,
+        poll_interval_ms=200,
+        max_workers=2,
+        drain_timeout_sec=5,
         native_test_worker=False,  # registered below, wrapped so the demo sees each run
     )
-    return DemoSettings(webhook, mailer, taskqueue, worker,
-                        webhook_db=os.path.join(workdir, "herald.sqlite3"))
+    return DemoSettings(
+        webhook, mailer, taskqueue, worker, webhook_db=os.path.join(workdir, "herald.sqlite3")
+    )
 
 
 @dataclass
@@ -119,21 +140,25 @@ class DemoStack:
     task_store: SQLiteTaskStore
 
 
-def build_stack(settings: DemoSettings, reactor,
-                on_task_run: Callable[[TaskRun], None]) -> DemoStack:
+def build_stack(
+    settings: DemoSettings, reactor, on_task_run: Callable[[TaskRun], None]
+) -> DemoStack:
     """The services, not started; the worker stays apart (see :class:`DemoStack`)."""
     webhook_store = WebhookStore.sqlite(settings.webhook_db, reactor)
     task_store = SQLiteTaskStore.open(settings.taskqueue.sqlite_path, reactor)
-    handlers = observed_handlers({
-        TEST_WORKER_CLASS: TestWorker(reactor),
-        FAIL_ONCE_CLASS: FailOnce(),
-        YIELD_ONCE_CLASS: YieldOnce(),
-    }, on_task_run)
+    handlers = observed_handlers(
+        {
+            TEST_WORKER_CLASS: TestWorker(reactor),
+            FAIL_ONCE_CLASS: FailOnce(),
+            YIELD_ONCE_CLASS: YieldOnce(),
+        },
+        on_task_run,
+    )
     root = ServiceTree("gorge-demo")
-    root.add("gorge-taskqueue", build_taskqueue_service(settings.taskqueue, reactor,
-                                                        store=task_store))
-    root.add("gorge-webhook", build_webhook_service(settings.webhook, reactor,
-                                                    store=webhook_store))
+    root.add(
+        "gorge-taskqueue", build_taskqueue_service(settings.taskqueue, reactor, store=task_store)
+    )
+    root.add("gorge-webhook", build_webhook_service(settings.webhook, reactor, store=webhook_store))
     root.add("gorge-mailer", build_mailer_service(settings.mailer, reactor))
     worker = build_worker_service(settings.worker, reactor, extra_handlers=handlers)
     return DemoStack(root, worker, webhook_store, task_store)

@@ -8,9 +8,9 @@ reported to ``on_event``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
-from typing import Callable, Iterable
 
 from twisted.internet.defer import succeed
 from twisted.internet.interfaces import IReactorTime

@@ -26,7 +26,8 @@ from gorge.demo.smtp import SmtpSink
 from gorge.taskqueue.model import RESULT_CANCELLED, RESULT_FAILURE, RESULT_SUCCESS
 
 RESULT_NAMES = MappingProxyType(
-    {RESULT_SUCCESS: "success", RESULT_FAILURE: "failure", RESULT_CANCELLED: "cancelled"})
+    {RESULT_SUCCESS: "success", RESULT_FAILURE: "failure", RESULT_CANCELLED: "cancelled"}
+)
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,11 @@ class DemoState:
         return [task_id for task_id in self.task_ids.values() if task_id not in self.archived]
 
     def checks(self) -> list[Check]:
-        return ([self._check_request(r) for r in REQUESTS]
-                + [self._check_task(t) for t in TASKS]
-                + [self._check_mail(m) for m in MAILS])
+        return (
+            [self._check_request(r) for r in REQUESTS]
+            + [self._check_task(t) for t in TASKS]
+            + [self._check_mail(m) for m in MAILS]
+        )
 
     def done(self) -> bool:
         return all(check.ok for check in self.checks())
@@ -86,8 +89,7 @@ class DemoState:
         else:  # retrying: retried at least once, then held back by the open breaker
             opened = hook_named(request.hook).phid in self.breaker_opened
             observed += ", breaker open" if opened else ", breaker closed"
-            ok = (status == "queued" and result == "fail" and signed and len(hits) >= 2
-                  and opened)
+            ok = status == "queued" and result == "fail" and signed and len(hits) >= 2 and opened
         expected = {
             "sent": "sent, signature ok",
             "failed": "failed after one 500 (retry=never)",
@@ -105,15 +107,23 @@ class DemoState:
             expected += " after a yield"
         if task_id is None or task_id not in self.archived:
             outcomes = [run.outcome for run in self.task_runs.get(task_id or -1, [])]
-            return Check("task", label, expected,
-                         "active" + (f", runs: {','.join(outcomes)}" if outcomes else ""), False)
+            return Check(
+                "task",
+                label,
+                expected,
+                "active" + (f", runs: {','.join(outcomes)}" if outcomes else ""),
+                False,
+            )
         result, failures = self.archived[task_id]
         outcomes = [run.outcome for run in self.task_runs.get(task_id, [])]
         observed = f"archived {RESULT_NAMES.get(result, result)}, failures={failures}"
         if outcomes:
             observed += f", runs: {','.join(outcomes)}"
-        ok = (RESULT_NAMES.get(result) == task.expect and failures == task.failures
-              and (not task.task_class.endswith("YieldOnceWorker") or "yield" in outcomes))
+        ok = (
+            RESULT_NAMES.get(result) == task.expect
+            and failures == task.failures
+            and (not task.task_class.endswith("YieldOnceWorker") or "yield" in outcomes)
+        )
         return Check("task", label, expected, observed, ok)
 
     def _check_mail(self, mail: DemoMail) -> Check:
@@ -131,8 +141,11 @@ class DemoState:
             else:
                 observed += ", sink refused RCPT" if refused else ", sink did not refuse"
                 ok = answer == (422, "ERR_PERMANENT_FAILURE") and refused and not delivered
-        expected = ("200 via smtp, in the sink" if mail.expect == "accepted"
-                    else "422 ERR_PERMANENT_FAILURE (550 5.1.1)")
+        expected = (
+            "200 via smtp, in the sink"
+            if mail.expect == "accepted"
+            else "422 ERR_PERMANENT_FAILURE (550 5.1.1)"
+        )
         return Check("mail", mail.label, expected, observed, ok)
 
 

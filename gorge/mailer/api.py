@@ -21,8 +21,14 @@ log = Logger()
 class MailerApi:
     app = Klein()
 
-    def __init__(self, dispatcher: Dispatcher, *, metrics: MailerMetrics, body_limit: int,
-                 inflight: InFlight | None = None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        metrics: MailerMetrics,
+        body_limit: int,
+        inflight: InFlight | None = None,
+    ) -> None:
         self._dispatcher = dispatcher
         self._metrics = metrics
         self._body_limit = body_limit
@@ -39,8 +45,13 @@ class MailerApi:
 
     @app.route("/api/mailer/mailers", methods=["GET"])
     def mailers(self, request):
-        return ok(request, [{"key": b.key, "type": b.type, "priority": b.priority}
-                            for b in self._dispatcher.backends])
+        return ok(
+            request,
+            [
+                {"key": b.key, "type": b.type, "priority": b.priority}
+                for b in self._dispatcher.backends
+            ],
+        )
 
     @app.route("/api/mailer/openapi.json", methods=["GET"])
     def openapi(self, request):
@@ -57,8 +68,11 @@ class MailerApi:
         message, truncated = parsed.message.truncated(self._body_limit)
         if truncated:
             self._metrics.truncations.inc(truncated)
-            log.info("MAILER_BODY_TRUNCATED bodies={bodies} limit={limit}",
-                     bodies=truncated, limit=self._body_limit)
+            log.info(
+                "MAILER_BODY_TRUNCATED bodies={bodies} limit={limit}",
+                bodies=truncated,
+                limit=self._body_limit,
+            )
         started = self._dispatcher.start(message, parsed.mailer_keys)
         if isinstance(started, Answer):
             answer = started

@@ -10,8 +10,8 @@ classified answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -65,8 +65,7 @@ def send_failed(message: str) -> Answer:
 class Dispatch:
     """One running send; see the module docstring."""
 
-    def __init__(self, dispatcher: Dispatcher, message: Message,
-                 candidates: list[Backend]) -> None:
+    def __init__(self, dispatcher: Dispatcher, message: Message, candidates: list[Backend]) -> None:
         self._dispatcher = dispatcher
         self._message = message
         self._candidates = candidates
@@ -119,19 +118,27 @@ class Dispatch:
                 last = (backend, outcome)
                 kind = outcome.kind
                 if kind is Kind.ACCEPTED:
-                    log.info("MAILER_SENT mailer={mailer} type={type} attempt={attempt}",
-                             mailer=backend.key, type=backend.type, attempt=attempt)
-                    return Answer(200, None, mailer_key=backend.key,
-                                  message_id=outcome.message_id)
+                    log.info(
+                        "MAILER_SENT mailer={mailer} type={type} attempt={attempt}",
+                        mailer=backend.key,
+                        type=backend.type,
+                        attempt=attempt,
+                    )
+                    return Answer(200, None, mailer_key=backend.key, message_id=outcome.message_id)
                 if kind is Kind.REJECTED_MESSAGE:
-                    return Answer(422, "ERR_PERMANENT_FAILURE",
-                                  _cap(f"{backend.key} ({backend.type}): {outcome.cause}"),
-                                  mailer_key=backend.key)
+                    return Answer(
+                        422,
+                        "ERR_PERMANENT_FAILURE",
+                        _cap(f"{backend.key} ({backend.type}): {outcome.cause}"),
+                        mailer_key=backend.key,
+                    )
                 if kind is Kind.UNKNOWN:
-                    return Answer(502, "ERR_OUTCOME_UNKNOWN",
-                                  _cap(f"{backend.key} ({backend.type}): outcome unknown: "
-                                       f"{outcome.cause}"),
-                                  mailer_key=backend.key)
+                    return Answer(
+                        502,
+                        "ERR_OUTCOME_UNKNOWN",
+                        _cap(f"{backend.key} ({backend.type}): outcome unknown: {outcome.cause}"),
+                        mailer_key=backend.key,
+                    )
                 if self.cancelled is not None:
                     return self._stopped(last)
                 if kind is not Kind.TRANSIENT or attempt > d.max_retries:
@@ -176,8 +183,12 @@ class Dispatch:
         except CancelledError:
             outcome = Outcome.unknown(f"{backend.type}: attempt cancelled ({self.cancelled})")
         except Exception as e:
-            log.failure("MAILER_BACKEND_CRASHED mailer={mailer} type={type}",
-                        level=LogLevel.error, mailer=backend.key, type=backend.type)
+            log.failure(
+                "MAILER_BACKEND_CRASHED mailer={mailer} type={type}",
+                level=LogLevel.error,
+                mailer=backend.key,
+                type=backend.type,
+            )
             outcome = Outcome.unknown(f"{backend.type}: internal error ({type(e).__name__})")
         finally:
             self._current = None
@@ -186,16 +197,29 @@ class Dispatch:
         d.metrics.attempts.labels(backend.key, outcome.label).inc()
         d.metrics.duration.labels(backend.key).observe(max(0.0, d.clock.seconds() - started))
         if not outcome.is_accepted:
-            log.warn("MAILER_SEND_FAILED mailer={mailer} type={type} attempt={attempt} "
-                     "outcome={outcome} cause={cause}", mailer=backend.key, type=backend.type,
-                     attempt=attempt, outcome=outcome.label, cause=outcome.cause)
+            log.warn(
+                "MAILER_SEND_FAILED mailer={mailer} type={type} attempt={attempt} "
+                "outcome={outcome} cause={cause}",
+                mailer=backend.key,
+                type=backend.type,
+                attempt=attempt,
+                outcome=outcome.label,
+                cause=outcome.cause,
+            )
         return outcome
 
 
 class Dispatcher:
-    def __init__(self, backends: Sequence[Backend], *, clock: IReactorTime,
-                 metrics: MailerMetrics, max_retries: int = 2, retry_wait: float = 2.0,
-                 send_timeout: float = 25.0) -> None:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        *,
+        clock: IReactorTime,
+        metrics: MailerMetrics,
+        max_retries: int = 2,
+        retry_wait: float = 2.0,
+        send_timeout: float = 25.0,
+    ) -> None:
         self.backends = order_backends(backends)
         self.clock = clock
         self.metrics = metrics
@@ -210,7 +234,9 @@ class Dispatcher:
         wanted = set(mailer_keys)
         return [b for b in self.backends if b.key in wanted]
 
-    def start(self, message: Message, mailer_keys: Sequence[str] | None = None) -> Dispatch | Answer:
+    def start(
+        self, message: Message, mailer_keys: Sequence[str] | None = None
+    ) -> Dispatch | Answer:
         """A running :class:`Dispatch`, or an immediate :class:`Answer` when
         there is nothing to try."""
         if not self.backends:

@@ -132,8 +132,11 @@ def format_address(addr: Address) -> str:
     name = addr.name
     if not name:
         return addr.address
-    if (not name.isascii() or any(ord(c) < 32 or ord(c) == 127 for c in name)
-            or max(len(word) for word in name.split(" ")) > _LONGEST_WORD):
+    if (
+        not name.isascii()
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+        or max(len(word) for word in name.split(" ")) > _LONGEST_WORD
+    ):
         # Encoded words can be folded between; a long unbroken ASCII run
         # could not, and would break the 998-octet header line limit.
         return f"{' '.join(encode_words(name))} <{addr.address}>"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import secrets
 import struct
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from email.utils import format_datetime
-from typing import Callable
 from urllib.parse import quote
 
 from twisted.logger import Logger
@@ -79,7 +79,7 @@ def build_mime(
         lines.append(_fold("Reply-To", format_address(message.reply_to)))
     lines.append(_text_header("Subject", message.subject))
     if date is None:
-        date = format_datetime(datetime.fromtimestamp(now, timezone.utc))
+        date = format_datetime(datetime.fromtimestamp(now, UTC))
     lines.append(_fold("Date", date))
     if message_id is None:
         domain = message.from_.address.rpartition("@")[2]

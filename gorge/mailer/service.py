@@ -18,7 +18,12 @@ from twisted.python import usage
 from gorge.hangup import ReloadOnHangup
 from gorge.httpclient import make_agent
 from gorge.service import (
-    ServiceTree, StopBudget, SystemdNotifier, listener, run_make_service, watchdog_heartbeat,
+    ServiceTree,
+    StopBudget,
+    SystemdNotifier,
+    listener,
+    run_make_service,
+    watchdog_heartbeat,
 )
 from gorge.web import build_site
 
@@ -47,17 +52,22 @@ def makeService(options: Options) -> IService:
     def build() -> IService:
         from twisted.internet import reactor  # the one place we touch it
 
-        settings = load_mailer_settings(os.environ, listen=options["listen"],
-                                        config_file=options["config"])
+        settings = load_mailer_settings(
+            os.environ, listen=options["listen"], config_file=options["config"]
+        )
         notifier = SystemdNotifier(os.environ, reactor)
         return build_mailer_service(settings, reactor, notifier=notifier)
 
     return run_make_service("gorge-mailer", build, options=options)
 
 
-def build_mailer_service(settings: MailerSettings, reactor: Any, *,
-                         notifier: SystemdNotifier | None = None,
-                         listen: bool = True) -> ServiceTree:
+def build_mailer_service(
+    settings: MailerSettings,
+    reactor: Any,
+    *,
+    notifier: SystemdNotifier | None = None,
+    listen: bool = True,
+) -> ServiceTree:
     """Build every backend (a ``ConfigError`` here stops start-up) and wire
     the tree. ``listen=False`` leaves out the TCP listener (in-process use
     through ``gorge.web.stub_client(service.part("site"))``).
@@ -72,15 +82,21 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
 
     # One pool per service; providers share it.
     agent, pool = make_agent(reactor, max_per_host=16, connect_timeout=CONNECT_TIMEOUT)
-    backends = [build_backend(entry, reactor=reactor, http_client=agent)
-                for entry in settings.entries]
+    backends = [
+        build_backend(entry, reactor=reactor, http_client=agent) for entry in settings.entries
+    ]
     reloadable = [backend for backend in backends if isinstance(backend, Reloadable)]
 
     registry = CollectorRegistry()
     metrics = MailerMetrics(registry)
-    dispatcher = Dispatcher(backends, clock=reactor, metrics=metrics,
-                            max_retries=settings.max_retries, retry_wait=settings.retry_wait,
-                            send_timeout=settings.send_timeout)
+    dispatcher = Dispatcher(
+        backends,
+        clock=reactor,
+        metrics=metrics,
+        max_retries=settings.max_retries,
+        retry_wait=settings.retry_wait,
+        send_timeout=settings.send_timeout,
+    )
     api = MailerApi(dispatcher, metrics=metrics, body_limit=settings.body_limit)
 
     async def readiness() -> str | None:
@@ -89,9 +105,15 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
             return None
         return settings.config_problem or "no mailers configured"
 
-    site = build_site(api_resource=api.resource(), prefix=PREFIX, token=settings.http.token,
-                      body_limit=settings.http.body_limit, readiness=readiness,
-                      registry=registry, clock=reactor)
+    site = build_site(
+        api_resource=api.resource(),
+        prefix=PREFIX,
+        token=settings.http.token,
+        body_limit=settings.http.body_limit,
+        readiness=readiness,
+        registry=registry,
+        clock=reactor,
+    )
 
     # One budget for the stop: the listener answers the requests already
     # received (a send arrives as one), this step waits for sends whose
@@ -114,8 +136,11 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         await deferLater(reactor, FLUSH_WAIT)
 
     def started() -> None:
-        log.info("MAILER_STARTED listen={listen} mailers={mailers}",
-                 listen=settings.http.listen_addr, mailers=len(backends))
+        log.info(
+            "MAILER_STARTED listen={listen} mailers={mailers}",
+            listen=settings.http.listen_addr,
+            mailers=len(backends),
+        )
         if notifier is not None:
             notifier.ready()
 
@@ -124,22 +149,29 @@ def build_mailer_service(settings: MailerSettings, reactor: Any, *,
         if notifier is not None:
             notifier.stopping()
         if len(api.inflight):
-            log.info("MAILER_DRAINING sends={sends} budget={budget}",
-                     sends=len(api.inflight), budget=budget.seconds)
+            log.info(
+                "MAILER_DRAINING sends={sends} budget={budget}",
+                sends=len(api.inflight),
+                budget=budget.seconds,
+            )
 
     tree = ServiceTree("gorge-mailer")
     tree.add("mailer-http-pool", stop=pool.closeCachedConnections)
     tree.add("mailer-drain", stop=drain)
     if reloadable:
+
         def reload_backends() -> None:
             for backend in reloadable:
                 backend.reload()
 
-        tree.add("mailer-reload",
-                 ReloadOnHangup(reload_backends, reactor, name="mailer-reload"))
+        tree.add("mailer-reload", ReloadOnHangup(reload_backends, reactor, name="mailer-reload"))
     if listen:
-        tree.add("listener", listener(settings.http.endpoint, site,
-                                      drain_timeout=settings.drain_budget, clock=reactor))
+        tree.add(
+            "listener",
+            listener(
+                settings.http.endpoint, site, drain_timeout=settings.drain_budget, clock=reactor
+            ),
+        )
     tree.add("mailer-ready", start=started, stop=stopping)
     if notifier is not None and notifier.watchdog_interval is not None:
         tree.add("mailer_watchdog", watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))

@@ -10,8 +10,9 @@ builder, also before listening.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings, parse_listen_addr
 
@@ -38,16 +39,32 @@ FLAT_OPTIONS = {
     "MAILER_ACCESS_TOKEN": "access-token",
 }
 _FILE_KEYS = {
-    "listenAddr", "serviceToken", "mailers", "maxRetries", "retryWaitSec",
-    "bodyLimit", "sendTimeoutSec",
+    "listenAddr",
+    "serviceToken",
+    "mailers",
+    "maxRetries",
+    "retryWaitSec",
+    "bodyLimit",
+    "sendTimeoutSec",
 }
 # Read in env mode only; in file mode each one that is set is named
 # in a warning. Legacy spellings and the flat backend variables included.
 _ENV_ONLY = (
-    "GORGE_LISTEN_ADDR", "LISTEN_ADDR", "GORGE_MAILER_CONFIG", "MAILER_CONFIG",
-    "GORGE_MAILER_MAX_RETRIES", "MAX_RETRIES", "GORGE_MAILER_RETRY_WAIT", "RETRY_WAIT",
-    "GORGE_MAILER_BODY_LIMIT", "BODY_LIMIT", "GORGE_MAILER_SEND_TIMEOUT",
-    "GORGE_MAILER_TYPE", "MAILER_TYPE", "GORGE_MAILER_KEY", "MAILER_KEY",
+    "GORGE_LISTEN_ADDR",
+    "LISTEN_ADDR",
+    "GORGE_MAILER_CONFIG",
+    "MAILER_CONFIG",
+    "GORGE_MAILER_MAX_RETRIES",
+    "MAX_RETRIES",
+    "GORGE_MAILER_RETRY_WAIT",
+    "RETRY_WAIT",
+    "GORGE_MAILER_BODY_LIMIT",
+    "BODY_LIMIT",
+    "GORGE_MAILER_SEND_TIMEOUT",
+    "GORGE_MAILER_TYPE",
+    "MAILER_TYPE",
+    "GORGE_MAILER_KEY",
+    "MAILER_KEY",
     *FLAT_OPTIONS,
 )
 
@@ -142,8 +159,9 @@ def entries_from_json(doc: Any, source: str) -> list[BackendEntry]:
         if priority == 0:
             auto -= 1
             priority = auto
-        entries.append(BackendEntry(key=key, type=typ, priority=priority,
-                                    options=options, source=source))
+        entries.append(
+            BackendEntry(key=key, type=typ, priority=priority, options=options, source=source)
+        )
     return entries
 
 
@@ -163,8 +181,9 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
-def load_mailer_settings(environ: Mapping[str, str], *, listen: str | None = None,
-                         config_file: str | None = None) -> MailerSettings:
+def load_mailer_settings(
+    environ: Mapping[str, str], *, listen: str | None = None, config_file: str | None = None
+) -> MailerSettings:
     env = Env(environ, SERVICE)
     # GORGE_STRICT_CONFIG is the project-wide switch, not a deprecated alias.
     strict = env.bool("GORGE_MAILER_STRICT", env.bool("GORGE_STRICT_CONFIG", False))
@@ -177,10 +196,12 @@ def load_mailer_settings(environ: Mapping[str, str], *, listen: str | None = Non
     if settings.max_retries * settings.retry_wait > 10:
         warnings.append(
             f"max retries x retry wait = {settings.max_retries * settings.retry_wait:g} s "
-            "exceeds 10 s; the send deadline still bounds each request")
+            "exceeds 10 s; the send deadline still bounds each request"
+        )
     if settings.send_timeout >= 30:
         warnings.append(
-            f"send timeout {settings.send_timeout:g} s is not below the PHP client's 30 s")
+            f"send timeout {settings.send_timeout:g} s is not below the PHP client's 30 s"
+        )
     if strict and not settings.entries:
         setting = "GORGE_MAILER_CONFIG_FILE" if path else "GORGE_MAILER_CONFIG"
         reason = settings.config_problem or "no mailers configured"
@@ -188,11 +209,16 @@ def load_mailer_settings(environ: Mapping[str, str], *, listen: str | None = Non
     return replace(settings, warnings=tuple(warnings))
 
 
-def _from_env(env: Env, environ: Mapping[str, str], listen: str | None,
-              strict: bool) -> MailerSettings:
-    http = load_http_settings(env, default_listen=DEFAULT_LISTEN,
-                              body_limit=TRANSPORT_BODY_LIMIT, listen_override=listen,
-                              legacy_names=True)
+def _from_env(
+    env: Env, environ: Mapping[str, str], listen: str | None, strict: bool
+) -> MailerSettings:
+    http = load_http_settings(
+        env,
+        default_listen=DEFAULT_LISTEN,
+        body_limit=TRANSPORT_BODY_LIMIT,
+        listen_override=listen,
+        legacy_names=True,
+    )
     max_retries = env.int(("GORGE_MAILER_MAX_RETRIES", "MAX_RETRIES"), 2, min=0)
     retry_wait = env.int(("GORGE_MAILER_RETRY_WAIT", "RETRY_WAIT"), 2, min=0)
     body_limit = env.int(("GORGE_MAILER_BODY_LIMIT", "BODY_LIMIT"), 524288)
@@ -214,19 +240,36 @@ def _from_env(env: Env, environ: Mapping[str, str], listen: str | None,
         typ = env.str(("GORGE_MAILER_TYPE", "MAILER_TYPE"), "")
         if typ:
             key = env.str(("GORGE_MAILER_KEY", "MAILER_KEY"), "default")
-            options = {opt: environ[var] for var, opt in FLAT_OPTIONS.items()
-                       if environ.get(var, "")}
-            entries = [BackendEntry(key=key, type=typ, priority=-1, options=options,
-                                    source="GORGE_MAILER_TYPE")]
+            options = {
+                opt: environ[var] for var, opt in FLAT_OPTIONS.items() if environ.get(var, "")
+            }
+            entries = [
+                BackendEntry(
+                    key=key, type=typ, priority=-1, options=options, source="GORGE_MAILER_TYPE"
+                )
+            ]
             problem = None
     return MailerSettings(
-        http=http, entries=tuple(entries or ()), max_retries=max_retries,
-        retry_wait=float(retry_wait), body_limit=body_limit, send_timeout=float(send_timeout),
-        strict=strict, config_problem=problem, warnings=tuple(warnings))
+        http=http,
+        entries=tuple(entries or ()),
+        max_retries=max_retries,
+        retry_wait=float(retry_wait),
+        body_limit=body_limit,
+        send_timeout=float(send_timeout),
+        strict=strict,
+        config_problem=problem,
+        warnings=tuple(warnings),
+    )
 
 
-def _from_file(env: Env, environ: Mapping[str, str], path: str, listen: str | None,
-               strict: bool, from_option: bool) -> MailerSettings:
+def _from_file(
+    env: Env,
+    environ: Mapping[str, str],
+    path: str,
+    listen: str | None,
+    strict: bool,
+    from_option: bool,
+) -> MailerSettings:
     setting = "--config" if from_option else "GORGE_MAILER_CONFIG_FILE"
     try:
         with open(path, "rb") as f:
@@ -241,8 +284,11 @@ def _from_file(env: Env, environ: Mapping[str, str], path: str, listen: str | No
         raise ConfigError(setting, "invalid JSON") from None
     if not isinstance(doc, dict):
         raise ConfigError(setting, "the config file must hold a JSON object")
-    warnings = [f"{name} is ignored because a config file is used"
-                for name in _ENV_ONLY if environ.get(name, "")]
+    warnings = [
+        f"{name} is ignored because a config file is used"
+        for name in _ENV_ONLY
+        if environ.get(name, "")
+    ]
     unknown = sorted(set(doc) - _FILE_KEYS)
     if unknown:
         warnings.append(f"unknown config file keys ignored: {', '.join(k[:40] for k in unknown)}")
@@ -251,8 +297,11 @@ def _from_file(env: Env, environ: Mapping[str, str], path: str, listen: str | No
         value = doc.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(value, float) and not value.is_integer()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer())
+        ):
             raise ConfigError(f"{setting} {key}", "must be an integer")
         if minimum is not None and value < minimum:
             raise ConfigError(f"{setting} {key}", f"must be >= {minimum}")
@@ -274,8 +323,9 @@ def _from_file(env: Env, environ: Mapping[str, str], path: str, listen: str | No
     token = env.str(("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN"), "")
     if "serviceToken" in doc:
         token = string("serviceToken", "")
-    http = HttpSettings(listen_addr=listen_addr, endpoint=endpoint, token=token,
-                        body_limit=TRANSPORT_BODY_LIMIT)
+    http = HttpSettings(
+        listen_addr=listen_addr, endpoint=endpoint, token=token, body_limit=TRANSPORT_BODY_LIMIT
+    )
     entries: list[BackendEntry] = []
     if doc.get("mailers") is not None:
         try:
@@ -283,8 +333,12 @@ def _from_file(env: Env, environ: Mapping[str, str], path: str, listen: str | No
         except MalformedList as e:
             raise ConfigError(f"{setting} mailers", str(e)) from None
     return MailerSettings(
-        http=http, entries=tuple(entries), max_retries=number("maxRetries", 2, 0),
+        http=http,
+        entries=tuple(entries),
+        max_retries=number("maxRetries", 2, 0),
         retry_wait=float(number("retryWaitSec", 2, 0)),
         body_limit=number("bodyLimit", 524288, None),
-        send_timeout=float(number("sendTimeoutSec", 25, 1)), strict=strict,
-        warnings=tuple(warnings))
+        send_timeout=float(number("sendTimeoutSec", 25, 1)),
+        strict=strict,
+        warnings=tuple(warnings),
+    )

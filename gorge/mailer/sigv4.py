@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Mapping
+from datetime import UTC, datetime
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 
@@ -24,13 +24,13 @@ class Credentials:
 def amz_date(when: datetime) -> tuple[str, str]:
     """Return (``YYYYMMDDTHHMMSSZ``, ``YYYYMMDD``) for an aware or UTC-naive time."""
     if when.tzinfo is not None:
-        when = when.astimezone(timezone.utc)
+        when = when.astimezone(UTC)
     stamp = when.strftime("%Y%m%dT%H%M%SZ")
     return stamp, stamp[:8]
 
 
 def amz_date_from_posix(seconds: float) -> tuple[str, str]:
-    return amz_date(datetime.fromtimestamp(int(seconds), tz=timezone.utc))
+    return amz_date(datetime.fromtimestamp(int(seconds), tz=UTC))
 
 
 def sha256_hex(data: bytes) -> str:
@@ -112,10 +112,10 @@ def authorization(
     datestamp = stamp[:8]
     canonical, signed = canonical_request(method, path, query, headers, sha256_hex(body))
     scope = credential_scope(datestamp, region, service)
-    sig = signature(credentials.secret_key, datestamp, region, service,
-                    string_to_sign(stamp, scope, canonical))
+    sig = signature(
+        credentials.secret_key, datestamp, region, service, string_to_sign(stamp, scope, canonical)
+    )
     return (
         f"{ALGORITHM} Credential={credentials.access_key}/{scope}, "
         f"SignedHeaders={signed}, Signature={sig}"
     )
-

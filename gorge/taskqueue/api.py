@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
@@ -94,8 +95,9 @@ def _opt(body: dict, key: str) -> Any:
     return _MISSING if value is None else value
 
 
-def _int_field(body: dict, key: str, default: Any, *, minimum: int | None = 0,
-               maximum: int = UINT32_MAX) -> Any:
+def _int_field(
+    body: dict, key: str, default: Any, *, minimum: int | None = 0, maximum: int = UINT32_MAX
+) -> Any:
     value = _opt(body, key)
     if value is _MISSING:
         return default
@@ -188,8 +190,7 @@ def parse_report(item: Any, retry_wait: int) -> Report:
     if outcome not in REPORT_OUTCOMES:
         raise _bad("outcome must be one of " + ", ".join(REPORT_OUTCOMES))
     if outcome == REPORT_COMPLETE:
-        return Report(task_id, outcome, duration=_int_field(item, "duration", 0,
-                                                            maximum=INT64_MAX))
+        return Report(task_id, outcome, duration=_int_field(item, "duration", 0, maximum=INT64_MAX))
     if outcome == REPORT_FAIL:
         permanent = _permanent(item)
         wait = _int_field(item, "retryWait", retry_wait)
@@ -305,9 +306,16 @@ class TaskQueueApi:
     # slash with a redirect. Set before any route binds to the map.
     app.url_map.merge_slashes = False
 
-    def __init__(self, store: TaskStore, settings: TaskQueueSettings, clock: IReactorTime,
-                 metrics: TaskQueueMetrics, *, inflight: InFlight | None = None,
-                 waiters: LeaseWaiters | None = None) -> None:
+    def __init__(
+        self,
+        store: TaskStore,
+        settings: TaskQueueSettings,
+        clock: IReactorTime,
+        metrics: TaskQueueMetrics,
+        *,
+        inflight: InFlight | None = None,
+        waiters: LeaseWaiters | None = None,
+    ) -> None:
         self._store = store
         self._settings = settings
         self._clock = clock
@@ -342,8 +350,12 @@ class TaskQueueApi:
             # nothing broke in the backend.
             raise
         except Exception as e:
-            log.failure("TASKQUEUE_BACKEND_FAILED operation={operation} error={error}",
-                        operation=operation, error=type(e).__name__, level=LogLevel.error)
+            log.failure(
+                "TASKQUEUE_BACKEND_FAILED operation={operation} error={error}",
+                operation=operation,
+                error=type(e).__name__,
+                level=LogLevel.error,
+            )
             raise ApiError(500, "ERR_INTERNAL", "internal server error") from None
 
     def _runnable(self, task: Task) -> None:
@@ -378,11 +390,11 @@ class TaskQueueApi:
                 break
         return ok(request, [task.to_json() for task in tasks])
 
-    async def _lease_once(self, owner: str, limit: int,
-                          classes: list[str] | None) -> list[Task]:
+    async def _lease_once(self, owner: str, limit: int, classes: list[str] | None) -> list[Task]:
         started = self._clock.seconds()
         tasks: list[Task] = await self._call(
-            "lease", self._store.lease(owner, limit, self._settings.lease_duration, classes))
+            "lease", self._store.lease(owner, limit, self._settings.lease_duration, classes)
+        )
         self._metrics.lease_seconds.observe(max(0.0, self._clock.seconds() - started))
         for task in tasks:
             self._metrics.leased.labels(task.task_class).inc()
@@ -408,7 +420,8 @@ class TaskQueueApi:
         duration = _int_field(body, "duration", 0, maximum=INT64_MAX)
         owner = fence_owner(request, body)
         archived: ArchivedTask = await self._call(
-            "complete", self._store.complete(task_id, duration, owner))
+            "complete", self._store.complete(task_id, duration, owner)
+        )
         self._metrics.completed.labels(archived.task_class).inc()
         return ok(request, archived.to_json())
 
@@ -459,8 +472,7 @@ class TaskQueueApi:
                 answer[position] = _refused(task_id, e)
                 continue
             positions.append(position)
-        results = await self._call("report", self._store.report(reports, owner)) \
-            if reports else []
+        results = await self._call("report", self._store.report(reports, owner)) if reports else []
         for position, report, result in zip(positions, reports, results):
             if result.error is not None:
                 answer[position] = _refused(report.task_id, _api_error(result.error))
@@ -470,7 +482,8 @@ class TaskQueueApi:
                 self._metrics.completed.labels(result.task_class).inc()
             elif report.outcome == REPORT_FAIL:
                 self._metrics.failed.labels(
-                    result.task_class, "true" if report.permanent else "false").inc()
+                    result.task_class, "true" if report.permanent else "false"
+                ).inc()
         return ok(request, answer)
 
     @app.route("/api/queue/renew", methods=["POST"])
@@ -486,8 +499,9 @@ class TaskQueueApi:
         duration = _int_field(body, "duration", limit, minimum=1, maximum=limit)
         # Ids outside the column's range cannot name a task: lost, like unknown ones.
         valid = [i for i in ids if 0 < i <= UINT32_MAX]
-        renewed = await self._call("renew", self._store.renew(owner, valid, duration)) \
-            if valid else {}
+        renewed = (
+            await self._call("renew", self._store.renew(owner, valid, duration)) if valid else {}
+        )
         answer = []
         for task_id in dict.fromkeys(ids):
             expires = renewed.get(task_id)
@@ -545,8 +559,11 @@ class TaskQueueApi:
 
     async def _operated(self, verb: str, coro) -> Any:
         task: Task = await self._call(verb, coro)
-        log.info("TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
-                 task_id=task.id, task_class=task.task_class)
+        log.info(
+            "TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
+            task_id=task.id,
+            task_class=task.task_class,
+        )
         if task.lease_owner is None:
             self._runnable(task)
         return task.to_json()
@@ -567,8 +584,10 @@ class TaskQueueApi:
         if _opt(body, "priority") is _MISSING:
             raise _bad("priority is required")
         priority = _int_field(body, "priority", PRIORITY_DEFAULT)
-        return ok(request, await self._operated(
-            "reprioritized", self._store.set_priority(task_id, priority)))
+        return ok(
+            request,
+            await self._operated("reprioritized", self._store.set_priority(task_id, priority)),
+        )
 
     @app.route("/api/queue/free", methods=["POST"])
     async def free(self, request):
@@ -596,8 +615,9 @@ class TaskQueueApi:
             raise _bad("result must be success, failure or cancelled")
         result = _RESULTS[name] if name else None
         task_class = _query_text(request, b"class") or None
-        rows = await self._call("archived", self._store.list_archived(
-            result, task_class, limit, offset))
+        rows = await self._call(
+            "archived", self._store.list_archived(result, task_class, limit, offset)
+        )
         return ok(request, [row.to_json() for row in rows])
 
     @app.route("/api/queue/archived/<string:task_id>", methods=["GET"])
@@ -619,23 +639,25 @@ class TaskQueueApi:
             except ApiError as e:
                 if e.status >= 500:
                     raise
-                answer.append({"taskID": task_id, "status": "refused", "code": e.code,
-                               "message": e.message})
+                answer.append(
+                    {"taskID": task_id, "status": "refused", "code": e.code, "message": e.message}
+                )
                 continue
             self._metrics.requeued.labels(task.task_class).inc()
             self._runnable(task)
-            log.info("TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} "
-                     "task_class={task_class}", task_id=task_id, new_task_id=task.id,
-                     task_class=task.task_class)
+            log.info(
+                "TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} task_class={task_class}",
+                task_id=task_id,
+                new_task_id=task.id,
+                task_class=task.task_class,
+            )
             answer.append({"taskID": task_id, "status": "requeued", "task": task.to_json()})
         return ok(request, answer)
 
     add_error_handlers(app)
 
 
-
 Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
-
 
 
 class DirectRoutes(Resource):

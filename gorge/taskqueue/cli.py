@@ -17,13 +17,34 @@ import json
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
 
 from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
 from gorge.cmdline import (
-    EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, OneLineParser, common_options,
-    non_negative as _non_negative, parse_when, print_table as _table, seconds as _seconds,
-    utc_time as _when, wrap as _wrap)
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    OneLineParser,
+    common_options,
+    parse_when,
+)
+from gorge.cmdline import (
+    non_negative as _non_negative,
+)
+from gorge.cmdline import (
+    print_table as _table,
+)
+from gorge.cmdline import (
+    seconds as _seconds,
+)
+from gorge.cmdline import (
+    utc_time as _when,
+)
+from gorge.cmdline import (
+    wrap as _wrap,
+)
 
 __all__ = ["main", "parse_when", "task_state"]
 
@@ -67,8 +88,11 @@ def task_state(task: Mapping[str, Any], now: float) -> str:
             return f"not before {_when(expires)}"
         return "waiting"
     if owner == "(yield)":
-        return f"yielded until {_when(expires)}" if expires is not None and expires >= now \
+        return (
+            f"yielded until {_when(expires)}"
+            if expires is not None and expires >= now
             else "waiting (yield ended)"
+        )
     if expires is not None and expires >= now:
         return f"leased by {owner} until {_when(expires)}"
     return f"lease of {owner} expired"
@@ -80,8 +104,14 @@ RESULTS = {0: "success", 1: "failure", 2: "cancelled"}
 class Command:
     """One run of ``gorge queue``: the parsed arguments, the client and the streams."""
 
-    def __init__(self, args: argparse.Namespace, http: ApiClient, out: TextIO, err: TextIO,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        http: ApiClient,
+        out: TextIO,
+        err: TextIO,
+        clock: Callable[[], float],
+    ) -> None:
         self.args = args
         self.http = http
         self.out = out
@@ -112,11 +142,13 @@ class Command:
 
         def human() -> None:
             waiting = data["activeCount"] - data["leasedCount"]
-            self.out.write(f"active    {data['activeCount']}\n"
-                           f"leased    {data['leasedCount']}\n"
-                           f"waiting   {waiting}\n"
-                           f"failed    {data['failedCount']}  (active, failed before)\n"
-                           f"archived  {data['archivedCount']}\n")
+            self.out.write(
+                f"active    {data['activeCount']}\n"
+                f"leased    {data['leasedCount']}\n"
+                f"waiting   {waiting}\n"
+                f"failed    {data['failedCount']}  (active, failed before)\n"
+                f"archived  {data['archivedCount']}\n"
+            )
 
         self.emit(data, human)
 
@@ -129,8 +161,16 @@ class Command:
                 self.out.write("no active tasks\n")
                 return
             rows = [["ID", "PRIORITY", "CLASS", "FAILURES", "STATE"]]
-            rows += [[str(t["id"]), str(t["priority"]), t["taskClass"], str(t["failureCount"]),
-                      task_state(t, now)] for t in tasks]
+            rows += [
+                [
+                    str(t["id"]),
+                    str(t["priority"]),
+                    t["taskClass"],
+                    str(t["failureCount"]),
+                    task_state(t, now),
+                ]
+                for t in tasks
+            ]
             _table(rows, self.out)
 
         self.emit(tasks, human)
@@ -154,11 +194,17 @@ class Command:
             if where == "active":
                 self.out.write(f"task {task['id']}: active, {task_state(task, now)}\n")
             else:
-                self.out.write(f"task {task['id']}: archived, "
-                               f"{RESULTS.get(task['result'], task['result'])}\n")
+                self.out.write(
+                    f"task {task['id']}: archived, {RESULTS.get(task['result'], task['result'])}\n"
+                )
             for key, value in task.items():
-                if key in ("leaseExpires", "failureTime", "dateCreated", "dateModified",
-                           "archivedEpoch"):
+                if key in (
+                    "leaseExpires",
+                    "failureTime",
+                    "dateCreated",
+                    "dateModified",
+                    "archivedEpoch",
+                ):
                     value = f"{value}  ({_when(value)})"
                 self.out.write(f"  {key}: {value}\n")
 
@@ -174,8 +220,7 @@ class Command:
                 task = self.http.post(path, body(tid))
             except Refused as e:
                 self.refused(f"task {tid}", e)
-                results.append({"taskID": tid, "ok": False, "code": e.code,
-                                "message": e.message})
+                results.append({"taskID": tid, "ok": False, "code": e.code, "message": e.message})
                 continue
             results.append({"taskID": tid, "ok": True, "task": task})
             if not self.args.json:
@@ -188,13 +233,13 @@ class Command:
 
     def delay(self) -> None:
         until = self.args.until
-        self._each("delay", lambda tid: {"taskID": tid, "until": until},
-                   f"delayed until {_when(until)}")
+        self._each(
+            "delay", lambda tid: {"taskID": tid, "until": until}, f"delayed until {_when(until)}"
+        )
 
     def priority(self) -> None:
         value = self.args.priority
-        self._each("priority", lambda tid: {"taskID": tid, "priority": value},
-                   f"priority {value}")
+        self._each("priority", lambda tid: {"taskID": tid, "priority": value}, f"priority {value}")
 
     def free(self) -> None:
         self._each("free", lambda tid: {"taskID": tid}, "lease freed")
@@ -219,23 +264,38 @@ class Command:
         finally:
             if progress and queued >= 100:
                 self.err.write("\n")
-            self.emit({"queued": queued},
-                      lambda: self.out.write(f"queued {queued} {self.args.task_class} tasks\n"))
+            self.emit(
+                {"queued": queued},
+                lambda: self.out.write(f"queued {queued} {self.args.task_class} tasks\n"),
+            )
 
     # -- dead tasks -----------------------------------------------------------------
 
     def dead_ls(self) -> None:
-        rows = self.http.get("archived", result=self.args.result, limit=self.args.limit,
-                             offset=self.args.offset, **{"class": self.args.task_class})
+        rows = self.http.get(
+            "archived",
+            result=self.args.result,
+            limit=self.args.limit,
+            offset=self.args.offset,
+            **{"class": self.args.task_class},
+        )
 
         def human() -> None:
             if not rows:
                 self.out.write("no archived tasks match\n")
                 return
             table = [["ID", "CLASS", "RESULT", "FAILURES", "PRIORITY", "ARCHIVED"]]
-            table += [[str(r["id"]), r["taskClass"], RESULTS.get(r["result"], str(r["result"])),
-                       str(r["failureCount"]), str(r["priority"]),
-                       _when(r.get("archivedEpoch"))] for r in rows]
+            table += [
+                [
+                    str(r["id"]),
+                    r["taskClass"],
+                    RESULTS.get(r["result"], str(r["result"])),
+                    str(r["failureCount"]),
+                    str(r["priority"]),
+                    _when(r.get("archivedEpoch")),
+                ]
+                for r in rows
+            ]
             _table(table, self.out)
 
         self.emit(rows, human)
@@ -246,11 +306,15 @@ class Command:
             if answer["status"] == "requeued":
                 if not self.args.json:
                     task = answer["task"]
-                    self.out.write(f"task {answer['taskID']} ({task['taskClass']}): "
-                                   f"requeued as task {task['id']}\n")
+                    self.out.write(
+                        f"task {answer['taskID']} ({task['taskClass']}): "
+                        f"requeued as task {task['id']}\n"
+                    )
             else:
-                self.refused(f"task {answer['taskID']}",
-                             Refused(409, answer.get("code", ""), answer.get("message", "")))
+                self.refused(
+                    f"task {answer['taskID']}",
+                    Refused(409, answer.get("code", ""), answer.get("message", "")),
+                )
         if self.args.json:
             self.emit(answers, lambda: None)
 
@@ -259,120 +323,214 @@ class Command:
 
 
 def _common(env: Mapping[str, str]) -> OneLineParser:
-    return common_options(env, url_setting="GORGE_TASKQUEUE_URL", default_url=DEFAULT_URL,
-                          product="gorge-taskqueue", noun="the queue")
+    return common_options(
+        env,
+        url_setting="GORGE_TASKQUEUE_URL",
+        default_url=DEFAULT_URL,
+        product="gorge-taskqueue",
+        noun="the queue",
+    )
 
 
 def _ids(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("ids", type=task_id, nargs="*", metavar="ID", help=f"task ids {what}")
-    parser.add_argument("--id", type=task_id, action="append", dest="more_ids", default=[],
-                        metavar="ID", help="a task id, as bin/worker spells it (repeatable)")
+    parser.add_argument(
+        "--id",
+        type=task_id,
+        action="append",
+        dest="more_ids",
+        default=[],
+        metavar="ID",
+        help="a task id, as bin/worker spells it (repeatable)",
+    )
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     common = _common(env)
     parser = OneLineParser(
-        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=_wrap("Inspect and steer a running gorge-taskqueue: Phorge's bin/worker "
-                          "verbs over the queue's HTTP API, dead tasks, and moving tasks "
-                          "between backends."),
-        epilog=EPILOG)
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB",
-                                  parser_class=OneLineParser)
+        prog=PROG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap(
+            "Inspect and steer a running gorge-taskqueue: Phorge's bin/worker "
+            "verbs over the queue's HTTP API, dead tasks, and moving tasks "
+            "between backends."
+        ),
+        epilog=EPILOG,
+    )
+    verbs = parser.add_subparsers(
+        dest="verb", required=True, metavar="VERB", parser_class=OneLineParser
+    )
 
     def verb(name: str, help_text: str, description: str, *, parents=(common,)):
-        return verbs.add_parser(name, help=help_text, description=_wrap(description),
-                                epilog=EPILOG,
-                                parents=list(parents),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        return verbs.add_parser(
+            name,
+            help=help_text,
+            description=_wrap(description),
+            epilog=EPILOG,
+            parents=list(parents),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
-    verb("stats", "task counts",
-         "Active, leased (held now, yields included), waiting (active minus leased), "
-         "failed (active tasks that failed before) and archived task counts.")
-    ls = verb("ls", "list active tasks in queue order",
-              "Active tasks in the order they are leased (priority, then id), with their "
-              "state: waiting, not before a time (delayed or backing off), leased by an "
-              "owner until a time, yielded, or a lease that expired.")
-    ls.add_argument("--limit", type=_non_negative, default=100, help="at most this many "
-                    "(default 100, the queue caps at 1000)")
+    verb(
+        "stats",
+        "task counts",
+        "Active, leased (held now, yields included), waiting (active minus leased), "
+        "failed (active tasks that failed before) and archived task counts.",
+    )
+    ls = verb(
+        "ls",
+        "list active tasks in queue order",
+        "Active tasks in the order they are leased (priority, then id), with their "
+        "state: waiting, not before a time (delayed or backing off), leased by an "
+        "owner until a time, yielded, or a lease that expired.",
+    )
+    ls.add_argument(
+        "--limit",
+        type=_non_negative,
+        default=100,
+        help="at most this many (default 100, the queue caps at 1000)",
+    )
     ls.add_argument("--offset", type=_non_negative, default=0, help="skip this many first")
-    show = verb("show", "one task, active or archived",
-                "Every field of one task, with its payload when it is active; an id that is "
-                "not active is looked up in the archive.")
+    show = verb(
+        "show",
+        "one task, active or archived",
+        "Every field of one task, with its payload when it is active; an id that is "
+        "not active is looked up in the archive.",
+    )
     show.add_argument("id", type=task_id, metavar="ID")
-    cancel = verb("cancel", "cancel tasks: their work will never be performed",
-                  "Archive active tasks as cancelled (result 2), whoever holds them: the "
-                  "work they represent will never be performed. A worker still running one "
-                  "cannot report it any more. Archived tasks are refused.")
+    cancel = verb(
+        "cancel",
+        "cancel tasks: their work will never be performed",
+        "Archive active tasks as cancelled (result 2), whoever holds them: the "
+        "work they represent will never be performed. A worker still running one "
+        "cannot report it any more. Archived tasks are refused.",
+    )
     _ids(cancel, "to cancel")
-    delay = verb("delay", "delay tasks until a time",
-                 "Hold active tasks that nobody holds until the given time; they are not "
-                 "leased before it. Leased and yielded tasks are refused (free them first), "
-                 "as are archived ones.")
+    delay = verb(
+        "delay",
+        "delay tasks until a time",
+        "Hold active tasks that nobody holds until the given time; they are not "
+        "leased before it. Leased and yielded tasks are refused (free them first), "
+        "as are archived ones.",
+    )
     _ids(delay, "to delay")
-    delay.add_argument("--until", required=True, metavar="WHEN",
-                       help="epoch seconds, now, +90s, +30m, +6h, +2d, or an ISO date or time "
-                            "such as 2026-09-08T12:30 (local time unless an offset is given)")
-    retry = verb("retry", "queue archived failures and cancels again under their own id",
-                 "Move archived tasks that failed permanently or were cancelled back into the "
-                 "active queue under the same id and payload, with no failures counted; the "
-                 "archive row is removed. Tasks that succeeded are refused unless --repeat. "
-                 "Active tasks are refused. (dead requeue instead keeps the archive row and "
-                 "makes a new task.)")
+    delay.add_argument(
+        "--until",
+        required=True,
+        metavar="WHEN",
+        help="epoch seconds, now, +90s, +30m, +6h, +2d, or an ISO date or time "
+        "such as 2026-09-08T12:30 (local time unless an offset is given)",
+    )
+    retry = verb(
+        "retry",
+        "queue archived failures and cancels again under their own id",
+        "Move archived tasks that failed permanently or were cancelled back into the "
+        "active queue under the same id and payload, with no failures counted; the "
+        "archive row is removed. Tasks that succeeded are refused unless --repeat. "
+        "Active tasks are refused. (dead requeue instead keeps the archive row and "
+        "makes a new task.)",
+    )
     _ids(retry, "to retry")
-    retry.add_argument("--repeat", action="store_true",
-                       help="also repeat tasks that already succeeded")
-    priority = verb("priority", "change the priority of tasks",
-                    "Give active tasks a new priority: smaller values run first (1000 alerts, "
-                    "2000 default, 2500 commit, 3000 bulk, 3500 index, 4000 import). Archived "
-                    "tasks are refused.")
+    retry.add_argument(
+        "--repeat", action="store_true", help="also repeat tasks that already succeeded"
+    )
+    priority = verb(
+        "priority",
+        "change the priority of tasks",
+        "Give active tasks a new priority: smaller values run first (1000 alerts, "
+        "2000 default, 2500 commit, 3000 bulk, 3500 index, 4000 import). Archived "
+        "tasks are refused.",
+    )
     _ids(priority, "to reprioritize")
-    priority.add_argument("--priority", type=_non_negative, required=True, metavar="N",
-                          help="the new priority")
-    free = verb("free", "break the lease on tasks",
-                "Free the lease on active tasks so another worker can lease them from the next "
-                "second. If the worker holding the lease is still running the task, it may run "
-                "twice; gorge-worker notices at its next renewal or report and stops. Tasks "
-                "without a lease and archived tasks are refused.")
+    priority.add_argument(
+        "--priority", type=_non_negative, required=True, metavar="N", help="the new priority"
+    )
+    free = verb(
+        "free",
+        "break the lease on tasks",
+        "Free the lease on active tasks so another worker can lease them from the next "
+        "second. If the worker holding the lease is still running the task, it may run "
+        "twice; gorge-worker notices at its next renewal or report and stops. Tasks "
+        "without a lease and archived tasks are refused.",
+    )
     _ids(free, "to free")
-    flood = verb("flood", "fill the queue with test tasks",
-                 "Enqueue PhabricatorTestWorker tasks, for development and load tests: until "
-                 "interrupted (^C), like bin/worker flood, or --count of them. A worker runs "
-                 "them only with GORGE_WORKER_NATIVE_TEST_WORKER=1 or through PHP.")
-    flood.add_argument("--count", type=_non_negative, default=0,
-                       help="how many (default 0: until interrupted)")
-    flood.add_argument("--duration", type=_seconds, default=0.0, metavar="SECONDS",
-                       help="wall time each task takes to run (default 0)")
-    flood.add_argument("--class", dest="task_class", default=FLOOD_CLASS,
-                       help=f"task class (default {FLOOD_CLASS})")
+    flood = verb(
+        "flood",
+        "fill the queue with test tasks",
+        "Enqueue PhabricatorTestWorker tasks, for development and load tests: until "
+        "interrupted (^C), like bin/worker flood, or --count of them. A worker runs "
+        "them only with GORGE_WORKER_NATIVE_TEST_WORKER=1 or through PHP.",
+    )
+    flood.add_argument(
+        "--count", type=_non_negative, default=0, help="how many (default 0: until interrupted)"
+    )
+    flood.add_argument(
+        "--duration",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="wall time each task takes to run (default 0)",
+    )
+    flood.add_argument(
+        "--class",
+        dest="task_class",
+        default=FLOOD_CLASS,
+        help=f"task class (default {FLOOD_CLASS})",
+    )
 
-    dead = verbs.add_parser("dead", help="list and requeue tasks archived as failures",
-                            description="Tasks archived as failures, newest first, and "
-                                        "requeueing them as new tasks.")
-    dead_verbs = dead.add_subparsers(dest="dead_verb", required=True, metavar="VERB",
-                                     parser_class=OneLineParser)
+    dead = verbs.add_parser(
+        "dead",
+        help="list and requeue tasks archived as failures",
+        description="Tasks archived as failures, newest first, and requeueing them as new tasks.",
+    )
+    dead_verbs = dead.add_subparsers(
+        dest="dead_verb", required=True, metavar="VERB", parser_class=OneLineParser
+    )
     dead_ls = dead_verbs.add_parser(
-        "ls", parents=[common], help="archived failures, newest first",
-        description=_wrap("Archived tasks, newest first, with result, failure count and "
-                          "class; failures only unless --result says otherwise."),
+        "ls",
+        parents=[common],
+        help="archived failures, newest first",
+        description=_wrap(
+            "Archived tasks, newest first, with result, failure count and "
+            "class; failures only unless --result says otherwise."
+        ),
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    dead_ls.add_argument("--result", choices=["failure", "cancelled", "success"],
-                         default="failure", help="which archived tasks (default failure)")
-    dead_ls.add_argument("--all-results", dest="result", action="store_const", const=None,
-                         help="every archived task, whatever its result")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dead_ls.add_argument(
+        "--result",
+        choices=["failure", "cancelled", "success"],
+        default="failure",
+        help="which archived tasks (default failure)",
+    )
+    dead_ls.add_argument(
+        "--all-results",
+        dest="result",
+        action="store_const",
+        const=None,
+        help="every archived task, whatever its result",
+    )
     dead_ls.add_argument("--class", dest="task_class", default=None, help="only this class")
-    dead_ls.add_argument("--limit", type=_non_negative, default=100,
-                         help="at most this many (default 100, the queue caps at 1000)")
+    dead_ls.add_argument(
+        "--limit",
+        type=_non_negative,
+        default=100,
+        help="at most this many (default 100, the queue caps at 1000)",
+    )
     dead_ls.add_argument("--offset", type=_non_negative, default=0, help="skip this many first")
     requeue = dead_verbs.add_parser(
-        "requeue", parents=[common], help="queue archived failures again as new tasks",
-        description=_wrap("Make a new active task from each archived failure or cancel: same "
-                          "class, payload, priority and PHIDs, no failures counted, a new id. "
-                          "The archive row stays as history, so requeueing twice runs the "
-                          "work twice. Tasks that succeeded and active tasks are refused."),
+        "requeue",
+        parents=[common],
+        help="queue archived failures again as new tasks",
+        description=_wrap(
+            "Make a new active task from each archived failure or cancel: same "
+            "class, payload, priority and PHIDs, no failures counted, a new id. "
+            "The archive row stays as history, so requeueing twice runs the "
+            "work twice. Tasks that succeeded and active tasks are refused."
+        ),
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _ids(requeue, "to requeue")
 
     from gorge.taskqueue.migrate import add_migrate_parser
@@ -389,9 +547,14 @@ def _dispatch(command: Command) -> None:
         getattr(command, verb)()
 
 
-def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None,
-         out: TextIO | None = None, err: TextIO | None = None,
-         clock: Callable[[], float] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    clock: Callable[[], float] | None = None,
+) -> int:
     env = os.environ if env is None else env
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -414,8 +577,14 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         except argparse.ArgumentTypeError as e:
             err.write(f"{PROG} {args.verb}: argument --until: {e}\n")
             return EXIT_USAGE
-    http = ApiClient(args.url, "/api/queue/", noun="the queue", product="gorge-taskqueue",
-                     token=args.token, timeout=args.timeout)
+    http = ApiClient(
+        args.url,
+        "/api/queue/",
+        noun="the queue",
+        product="gorge-taskqueue",
+        token=args.token,
+        timeout=args.timeout,
+    )
     command = Command(args, http, out, err, clock)
     try:
         _dispatch(command)

@@ -120,18 +120,22 @@ class TaskCounts:
         found: dict = {"bounds": bounds, "now": now}
         if not self.loaded:
             found["active"] = counts(ACTIVE, block_of(active_low or 1) * BLOCK, active_high or 0)
-            found["archive"] = counts(ARCHIVE, block_of(archive_low or 1) * BLOCK,
-                                      archive_high or 0)
+            found["archive"] = counts(
+                ARCHIVE, block_of(archive_low or 1) * BLOCK, archive_high or 0
+            )
             since = now - ARCHIVE_SKEW
         else:
-            found["new_active"] = counts(ACTIVE, self.highest_active,
-                                         max(active_high or 0, self.highest_active))
-            found["active_recounts"] = [(low, high, counts(ACTIVE, low, high))
-                                        for low, high in self.active.recount_plan(
-                                            active_low, active_high)]
-            found["archive_recounts"] = [(low, high, counts(ARCHIVE, low, high))
-                                         for low, high in self.archive.recount_plan(
-                                             archive_low, archive_high)]
+            found["new_active"] = counts(
+                ACTIVE, self.highest_active, max(active_high or 0, self.highest_active)
+            )
+            found["active_recounts"] = [
+                (low, high, counts(ACTIVE, low, high))
+                for low, high in self.active.recount_plan(active_low, active_high)
+            ]
+            found["archive_recounts"] = [
+                (low, high, counts(ARCHIVE, low, high))
+                for low, high in self.archive.recount_plan(archive_low, archive_high)
+            ]
             since = self.since
         execute(txn, RECENTLY_ARCHIVED, (since,))
         found["archived"] = [(int(i), int(m)) for i, m in txn.fetchall()]

@@ -115,20 +115,23 @@ class MemoryTaskStore:
             raise LeaseConflict(task_id)
         return task
 
-    def _archive(self, task_id: int, result: int, duration: int,
-                 owner: str | None = None) -> ArchivedTask:
+    def _archive(
+        self, task_id: int, result: int, duration: int, owner: str | None = None
+    ) -> ArchivedTask:
         task = self._held(task_id, owner)
         archived = archive_of(task, result=result, duration=duration, now=self._now())
         del self._active[task_id]
         self._archived[task_id] = archived
         return archived
 
-    async def complete(self, task_id: int, duration: int,
-                       owner: str | None = None) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
         if task_id not in self._active:
             previous = self._archived.get(task_id)
-            if (previous is not None and previous.result == RESULT_SUCCESS
-                    and (owner is None or previous.lease_owner == owner)):
+            if (
+                previous is not None
+                and previous.result == RESULT_SUCCESS
+                and (owner is None or previous.lease_owner == owner)
+            ):
                 return previous
         return self._archive(task_id, RESULT_SUCCESS, duration, owner)
 
@@ -159,12 +162,14 @@ class MemoryTaskStore:
             task, lease_owner=YIELD_OWNER, lease_expires=expires, date_modified=now
         )
 
-    async def report(self, reports: Sequence[Report],
-                     owner: str | None = None) -> list[ReportResult]:
+    async def report(
+        self, reports: Sequence[Report], owner: str | None = None
+    ) -> list[ReportResult]:
         return await report_each(self, reports, owner)
 
-    async def renew(self, owner: str, task_ids: Sequence[int],
-                    duration: int) -> dict[int, int | None]:
+    async def renew(
+        self, owner: str, task_ids: Sequence[int], duration: int
+    ) -> dict[int, int | None]:
         exp = check_u32("duration", self._now() + duration)
         out: dict[int, int | None] = {}
         for task_id in dict.fromkeys(task_ids):
@@ -219,13 +224,17 @@ class MemoryTaskStore:
     async def get_archived(self, task_id: int) -> ArchivedTask | None:
         return self._archived.get(task_id)
 
-    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
-                            offset: int) -> list[ArchivedTask]:
-        rows = [a for a in self._archived.values()
-                if (result is None or a.result == result)
-                and (task_class is None or a.task_class == task_class)]
+    async def list_archived(
+        self, result: int | None, task_class: str | None, limit: int, offset: int
+    ) -> list[ArchivedTask]:
+        rows = [
+            a
+            for a in self._archived.values()
+            if (result is None or a.result == result)
+            and (task_class is None or a.task_class == task_class)
+        ]
         rows.sort(key=lambda a: (a.date_modified, a.id), reverse=True)
-        return rows[offset:offset + limit]
+        return rows[offset : offset + limit]
 
     async def requeue(self, task_id: int) -> Task:
         archived = self._archived.get(task_id)
@@ -235,8 +244,9 @@ class MemoryTaskStore:
             raise TaskNotFound(task_id)
         if archived.result == RESULT_SUCCESS:
             raise TaskStateError(task_id, SUCCEEDED)
-        return self._insert(requeue_request(archived, self._payloads.get(archived.data_id, "")),
-                            self._now())
+        return self._insert(
+            requeue_request(archived, self._payloads.get(archived.data_id, "")), self._now()
+        )
 
     def _active_task(self, task_id: int) -> Task:
         task = self._active.get(task_id)
@@ -255,8 +265,7 @@ class MemoryTaskStore:
         return task
 
     async def set_priority(self, task_id: int, priority: int) -> Task:
-        task = replace(self._active_task(task_id), priority=priority,
-                       date_modified=self._now())
+        task = replace(self._active_task(task_id), priority=priority, date_modified=self._now())
         self._active[task_id] = task
         return task
 
@@ -286,8 +295,11 @@ class MemoryTaskStore:
         return sorted(self._active)
 
     async def export_tasks(self, task_ids: Sequence[int]) -> list[Task]:
-        return [replace(self._active[i], data=self._payloads.get(self._active[i].data_id, ""))
-                for i in sorted(set(task_ids)) if i in self._active]
+        return [
+            replace(self._active[i], data=self._payloads.get(self._active[i].data_id, ""))
+            for i in sorted(set(task_ids))
+            if i in self._active
+        ]
 
     async def import_tasks(self, tasks: Sequence[Task], ledger: str, mark: int) -> list[int]:
         out = []
@@ -315,8 +327,10 @@ class MemoryTaskStore:
         return gone
 
     async def wake_check(self, since: int, now: int) -> tuple[int, bool]:
-        due = any(t.lease_expires is not None and since <= t.lease_expires < now
-                  for t in self._active.values())
+        due = any(
+            t.lease_expires is not None and since <= t.lease_expires < now
+            for t in self._active.values()
+        )
         return self._next_task_id, due
 
     async def ping(self) -> str | None:

@@ -10,30 +10,57 @@ from gorge.taskqueue.model import Stats
 class TaskQueueMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.enqueued = Counter("gorge_taskqueue_tasks_enqueued", "Tasks enqueued.",
-                                ["task_class"], registry=registry)
-        self.leased = Counter("gorge_taskqueue_tasks_leased", "Tasks handed out by lease.",
-                              ["task_class"], registry=registry)
-        self.completed = Counter("gorge_taskqueue_tasks_completed", "Tasks archived as success.",
-                                 ["task_class"], registry=registry)
-        self.failed = Counter("gorge_taskqueue_tasks_failed", "Failure reports.",
-                              ["task_class", "permanent"], registry=registry)
-        self.cancelled = Counter("gorge_taskqueue_tasks_cancelled", "Tasks archived as cancelled.",
-                                 ["task_class"], registry=registry)
-        self.requeued = Counter("gorge_taskqueue_tasks_requeued",
-                                "Archived tasks queued again as new tasks.", ["task_class"],
-                                registry=registry)
-        self.renewals = Counter("gorge_taskqueue_lease_renewals",
-                                "Lease renewals by answer (renewed, lost).", ["result"],
-                                registry=registry)
-        self.depth = Gauge("gorge_taskqueue_queue_depth",
-                           "Tasks by state, as of the last stats read.", ["state"],
-                           registry=registry)
-        self.lease_seconds = Histogram("gorge_taskqueue_lease_seconds",
-                                       "Time to run one lease call against the backend.",
-                                       registry=registry,
-                                       buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5,
-                                                1, 2.5, 5, 10))
+        self.enqueued = Counter(
+            "gorge_taskqueue_tasks_enqueued", "Tasks enqueued.", ["task_class"], registry=registry
+        )
+        self.leased = Counter(
+            "gorge_taskqueue_tasks_leased",
+            "Tasks handed out by lease.",
+            ["task_class"],
+            registry=registry,
+        )
+        self.completed = Counter(
+            "gorge_taskqueue_tasks_completed",
+            "Tasks archived as success.",
+            ["task_class"],
+            registry=registry,
+        )
+        self.failed = Counter(
+            "gorge_taskqueue_tasks_failed",
+            "Failure reports.",
+            ["task_class", "permanent"],
+            registry=registry,
+        )
+        self.cancelled = Counter(
+            "gorge_taskqueue_tasks_cancelled",
+            "Tasks archived as cancelled.",
+            ["task_class"],
+            registry=registry,
+        )
+        self.requeued = Counter(
+            "gorge_taskqueue_tasks_requeued",
+            "Archived tasks queued again as new tasks.",
+            ["task_class"],
+            registry=registry,
+        )
+        self.renewals = Counter(
+            "gorge_taskqueue_lease_renewals",
+            "Lease renewals by answer (renewed, lost).",
+            ["result"],
+            registry=registry,
+        )
+        self.depth = Gauge(
+            "gorge_taskqueue_queue_depth",
+            "Tasks by state, as of the last stats read.",
+            ["state"],
+            registry=registry,
+        )
+        self.lease_seconds = Histogram(
+            "gorge_taskqueue_lease_seconds",
+            "Time to run one lease call against the backend.",
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
 
     def observe_stats(self, stats: Stats) -> None:
         self.depth.labels("active").set(stats.active)

@@ -41,18 +41,24 @@ def ledger_name(source: str) -> str:
 class Summary:
     source: str
     target: str
-    total: int = 0              # active in the source when the run started
+    total: int = 0  # active in the source when the run started
     moved: int = 0
-    finished: int = 0           # already in the target from an interrupted run
+    finished: int = 0  # already in the target from an interrupted run
     by_class: Counter = field(default_factory=Counter)
-    held: int = 0               # leased right now: a queue still running?
+    held: int = 0  # leased right now: a queue still running?
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"from": self.source, "to": self.target, "total": self.total,
-                "moved": self.moved, "alreadyInTarget": self.finished,
-                "byClass": dict(sorted(self.by_class.items())), "leasedNow": self.held,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "from": self.source,
+            "to": self.target,
+            "total": self.total,
+            "moved": self.moved,
+            "alreadyInTarget": self.finished,
+            "byClass": dict(sorted(self.by_class.items())),
+            "leasedNow": self.held,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 Progress = Callable[[int, int], None]
@@ -77,9 +83,17 @@ def _batches(tasks: Sequence[Task], size: int) -> list[list[Task]]:
 class Migration:
     """Moves the active tasks of ``source`` into ``target``; see the module doc."""
 
-    def __init__(self, source: TaskStore, target: TaskStore, *, source_name: str,
-                 target_name: str, batch: int = DEFAULT_BATCH, now: Callable[[], float],
-                 progress: Progress = lambda done, total: None) -> None:
+    def __init__(
+        self,
+        source: TaskStore,
+        target: TaskStore,
+        *,
+        source_name: str,
+        target_name: str,
+        batch: int = DEFAULT_BATCH,
+        now: Callable[[], float],
+        progress: Progress = lambda done, total: None,
+    ) -> None:
         self._source = source
         self._target = target
         self._ledger = ledger_name(source_name)
@@ -130,7 +144,7 @@ def _running(task: Task, now: int) -> bool:
 
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:
-    return [ids[start:start + size] for start in range(0, len(ids), size)]
+    return [ids[start : start + size] for start in range(0, len(ids), size)]
 
 
 # -- the command ------------------------------------------------------------------
@@ -154,26 +168,42 @@ again to finish; nothing is lost or copied twice); 2 bad usage or a bad setting.
 
 def add_migrate_parser(verbs, *, wrap: Callable[[str], str]) -> argparse.ArgumentParser:
     parser = verbs.add_parser(
-        "migrate", help="move every active task from one backend to another",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-        description=wrap("Move every active task (class, payload, priority, PHIDs, failure count "
-                    "and time, delay or lease) from one backend's storage to another's, in "
-                    "batches, with the queue stopped: each batch is removed from the source "
-                    "only once the target holds it, and running the command again after an "
-                    "interruption finishes the job without copying anything twice. Tasks get "
-                    "new ids in the target; archived tasks stay where they are. Both "
-                    "backends' settings are read from the environment as gorge-taskqueue "
-                    "reads them (GORGE_TASKQUEUE_MYSQL_*, _NAMESPACE, _REDIS_*, "
-                    "_SQLITE_PATH). A progress bar is drawn on a terminal; a summary is "
-                    "printed at the end."))
-    parser.add_argument("--from", dest="source", choices=BACKENDS, required=True,
-                        help="the backend the tasks are in now")
-    parser.add_argument("--to", dest="target", choices=BACKENDS, required=True,
-                        help="the backend to move them to")
-    parser.add_argument("--batch", type=_batch_size, default=DEFAULT_BATCH,
-                        help=f"tasks per atomic step (1..{MAX_BATCH}, default {DEFAULT_BATCH})")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="count what would move, by class, and change nothing")
+        "migrate",
+        help="move every active task from one backend to another",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        description=wrap(
+            "Move every active task (class, payload, priority, PHIDs, failure count "
+            "and time, delay or lease) from one backend's storage to another's, in "
+            "batches, with the queue stopped: each batch is removed from the source "
+            "only once the target holds it, and running the command again after an "
+            "interruption finishes the job without copying anything twice. Tasks get "
+            "new ids in the target; archived tasks stay where they are. Both "
+            "backends' settings are read from the environment as gorge-taskqueue "
+            "reads them (GORGE_TASKQUEUE_MYSQL_*, _NAMESPACE, _REDIS_*, "
+            "_SQLITE_PATH). A progress bar is drawn on a terminal; a summary is "
+            "printed at the end."
+        ),
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        choices=BACKENDS,
+        required=True,
+        help="the backend the tasks are in now",
+    )
+    parser.add_argument(
+        "--to", dest="target", choices=BACKENDS, required=True, help="the backend to move them to"
+    )
+    parser.add_argument(
+        "--batch",
+        type=_batch_size,
+        default=DEFAULT_BATCH,
+        help=f"tasks per atomic step (1..{MAX_BATCH}, default {DEFAULT_BATCH})",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="count what would move, by class, and change nothing"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
@@ -197,8 +227,7 @@ class ProgressBar:
 
     def __call__(self, done: int, total: int) -> None:
         filled = self.WIDTH * done // total if total else self.WIDTH
-        self._stream.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] "
-                           f"{done}/{total} tasks")
+        self._stream.write(f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} tasks")
         self._stream.flush()
         self._drawn = True
 
@@ -210,28 +239,37 @@ class ProgressBar:
 
 def _report(summary: Summary, dry_run: bool, as_json: bool, out: TextIO, err: TextIO) -> None:
     if summary.held:
-        err.write(f"gorge queue migrate: warning: {summary.held} tasks are leased right now; "
-                  "is the queue stopped? their workers' reports will not find them\n")
+        err.write(
+            f"gorge queue migrate: warning: {summary.held} tasks are leased right now; "
+            "is the queue stopped? their workers' reports will not find them\n"
+        )
     if as_json:
         out.write(json.dumps({**summary.to_json(), "dryRun": dry_run}, indent=2) + "\n")
         return
     classes = ", ".join(f"{name} {count}" for name, count in sorted(summary.by_class.items()))
     if dry_run:
-        out.write(f"would move {summary.total - summary.finished} tasks from {summary.source} "
-                  f"to {summary.target}" + (f" ({classes})" if classes else "") + "\n")
+        out.write(
+            f"would move {summary.total - summary.finished} tasks from {summary.source} "
+            f"to {summary.target}" + (f" ({classes})" if classes else "") + "\n"
+        )
         if summary.finished:
-            out.write(f"{summary.finished} tasks are already in {summary.target} from an "
-                      f"interrupted run and would only be removed from {summary.source}\n")
+            out.write(
+                f"{summary.finished} tasks are already in {summary.target} from an "
+                f"interrupted run and would only be removed from {summary.source}\n"
+            )
         return
-    out.write(f"moved {summary.moved} tasks from {summary.source} to {summary.target} in "
-              f"{summary.seconds:.1f}s" + (f" ({classes})" if classes else "") + "\n")
+    out.write(
+        f"moved {summary.moved} tasks from {summary.source} to {summary.target} in "
+        f"{summary.seconds:.1f}s" + (f" ({classes})" if classes else "") + "\n"
+    )
     if summary.finished:
-        out.write(f"finished an interrupted run: {summary.finished} tasks already in "
-                  f"{summary.target} were removed from {summary.source}\n")
+        out.write(
+            f"finished an interrupted run: {summary.finished} tasks already in "
+            f"{summary.target} were removed from {summary.source}\n"
+        )
 
 
-def run_migrate(args: argparse.Namespace, env: Mapping[str, str], out: TextIO,
-                err: TextIO) -> int:
+def run_migrate(args: argparse.Namespace, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     if args.source == args.target:
         err.write("gorge queue migrate: --from and --to must name different backends\n")
         return EXIT_USAGE
@@ -245,9 +283,15 @@ def run_migrate(args: argparse.Namespace, env: Mapping[str, str], out: TextIO,
         err.write(f"gorge queue migrate: {e}\n")
         return EXIT_USAGE
     bar = ProgressBar(err) if err.isatty() and not args.json else None
-    migration = Migration(source, target, source_name=args.source, target_name=args.target,
-                          batch=args.batch, now=reactor.seconds,
-                          progress=bar if bar is not None else (lambda done, total: None))
+    migration = Migration(
+        source,
+        target,
+        source_name=args.source,
+        target_name=args.target,
+        batch=args.batch,
+        now=reactor.seconds,
+        progress=bar if bar is not None else (lambda done, total: None),
+    )
     outcome: dict[str, Any] = {}
 
     async def go() -> None:
@@ -277,6 +321,8 @@ def run_migrate(args: argparse.Namespace, env: Mapping[str, str], out: TextIO,
         return EXIT_OK
     done = migration.summary.moved + migration.summary.finished
     reason = outcome.get("error", "interrupted")
-    err.write(f"gorge queue migrate: {reason}; {done} of {migration.summary.total} tasks "
-              f"moved so far; run the same command again to finish\n")
+    err.write(
+        f"gorge queue migrate: {reason}; {done} of {migration.summary.total} tasks "
+        f"moved so far; run the same command again to finish\n"
+    )
     return EXIT_FAILED

@@ -306,8 +306,7 @@ class ReportResult:
     error: Exception | None = None
 
 
-RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE,
-                "cancelled": RESULT_CANCELLED}
+RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE, "cancelled": RESULT_CANCELLED}
 
 
 @dataclass(frozen=True)

@@ -16,5 +16,8 @@ class MySQLTaskStore(SqlTaskStore):
 
     @classmethod
     def from_settings(cls, settings: MySQLSettings, reactor, clock: IReactorTime | None = None):
-        return cls(MySQLEngine().make_pool(settings, reactor),
-                   clock if clock is not None else reactor, reactor=reactor)
+        return cls(
+            MySQLEngine().make_pool(settings, reactor),
+            clock if clock is not None else reactor,
+            reactor=reactor,
+        )

@@ -50,10 +50,10 @@ from gorge.taskqueue.model import (
     LEASED,
     MIN_YIELD,
     NOT_LEASED,
-    RESULT_CANCELLED,
-    RESULT_FAILURE,
     REPORT_COMPLETE,
     REPORT_FAIL,
+    RESULT_CANCELLED,
+    RESULT_FAILURE,
     RESULT_SUCCESS,
     SUCCEEDED,
     YIELD_OWNER,
@@ -299,7 +299,8 @@ NOT_FOUND = "!notfound"
 # (without the payload copy), CONFLICT when a fenced call finds the task held
 # by someone else or archived, or false when the task is not active and no
 # replay applies.
-_LUA_ARCHIVE = """
+_LUA_ARCHIVE = (
+    """
 local function archive(key, m, result, duration, now, replay, cutoff, owner)
   local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
   local counter_archived = base .. 'counter:archived'
@@ -310,11 +311,15 @@ local function archive(key, m, result, duration, now, replay, cutoff, owner)
       row['data'] = nil
       return row
     end
-    if owner ~= '' and was[1] then return '""" + CONFLICT + """' end
+    if owner ~= '' and was[1] then return '"""
+    + CONFLICT
+    + """' end
     return false
   end
   if owner ~= '' and redis.call('HGET', key, 'leaseOwner') ~= owner then
-    return '""" + CONFLICT + """'
+    return '"""
+    + CONFLICT
+    + """'
   end
   local row = redis.call('HGETALL', key)
   local fields, failures, data_id = {}, 0, nil
@@ -362,6 +367,7 @@ local function archive(key, m, result, duration, now, replay, cutoff, owner)
   return archived
 end
 """
+)
 
 # KEYS: leased
 # ARGV: base, owner, leaseExpires, now, member...
@@ -404,30 +410,40 @@ return answer
 # Shared by the fenced steps: nil when the task may change, false when it is
 # not active and not fenced-archived, CONFLICT when fenced and not held by
 # the owner.
-_LUA_FENCE = """
+_LUA_FENCE = (
+    """
 local function refused(m, task_key_name, owner)
   if redis.call('EXISTS', task_key_name) == 0 then
     if owner ~= '' and redis.call('EXISTS', base .. 'archived:' .. id_of(m)) == 1 then
-      return '""" + CONFLICT + """'
+      return '"""
+    + CONFLICT
+    + """'
     end
     return false
   end
   if owner ~= '' and redis.call('HGET', task_key_name, 'leaseOwner') ~= owner then
-    return '""" + CONFLICT + """'
+    return '"""
+    + CONFLICT
+    + """'
   end
   return nil
 end
 """
+)
 
 # Temporary failure and yield of one task, for the single calls and the
 # batched report.  ``expires`` is OUT_OF_RANGE when the computed expiry does
 # not fit the column: answered after the refusals, as the other backends do.
 # A temporary failure answers the updated row (a table), a yield 1.
-_LUA_FAIL_AND_YIELD = _LUA_FENCE + """
+_LUA_FAIL_AND_YIELD = (
+    _LUA_FENCE
+    + """
 local function fail_temporary(key, m, now, expires, owner)
   local refusal = refused(m, key, owner)
   if refusal ~= nil then return refusal end
-  if expires == '""" + OUT_OF_RANGE + """' then return expires end
+  if expires == '"""
+    + OUT_OF_RANGE
+    + """' then return expires end
   local failures = tonumber(redis.call('HGET', key, 'failureCount')) or 0
   redis.call('HSET', key, 'failureCount', failures + 1, 'failureTime', now,
     'leaseOwner', '', 'leaseExpires', expires, 'dateModified', now)
@@ -439,7 +455,9 @@ end
 local function yield_task(key, m, now, expires, owner, yield_owner)
   local refusal = refused(m, key, owner)
   if refusal ~= nil then return refusal end
-  if expires == '""" + OUT_OF_RANGE + """' then return expires end
+  if expires == '"""
+    + OUT_OF_RANGE
+    + """' then return expires end
   redis.call('HSET', key, 'leaseOwner', yield_owner, 'leaseExpires', expires,
     'dateModified', now)
   redis.call('ZREM', base .. 'idx:unleased', m)
@@ -447,6 +465,7 @@ local function yield_task(key, m, now, expires, owner, yield_owner)
   return 1
 end
 """
+)
 
 # KEYS: task
 # ARGV: base, member, now, expires, lease owner ('' = unfenced)
@@ -505,7 +524,9 @@ for i, r in ipairs(cjson.decode(ARGV[2])) do
   elseif answer then
     out[i] = answer
   else
-    out[i] = '""" + NOT_FOUND + """'
+    out[i] = '"""
+    + NOT_FOUND
+    + """'
   end
 end
 return cjson.encode(out)
@@ -947,12 +968,11 @@ class RedisTaskStore:
         return await d.addTimeout(self._op_timeout, self._clock)
 
     async def _run(self, script: gredis.LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._bounded(
-            script.run(self._conn, keys=keys, args=[self.keys.base, *args])
-        )
+        return await self._bounded(script.run(self._conn, keys=keys, args=[self.keys.base, *args]))
 
-    async def _run_packed(self, script: gredis.LuaScript, key: str, fields: Sequence[Any],
-                          *extra: str) -> Any:
+    async def _run_packed(
+        self, script: gredis.LuaScript, key: str, fields: Sequence[Any], *extra: str
+    ) -> Any:
         """Run a script that reads its small arguments from one JSON array."""
         packed = _pack([self.keys.base, *(f if isinstance(f, str) else str(f) for f in fields)])
         return await self._bounded(script.run(self._conn, keys=[key], args=[packed, *extra]))
@@ -1002,8 +1022,9 @@ class RedisTaskStore:
         # Unfiltered, the first `limit` unleased ids are all claimable: one page.
         batch = SCAN_BATCH if classes else max(limit, 1)
         k = self.keys
-        claim = Deferred.fromCoroutine(self._run_packed(
-            self._lease, k.unleased, [limit, owner, exp, now, batch, *classes]))
+        claim = Deferred.fromCoroutine(
+            self._run_packed(self._lease, k.unleased, [limit, owner, exp, now, batch, *classes])
+        )
         rows = await outliving_caller(claim, lambda won: self._give_back(owner, exp, won))
         return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
 
@@ -1012,11 +1033,20 @@ class RedisTaskStore:
         if not ids:
             return
         log_handed_back(owner, ids)
-        d = self._giving_back.track(Deferred.fromCoroutine(self._run(
-            self._give_back_script, [self.keys.leased],
-            [owner, exp, self._now(), *(member(i) for i in ids)])))
-        d.addErrback(lambda f: log.failure("LEASE_HAND_BACK_FAILED task_ids={task_ids}", f,
-                                           level=LogLevel.error, task_ids=ids))
+        d = self._giving_back.track(
+            Deferred.fromCoroutine(
+                self._run(
+                    self._give_back_script,
+                    [self.keys.leased],
+                    [owner, exp, self._now(), *(member(i) for i in ids)],
+                )
+            )
+        )
+        d.addErrback(
+            lambda f: log.failure(
+                "LEASE_HAND_BACK_FAILED task_ids={task_ids}", f, level=LogLevel.error, task_ids=ids
+            )
+        )
 
     async def _archive_task(
         self, task_id: int, result: int, duration: int, replay: bool, owner: str | None = None
@@ -1027,14 +1057,14 @@ class RedisTaskStore:
         reply = await self._run_packed(
             self._archive,
             k.task(task_id),
-            [member(task_id), result, duration, now, "1" if replay else "0", cutoff,
-             owner or ""],
+            [member(task_id), result, duration, now, "1" if replay else "0", cutoff, owner or ""],
         )
         _refusal(task_id, reply)
         return archived_from_columns(json.loads(reply))
 
-    async def _checked_expiry(self, task_id: int, field: str, expires: int,
-                              owner: str | None) -> int:
+    async def _checked_expiry(
+        self, task_id: int, field: str, expires: int, owner: str | None
+    ) -> int:
         """``expires`` if it fits the column; else the error the model gives:
         not found for an unknown id, a conflict for a fenced call on a task
         someone else holds, InvalidArgument otherwise."""
@@ -1051,8 +1081,7 @@ class RedisTaskStore:
                 raise LeaseConflict(task_id) from None
             raise
 
-    async def complete(self, task_id: int, duration: int,
-                       owner: str | None = None) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
         return await self._archive_task(task_id, RESULT_SUCCESS, duration, True, owner)
 
     async def fail(
@@ -1074,7 +1103,8 @@ class RedisTaskStore:
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
         expires = await self._checked_expiry(
-            task_id, "duration", now + max(duration, MIN_YIELD), owner)
+            task_id, "duration", now + max(duration, MIN_YIELD), owner
+        )
         k = self.keys
         found = await self._run(
             self._yield,
@@ -1086,8 +1116,9 @@ class RedisTaskStore:
     async def cancel(self, task_id: int) -> ArchivedTask:
         return await self._archive_task(task_id, RESULT_CANCELLED, 0, False)
 
-    async def report(self, reports: Sequence[Report],
-                     owner: str | None = None) -> list[ReportResult]:
+    async def report(
+        self, reports: Sequence[Report], owner: str | None = None
+    ) -> list[ReportResult]:
         reports = list(reports)
         if not reports:
             return []
@@ -1104,9 +1135,14 @@ class RedisTaskStore:
                 entries.append([m, "t", _expiry_or_marker(now + report.retry_wait)])
             else:
                 entries.append([m, "y", _expiry_or_marker(now + max(report.duration, MIN_YIELD))])
-        answers = json.loads(await self._run_packed(
-            self._report, self.keys.active, [now, cutoff, owner or "", YIELD_OWNER],
-            _pack(entries)))
+        answers = json.loads(
+            await self._run_packed(
+                self._report,
+                self.keys.active,
+                [now, cutoff, owner or "", YIELD_OWNER],
+                _pack(entries),
+            )
+        )
         return [_report_result(report, answer) for report, answer in zip(reports, answers)]
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
@@ -1122,8 +1158,9 @@ class RedisTaskStore:
         )
         return int(changed)
 
-    async def renew(self, owner: str, task_ids: Sequence[int],
-                    duration: int) -> dict[int, int | None]:
+    async def renew(
+        self, owner: str, task_ids: Sequence[int], duration: int
+    ) -> dict[int, int | None]:
         ids = list(dict.fromkeys(task_ids))
         exp = check_u32("duration", self._now() + duration)
         if not ids:
@@ -1134,8 +1171,9 @@ class RedisTaskStore:
             [k.leased, *(k.task(i) for i in ids)],
             [owner, exp, *(member(i) for i in ids)],
         )
-        return {task_id: (int(a) if a not in (None, "") else None)
-                for task_id, a in zip(ids, answers)}
+        return {
+            task_id: (int(a) if a not in (None, "") else None) for task_id, a in zip(ids, answers)
+        }
 
     async def stats(self) -> Stats:
         k = self.keys
@@ -1168,18 +1206,28 @@ class RedisTaskStore:
             return None
         return archived_from_columns(cols)
 
-    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
-                            offset: int) -> list[ArchivedTask]:
+    async def list_archived(
+        self, result: int | None, task_class: str | None, limit: int, offset: int
+    ) -> list[ArchivedTask]:
         # Filtered pages are matched inside Redis, a bounded page per call,
         # so a large archive never blocks the server for long.
         rows: list[ArchivedTask] = []
         skip, rank = offset, 0
         while rank >= 0 and len(rows) < limit:
             wanted = skip + limit - len(rows)
-            reply = json.loads(await self._run(
-                self._list_archived, [self.keys.archived_idx],
-                [rank, ARCHIVE_PAGE, "" if result is None else result, task_class or "",
-                 wanted]))
+            reply = json.loads(
+                await self._run(
+                    self._list_archived,
+                    [self.keys.archived_idx],
+                    [
+                        rank,
+                        ARCHIVE_PAGE,
+                        "" if result is None else result,
+                        task_class or "",
+                        wanted,
+                    ],
+                )
+            )
             for doc in reply["rows"]:
                 if skip:
                     skip -= 1
@@ -1189,8 +1237,12 @@ class RedisTaskStore:
         return rows[:limit]
 
     async def requeue(self, task_id: int) -> Task:
-        return await self._operated(task_id, await self._run_packed(
-            self._requeue, self.keys.archived(task_id), [member(task_id), self._now()]))
+        return await self._operated(
+            task_id,
+            await self._run_packed(
+                self._requeue, self.keys.archived(task_id), [member(task_id), self._now()]
+            ),
+        )
 
     async def _operated(self, task_id: int, reply: Any) -> Task:
         if not reply:
@@ -1201,25 +1253,44 @@ class RedisTaskStore:
 
     async def delay(self, task_id: int, until: int) -> Task:
         k = self.keys
-        return await self._operated(task_id, await self._run(
-            self._delay, [k.task(task_id), k.unleased, k.leased],
-            [member(task_id), until, self._now()]))
+        return await self._operated(
+            task_id,
+            await self._run(
+                self._delay,
+                [k.task(task_id), k.unleased, k.leased],
+                [member(task_id), until, self._now()],
+            ),
+        )
 
     async def set_priority(self, task_id: int, priority: int) -> Task:
         k = self.keys
-        return await self._operated(task_id, await self._run(
-            self._set_priority, [k.task(task_id), k.active, k.unleased],
-            [member(task_id), priority, self._now()]))
+        return await self._operated(
+            task_id,
+            await self._run(
+                self._set_priority,
+                [k.task(task_id), k.active, k.unleased],
+                [member(task_id), priority, self._now()],
+            ),
+        )
 
     async def free(self, task_id: int) -> Task:
         k = self.keys
-        return await self._operated(task_id, await self._run(
-            self._free, [k.task(task_id), k.unleased, k.leased], [member(task_id), self._now()]))
+        return await self._operated(
+            task_id,
+            await self._run(
+                self._free, [k.task(task_id), k.unleased, k.leased], [member(task_id), self._now()]
+            ),
+        )
 
     async def retry(self, task_id: int, repeat: bool) -> Task:
-        return await self._operated(task_id, await self._run_packed(
-            self._retry, self.keys.archived(task_id),
-            [member(task_id), self._now(), "1" if repeat else "0"]))
+        return await self._operated(
+            task_id,
+            await self._run_packed(
+                self._retry,
+                self.keys.archived(task_id),
+                [member(task_id), self._now(), "1" if repeat else "0"],
+            ),
+        )
 
     async def active_ids(self) -> list[int]:
         members = await self._bounded(self._conn.zrange(self.keys.active, 0, -1))
@@ -1229,7 +1300,7 @@ class RedisTaskStore:
         ids = sorted(set(task_ids))
         out: list[Task] = []
         for start in range(0, len(ids), ARCHIVE_PAGE):
-            chunk = ids[start:start + ARCHIVE_PAGE]
+            chunk = ids[start : start + ARCHIVE_PAGE]
             rows = await self._run(self._export, [self.keys.active], [member(i) for i in chunk])
             out += [_row(doc) for doc in json.loads(rows)]
         return out
@@ -1238,12 +1309,23 @@ class RedisTaskStore:
         def text(value: Any) -> str:
             return "" if value is None else str(value)
 
-        rows = [[t.task_class, text(t.lease_owner), text(t.lease_expires), str(t.failure_count),
-                 text(t.failure_time), str(t.priority), text(t.object_phid),
-                 text(t.container_phid), str(t.date_created), str(t.date_modified),
-                 t.data or ""] for t in tasks]
-        ids = await self._run(self._import, [self.keys.next_task_id],
-                              [_pack(rows), ledger, mark])
+        rows = [
+            [
+                t.task_class,
+                text(t.lease_owner),
+                text(t.lease_expires),
+                str(t.failure_count),
+                text(t.failure_time),
+                str(t.priority),
+                text(t.object_phid),
+                text(t.container_phid),
+                str(t.date_created),
+                str(t.date_modified),
+                t.data or "",
+            ]
+            for t in tasks
+        ]
+        ids = await self._run(self._import, [self.keys.next_task_id], [_pack(rows), ledger, mark])
         return [int(i) for i in ids or []]
 
     async def migration_mark(self, ledger: str) -> int | None:
@@ -1257,15 +1339,17 @@ class RedisTaskStore:
         gone = 0
         tasks = list(tasks)
         for start in range(0, len(tasks), ARCHIVE_PAGE):
-            chunk = tasks[start:start + ARCHIVE_PAGE]
-            gone += int(await self._run(self._delete, [self.keys.active],
-                                        [member(t.id) for t in chunk]))
+            chunk = tasks[start : start + ARCHIVE_PAGE]
+            gone += int(
+                await self._run(self._delete, [self.keys.active], [member(t.id) for t in chunk])
+            )
         return gone
 
     async def wake_check(self, since: int, now: int) -> tuple[int, bool]:
         k = self.keys
-        highest, due = await self._bounded(self._wake_check.run(
-            self._conn, keys=[k.next_task_id, k.leased], args=[since, now]))
+        highest, due = await self._bounded(
+            self._wake_check.run(self._conn, keys=[k.next_task_id, k.leased], args=[since, now])
+        )
         return int(highest), int(due) > 0
 
     async def ping(self) -> str | None:

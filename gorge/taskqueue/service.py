@@ -49,8 +49,7 @@ def make_store(settings: TaskQueueSettings, reactor) -> TaskStore:
     if settings.backend == "redis":
         from gorge.taskqueue.redis import make_redis_task_store
 
-        return make_redis_task_store(settings.redis, reactor,
-                                     key_prefix=settings.redis_key_prefix)
+        return make_redis_task_store(settings.redis, reactor, key_prefix=settings.redis_key_prefix)
     from gorge.taskqueue.mysql import MySQLTaskStore
 
     return MySQLTaskStore.from_settings(settings.mysql, reactor)
@@ -72,14 +71,24 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
     }
     if settings.backend == "mysql":
         m = settings.mysql
-        fields.update(mysql_host=m.host, mysql_port=m.port, mysql_user=m.user,
-                      mysql_database=m.database, mysql_password_set=bool(m.password),
-                      mysql_max_connections=m.max_connections)
+        fields.update(
+            mysql_host=m.host,
+            mysql_port=m.port,
+            mysql_user=m.user,
+            mysql_database=m.database,
+            mysql_password_set=bool(m.password),
+            mysql_max_connections=m.max_connections,
+        )
     elif settings.backend == "redis":
         r = settings.redis
-        fields.update(redis_host=r.host, redis_port=r.port, redis_db=r.db,
-                      redis_key_prefix=settings.redis_key_prefix,
-                      redis_password_set=bool(r.password), redis_poolsize=r.poolsize)
+        fields.update(
+            redis_host=r.host,
+            redis_port=r.port,
+            redis_db=r.db,
+            redis_key_prefix=settings.redis_key_prefix,
+            redis_password_set=bool(r.password),
+            redis_poolsize=r.poolsize,
+        )
     else:
         fields.update(sqlite_path=settings.sqlite_path)
     return fields
@@ -89,8 +98,14 @@ class QueueDepth:
     """The stats loop: every interval the queue's counts go into the depth
     gauges, and systemd hears that the daemon is up and making progress."""
 
-    def __init__(self, store: TaskStore, metrics: TaskQueueMetrics,
-                 notifier: SystemdNotifier | None, interval: float, clock) -> None:
+    def __init__(
+        self,
+        store: TaskStore,
+        metrics: TaskQueueMetrics,
+        notifier: SystemdNotifier | None,
+        interval: float,
+        clock,
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._notifier = notifier
@@ -114,8 +129,13 @@ class QueueDepth:
                 self._notifier.progress()
 
 
-def build_taskqueue_service(settings: TaskQueueSettings, reactor, *, store: TaskStore | None = None,
-                            notifier: SystemdNotifier | None = None) -> ServiceTree:
+def build_taskqueue_service(
+    settings: TaskQueueSettings,
+    reactor,
+    *,
+    store: TaskStore | None = None,
+    notifier: SystemdNotifier | None = None,
+) -> ServiceTree:
     """The real constructor; ``makeService`` only wires in the reactor and environment.
 
     Stops in reverse: stats loop, held lease calls (answered empty at once),
@@ -168,8 +188,10 @@ def build_taskqueue_service(settings: TaskQueueSettings, reactor, *, store: Task
     # The configuration is announced before anything starts.
     tree.add("store", start=starting, stop=close_store, part=store)
     tree.add("drain", stop=drain)
-    tree.add("listener", listener(settings.http.endpoint, site,
-                                  drain_timeout=settings.drain_timeout, clock=reactor))
+    tree.add(
+        "listener",
+        listener(settings.http.endpoint, site, drain_timeout=settings.drain_timeout, clock=reactor),
+    )
     tree.add("held-leases", stop=waiters.close, part=waiters)
     tree.add("stats", start=depth.start, stop=depth.stop, part=depth)
     # First to stop: the budget's clock starts with the stop.
@@ -189,7 +211,8 @@ def makeService(options: Options) -> IService:
         settings = load_settings(os.environ, listen=options["listen"], warnings=warnings)
         for warning in warnings:
             log.warn("CONFIG_WARNING {warning}", warning=warning)
-        return build_taskqueue_service(settings, reactor,
-                                       notifier=SystemdNotifier(os.environ, reactor))
+        return build_taskqueue_service(
+            settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
+        )
 
     return run_make_service(SERVICE_NAME, build, options=options)

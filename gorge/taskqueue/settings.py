@@ -29,8 +29,9 @@ class TaskQueueSettings:
     wake_check_ms: int = 15
 
 
-def load_settings(environ: Mapping[str, str], *, listen: str | None = None,
-                  warnings: list[str] | None = None) -> TaskQueueSettings:
+def load_settings(
+    environ: Mapping[str, str], *, listen: str | None = None, warnings: list[str] | None = None
+) -> TaskQueueSettings:
     """Parse once; the first bad value raises :class:`ConfigError` naming it."""
     env = Env(environ, "gorge-taskqueue")
     http = load_http_settings(env, default_listen=DEFAULT_LISTEN, listen_override=listen)
@@ -69,10 +70,10 @@ def load_settings(environ: Mapping[str, str], *, listen: str | None = None,
         redis=redis,
         redis_key_prefix=prefix,
         sqlite_path=sqlite_path,
-        lease_duration=env.int("GORGE_TASKQUEUE_LEASE_DURATION", DEFAULT_LEASE_DURATION,
-                               min=1, max=UINT32_MAX),
-        retry_wait=env.int("GORGE_TASKQUEUE_RETRY_WAIT", DEFAULT_RETRY_WAIT,
-                           min=0, max=UINT32_MAX),
+        lease_duration=env.int(
+            "GORGE_TASKQUEUE_LEASE_DURATION", DEFAULT_LEASE_DURATION, min=1, max=UINT32_MAX
+        ),
+        retry_wait=env.int("GORGE_TASKQUEUE_RETRY_WAIT", DEFAULT_RETRY_WAIT, min=0, max=UINT32_MAX),
         wake_check_ms=env.int("GORGE_TASKQUEUE_WAKE_CHECK_MS", 15, min=1, max=60_000),
     )
     if warnings is not None:

@@ -118,5 +118,8 @@ class SQLiteTaskStore(SqlTaskStore):
 
     @classmethod
     def open(cls, path: str, reactor, clock: IReactorTime | None = None) -> SQLiteTaskStore:
-        return cls(make_sqlite_pool(path, reactor), clock if clock is not None else reactor,
-                   reactor=reactor)
+        return cls(
+            make_sqlite_pool(path, reactor),
+            clock if clock is not None else reactor,
+            reactor=reactor,
+        )

@@ -19,25 +19,25 @@ from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
 
+from gorge.service import InFlight
 from gorge.sql import Database, Engine
 from gorge.taskqueue.counts import TaskCounts
-from gorge.service import InFlight
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
+    ARCHIVE_COLUMNS,
     ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
     COUNTER_NAME,
     LEASED,
     MIN_YIELD,
     NOT_LEASED,
+    REPORT_COMPLETE,
+    REPORT_FAIL,
     RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
     SUCCEEDED,
     TASK_COLUMNS,
-    ARCHIVE_COLUMNS,
-    REPORT_COMPLETE,
-    REPORT_FAIL,
     YIELD_OWNER,
     ArchivedTask,
     EnqueueRequest,
@@ -172,7 +172,9 @@ RENEW = (
     "UPDATE worker_activetask SET leaseExpires = %s WHERE id IN ({ids}) AND leaseOwner = %s"
     " AND (leaseExpires IS NULL OR leaseExpires < %s)"
 )
-RENEWED = "SELECT id, leaseExpires FROM worker_activetask WHERE id IN ({ids}) AND leaseOwner = %s{lock}"
+RENEWED = (
+    "SELECT id, leaseExpires FROM worker_activetask WHERE id IN ({ids}) AND leaseOwner = %s{lock}"
+)
 STATS = (
     # activeCount and archivedCount are kept by gorge/taskqueue/counts.py: a
     # COUNT(*) would read a whole table. failureTime is set with every failure
@@ -253,10 +255,16 @@ class SqlTaskStore:
     def new_engine() -> Engine:
         raise NotImplementedError
 
-    def __init__(self, pool: adbapi.ConnectionPool, clock: IReactorTime, *,
-                 reactor: IReactorTime | None = None) -> None:
-        self.db = Database(self.new_engine(), pool, reactor if reactor is not None else clock,
-                           name=DATABASE_NAME)
+    def __init__(
+        self,
+        pool: adbapi.ConnectionPool,
+        clock: IReactorTime,
+        *,
+        reactor: IReactorTime | None = None,
+    ) -> None:
+        self.db = Database(
+            self.new_engine(), pool, reactor if reactor is not None else clock, name=DATABASE_NAME
+        )
         self._engine = self.db.engine
         self._clock = clock
         self._counts = TaskCounts()
@@ -286,27 +294,44 @@ class SqlTaskStore:
         self._exec(
             txn,
             INSERT_TASK,
-            (task_id, request.task_class, request.delay_until, data_id, request.priority,
-             request.object_phid or None, request.container_phid or None, now, now),
+            (
+                task_id,
+                request.task_class,
+                request.delay_until,
+                data_id,
+                request.priority,
+                request.object_phid or None,
+                request.container_phid or None,
+                now,
+                now,
+            ),
         )
         return Task(
-            id=task_id, task_class=request.task_class, lease_owner=None,
-            lease_expires=request.delay_until, failure_count=0, data_id=data_id,
-            failure_time=None, priority=request.priority,
+            id=task_id,
+            task_class=request.task_class,
+            lease_owner=None,
+            lease_expires=request.delay_until,
+            failure_count=0,
+            data_id=data_id,
+            failure_time=None,
+            priority=request.priority,
             object_phid=request.object_phid or None,
             container_phid=request.container_phid or None,
-            date_created=now, date_modified=now,
+            date_created=now,
+            date_modified=now,
         )
 
     # -- lease ---------------------------------------------------------------
 
-    async def lease(self, owner: str, limit: int, lease_duration: int,
-                    task_classes: Sequence[str] | None = None) -> list[Task]:
+    async def lease(
+        self, owner: str, limit: int, lease_duration: int, task_classes: Sequence[str] | None = None
+    ) -> list[Task]:
         now = self._now()
         exp = check_u32("leaseExpires", now + lease_duration)
         classes = tuple(dict.fromkeys(task_classes or ()))
-        claim = Deferred.fromCoroutine(self.db.run("lease", self._lease_txn, owner, limit, exp,
-                                                   now, classes))
+        claim = Deferred.fromCoroutine(
+            self.db.run("lease", self._lease_txn, owner, limit, exp, now, classes)
+        )
         return await outliving_caller(claim, lambda won: self._give_back(owner, exp, won))
 
     def _give_back(self, owner: str, exp: int, tasks: list[Task]) -> None:
@@ -317,15 +342,18 @@ class SqlTaskStore:
 
         def give_back(txn) -> None:
             self._engine.begin_write(txn)
-            self._exec(txn, GIVE_BACK.format(ids=_marks(len(ids))),
-                       (self._now(), *ids, owner, exp))
+            self._exec(txn, GIVE_BACK.format(ids=_marks(len(ids))), (self._now(), *ids, owner, exp))
 
         d = self._giving_back.track(Deferred.fromCoroutine(self.db.run("give_back", give_back)))
-        d.addErrback(lambda f: log.failure("LEASE_HAND_BACK_FAILED task_ids={task_ids}", f,
-                                           level=LogLevel.error, task_ids=ids))
+        d.addErrback(
+            lambda f: log.failure(
+                "LEASE_HAND_BACK_FAILED task_ids={task_ids}", f, level=LogLevel.error, task_ids=ids
+            )
+        )
 
-    def _lease_txn(self, txn, owner: str, limit: int, exp: int, now: int,
-                   classes: tuple[str, ...]) -> list[Task]:
+    def _lease_txn(
+        self, txn, owner: str, limit: int, exp: int, now: int, classes: tuple[str, ...]
+    ) -> list[Task]:
         self._engine.begin_write(txn, read_committed=True)
         try:
             won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=True)
@@ -340,20 +368,58 @@ class SqlTaskStore:
         self._exec(txn, FETCH_WON.format(ids=_marks(len(won))), (*won, owner))
         return [self._task_row(row, with_data=True) for row in txn.fetchall()]
 
-    def _claim_phases(self, txn, owner: str, limit: int, exp: int, now: int,
-                      classes: tuple[str, ...], *, at_once: bool) -> list[int]:
+    def _claim_phases(
+        self,
+        txn,
+        owner: str,
+        limit: int,
+        exp: int,
+        now: int,
+        classes: tuple[str, ...],
+        *,
+        at_once: bool,
+    ) -> list[int]:
         class_sql = f" AND taskClass IN ({_marks(len(classes))})" if classes else ""
-        won = self._claim(txn, PHASE1_CANDIDATES.format(classes=class_sql), (), classes,
-                          PHASE1_CLAIM_ALL if at_once else PHASE1_CLAIM, (), owner, exp, limit,
-                          at_once)
+        won = self._claim(
+            txn,
+            PHASE1_CANDIDATES.format(classes=class_sql),
+            (),
+            classes,
+            PHASE1_CLAIM_ALL if at_once else PHASE1_CLAIM,
+            (),
+            owner,
+            exp,
+            limit,
+            at_once,
+        )
         if len(won) < limit:
-            won += self._claim(txn, PHASE2_CANDIDATES.format(classes=class_sql), (now,), classes,
-                               PHASE2_CLAIM_ALL if at_once else PHASE2_CLAIM, (now,), owner, exp,
-                               limit - len(won), at_once)
+            won += self._claim(
+                txn,
+                PHASE2_CANDIDATES.format(classes=class_sql),
+                (now,),
+                classes,
+                PHASE2_CLAIM_ALL if at_once else PHASE2_CLAIM,
+                (now,),
+                owner,
+                exp,
+                limit - len(won),
+                at_once,
+            )
         return won
 
-    def _claim(self, txn, candidates_sql: str, pre: tuple, classes: tuple, claim_sql: str,
-               claim_extra: tuple, owner: str, exp: int, want: int, at_once: bool) -> list[int]:
+    def _claim(
+        self,
+        txn,
+        candidates_sql: str,
+        pre: tuple,
+        classes: tuple,
+        claim_sql: str,
+        claim_extra: tuple,
+        owner: str,
+        exp: int,
+        want: int,
+        at_once: bool,
+    ) -> list[int]:
         won: list[int] = []
         for _ in range(_CLAIM_ROUNDS):
             need = want - len(won)
@@ -361,8 +427,11 @@ class SqlTaskStore:
             ids = [int(r[0]) for r in txn.fetchall()]
             if at_once:
                 if ids:
-                    self._exec(txn, claim_sql.format(ids=_marks(len(ids))),
-                               (owner, exp, *ids, *claim_extra))
+                    self._exec(
+                        txn,
+                        claim_sql.format(ids=_marks(len(ids))),
+                        (owner, exp, *ids, *claim_extra),
+                    )
                     if txn.rowcount != len(ids):
                         raise _Contended()
                     won += ids
@@ -377,27 +446,38 @@ class SqlTaskStore:
 
     # -- archive -------------------------------------------------------------
 
-    async def complete(self, task_id: int, duration: int,
-                       owner: str | None = None) -> ArchivedTask:
-        return await self.db.run("complete", self._archive_txn, task_id, RESULT_SUCCESS,
-                                 duration, self._now(), True, owner)
+    async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
+        return await self.db.run(
+            "complete",
+            self._archive_txn,
+            task_id,
+            RESULT_SUCCESS,
+            duration,
+            self._now(),
+            True,
+            owner,
+        )
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self.db.run("cancel", self._archive_txn, task_id, RESULT_CANCELLED, 0,
-                                 self._now(), False, None)
+        return await self.db.run(
+            "cancel", self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(), False, None
+        )
 
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
-            return await self.db.run("fail", self._archive_txn, task_id, RESULT_FAILURE, 0, now,
-                                     False, owner)
-        return await self.db.run("fail_temporarily", self._temporary_fail_txn, task_id, now,
-                                 now + retry_wait, owner)
+            return await self.db.run(
+                "fail", self._archive_txn, task_id, RESULT_FAILURE, 0, now, False, owner
+            )
+        return await self.db.run(
+            "fail_temporarily", self._temporary_fail_txn, task_id, now, now + retry_wait, owner
+        )
 
-    def _held_txn(self, txn, task_id: int, owner: str | None,
-                  replay: bool = False) -> Task | ArchivedTask:
+    def _held_txn(
+        self, txn, task_id: int, owner: str | None, replay: bool = False
+    ) -> Task | ArchivedTask:
         """The active row a (possibly fenced) call may change, read with a row
         lock; TaskNotFound / LeaseConflict as the TaskStore fencing note says.
         With ``replay``, a success archived (with this owner, when fenced) is
@@ -408,8 +488,12 @@ class SqlTaskStore:
             previous = None
             if replay or owner is not None:
                 previous = self._archived_txn(txn, task_id)
-            if (replay and previous is not None and previous.result == RESULT_SUCCESS
-                    and (owner is None or previous.lease_owner == owner)):
+            if (
+                replay
+                and previous is not None
+                and previous.result == RESULT_SUCCESS
+                and (owner is None or previous.lease_owner == owner)
+            ):
                 return previous
             if owner is not None and previous is not None:
                 raise LeaseConflict(task_id)
@@ -419,13 +503,29 @@ class SqlTaskStore:
             raise LeaseConflict(task_id)
         return task
 
-    def _archive_txn(self, txn, task_id: int, result: int, duration: int, now: int,
-                     replay: bool, owner: str | None) -> ArchivedTask:
+    def _archive_txn(
+        self,
+        txn,
+        task_id: int,
+        result: int,
+        duration: int,
+        now: int,
+        replay: bool,
+        owner: str | None,
+    ) -> ArchivedTask:
         self._engine.begin_write(txn)
         return self._archive_in(txn, task_id, result, duration, now, replay, owner)
 
-    def _archive_in(self, txn, task_id: int, result: int, duration: int, now: int,
-                    replay: bool, owner: str | None) -> ArchivedTask:
+    def _archive_in(
+        self,
+        txn,
+        task_id: int,
+        result: int,
+        duration: int,
+        now: int,
+        replay: bool,
+        owner: str | None,
+    ) -> ArchivedTask:
         task = self._held_txn(txn, task_id, owner, replay)
         if isinstance(task, ArchivedTask):
             return task
@@ -433,16 +533,27 @@ class SqlTaskStore:
         self._exec(
             txn,
             INSERT_ARCHIVE,
-            (archived.id, archived.task_class, archived.lease_owner, archived.lease_expires,
-             archived.failure_count, archived.data_id, archived.priority, archived.object_phid,
-             archived.container_phid, archived.date_created, archived.date_modified,
-             archived.result, archived.duration, archived.archived_epoch),
+            (
+                archived.id,
+                archived.task_class,
+                archived.lease_owner,
+                archived.lease_expires,
+                archived.failure_count,
+                archived.data_id,
+                archived.priority,
+                archived.object_phid,
+                archived.container_phid,
+                archived.date_created,
+                archived.date_modified,
+                archived.result,
+                archived.duration,
+                archived.archived_epoch,
+            ),
         )
         self._exec(txn, DELETE_ACTIVE, (task_id,))
         return archived
 
-    def _check_expiry(self, txn, task_id: int, field: str, expires: int,
-                      owner: str | None) -> int:
+    def _check_expiry(self, txn, task_id: int, field: str, expires: int, owner: str | None) -> int:
         """An unknown id is not-found, and a fenced call on a task held by
         another owner a conflict, before any range check of a computed expiry, as in the model and Redis stores."""
         try:
@@ -451,13 +562,15 @@ class SqlTaskStore:
             self._held_txn(txn, task_id, owner)
             raise
 
-    def _temporary_fail_txn(self, txn, task_id: int, now: int, expires: int,
-                            owner: str | None) -> Task:
+    def _temporary_fail_txn(
+        self, txn, task_id: int, now: int, expires: int, owner: str | None
+    ) -> Task:
         self._engine.begin_write(txn)
         return self._temporary_fail_in(txn, task_id, now, expires, owner)
 
-    def _temporary_fail_in(self, txn, task_id: int, now: int, expires: int,
-                           owner: str | None) -> Task:
+    def _temporary_fail_in(
+        self, txn, task_id: int, now: int, expires: int, owner: str | None
+    ) -> Task:
         if owner is not None:
             self._held_txn(txn, task_id, owner)
         expires = self._check_expiry(txn, task_id, "retryWait", expires, owner)
@@ -469,8 +582,9 @@ class SqlTaskStore:
 
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
         now = self._now()
-        await self.db.run("yield", self._yield_txn, task_id, now, now + max(duration, MIN_YIELD),
-                          owner)
+        await self.db.run(
+            "yield", self._yield_txn, task_id, now, now + max(duration, MIN_YIELD), owner
+        )
 
     def _yield_txn(self, txn, task_id: int, now: int, expires: int, owner: str | None) -> None:
         self._engine.begin_write(txn)
@@ -485,15 +599,17 @@ class SqlTaskStore:
 
     # -- batched reports ---------------------------------------------------------
 
-    async def report(self, reports: Sequence[Report],
-                     owner: str | None = None) -> list[ReportResult]:
+    async def report(
+        self, reports: Sequence[Report], owner: str | None = None
+    ) -> list[ReportResult]:
         reports = list(reports)
         if not reports:
             return []
         return await self.db.run("report", self._report_txn, reports, owner, self._now())
 
-    def _report_txn(self, txn, reports: list[Report], owner: str | None,
-                    now: int) -> list[ReportResult]:
+    def _report_txn(
+        self, txn, reports: list[Report], owner: str | None, now: int
+    ) -> list[ReportResult]:
         self._engine.begin_write(txn)
         results: list[ReportResult | None] = [None] * len(reports)
         # Archives of distinct ids go together; an id reported twice goes
@@ -501,18 +617,22 @@ class SqlTaskStore:
         seen = Counter(r.task_id for r in reports)
         together = [i for i, r in enumerate(reports) if r.archives and seen[r.task_id] == 1]
         for start in range(0, len(together), _REPORT_CHUNK):
-            self._archive_many(txn, reports, together[start:start + _REPORT_CHUNK], owner, now,
-                               results)
-        return [result if result is not None else self._report_one(txn, report, owner, now)
-                for report, result in zip(reports, results)]
+            self._archive_many(
+                txn, reports, together[start : start + _REPORT_CHUNK], owner, now, results
+            )
+        return [
+            result if result is not None else self._report_one(txn, report, owner, now)
+            for report, result in zip(reports, results)
+        ]
 
     def _report_one(self, txn, report: Report, owner: str | None, now: int) -> ReportResult:
         task_id = report.task_id
         row: ArchivedTask | Task | None
         try:
             if report.outcome == REPORT_COMPLETE:
-                row = self._archive_in(txn, task_id, RESULT_SUCCESS, report.duration, now,
-                                       True, owner)
+                row = self._archive_in(
+                    txn, task_id, RESULT_SUCCESS, report.duration, now, True, owner
+                )
             elif report.outcome == REPORT_FAIL and report.permanent:
                 row = self._archive_in(txn, task_id, RESULT_FAILURE, 0, now, False, owner)
             elif report.outcome == REPORT_FAIL:
@@ -524,21 +644,33 @@ class SqlTaskStore:
             return ReportResult(task_id, error=e)
         return ReportResult(task_id, row.task_class)
 
-    def _archive_many(self, txn, reports: list[Report], indexes: list[int], owner: str | None,
-                      now: int, results: list[ReportResult | None]) -> None:
+    def _archive_many(
+        self,
+        txn,
+        reports: list[Report],
+        indexes: list[int],
+        owner: str | None,
+        now: int,
+        results: list[ReportResult | None],
+    ) -> None:
         """Archive the reports at ``indexes`` (distinct ids, each a complete or a
         permanent failure) with the same checks as :meth:`_held_txn`."""
         ids = sorted(reports[i].task_id for i in indexes)
-        self._exec(txn, SELECT_ACTIVE_MANY.format(ids=_marks(len(ids)),
-                                                  lock=self._engine.for_update), ids)
+        self._exec(
+            txn, SELECT_ACTIVE_MANY.format(ids=_marks(len(ids)), lock=self._engine.for_update), ids
+        )
         active = {task.id: task for task in map(self._task_row, txn.fetchall())}
         missing = [task_id for task_id in ids if task_id not in active]
         previous: dict[int, ArchivedTask] = {}
         if missing:
             self._exec(txn, SELECT_ARCHIVED_MANY.format(ids=_marks(len(missing))), missing)
-            previous = {row.id: row for row in (
-                archived_from_columns(dict(zip(ARCHIVE_COLUMNS, values)))
-                for values in txn.fetchall())}
+            previous = {
+                row.id: row
+                for row in (
+                    archived_from_columns(dict(zip(ARCHIVE_COLUMNS, values)))
+                    for values in txn.fetchall()
+                )
+            }
         rows: list[ArchivedTask] = []
         for i in indexes:
             report = reports[i]
@@ -546,8 +678,12 @@ class SqlTaskStore:
             task = active.get(task_id)
             if task is None:
                 was = previous.get(task_id)
-                if (complete and was is not None and was.result == RESULT_SUCCESS
-                        and (owner is None or was.lease_owner == owner)):
+                if (
+                    complete
+                    and was is not None
+                    and was.result == RESULT_SUCCESS
+                    and (owner is None or was.lease_owner == owner)
+                ):
                     results[i] = ReportResult(task_id, was.task_class)
                 elif owner is not None and was is not None:
                     results[i] = ReportResult(task_id, error=LeaseConflict(task_id))
@@ -556,22 +692,43 @@ class SqlTaskStore:
             elif owner is not None and task.lease_owner != owner:
                 results[i] = ReportResult(task_id, error=LeaseConflict(task_id))
             else:
-                rows.append(archive_of(task, result=RESULT_SUCCESS if complete else RESULT_FAILURE,
-                                       duration=report.duration if complete else 0, now=now))
+                rows.append(
+                    archive_of(
+                        task,
+                        result=RESULT_SUCCESS if complete else RESULT_FAILURE,
+                        duration=report.duration if complete else 0,
+                        now=now,
+                    )
+                )
                 results[i] = ReportResult(task_id, task.task_class)
         if not rows:
             return
         values: list[Any] = []
         for a in rows:
-            values += (a.id, a.task_class, a.lease_owner, a.lease_expires, a.failure_count,
-                       a.data_id, a.priority, a.object_phid, a.container_phid, a.date_created,
-                       a.date_modified, a.result, a.duration, a.archived_epoch)
-        self._exec(txn, INSERT_ARCHIVE_MANY.format(rows=", ".join([_ARCHIVE_ROW] * len(rows))),
-                   values)
+            values += (
+                a.id,
+                a.task_class,
+                a.lease_owner,
+                a.lease_expires,
+                a.failure_count,
+                a.data_id,
+                a.priority,
+                a.object_phid,
+                a.container_phid,
+                a.date_created,
+                a.date_modified,
+                a.result,
+                a.duration,
+                a.archived_epoch,
+            )
+        self._exec(
+            txn, INSERT_ARCHIVE_MANY.format(rows=", ".join([_ARCHIVE_ROW] * len(rows))), values
+        )
         self._exec(txn, DELETE_ACTIVE_MANY.format(ids=_marks(len(rows))), [a.id for a in rows])
 
-    async def renew(self, owner: str, task_ids: Sequence[int],
-                    duration: int) -> dict[int, int | None]:
+    async def renew(
+        self, owner: str, task_ids: Sequence[int], duration: int
+    ) -> dict[int, int | None]:
         ids = tuple(dict.fromkeys(int(i) for i in task_ids))
         exp = check_u32("duration", self._now() + duration)
         if not ids:
@@ -582,11 +739,12 @@ class SqlTaskStore:
         self._engine.begin_write(txn)
         held: dict[int, int | None] = {}
         for start in range(0, len(ids), _AWAKEN_CHUNK):
-            chunk = ids[start:start + _AWAKEN_CHUNK]
+            chunk = ids[start : start + _AWAKEN_CHUNK]
             marks = _marks(len(chunk))
             self._exec(txn, RENEW.format(ids=marks), (exp, *chunk, owner, exp))
-            self._exec(txn, RENEWED.format(ids=marks, lock=self._engine.for_update),
-                       (*chunk, owner))
+            self._exec(
+                txn, RENEWED.format(ids=marks, lock=self._engine.for_update), (*chunk, owner)
+            )
             held.update((int(row[0]), int(row[1])) for row in txn.fetchall())
         return {task_id: held.get(task_id) for task_id in ids}
 
@@ -602,15 +760,16 @@ class SqlTaskStore:
         changed = 0
         # Chunked: SQLite caps the number of bound parameters per statement.
         for start in range(0, len(ids), _AWAKEN_CHUNK):
-            chunk = ids[start:start + _AWAKEN_CHUNK]
+            chunk = ids[start : start + _AWAKEN_CHUNK]
             self._exec(txn, AWAKEN.format(ids=_marks(len(chunk))), (ago, *chunk, YIELD_OWNER, ago))
             changed += int(txn.rowcount)
         return changed
 
     # -- dead tasks ------------------------------------------------------------
 
-    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
-                            offset: int) -> list[ArchivedTask]:
+    async def list_archived(
+        self, result: int | None, task_class: str | None, limit: int, offset: int
+    ) -> list[ArchivedTask]:
         where: list[str] = []
         args: list[int | str] = []
         if result is not None:
@@ -623,8 +782,9 @@ class SqlTaskStore:
 
         def read(txn) -> list[ArchivedTask]:
             self._exec(txn, statement, (*args, limit, offset))
-            return [archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
-                    for row in txn.fetchall()]
+            return [
+                archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row))) for row in txn.fetchall()
+            ]
 
         return await self.db.run("list_archived", read)
 
@@ -708,9 +868,20 @@ class SqlTaskStore:
         if archived.result == RESULT_SUCCESS and not repeat:
             raise TaskStateError(task_id, SUCCEEDED)
         task = unarchived(archived, now)
-        self._exec(txn, UNARCHIVE, (task.id, task.task_class, task.data_id, task.priority,
-                                    task.object_phid, task.container_phid, task.date_created,
-                                    task.date_modified))
+        self._exec(
+            txn,
+            UNARCHIVE,
+            (
+                task.id,
+                task.task_class,
+                task.data_id,
+                task.priority,
+                task.object_phid,
+                task.container_phid,
+                task.date_created,
+                task.date_modified,
+            ),
+        )
         self._exec(txn, DELETE_ARCHIVED, (task_id,))
         return task
 
@@ -729,7 +900,7 @@ class SqlTaskStore:
         def read(txn) -> list[Task]:
             out: list[Task] = []
             for start in range(0, len(ids), _AWAKEN_CHUNK):
-                chunk = ids[start:start + _AWAKEN_CHUNK]
+                chunk = ids[start : start + _AWAKEN_CHUNK]
                 self._exec(txn, EXPORT.format(ids=_marks(len(chunk))), chunk)
                 out += [self._task_row(row, with_data=True) for row in txn.fetchall()]
             return out
@@ -747,10 +918,24 @@ class SqlTaskStore:
             self._exec(txn, INSERT_DATA, (task.data or "",))
             data_id = int(txn.lastrowid)
             ids.append(first + offset)
-            self._exec(txn, IMPORT_TASK, (
-                first + offset, task.task_class, task.lease_owner, task.lease_expires,
-                task.failure_count, data_id, task.failure_time, task.priority,
-                task.object_phid, task.container_phid, task.date_created, task.date_modified))
+            self._exec(
+                txn,
+                IMPORT_TASK,
+                (
+                    first + offset,
+                    task.task_class,
+                    task.lease_owner,
+                    task.lease_expires,
+                    task.failure_count,
+                    data_id,
+                    task.failure_time,
+                    task.priority,
+                    task.object_phid,
+                    task.container_phid,
+                    task.date_created,
+                    task.date_modified,
+                ),
+            )
         self._engine.set_counter(txn, ledger, mark)
         return ids
 
@@ -776,7 +961,7 @@ class SqlTaskStore:
             self._engine.begin_write(txn)
             gone = 0
             for start in range(0, len(tasks), _AWAKEN_CHUNK):
-                chunk = tasks[start:start + _AWAKEN_CHUNK]
+                chunk = tasks[start : start + _AWAKEN_CHUNK]
                 marks = _marks(len(chunk))
                 self._exec(txn, DELETE_TASKS.format(ids=marks), [t.id for t in chunk])
                 gone += int(txn.rowcount)

@@ -112,8 +112,7 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def complete(self, task_id: int, duration: int,
-                       owner: str | None = None) -> ArchivedTask:
+    async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
         """Archive with result 0 and ``duration`` µs.
 
         Archive row: the active row's columns except failureTime, ``dateModified``
@@ -160,8 +159,9 @@ class TaskStore(Protocol):
     # Order of the checks: not found, then conflict, then the range of a
     # computed expiry (InvalidArgument); nothing is written unless all pass.
 
-    async def report(self, reports: Sequence[Report],
-                     owner: str | None = None) -> list[ReportResult]:
+    async def report(
+        self, reports: Sequence[Report], owner: str | None = None
+    ) -> list[ReportResult]:
         """Record many result reports at once, in one transaction (or one Lua
         script): each as :meth:`complete`, :meth:`fail` or :meth:`yield_`
         would, fenced by ``owner`` alike, answered one :class:`ReportResult`
@@ -172,8 +172,9 @@ class TaskStore(Protocol):
         """
         ...
 
-    async def renew(self, owner: str, task_ids: Sequence[int],
-                    duration: int) -> dict[int, int | None]:
+    async def renew(
+        self, owner: str, task_ids: Sequence[int], duration: int
+    ) -> dict[int, int | None]:
         """Extend the leases ``owner`` holds on ``task_ids`` (docs/taskqueue.md, Renewal).
 
         For every distinct id, in the order given: if the task is active and
@@ -220,8 +221,9 @@ class TaskStore(Protocol):
 
     # -- dead tasks (docs/taskqueue.md, Dead tasks) ----------------------------
 
-    async def list_archived(self, result: int | None, task_class: str | None, limit: int,
-                            offset: int) -> list[ArchivedTask]:
+    async def list_archived(
+        self, result: int | None, task_class: str | None, limit: int, offset: int
+    ) -> list[ArchivedTask]:
         """Archived tasks, newest first (``dateModified`` DESC, id DESC; the
         archive time for every row we write), optionally only one ``result``
         and one ``task_class``, paged by ``limit`` (>= 1) / ``offset`` (>= 0)."""
@@ -342,12 +344,17 @@ def outliving_caller(work: Deferred, abandoned: Callable[[Any], None]) -> Deferr
 
 
 def log_handed_back(owner: str, task_ids: list[int]) -> None:
-    log.warn("LEASE_HANDED_BACK owner={owner} task_ids={task_ids} reason={reason}",
-             owner=owner, task_ids=task_ids, reason="the caller went away during the lease")
+    log.warn(
+        "LEASE_HANDED_BACK owner={owner} task_ids={task_ids} reason={reason}",
+        owner=owner,
+        task_ids=task_ids,
+        reason="the caller went away during the lease",
+    )
 
 
-async def report_each(store: TaskStore, reports: Sequence[Report],
-                      owner: str | None) -> list[ReportResult]:
+async def report_each(
+    store: TaskStore, reports: Sequence[Report], owner: str | None
+) -> list[ReportResult]:
     """:meth:`TaskStore.report` as a series of single calls, for a store
     whose single calls are already atomic and cheap (the in-memory model)."""
     results = []

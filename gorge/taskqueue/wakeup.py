@@ -36,8 +36,7 @@ WakeCheck = Callable[[int, int], Awaitable[tuple[int, bool]]]
 
 
 class _Waiter:
-    def __init__(self, classes: frozenset[str] | None,
-                 forget: Callable[[_Waiter], None]) -> None:
+    def __init__(self, classes: frozenset[str] | None, forget: Callable[[_Waiter], None]) -> None:
         self.classes = classes
         self.done: Deferred = Deferred(lambda _: forget(self))
         self.timer: IDelayedCall | None = None
@@ -49,8 +48,9 @@ class _Waiter:
 class LeaseWaiters:
     """The lease calls of one taskqueue process that are waiting for work."""
 
-    def __init__(self, check: WakeCheck | None, clock: IReactorTime,
-                 interval: float = DEFAULT_CHECK_INTERVAL) -> None:
+    def __init__(
+        self, check: WakeCheck | None, clock: IReactorTime, interval: float = DEFAULT_CHECK_INTERVAL
+    ) -> None:
         self._check = check
         self._clock = clock
         self._interval = interval
@@ -115,8 +115,13 @@ class LeaseWaiters:
     # -- the shared check ------------------------------------------------------
 
     def _schedule_check(self) -> None:
-        if (self._check is None or self._closed or self._checking or not self._waiters
-                or (self._timer is not None and self._timer.active())):
+        if (
+            self._check is None
+            or self._closed
+            or self._checking
+            or not self._waiters
+            or (self._timer is not None and self._timer.active())
+        ):
             return
         self._timer = self._clock.callLater(self._interval, self._run_check)
 

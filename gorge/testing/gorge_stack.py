@@ -25,7 +25,8 @@ class Daemon(TwistdDaemon):
         self.port = port
         environ = daemon_environ(
             {"GORGE_LISTEN_ADDR": f"127.0.0.1:{port}", "GORGE_LOG_LEVEL": "info", **env},
-            drop=("GORGE_",))
+            drop=("GORGE_",),
+        )
         super().__init__(tapname, environ, log_path)
 
     @property
@@ -35,7 +36,8 @@ class Daemon(TwistdDaemon):
     def require_alive(self) -> None:
         if self.proc.poll() is not None:
             raise AssertionError(
-                f"{self.name} exited with status {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+                f"{self.name} exited with status {self.proc.returncode}:\n{self.log_text()[-3000:]}"
+            )
 
     async def wait_ready(self, path: str = "/readyz") -> None:
         deadline = reactor.seconds() + BOUND
@@ -77,8 +79,13 @@ class GorgeStack:
     ``smtp_port``.
     """
 
-    def __init__(self, site: PhorgeSite, workdir: Path, smtp_port: int | None = None,
-                 poll_ms: int | None = 100) -> None:
+    def __init__(
+        self,
+        site: PhorgeSite,
+        workdir: Path,
+        smtp_port: int | None = None,
+        poll_ms: int | None = 100,
+    ) -> None:
         self.site = site
         self.dir = workdir
         self.smtp_port = smtp_port
@@ -107,8 +114,11 @@ class GorgeStack:
 
     def environment(self, name: str) -> dict[str, str]:
         if name == "taskqueue":
-            return {"GORGE_SERVICE_TOKEN": QUEUE_TOKEN, "GORGE_TASKQUEUE_BACKEND": "mysql",
-                    **self._mysql("GORGE_TASKQUEUE_")}
+            return {
+                "GORGE_SERVICE_TOKEN": QUEUE_TOKEN,
+                "GORGE_TASKQUEUE_BACKEND": "mysql",
+                **self._mysql("GORGE_TASKQUEUE_"),
+            }
         if name == "worker":
             env = {
                 "GORGE_WORKER_TASK_QUEUE_URL": f"http://127.0.0.1:{self.ports['taskqueue']}",
@@ -118,31 +128,45 @@ class GorgeStack:
                 **self._poll("GORGE_WORKER_POLL_INTERVAL_MS"),
             }
             if self.worker_token:
-                env.update({
-                    # worker.execute on Phorge's own /api/, with the bot's API token.
-                    "GORGE_WORKER_CONDUIT_URL": self.site.base_uri,
-                    "GORGE_WORKER_CONDUIT_TOKEN": self.worker_token,
-                    # One probe at start-up is enough to prove the method answers.
-                    "GORGE_WORKER_CONDUIT_PROBE_SEC": "3600",
-                })
+                env.update(
+                    {
+                        # worker.execute on Phorge's own /api/, with the bot's API token.
+                        "GORGE_WORKER_CONDUIT_URL": self.site.base_uri,
+                        "GORGE_WORKER_CONDUIT_TOKEN": self.worker_token,
+                        # One probe at start-up is enough to prove the method answers.
+                        "GORGE_WORKER_CONDUIT_PROBE_SEC": "3600",
+                    }
+                )
             return env
         if name == "mailer":
             if self.smtp_port is None:
                 raise ValueError("gorge-mailer needs an SMTP port")
-            return {"GORGE_SERVICE_TOKEN": MAILER_TOKEN, "GORGE_MAILER_TYPE": "smtp",
-                    "GORGE_MAILER_KEY": "sink", "SMTP_HOST": "127.0.0.1",
-                    "SMTP_PORT": str(self.smtp_port), "GORGE_MAILER_MAX_RETRIES": "0",
-                    "GORGE_MAILER_SEND_TIMEOUT": "20", "GORGE_MAILER_STRICT": "1"}
+            return {
+                "GORGE_SERVICE_TOKEN": MAILER_TOKEN,
+                "GORGE_MAILER_TYPE": "smtp",
+                "GORGE_MAILER_KEY": "sink",
+                "SMTP_HOST": "127.0.0.1",
+                "SMTP_PORT": str(self.smtp_port),
+                "GORGE_MAILER_MAX_RETRIES": "0",
+                "GORGE_MAILER_SEND_TIMEOUT": "20",
+                "GORGE_MAILER_STRICT": "1",
+            }
         if name == "webhook":
-            return {"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
-                    **self._poll("GORGE_WEBHOOK_POLL_INTERVAL_MS"),
-                    **self._mysql("GORGE_WEBHOOK_")}
+            return {
+                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
+                **self._poll("GORGE_WEBHOOK_POLL_INTERVAL_MS"),
+                **self._mysql("GORGE_WEBHOOK_"),
+            }
         raise ValueError(name)
 
     def start(self, name: str, **overrides: str) -> Daemon:
         self._starts += 1
-        daemon = Daemon(f"gorge-{name}", {**self.environment(name), **overrides},
-                        self.dir / f"{name}-{self._starts}.log", self.ports[name])
+        daemon = Daemon(
+            f"gorge-{name}",
+            {**self.environment(name), **overrides},
+            self.dir / f"{name}-{self._starts}.log",
+            self.ports[name],
+        )
         self.daemons[name] = daemon
         return daemon
 

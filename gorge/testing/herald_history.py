@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import json
 
-HISTORY_PROPERTIES = json.dumps({
-    "retry": "forever", "transactionPHIDs": ["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],
-    "triggerPHIDs": ["PHID-HRUL-cccccccccccccccccccc"], "silent": False, "secure": False,
-    "errorType": "http", "errorCode": 200}, separators=(",", ":"))
+HISTORY_PROPERTIES = json.dumps(
+    {
+        "retry": "forever",
+        "transactionPHIDs": ["PHID-XACT-TASK-aaaaaaaaaaaaaaa"],
+        "triggerPHIDs": ["PHID-HRUL-cccccccccccccccccccc"],
+        "silent": False,
+        "secure": False,
+        "errorType": "http",
+        "errorCode": 200,
+    },
+    separators=(",", ":"),
+)
 
-_COLUMNS = ("webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch,"
-            " dateCreated, dateModified")
+_COLUMNS = (
+    "webhookPHID, objectPHID, status, properties, lastRequestResult, lastRequestEpoch,"
+    " dateCreated, dateModified"
+)
 
 
-def fill_history(conn, rows: int, hooks: list[str], *, created: int,
-                 failed_every: int = 10) -> None:
+def fill_history(
+    conn, rows: int, hooks: list[str], *, created: int, failed_every: int = 10
+) -> None:
     """Append ``rows`` finished requests of ``hooks``, all created at ``created`` (old).
 
     Every ``failed_every``-th row is ``failed``/``fail`` (a retry=never
@@ -33,12 +44,24 @@ def fill_history(conn, rows: int, hooks: list[str], *, created: int,
         cur.executemany(
             "INSERT INTO herald_webhookrequest (phid, " + _COLUMNS + ")"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            [(f"PHID-HWBR-s{created}-{n}", hooks[n % len(hooks)], f"PHID-TASK-{n:020d}",
-              "failed" if n % failed_every == 0 else "sent", HISTORY_PROPERTIES,
-              "fail" if n % failed_every == 0 else "okay", created, created, created + 1)
-             for n in range(seed)])
-        cur.execute("SELECT id FROM herald_webhookrequest WHERE phid = %s",
-                    (f"PHID-HWBR-s{created}-0",))
+            [
+                (
+                    f"PHID-HWBR-s{created}-{n}",
+                    hooks[n % len(hooks)],
+                    f"PHID-TASK-{n:020d}",
+                    "failed" if n % failed_every == 0 else "sent",
+                    HISTORY_PROPERTIES,
+                    "fail" if n % failed_every == 0 else "okay",
+                    created,
+                    created,
+                    created + 1,
+                )
+                for n in range(seed)
+            ],
+        )
+        cur.execute(
+            "SELECT id FROM herald_webhookrequest WHERE phid = %s", (f"PHID-HWBR-s{created}-0",)
+        )
         (first,) = cur.fetchone()
         done, step = seed, 0
         while done < rows:
@@ -47,7 +70,9 @@ def fill_history(conn, rows: int, hooks: list[str], *, created: int,
             (last,) = cur.fetchone()
             cur.execute(
                 "INSERT INTO herald_webhookrequest (phid, " + _COLUMNS + ")"
-                " SELECT CONCAT('PHID-HWBR-h', %s, '-', %s, '-', id), " + _COLUMNS +
-                " FROM herald_webhookrequest WHERE id >= %s AND id <= %s ORDER BY id LIMIT %s",
-                (created, step, first, last, min(rows - done, done)))
+                " SELECT CONCAT('PHID-HWBR-h', %s, '-', %s, '-', id), "
+                + _COLUMNS
+                + " FROM herald_webhookrequest WHERE id >= %s AND id <= %s ORDER BY id LIMIT %s",
+                (created, step, first, last, min(rows - done, done)),
+            )
             done += cur.rowcount

@@ -138,9 +138,7 @@ class MariaDBServer(ThrowawayServer):
         )
         try:
             with conn.cursor() as cur:
-                cur.execute(
-                    f"CREATE USER '{USER}'@'{HOST}' IDENTIFIED BY %s", (PASSWORD,)
-                )
+                cur.execute(f"CREATE USER '{USER}'@'{HOST}' IDENTIFIED BY %s", (PASSWORD,))
                 cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{USER}'@'{HOST}'")
         finally:
             conn.close()

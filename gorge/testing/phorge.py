@@ -70,8 +70,9 @@ class Checkout:
 def _git_commit(path: Path) -> str | None:
     if not (path / ".git").exists() or shutil.which("git") is None:
         return None
-    done = subprocess.run(["git", "-C", str(path), "rev-parse", "--short=10", "HEAD"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True
+    )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -83,15 +84,20 @@ def find_checkout() -> tuple[Checkout | None, str | None]:
         return None, None
     root = Path(raw).resolve()
     if not (root / "bin" / "storage").is_file() or not (root / "webroot" / "index.php").is_file():
-        return None, f"{ROOT_VARIABLE}={raw} is not a Phorge checkout (no bin/storage or webroot/index.php)"
+        return (
+            None,
+            f"{ROOT_VARIABLE}={raw} is not a Phorge checkout (no bin/storage or webroot/index.php)",
+        )
     arcanist = root.parent / "arcanist"
     if not (arcanist / "bin" / "arc").is_file():
         return None, f"{ROOT_VARIABLE}={raw}: no arcanist checkout beside it at {arcanist}"
     php = shutil.which("php")
     if php is None:
-        return None, (f"{ROOT_VARIABLE} is set but there is no php on PATH; "
-                      "./scripts/test.sh installs it (php-cli php-mysql php-curl php-mbstring "
-                      "php-xml php-zip php-gd php-intl)")
+        return None, (
+            f"{ROOT_VARIABLE} is set but there is no php on PATH; "
+            "./scripts/test.sh installs it (php-cli php-mysql php-curl php-mbstring "
+            "php-xml php-zip php-gd php-intl)"
+        )
     return Checkout(root, arcanist, php), None
 
 
@@ -116,14 +122,21 @@ async def until(check, what: str, bound: float = BOUND, watch=()) -> Any:
 class Background:
     """A long-running child process (its own process group, output to a log)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path,
-                 log_path: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -131,7 +144,8 @@ class Background:
     def require_alive(self) -> None:
         if self.proc.poll() is not None:
             raise AssertionError(
-                f"{self.name} exited with status {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+                f"{self.name} exited with status {self.proc.returncode}:\n{self.log_text()[-3000:]}"
+            )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -149,8 +163,9 @@ class Background:
 class PhorgeSite:
     """One Phorge instance: configuration, storage, web server, commands."""
 
-    def __init__(self, checkout: Checkout, mariadb, workdir: Path, label: str,
-                 libraries: Sequence[Path] = ()) -> None:
+    def __init__(
+        self, checkout: Checkout, mariadb, workdir: Path, label: str, libraries: Sequence[Path] = ()
+    ) -> None:
         self.checkout = checkout
         self.mariadb = mariadb
         self.dir = workdir
@@ -178,7 +193,8 @@ class PhorgeSite:
         self._conf_file = workdir / "instance.conf.php"
         self._conf_file.write_text(
             "<?php\n\n// Written by gorge.testing.phorge for one throwaway instance.\n"
-            "return json_decode(file_get_contents(__DIR__.'/instance.json'), true);\n")
+            "return json_decode(file_get_contents(__DIR__.'/instance.json'), true);\n"
+        )
         self._write_config()
 
     # -- configuration ---------------------------------------------------------
@@ -187,10 +203,12 @@ class PhorgeSite:
     def env(self) -> dict[str, str]:
         relative = os.path.relpath(self._conf_file, self.checkout.root / "conf")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GORGE_", "PHABRICATOR_"))}
-        env.update({
-            "PHABRICATOR_ENV": relative[: -len(".conf.php")],
-            "TMPDIR": str(self.dir / "tmp"),
-        })
+        env.update(
+            {
+                "PHABRICATOR_ENV": relative[: -len(".conf.php")],
+                "TMPDIR": str(self.dir / "tmp"),
+            }
+        )
         return env
 
     def _write_config(self) -> None:
@@ -212,46 +230,72 @@ class PhorgeSite:
 
     def bin_sync(self, *argv: str, stdin: bytes = b"") -> str:
         """Run ``bin/<argv>`` and wait (only while no server in this process must answer)."""
-        done = subprocess.run([str(self.checkout.root / "bin" / argv[0]), *argv[1:]],
-                              input=stdin, capture_output=True, env=self.env,
-                              cwd=self.checkout.root, timeout=600)
+        done = subprocess.run(
+            [str(self.checkout.root / "bin" / argv[0]), *argv[1:]],
+            input=stdin,
+            capture_output=True,
+            env=self.env,
+            cwd=self.checkout.root,
+            timeout=600,
+        )
         if done.returncode != 0:
-            raise PhorgeError(f"bin/{' '.join(argv)} exited with {done.returncode}:\n"
-                              f"{done.stdout.decode(errors='replace')[-3000:]}\n"
-                              f"{done.stderr.decode(errors='replace')[-3000:]}")
+            raise PhorgeError(
+                f"bin/{' '.join(argv)} exited with {done.returncode}:\n"
+                f"{done.stdout.decode(errors='replace')[-3000:]}\n"
+                f"{done.stderr.decode(errors='replace')[-3000:]}"
+            )
         return done.stdout.decode(errors="replace")
 
     async def run(self, argv: list[str], stdin: bytes = b"") -> tuple[int, str, str]:
         """Run a command without blocking the reactor: (status, stdout, stderr)."""
         out, err, status = await getProcessOutputAndValue(
-            argv[0], argv[1:], env=self.env, path=str(self.checkout.root), reactor=reactor,
-            stdinBytes=stdin)
+            argv[0],
+            argv[1:],
+            env=self.env,
+            path=str(self.checkout.root),
+            reactor=reactor,
+            stdinBytes=stdin,
+        )
         return status, out.decode(errors="replace"), err.decode(errors="replace")
 
     async def bin(self, *argv: str, stdin: bytes = b"", check: bool = True) -> tuple[int, str, str]:
         status, out, err = await self.run(
-            [str(self.checkout.root / "bin" / argv[0]), *argv[1:]], stdin)
+            [str(self.checkout.root / "bin" / argv[0]), *argv[1:]], stdin
+        )
         if check and status != 0:
-            raise PhorgeError(f"bin/{' '.join(argv)} exited with {status}:\n{out[-3000:]}\n{err[-3000:]}")
+            raise PhorgeError(
+                f"bin/{' '.join(argv)} exited with {status}:\n{out[-3000:]}\n{err[-3000:]}"
+            )
         return status, out, err
 
     def helper_sync(self, command: str, timeout: float = 300, **args: Any) -> dict:
         done = subprocess.run(
             [self.checkout.php, str(HELPER), str(self.checkout.root), command, json.dumps(args)],
-            capture_output=True, env=self.env, cwd=self.checkout.root, timeout=timeout)
-        return self._helper_answer(command, done.returncode, done.stdout.decode(errors="replace"),
-                                   done.stderr.decode(errors="replace"))
+            capture_output=True,
+            env=self.env,
+            cwd=self.checkout.root,
+            timeout=timeout,
+        )
+        return self._helper_answer(
+            command,
+            done.returncode,
+            done.stdout.decode(errors="replace"),
+            done.stderr.decode(errors="replace"),
+        )
 
     async def helper(self, command: str, **args: Any) -> dict:
         """Run php/phorge_helper.php: Phorge's own classes do the writing."""
         status, out, err = await self.run(
-            [self.checkout.php, str(HELPER), str(self.checkout.root), command, json.dumps(args)])
+            [self.checkout.php, str(HELPER), str(self.checkout.root), command, json.dumps(args)]
+        )
         return self._helper_answer(command, status, out, err)
 
     @staticmethod
     def _helper_answer(command: str, status: int, out: str, err: str) -> dict:
         if status != 0:
-            raise PhorgeError(f"phorge_helper.php {command} exited with {status}:\n{out[-3000:]}\n{err[-3000:]}")
+            raise PhorgeError(
+                f"phorge_helper.php {command} exited with {status}:\n{out[-3000:]}\n{err[-3000:]}"
+            )
         return json.loads(out.strip().splitlines()[-1])
 
     # -- storage ---------------------------------------------------------------
@@ -268,8 +312,13 @@ class PhorgeSite:
         with self.connection(database).cursor(pymysql.cursors.DictCursor) as cur:
             cur.execute(sql, args)
             # Phorge stores PHIDs and much else in binary columns.
-            return [{k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-                     for k, v in row.items()} for row in cur.fetchall()]
+            return [
+                {
+                    k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                    for k, v in row.items()
+                }
+                for row in cur.fetchall()
+            ]
 
     def execute(self, database: str, sql: str, *args: Any) -> int:
         with self.connection(database).cursor() as cur:
@@ -281,9 +330,18 @@ class PhorgeSite:
         env = {**self.env, "PHP_CLI_SERVER_WORKERS": "4"}
         self.web = Background(
             "php -S (Phorge)",
-            [self.checkout.php, "-S", f"127.0.0.1:{self.web_port}",
-             "-t", str(self.checkout.root / "webroot"), str(ROUTER)],
-            env, self.checkout.root, self.dir / "web.log")
+            [
+                self.checkout.php,
+                "-S",
+                f"127.0.0.1:{self.web_port}",
+                "-t",
+                str(self.checkout.root / "webroot"),
+                str(ROUTER),
+            ],
+            env,
+            self.checkout.root,
+            self.dir / "web.log",
+        )
 
     async def wait_web(self) -> None:
         async def answers() -> bool:
@@ -299,7 +357,9 @@ class PhorgeSite:
         while not await answers():
             web.require_alive()
             if reactor.seconds() > deadline:
-                raise AssertionError(f"Phorge's web server did not answer:\n{web.log_text()[-3000:]}")
+                raise AssertionError(
+                    f"Phorge's web server did not answer:\n{web.log_text()[-3000:]}"
+                )
             await deferLater(reactor, STEP)
 
     async def conduit(self, method: str, params: dict, token: str | None) -> dict:
@@ -308,7 +368,8 @@ class PhorgeSite:
         response = await treq.post(
             f"{self.base_uri}/api/{method}",
             data={"params": json.dumps(params), "output": "json"},
-            timeout=120)
+            timeout=120,
+        )
         return json.loads(await response.content())
 
     async def call(self, method: str, params: dict, token: str) -> Any:
@@ -329,5 +390,10 @@ class PhorgeSite:
             conn.close()
         self._connections.clear()
         # The instance's daemons, if the caller left them running.
-        subprocess.run([str(self.checkout.root / "bin" / "phd"), "stop"], env=self.env,
-                       cwd=self.checkout.root, capture_output=True, timeout=120)
+        subprocess.run(
+            [str(self.checkout.root / "bin" / "phd"), "stop"],
+            env=self.env,
+            cwd=self.checkout.root,
+            capture_output=True,
+            timeout=120,
+        )

@@ -15,9 +15,7 @@ from pathlib import Path
 # Debian puts the server daemons in /usr/sbin, which is not on every PATH.
 _EXTRA_BIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 
-INSTALL_HINT = (
-    "run ./scripts/test.sh once (as root it installs mariadb-server and redis-server)"
-)
+INSTALL_HINT = "run ./scripts/test.sh once (as root it installs mariadb-server and redis-server)"
 
 
 class ServerUnavailable(RuntimeError):
@@ -50,9 +48,7 @@ def _pdeathsig_prefix() -> list[str]:
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         return []
-    probe = subprocess.run(
-        [setpriv, "--pdeathsig", "TERM", "true"], capture_output=True
-    )
+    probe = subprocess.run([setpriv, "--pdeathsig", "TERM", "true"], capture_output=True)
     return [setpriv, "--pdeathsig", "TERM"] if probe.returncode == 0 else []
 
 

@@ -14,9 +14,7 @@ class RedisReplyError(Exception):
 
 
 class RespClient:
-    def __init__(
-        self, host: str, port: int, *, db: int = 0, timeout: float = 10.0
-    ) -> None:
+    def __init__(self, host: str, port: int, *, db: int = 0, timeout: float = 10.0) -> None:
         self._sock = socket.create_connection((host, port), timeout=timeout)
         self._file = self._sock.makefile("rb")
         if db:

@@ -119,12 +119,15 @@ class WebhookApi:
     async def stats(self, request) -> bytes:
         # A database failure propagates to the catch-all: opaque 500, cause in the log.
         counts = await self._store.stats()
-        return ok(request, {
-            "queuedCount": counts.queued,
-            "sentCount": counts.sent,
-            "failedCount": counts.failed,
-            "activeWebhooks": counts.active_hooks,
-        })
+        return ok(
+            request,
+            {
+                "queuedCount": counts.queued,
+                "sentCount": counts.sent,
+                "failedCount": counts.failed,
+                "activeWebhooks": counts.active_hooks,
+            },
+        )
 
     @app.route("/api/webhook/hooks", methods=["GET"], strict_slashes=True)
     async def hooks(self, request) -> bytes:
@@ -137,16 +140,20 @@ class WebhookApi:
     @app.route("/api/webhook/requests", methods=["GET"], strict_slashes=True)
     async def list_requests(self, request) -> bytes:
         params = _query(request)
-        limit = _integer("limit", params["limit"], 1, MAX_LIMIT) if "limit" in params \
-            else DEFAULT_LIMIT
-        cursor = _integer("cursor", params["cursor"], 1, MAX_ID + 1) if "cursor" in params \
-            else None
+        limit = (
+            _integer("limit", params["limit"], 1, MAX_LIMIT) if "limit" in params else DEFAULT_LIMIT
+        )
+        cursor = _integer("cursor", params["cursor"], 1, MAX_ID + 1) if "cursor" in params else None
         since = _integer("since", params["since"], 0, MAX_ID) if "since" in params else None
         hook = _hook_phid("hook", params["hook"]) if "hook" in params else None
         status = _choice("status", params["status"], STATUSES) if "status" in params else None
         result = _choice("result", params["result"], RESULTS) if "result" in params else None
-        return ok(request, await self._log.list(limit=limit, cursor=cursor, hook=hook,
-                                                status=status, result=result, since=since))
+        return ok(
+            request,
+            await self._log.list(
+                limit=limit, cursor=cursor, hook=hook, status=status, result=result, since=since
+            ),
+        )
 
     @app.route("/api/webhook/requests/retry", methods=["POST"], strict_slashes=True)
     async def retry_range(self, request) -> bytes:
@@ -157,13 +164,22 @@ class WebhookApi:
         hook = _hook_phid("hookPHID", body.get("hookPHID"))
         since = _json_int(body, "since", None, 0, MAX_ID)
         until = _json_int(body, "until", MAX_ID + 1, since + 1, MAX_ID + 1)
-        statuses = REPLAY_STATUSES[_choice("status", body.get("status", "failed"),
-                                           tuple(REPLAY_STATUSES))]
+        statuses = REPLAY_STATUSES[
+            _choice("status", body.get("status", "failed"), tuple(REPLAY_STATUSES))
+        ]
         after_id = _json_int(body, "afterId", 0, 0, MAX_ID)
         limit = _json_int(body, "limit", MAX_LIMIT, 1, MAX_LIMIT)
-        return ok(request, await self._log.replay_range(
-            hook=hook, since=since, until=until, statuses=statuses, after_id=after_id,
-            limit=limit))
+        return ok(
+            request,
+            await self._log.replay_range(
+                hook=hook,
+                since=since,
+                until=until,
+                statuses=statuses,
+                after_id=after_id,
+                limit=limit,
+            ),
+        )
 
     @app.route("/api/webhook/requests/<ref>", methods=["GET"], strict_slashes=True)
     async def show_request(self, request, ref: str) -> bytes:
@@ -184,8 +200,10 @@ class WebhookApi:
             replayed = await self._log.replay(target)
         except NotReplayable as e:
             if e.row.status == QUEUED:
-                message = (f"request {e.row.id} is already queued: it will be delivered;"
-                           " only sent or failed requests can be retried")
+                message = (
+                    f"request {e.row.id} is already queued: it will be delivered;"
+                    " only sent or failed requests can be retried"
+                )
             else:
                 message = f"request {e.row.id} changed while it was replayed; try again"
             raise ApiError(409, REQUEST_STATE, message) from None

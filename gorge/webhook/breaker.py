@@ -37,9 +37,17 @@ class _Open:
 
 
 class Breaker:
-    def __init__(self, store: FailureCounter, *, threshold: int, window: int,
-                 clock: IReactorTime, metrics: WebhookMetrics,
-                 recheck: float = RECHECK_SECONDS, trust: float = CLOSED_TRUST_SECONDS) -> None:
+    def __init__(
+        self,
+        store: FailureCounter,
+        *,
+        threshold: int,
+        window: int,
+        clock: IReactorTime,
+        metrics: WebhookMetrics,
+        recheck: float = RECHECK_SECONDS,
+        trust: float = CLOSED_TRUST_SECONDS,
+    ) -> None:
         self._store = store
         self._threshold = threshold
         self._window = window
@@ -62,8 +70,9 @@ class Breaker:
     def excluded(self) -> list[str]:
         """Hooks found open within the recheck interval: no candidate of theirs is read."""
         now = self._clock.seconds()
-        return sorted(hook for hook, state in self._open.items()
-                      if now - state.checked_at < self._recheck)
+        return sorted(
+            hook for hook, state in self._open.items() if now - state.checked_at < self._recheck
+        )
 
     def failed(self, hook_phid: str) -> None:
         """A failed attempt of ours: the hook's next row counts again."""
@@ -80,19 +89,27 @@ class Breaker:
         if is_open:
             queued = await self._store.queued_for_hook(hook_phid)
             if hook_phid not in self._open:
-                log.warn("WEBHOOK_HOOK_IN_ERROR_BACKOFF hook={hook} failures={failures}"
-                         " threshold={threshold} window={window}",
-                         hook=hook_phid, failures=failures, threshold=self._threshold,
-                         window=self._window)
+                log.warn(
+                    "WEBHOOK_HOOK_IN_ERROR_BACKOFF hook={hook} failures={failures}"
+                    " threshold={threshold} window={window}",
+                    hook=hook_phid,
+                    failures=failures,
+                    threshold=self._threshold,
+                    window=self._window,
+                )
                 self._metrics.breaker_transitions.labels(state="open").inc()
             self._open[hook_phid] = _Open(checked_at=now, queued=queued)
         else:
             self._closed[hook_phid] = now
             if self._open.pop(hook_phid, None) is not None:
-                log.info("WEBHOOK_HOOK_BACKOFF_CLEARED hook={hook} failures={failures}"
-                         " threshold={threshold} window={window}",
-                         hook=hook_phid, failures=failures, threshold=self._threshold,
-                         window=self._window)
+                log.info(
+                    "WEBHOOK_HOOK_BACKOFF_CLEARED hook={hook} failures={failures}"
+                    " threshold={threshold} window={window}",
+                    hook=hook_phid,
+                    failures=failures,
+                    threshold=self._threshold,
+                    window=self._window,
+                )
                 self._metrics.breaker_transitions.labels(state="closed").inc()
         self._metrics.open_breaker_rows.set(sum(s.queued for s in self._open.values()))
         return is_open

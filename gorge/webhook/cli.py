@@ -16,12 +16,23 @@ import json
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
 
 from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
 from gorge.cmdline import (
-    EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, OneLineParser, common_options,
-    non_negative, parse_when, print_table, utc_time, wrap)
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    OneLineParser,
+    common_options,
+    non_negative,
+    parse_when,
+    print_table,
+    utc_time,
+    wrap,
+)
 
 PROG = "gorge webhook"
 DEFAULT_URL = "http://127.0.0.1:8160"
@@ -65,8 +76,14 @@ def _attempt(item: Mapping[str, Any]) -> str:
 class Command:
     """One run of ``gorge webhook``: the parsed arguments, the client and the streams."""
 
-    def __init__(self, args: argparse.Namespace, http: ApiClient, out: TextIO, err: TextIO,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        http: ApiClient,
+        out: TextIO,
+        err: TextIO,
+        clock: Callable[[], float],
+    ) -> None:
         self.args = args
         self.http = http
         self.out = out
@@ -86,20 +103,30 @@ class Command:
 
     def stats(self) -> None:
         data = self.http.get("stats")
-        self.emit(data, lambda: self.out.write(
-            f"queued  {data['queuedCount']}\n"
-            f"sent    {data['sentCount']}\n"
-            f"failed  {data['failedCount']}\n"
-            f"hooks   {data['activeWebhooks']} not disabled\n"))
+        self.emit(
+            data,
+            lambda: self.out.write(
+                f"queued  {data['queuedCount']}\n"
+                f"sent    {data['sentCount']}\n"
+                f"failed  {data['failedCount']}\n"
+                f"hooks   {data['activeWebhooks']} not disabled\n"
+            ),
+        )
 
     def ls(self) -> None:
         args = self.args
         found: list[dict] = []
         cursor = args.cursor
         for _ in range(PAGES):
-            page = self.http.get("requests", hook=args.hook, status=args.status,
-                                 result=args.result, since=args.since, cursor=cursor,
-                                 limit=args.limit - len(found))
+            page = self.http.get(
+                "requests",
+                hook=args.hook,
+                status=args.status,
+                result=args.result,
+                since=args.since,
+                cursor=cursor,
+                limit=args.limit - len(found),
+            )
             found += page["requests"]
             cursor = page["nextCursor"]
             if cursor is None or len(found) >= args.limit:
@@ -107,11 +134,22 @@ class Command:
 
         def human() -> None:
             if found:
-                rows = [["ID", "STATUS", "RESULT", "ERROR", "LAST ATTEMPT", "RETRY", "HOOK",
-                         "CREATED"]]
-                rows += [[str(r["id"]), r["status"], r["lastRequestResult"], _error(r),
-                          _attempt(r), r["retry"], r["hookPHID"], utc_time(r["dateCreated"])]
-                         for r in found]
+                rows = [
+                    ["ID", "STATUS", "RESULT", "ERROR", "LAST ATTEMPT", "RETRY", "HOOK", "CREATED"]
+                ]
+                rows += [
+                    [
+                        str(r["id"]),
+                        r["status"],
+                        r["lastRequestResult"],
+                        _error(r),
+                        _attempt(r),
+                        r["retry"],
+                        r["hookPHID"],
+                        utc_time(r["dateCreated"]),
+                    ]
+                    for r in found
+                ]
                 print_table(rows, self.out)
             else:
                 self.out.write("no requests match\n")
@@ -128,8 +166,10 @@ class Command:
             return
 
         def human() -> None:
-            self.out.write(f"request {item['id']}: {item['status']}, last result "
-                           f"{item['lastRequestResult']}, error {_error(item)}\n")
+            self.out.write(
+                f"request {item['id']}: {item['status']}, last result "
+                f"{item['lastRequestResult']}, error {_error(item)}\n"
+            )
             for key, value in item.items():
                 if key in ("dateCreated", "dateModified", "heldUntil") and value:
                     value = f"{value}  ({utc_time(value)})"
@@ -151,8 +191,7 @@ class Command:
                 item = self.http.post(f"requests/{ref}/retry", None)
             except Refused as e:
                 self.refused(f"request {ref}", e.message)
-                results.append({"request": ref, "ok": False, "code": e.code,
-                                "message": e.message})
+                results.append({"request": ref, "ok": False, "code": e.code, "message": e.message})
                 continue
             results.append({"request": ref, "ok": True, "data": item})
             if not self.args.json:
@@ -162,8 +201,11 @@ class Command:
 
     def _retry_range(self) -> None:
         args = self.args
-        body: dict[str, Any] = {"hookPHID": args.hook, "since": args.since,
-                                "status": args.retry_status}
+        body: dict[str, Any] = {
+            "hookPHID": args.hook,
+            "since": args.since,
+            "status": args.retry_status,
+        }
         if args.until is not None:
             body["until"] = args.until
         retried: list[dict] = []
@@ -181,8 +223,10 @@ class Command:
 
         def human() -> None:
             until = utc_time(args.until) if args.until is not None else "now"
-            self.out.write(f"queued {len(retried)} requests of {args.hook} again (created "
-                           f"{utc_time(args.since)} to {until}, {args.retry_status})\n")
+            self.out.write(
+                f"queued {len(retried)} requests of {args.hook} again (created "
+                f"{utc_time(args.since)} to {until}, {args.retry_status})\n"
+            )
 
         self.emit({"retried": retried, "skipped": skipped}, human)
 
@@ -194,71 +238,138 @@ class Command:
                 self.out.write("no hooks\n")
                 return
             rows = [["PHID", "NAME", "STATUS", "BREAKER", "FAILURES", "QUEUED"]]
-            rows += [[h["phid"], h["name"], h["status"], h["breaker"],
-                      f"{h['failures']}/{data['threshold']} in {data['window']}s",
-                      str(h["queued"])] for h in data["hooks"]]
+            rows += [
+                [
+                    h["phid"],
+                    h["name"],
+                    h["status"],
+                    h["breaker"],
+                    f"{h['failures']}/{data['threshold']} in {data['window']}s",
+                    str(h["queued"]),
+                ]
+                for h in data["hooks"]
+            ]
             print_table(rows, self.out)
 
         self.emit(data, human)
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    common = common_options(env, url_setting="GORGE_WEBHOOK_URL", default_url=DEFAULT_URL,
-                            product="gorge-webhook", noun="gorge-webhook")
+    common = common_options(
+        env,
+        url_setting="GORGE_WEBHOOK_URL",
+        default_url=DEFAULT_URL,
+        product="gorge-webhook",
+        noun="gorge-webhook",
+    )
     parser = OneLineParser(
-        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=wrap("The delivery log of a running gorge-webhook: list and show Herald "
-                         "webhook requests, put them back in the queue, see each hook's "
-                         "breaker and backlog."),
-        epilog=EPILOG)
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB",
-                                  parser_class=OneLineParser)
+        prog=PROG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=wrap(
+            "The delivery log of a running gorge-webhook: list and show Herald "
+            "webhook requests, put them back in the queue, see each hook's "
+            "breaker and backlog."
+        ),
+        epilog=EPILOG,
+    )
+    verbs = parser.add_subparsers(
+        dest="verb", required=True, metavar="VERB", parser_class=OneLineParser
+    )
 
     def verb(name: str, help_text: str, description: str):
-        return verbs.add_parser(name, help=help_text, description=wrap(description),
-                                epilog=EPILOG, parents=[common],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        return verbs.add_parser(
+            name,
+            help=help_text,
+            description=wrap(description),
+            epilog=EPILOG,
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
-    verb("stats", "request counts", "Queued, sent and failed requests as this replica knows "
-         "them, and the hooks that are not disabled.")
-    ls = verb("ls", "list requests, newest first",
-              "Requests newest first with their status, last result and error, the time of "
-              "the last attempt, the retry mode and the hook. When older requests may match "
-              "and were not read, the last line says which --cursor goes on.")
+    verb(
+        "stats",
+        "request counts",
+        "Queued, sent and failed requests as this replica knows "
+        "them, and the hooks that are not disabled.",
+    )
+    ls = verb(
+        "ls",
+        "list requests, newest first",
+        "Requests newest first with their status, last result and error, the time of "
+        "the last attempt, the retry mode and the hook. When older requests may match "
+        "and were not read, the last line says which --cursor goes on.",
+    )
     ls.add_argument("--hook", type=hook_phid, metavar="PHID", help="only this hook's requests")
     ls.add_argument("--status", choices=["queued", "sent", "failed"])
-    ls.add_argument("--result", choices=["none", "okay", "fail"],
-                    help="last result: none (no attempt), okay, fail")
-    ls.add_argument("--since", metavar="WHEN",
-                    help="only requests created at or after: epoch seconds, now, -30m, -2h, "
-                         "-7d, or an ISO date or time such as 2026-09-08T12:30")
-    ls.add_argument("--limit", type=non_negative, default=50,
-                    help="at most this many (1-1000, default 50)")
-    ls.add_argument("--cursor", type=non_negative, metavar="ID",
-                    help="only requests with a lower id (from a previous ls)")
-    show = verb("show", "one request", "Every field of one request: status, last result and "
-                "error, retry mode, flags, triggers and transactions as the body lists them, "
-                "and a Retry-After hold if this replica has one.")
-    show.add_argument("request", type=request_ref, metavar="REQUEST",
-                      help="request id or PHID-HWBR-... PHID")
-    retry = verb("retry", "put sent or failed requests back in the queue",
-                 "Put sent or failed requests back in the queue: they are delivered again "
-                 "once, with the same body and signature. Either name requests, or give "
-                 "--hook and --since (and --until) for a hook's requests created in that "
-                 "time; those are the failed ones unless --status says otherwise. Queued "
-                 "requests are refused (they will be delivered anyway).")
-    retry.add_argument("requests", type=request_ref, nargs="*", metavar="REQUEST",
-                       help="request ids or PHID-HWBR-... PHIDs")
-    retry.add_argument("--hook", type=hook_phid, metavar="PHID",
-                       help="retry this hook's requests created between --since and --until")
+    ls.add_argument(
+        "--result",
+        choices=["none", "okay", "fail"],
+        help="last result: none (no attempt), okay, fail",
+    )
+    ls.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only requests created at or after: epoch seconds, now, -30m, -2h, "
+        "-7d, or an ISO date or time such as 2026-09-08T12:30",
+    )
+    ls.add_argument(
+        "--limit", type=non_negative, default=50, help="at most this many (1-1000, default 50)"
+    )
+    ls.add_argument(
+        "--cursor",
+        type=non_negative,
+        metavar="ID",
+        help="only requests with a lower id (from a previous ls)",
+    )
+    show = verb(
+        "show",
+        "one request",
+        "Every field of one request: status, last result and "
+        "error, retry mode, flags, triggers and transactions as the body lists them, "
+        "and a Retry-After hold if this replica has one.",
+    )
+    show.add_argument(
+        "request", type=request_ref, metavar="REQUEST", help="request id or PHID-HWBR-... PHID"
+    )
+    retry = verb(
+        "retry",
+        "put sent or failed requests back in the queue",
+        "Put sent or failed requests back in the queue: they are delivered again "
+        "once, with the same body and signature. Either name requests, or give "
+        "--hook and --since (and --until) for a hook's requests created in that "
+        "time; those are the failed ones unless --status says otherwise. Queued "
+        "requests are refused (they will be delivered anyway).",
+    )
+    retry.add_argument(
+        "requests",
+        type=request_ref,
+        nargs="*",
+        metavar="REQUEST",
+        help="request ids or PHID-HWBR-... PHIDs",
+    )
+    retry.add_argument(
+        "--hook",
+        type=hook_phid,
+        metavar="PHID",
+        help="retry this hook's requests created between --since and --until",
+    )
     retry.add_argument("--since", metavar="WHEN", help="with --hook: created at or after")
-    retry.add_argument("--until", metavar="WHEN", help="with --hook: created before "
-                       "(default: no bound)")
-    retry.add_argument("--status", dest="retry_status", choices=["failed", "sent", "any"],
-                       default="failed", help="with --hook: which requests (default failed)")
-    verb("hooks", "every hook with its breaker and backlog",
-         "Each hook's name and status, its breaker (failed attempts within the window, "
-         "open at the threshold) and the queued requests this replica knows of.")
+    retry.add_argument(
+        "--until", metavar="WHEN", help="with --hook: created before (default: no bound)"
+    )
+    retry.add_argument(
+        "--status",
+        dest="retry_status",
+        choices=["failed", "sent", "any"],
+        default="failed",
+        help="with --hook: which requests (default failed)",
+    )
+    verb(
+        "hooks",
+        "every hook with its breaker and backlog",
+        "Each hook's name and status, its breaker (failed attempts within the window, "
+        "open at the threshold) and the queued requests this replica knows of.",
+    )
     return parser
 
 
@@ -289,9 +400,14 @@ def _check(args: argparse.Namespace, now: float) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None,
-         out: TextIO | None = None, err: TextIO | None = None,
-         clock: Callable[[], float] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    clock: Callable[[], float] | None = None,
+) -> int:
     env = os.environ if env is None else env
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -303,8 +419,14 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     if problem is not None:
         err.write(f"{PROG} {args.verb}: {problem}\n")
         return EXIT_USAGE
-    http = ApiClient(args.url, "/api/webhook/", noun="gorge-webhook", product="gorge-webhook",
-                     token=args.token, timeout=args.timeout)
+    http = ApiClient(
+        args.url,
+        "/api/webhook/",
+        noun="gorge-webhook",
+        product="gorge-webhook",
+        token=args.token,
+        timeout=args.timeout,
+    )
     command = Command(args, http, out, err, clock)
     try:
         getattr(command, args.verb)()

@@ -8,14 +8,14 @@ the HTTP side, gorge/webhook/store.py runs the statements.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from twisted.logger import Logger
 
 from gorge.webhook import payload
 from gorge.webhook.metrics import WebhookMetrics
-from gorge.webhook.store import (
-    NotReplayable, Replay, RequestRow, WebhookStore)
+from gorge.webhook.store import NotReplayable, Replay, RequestRow, WebhookStore
 
 log = Logger()
 
@@ -30,14 +30,18 @@ def _error_type(value: Any) -> str | None:
 
 def _error_code(value: Any) -> int | str | None:
     # Phorge stores HTTP and cURL codes as integers, our own codes as strings.
-    if value is None or isinstance(value, str) or (isinstance(value, int)
-                                                   and not isinstance(value, bool)):
+    if (
+        value is None
+        or isinstance(value, str)
+        or (isinstance(value, int) and not isinstance(value, bool))
+    ):
         return value
     return json.dumps(value, separators=(",", ":"))
 
 
-def describe(row: RequestRow, *, detail: bool = False,
-             held_until: int | None = None) -> dict[str, Any]:
+def describe(
+    row: RequestRow, *, detail: bool = False, held_until: int | None = None
+) -> dict[str, Any]:
     """One request as the API answers it; ``detail`` adds what ``show`` shows."""
     try:
         parsed = payload.parse_properties(row.properties)
@@ -60,31 +64,48 @@ def describe(row: RequestRow, *, detail: bool = False,
         "dateModified": row.date_modified,
     }
     if detail:
-        item.update({
-            "propertiesValid": props is not None,
-            "test": props.test if props else None,
-            "silent": props.silent if props else None,
-            "secure": props.secure if props else None,
-            "triggerPHIDs": list(props.triggers) if props else None,
-            # In the order the body lists them.
-            "transactionPHIDs": payload.newest_first(props.transactions) if props else None,
-            "heldUntil": held_until,
-        })
+        item.update(
+            {
+                "propertiesValid": props is not None,
+                "test": props.test if props else None,
+                "silent": props.silent if props else None,
+                "secure": props.secure if props else None,
+                "triggerPHIDs": list(props.triggers) if props else None,
+                # In the order the body lists them.
+                "transactionPHIDs": payload.newest_first(props.transactions) if props else None,
+                "heldUntil": held_until,
+            }
+        )
     return item
 
 
 class DeliveryLog:
-    def __init__(self, store: WebhookStore, metrics: WebhookMetrics, *,
-                 breaker_threshold: int, breaker_window: int) -> None:
+    def __init__(
+        self,
+        store: WebhookStore,
+        metrics: WebhookMetrics,
+        *,
+        breaker_threshold: int,
+        breaker_window: int,
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._threshold = breaker_threshold
         self._window = breaker_window
 
-    async def list(self, *, limit: int, cursor: int | None, hook: str | None,
-                   status: str | None, result: str | None, since: int | None) -> dict:
-        page = await self._store.list_requests(limit=limit, cursor=cursor, hook=hook,
-                                               status=status, result=result, since=since)
+    async def list(
+        self,
+        *,
+        limit: int,
+        cursor: int | None,
+        hook: str | None,
+        status: str | None,
+        result: str | None,
+        since: int | None,
+    ) -> dict:
+        page = await self._store.list_requests(
+            limit=limit, cursor=cursor, hook=hook, status=status, result=result, since=since
+        )
         return {"requests": [describe(row) for row in page.rows], "nextCursor": page.next_cursor}
 
     async def show(self, request: int | str) -> dict | None:
@@ -102,15 +123,26 @@ class DeliveryLog:
         self._replayed(replay)
         return describe(replay.after, detail=True)
 
-    async def replay_range(self, *, hook: str, since: int, until: int, statuses: Sequence[str],
-                           after_id: int, limit: int) -> dict:
-        done = await self._store.replay_range(hook=hook, since=since, until=until,
-                                              statuses=statuses, after_id=after_id, limit=limit)
+    async def replay_range(
+        self,
+        *,
+        hook: str,
+        since: int,
+        until: int,
+        statuses: Sequence[str],
+        after_id: int,
+        limit: int,
+    ) -> dict:
+        done = await self._store.replay_range(
+            hook=hook, since=since, until=until, statuses=statuses, after_id=after_id, limit=limit
+        )
         for replay in done.replayed:
             self._replayed(replay)
         return {
-            "retried": [{"id": r.after.id, "phid": r.after.phid,
-                         "previousStatus": r.before.status} for r in done.replayed],
+            "retried": [
+                {"id": r.after.id, "phid": r.after.phid, "previousStatus": r.before.status}
+                for r in done.replayed
+            ],
             "skipped": [{"id": row.id, "phid": row.phid} for row in done.skipped],
             "nextAfterId": done.next_after_id,
         }
@@ -120,24 +152,32 @@ class DeliveryLog:
         return {
             "threshold": self._threshold,
             "window": self._window,
-            "hooks": [{
-                "phid": state.phid,
-                "name": state.name,
-                "status": state.status,
-                "breaker": "open" if state.failures >= self._threshold else "closed",
-                "failures": state.failures,
-                "queued": state.queued,
-            } for state in states],
+            "hooks": [
+                {
+                    "phid": state.phid,
+                    "name": state.name,
+                    "status": state.status,
+                    "breaker": "open" if state.failures >= self._threshold else "closed",
+                    "failures": state.failures,
+                    "queued": state.queued,
+                }
+                for state in states
+            ],
         }
 
     def _replayed(self, replay: Replay) -> None:
         """The row's history leaves it here: the log line keeps the outcome it had."""
         before = describe(replay.before)
         self._metrics.replays.labels(previous=replay.before.status).inc()
-        log.info("WEBHOOK_REQUEST_REPLAYED request={request} hook={hook}"
-                 " previous_status={previous_status} previous_result={previous_result}"
-                 " error_type={error_type} error_code={error_code} attempted_at={attempted_at}",
-                 request=replay.after.phid, hook=replay.after.hook_phid,
-                 previous_status=replay.before.status, previous_result=replay.before.last_result,
-                 error_type=before["errorType"], error_code=before["errorCode"],
-                 attempted_at=replay.before.last_epoch)
+        log.info(
+            "WEBHOOK_REQUEST_REPLAYED request={request} hook={hook}"
+            " previous_status={previous_status} previous_result={previous_result}"
+            " error_type={error_type} error_code={error_code} attempted_at={attempted_at}",
+            request=replay.after.phid,
+            hook=replay.after.hook_phid,
+            previous_status=replay.before.status,
+            previous_result=replay.before.last_result,
+            error_type=before["errorType"],
+            error_code=before["errorCode"],
+            attempted_at=replay.before.last_epoch,
+        )

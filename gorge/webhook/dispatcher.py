@@ -10,8 +10,8 @@ candidates; rows not started by then are simply read again.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -23,11 +23,19 @@ from gorge.service import InFlight
 from gorge.webhook import payload, retryafter
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.metrics import WebhookMetrics
-from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
-from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 from gorge.webhook.settings import WebhookSettings
 from gorge.webhook.store import (
-    FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT, Candidate, Hook, WebhookStore)
+    FAILED,
+    QUEUED,
+    RESULT_FAIL,
+    RESULT_OKAY,
+    SENT,
+    Candidate,
+    Hook,
+    WebhookStore,
+)
+from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
+from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
 log = Logger()
 
@@ -45,8 +53,14 @@ HOOK_LOOKUP_FAILED = "WEBHOOK_HOOK_LOOKUP_FAILED error={error} reason={reason} s
 class _Summary:
     """Counters behind the once-a-minute summary line."""
 
-    FIELDS = ("claims_won", "claims_lost", "breaker_skips", "delivered", "failed",
-              "config_failures")
+    FIELDS = (
+        "claims_won",
+        "claims_lost",
+        "breaker_skips",
+        "delivered",
+        "failed",
+        "config_failures",
+    )
     claims_won: int
     claims_lost: int
     breaker_skips: int
@@ -74,9 +88,18 @@ class _Destination:
 
 
 class Dispatcher:
-    def __init__(self, *, store: WebhookStore, transport: Transport, policy: UriPolicy,
-                 breaker: Breaker, settings: WebhookSettings, clock: IReactorTime,
-                 metrics: WebhookMetrics, wake: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: WebhookStore,
+        transport: Transport,
+        policy: UriPolicy,
+        breaker: Breaker,
+        settings: WebhookSettings,
+        clock: IReactorTime,
+        metrics: WebhookMetrics,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
         self._store = store
         self._transport = transport
         self._policy = policy
@@ -126,8 +149,11 @@ class Dispatcher:
             await self._breaker.recheck_due()
             limit = self._batch + self._active
             rows = await self._store.candidates(
-                limit=limit, lease=self._settings.effective_lease,
-                backoff=self._settings.retry_backoff, exclude_hooks=self._breaker.excluded())
+                limit=limit,
+                lease=self._settings.effective_lease,
+                backoff=self._settings.retry_backoff,
+                exclude_hooks=self._breaker.excluded(),
+            )
             await self._renew_holds()
         except Exception as e:
             self._poll_failed(e)
@@ -158,9 +184,11 @@ class Dispatcher:
         """Keep the leases of rows held for a Retry-After (docs/webhook.md)."""
         for request_id in await self._store.renew_holds():
             self._metrics.retry_after.labels(result="lost").inc()
-            log.info("WEBHOOK_HOLD_LOST request_id={request_id}"
-                     " reason={reason}", request_id=request_id,
-                     reason="the row was changed by another writer while held")
+            log.info(
+                "WEBHOOK_HOLD_LOST request_id={request_id} reason={reason}",
+                request_id=request_id,
+                reason="the row was changed by another writer while held",
+            )
 
     def _poll_failed(self, exc: Exception, event: str = POLL_FAILED) -> None:
         """A database outage: logged when it starts, then at most once a minute."""
@@ -174,13 +202,19 @@ class Dispatcher:
         elif now - self._outage_logged_at < OUTAGE_LOG_EVERY:
             return
         self._outage_logged_at = now
-        log.error(event, error=type(exc).__name__, reason=platform_mysql.error_reason(exc),
-                  since=self._outage_since)
+        log.error(
+            event,
+            error=type(exc).__name__,
+            reason=platform_mysql.error_reason(exc),
+            since=self._outage_since,
+        )
 
     def _poll_recovered(self) -> None:
         if self._outage_since is not None:
-            log.info("WEBHOOK_POLL_RECOVERED down_seconds={seconds}",
-                     seconds=round(self._clock.seconds() - self._outage_since, 3))
+            log.info(
+                "WEBHOOK_POLL_RECOVERED down_seconds={seconds}",
+                seconds=round(self._clock.seconds() - self._outage_since, 3),
+            )
             self._outage_since = None
 
     def _maybe_summary(self) -> None:
@@ -190,9 +224,12 @@ class Dispatcher:
         self._summary_at = now
         counts = self._summary.snapshot()
         if any(counts.values()):
-            log.info("WEBHOOK_SUMMARY claims_won={claims_won} claims_lost={claims_lost}"
-                     " breaker_skips={breaker_skips} delivered={delivered} failed={failed}"
-                     " config_failures={config_failures}", **counts)
+            log.info(
+                "WEBHOOK_SUMMARY claims_won={claims_won} claims_lost={claims_lost}"
+                " breaker_skips={breaker_skips} delivered={delivered} failed={failed}"
+                " config_failures={config_failures}",
+                **counts,
+            )
         self._summary.reset()
 
     # -- scheduling -------------------------------------------------------
@@ -231,8 +268,11 @@ class Dispatcher:
             try:
                 await self._process(current)
             except Exception:
-                log.failure("WEBHOOK_PROCESS_FAILED request={request}", level=LogLevel.error,
-                            request=current.phid)
+                log.failure(
+                    "WEBHOOK_PROCESS_FAILED request={request}",
+                    level=LogLevel.error,
+                    request=current.phid,
+                )
             finally:
                 self._in_process.discard(current.id)
             hook = current.hook_phid
@@ -276,8 +316,11 @@ class Dispatcher:
         attempt, duration = await self._deliver(candidate, hook, props, destination)
         if attempt.aborted:
             self._metrics.deliveries.labels(outcome="abandoned").inc()
-            log.warn("WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
-                     request=candidate.phid, hook=hook.phid)
+            log.warn(
+                "WEBHOOK_DELIVERY_ABANDONED request={request} hook={hook}",
+                request=candidate.phid,
+                hook=hook.phid,
+            )
             return
         await self._record(candidate, hook.phid, props, attempt, duration)
 
@@ -286,8 +329,12 @@ class Dispatcher:
         try:
             return payload.parse_properties(candidate.properties)
         except payload.InvalidProperties as e:
-            log.warn("WEBHOOK_PROPERTIES_INVALID request={request} hook={hook} reason={reason}",
-                     request=candidate.phid, hook=candidate.hook_phid, reason=e.reason)
+            log.warn(
+                "WEBHOOK_PROPERTIES_INVALID request={request} hook={hook} reason={reason}",
+                request=candidate.phid,
+                hook=candidate.hook_phid,
+                reason=e.reason,
+            )
             await self._retire(candidate, e.document, payload.CODE_INVALID_PROPERTIES)
             return None
 
@@ -295,13 +342,19 @@ class Dispatcher:
         """Step 2: the hook, looked up by the tick; a missing or disabled one retires the row."""
         hook = self._hooks.get(candidate.hook_phid)
         if hook is None:
-            log.warn("WEBHOOK_HOOK_MISSING request={request} hook={hook}",
-                     request=candidate.phid, hook=candidate.hook_phid)
+            log.warn(
+                "WEBHOOK_HOOK_MISSING request={request} hook={hook}",
+                request=candidate.phid,
+                hook=candidate.hook_phid,
+            )
             await self._retire(candidate, props.document, payload.CODE_NOT_FOUND)
             return None
         if hook.disabled:
-            log.info("WEBHOOK_HOOK_DISABLED request={request} hook={hook}",
-                     request=candidate.phid, hook=hook.phid)
+            log.info(
+                "WEBHOOK_HOOK_DISABLED request={request} hook={hook}",
+                request=candidate.phid,
+                hook=hook.phid,
+            )
             await self._retire(candidate, props.document, payload.CODE_DISABLED)
             return None
         return hook
@@ -312,29 +365,42 @@ class Dispatcher:
             is_open = await self._breaker.is_open(hook.phid)
         except Exception as e:
             self._drop_line(hook.phid)
-            log.error("WEBHOOK_BACKOFF_CHECK_FAILED request={request} hook={hook} error={error}",
-                      request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
+            log.error(
+                "WEBHOOK_BACKOFF_CHECK_FAILED request={request} hook={hook} error={error}",
+                request=candidate.phid,
+                hook=hook.phid,
+                error=platform_mysql.error_reason(e),
+            )
             return False
         if is_open:
             # The rest of this hook's line would only find it open again.
             skipped = 1 + len(self._lines.pop(hook.phid, ()))
             self._metrics.breaker_skips.inc(skipped)
             self._summary.breaker_skips += skipped
-            log.debug("WEBHOOK_HOOK_BACKOFF_SKIPPED request={request} hook={hook} rows={rows}",
-                      request=candidate.phid, hook=hook.phid, rows=skipped)
+            log.debug(
+                "WEBHOOK_HOOK_BACKOFF_SKIPPED request={request} hook={hook} rows={rows}",
+                request=candidate.phid,
+                hook=hook.phid,
+                rows=skipped,
+            )
             return False
         return True
 
-    async def _destination(self, candidate: Candidate, hook: Hook,
-                           props: payload.Properties) -> _Destination | None:
+    async def _destination(
+        self, candidate: Candidate, hook: Hook, props: payload.Properties
+    ) -> _Destination | None:
         """Step 5: the outbound policy. Refused retires the row; a host that does
         not resolve is still claimed and recorded as a failed attempt."""
         try:
             return _Destination(target=await self._policy.check(hook.uri))
         except UriRefused as e:
-            log.warn("WEBHOOK_URI_REFUSED request={request} hook={hook} check={check}"
-                     " host={host}", request=candidate.phid, hook=hook.phid, check=e.check,
-                     host=e.host)
+            log.warn(
+                "WEBHOOK_URI_REFUSED request={request} hook={hook} check={check} host={host}",
+                request=candidate.phid,
+                hook=hook.phid,
+                check=e.check,
+                host=e.host,
+            )
             await self._retire(candidate, props.document, payload.CODE_URI)
             return None
         except Unresolvable as e:
@@ -347,31 +413,43 @@ class Dispatcher:
         except Exception as e:
             self._drop_line(hook.phid)
             self._metrics.claims.labels(result="error").inc()
-            log.error("WEBHOOK_CLAIM_FAILED request={request} hook={hook} error={error}",
-                      request=candidate.phid, hook=hook.phid, error=platform_mysql.error_reason(e))
+            log.error(
+                "WEBHOOK_CLAIM_FAILED request={request} hook={hook} error={error}",
+                request=candidate.phid,
+                hook=hook.phid,
+                error=platform_mysql.error_reason(e),
+            )
             return False
         if not won:
             self._metrics.claims.labels(result="lost").inc()
             self._summary.claims_lost += 1
-            log.debug("WEBHOOK_CLAIM_LOST request={request} hook={hook}",
-                      request=candidate.phid, hook=hook.phid)
+            log.debug(
+                "WEBHOOK_CLAIM_LOST request={request} hook={hook}",
+                request=candidate.phid,
+                hook=hook.phid,
+            )
             return False
         self._metrics.claims.labels(result="won").inc()
         self._summary.claims_won += 1
         return True
 
-    async def _deliver(self, candidate: Candidate, hook: Hook, props: payload.Properties,
-                       destination: _Destination) -> tuple[Attempt, float]:
+    async def _deliver(
+        self, candidate: Candidate, hook: Hook, props: payload.Properties, destination: _Destination
+    ) -> tuple[Attempt, float]:
         """Step 7: build, sign and POST; the attempt and how long the POST took."""
         if destination.target is None:
             detail = f"unresolved {destination.unresolved}"
             return Attempt(code=CODE_UNRESOLVED, detail=detail), 0.0  # no POST was made
         if not hook.hmac_key:
-            log.error("WEBHOOK_REQUEST_BUILD_FAILED request={request} hook={hook}"
-                      " reason={reason}", request=candidate.phid, hook=hook.phid,
-                      reason="empty hmac key")
-            unbuildable = Attempt(error_type=payload.ERROR_TYPE_HOOK,
-                                  code=payload.CODE_REQUEST_BUILD)
+            log.error(
+                "WEBHOOK_REQUEST_BUILD_FAILED request={request} hook={hook} reason={reason}",
+                request=candidate.phid,
+                hook=hook.phid,
+                reason="empty hmac key",
+            )
+            unbuildable = Attempt(
+                error_type=payload.ERROR_TYPE_HOOK, code=payload.CODE_REQUEST_BUILD
+            )
             return unbuildable, 0.0
         body = payload.build_body(candidate.object_phid, candidate.date_created, props)
         headers = {
@@ -382,8 +460,9 @@ class Dispatcher:
         if self._settings.standard_headers:
             # The request's PHID: the same on every attempt of the request, so a
             # receiver can tell a retry from a new event (docs/webhook.md).
-            headers.update(payload.standard_headers(hook.hmac_key, candidate.phid,
-                                                    int(started), body))
+            headers.update(
+                payload.standard_headers(hook.hmac_key, candidate.phid, int(started), body)
+            )
         attempt = await self._transport.attempt(destination.target, body, headers)
         duration = max(self._clock.seconds() - started, 0.0)
         self._metrics.delivery_seconds.observe(duration)
@@ -394,8 +473,14 @@ class Dispatcher:
         (one error line per row); the next tick reads them again."""
         self._lines.pop(hook_phid, None)
 
-    async def _record(self, candidate: Candidate, hook_phid: str,
-                      props: payload.Properties, attempt: Attempt, duration: float) -> None:
+    async def _record(
+        self,
+        candidate: Candidate,
+        hook_phid: str,
+        props: payload.Properties,
+        attempt: Attempt,
+        duration: float,
+    ) -> None:
         if attempt.ok:
             status, result, outcome = SENT, RESULT_OKAY, "sent"
         else:
@@ -406,8 +491,9 @@ class Dispatcher:
         if not attempt.ok:
             self._breaker.failed(hook_phid)
         self._note_gone(candidate, hook_phid, attempt)
-        changed = await self._write(candidate, lambda: self._store.finish(
-            candidate, status, result, properties))
+        changed = await self._write(
+            candidate, lambda: self._store.finish(candidate, status, result, properties)
+        )
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()
@@ -416,32 +502,57 @@ class Dispatcher:
             not_before = await self._hold_for_retry_after(candidate, hook_phid, attempt)
         if attempt.ok:
             self._summary.delivered += 1
-            log.info("WEBHOOK_DELIVERED request={request} hook={hook} status={status}"
-                     " duration={duration}", request=candidate.phid, hook=hook_phid,
-                     status=attempt.code, duration=round(duration, 3))
+            log.info(
+                "WEBHOOK_DELIVERED request={request} hook={hook} status={status}"
+                " duration={duration}",
+                request=candidate.phid,
+                hook=hook_phid,
+                status=attempt.code,
+                duration=round(duration, 3),
+            )
         elif _rejected(attempt):
             self._summary.failed += 1
-            log.warn("WEBHOOK_DELIVERY_REJECTED request={request} hook={hook} status={status}"
-                     " duration={duration} row_status={row_status} not_before={not_before}",
-                     request=candidate.phid, hook=hook_phid, status=attempt.code,
-                     duration=round(duration, 3), row_status=status, not_before=not_before)
+            log.warn(
+                "WEBHOOK_DELIVERY_REJECTED request={request} hook={hook} status={status}"
+                " duration={duration} row_status={row_status} not_before={not_before}",
+                request=candidate.phid,
+                hook=hook_phid,
+                status=attempt.code,
+                duration=round(duration, 3),
+                row_status=status,
+                not_before=not_before,
+            )
         else:
             self._summary.failed += 1
-            log.warn("WEBHOOK_DELIVERY_FAILED request={request} hook={hook}"
-                     " error_type={error_type} code={code} error={error} duration={duration}"
-                     " row_status={row_status}", request=candidate.phid, hook=hook_phid,
-                     error_type=attempt.error_type, code=attempt.code, error=attempt.detail,
-                     duration=round(duration, 3), row_status=status)
+            log.warn(
+                "WEBHOOK_DELIVERY_FAILED request={request} hook={hook}"
+                " error_type={error_type} code={code} error={error} duration={duration}"
+                " row_status={row_status}",
+                request=candidate.phid,
+                hook=hook_phid,
+                error_type=attempt.error_type,
+                code=attempt.code,
+                error=attempt.detail,
+                duration=round(duration, 3),
+                row_status=status,
+            )
         if changed == 0:
-            log.info("WEBHOOK_RESULT_ROW_GONE request={request} hook={hook}",
-                     request=candidate.phid, hook=hook_phid)
+            log.info(
+                "WEBHOOK_RESULT_ROW_GONE request={request} hook={hook}",
+                request=candidate.phid,
+                hook=hook_phid,
+            )
 
-    async def _hold_for_retry_after(self, candidate: Candidate, hook_phid: str,
-                                    attempt: Attempt) -> int | None:
+    async def _hold_for_retry_after(
+        self, candidate: Candidate, hook_phid: str, attempt: Attempt
+    ) -> int | None:
         """A 429/503 with Retry-After: the next attempt waits that long (bounded),
         when that is later than the fixed retry. Returns the database second held until."""
-        if (attempt.code not in retryafter.STATUSES or attempt.retry_after is None
-                or not self._settings.retry_after_max):
+        if (
+            attempt.code not in retryafter.STATUSES
+            or attempt.retry_after is None
+            or not self._settings.retry_after_max
+        ):
             return None
         asked = retryafter.retry_after_seconds(attempt.retry_after, self._clock.seconds())
         if asked is None:
@@ -452,9 +563,12 @@ class Dispatcher:
             not_before = await self._store.hold(candidate, delay)
         except Exception as e:
             # Not held: the row is retried after the fixed retry, like any failure.
-            log.error("WEBHOOK_HOLD_FAILED request={request} hook={hook} error={error}",
-                      request=candidate.phid, hook=hook_phid,
-                      error=platform_mysql.error_reason(e))
+            log.error(
+                "WEBHOOK_HOLD_FAILED request={request} hook={hook} error={error}",
+                request=candidate.phid,
+                hook=hook_phid,
+                error=platform_mysql.error_reason(e),
+            )
             return None
         self._metrics.retry_after.labels(result="held" if not_before else "not_later").inc()
         return not_before
@@ -470,10 +584,13 @@ class Dispatcher:
         if hook_phid in self._gone_hooks:
             return
         self._gone_hooks.add(hook_phid)
-        log.warn("WEBHOOK_RECEIVER_GONE hook={hook} request={request} retry={retry}",
-                 hook=hook_phid, request=candidate.phid,
-                 retry="the request follows its retry mode; disable the hook in Phorge "
-                       "if the receiver is gone for good")
+        log.warn(
+            "WEBHOOK_RECEIVER_GONE hook={hook} request={request} retry={retry}",
+            hook=hook_phid,
+            request=candidate.phid,
+            retry="the request follows its retry mode; disable the hook in Phorge "
+            "if the receiver is gone for good",
+        )
 
     async def _retire(self, candidate: Candidate, document: dict | None, code: str) -> None:
         if self._stopping:
@@ -484,8 +601,11 @@ class Dispatcher:
             self._summary.config_failures += 1
             self._metrics.deliveries.labels(outcome="config_failure").inc()
         elif changed == 0:
-            log.debug("WEBHOOK_RETIRE_SKIPPED request={request} code={code}",
-                      request=candidate.phid, code=code)
+            log.debug(
+                "WEBHOOK_RETIRE_SKIPPED request={request} code={code}",
+                request=candidate.phid,
+                code=code,
+            )
 
     async def _write(self, candidate: Candidate, write) -> int | None:
         """A result write, retried briefly: losing it means a duplicate after the lease."""
@@ -494,8 +614,11 @@ class Dispatcher:
                 return await write()
             except Exception as e:
                 if attempt == WRITE_ATTEMPTS:
-                    log.error("WEBHOOK_RESULT_WRITE_FAILED request={request} error={error}",
-                              request=candidate.phid, error=platform_mysql.error_reason(e))
+                    log.error(
+                        "WEBHOOK_RESULT_WRITE_FAILED request={request} error={error}",
+                        request=candidate.phid,
+                        error=platform_mysql.error_reason(e),
+                    )
                     return None
                 await deferLater(self._clock, WRITE_RETRY_DELAY * attempt)
         return None
@@ -508,13 +631,19 @@ class Dispatcher:
         self._lines.clear()
         if await self._inflight.drain(budget, self._clock):
             return
-        log.warn("WEBHOOK_SHUTDOWN_ABANDONED deliveries={count} budget={budget}",
-                 count=len(self._inflight), budget=budget)
+        log.warn(
+            "WEBHOOK_SHUTDOWN_ABANDONED deliveries={count} budget={budget}",
+            count=len(self._inflight),
+            budget=budget,
+        )
         self._transport.abort_all()
         await self._inflight.drain(ABORT_GRACE, self._clock)
 
 
 def _rejected(attempt: Attempt) -> bool:
     """The receiver answered with a status that is not success (vs. a transport failure)."""
-    return (attempt.error_type == payload.ERROR_TYPE_HTTP and isinstance(attempt.code, int)
-            and attempt.code >= 100)
+    return (
+        attempt.error_type == payload.ERROR_TYPE_HTTP
+        and isinstance(attempt.code, int)
+        and attempt.code >= 100
+    )

@@ -15,38 +15,62 @@ class WebhookMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.deliveries = Counter(
-            "gorge_webhook_deliveries", "Delivery outcomes written back, by outcome",
-            ["outcome"], registry=registry)
+            "gorge_webhook_deliveries",
+            "Delivery outcomes written back, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
         self.claims = Counter(
-            "gorge_webhook_claims", "Claim attempts by result (lost: another process or task won first)", ["result"], registry=registry)
+            "gorge_webhook_claims",
+            "Claim attempts by result (lost: another process or task won first)",
+            ["result"],
+            registry=registry,
+        )
         self.breaker_transitions = Counter(
-            "gorge_webhook_breaker_transitions", "Per-hook breaker state changes",
-            ["state"], registry=registry)
+            "gorge_webhook_breaker_transitions",
+            "Per-hook breaker state changes",
+            ["state"],
+            registry=registry,
+        )
         self.breaker_skips = Counter(
-            "gorge_webhook_breaker_skips", "Candidates left queued because their hook is open",
-            registry=registry)
+            "gorge_webhook_breaker_skips",
+            "Candidates left queued because their hook is open",
+            registry=registry,
+        )
         self.open_breaker_rows = Gauge(
-            "gorge_webhook_open_breaker_rows", "Queued rows of hooks whose breaker is open",
-            registry=registry)
+            "gorge_webhook_open_breaker_rows",
+            "Queued rows of hooks whose breaker is open",
+            registry=registry,
+        )
         self.in_flight = Gauge(
-            "gorge_webhook_in_flight", "Candidates being processed now", registry=registry)
+            "gorge_webhook_in_flight", "Candidates being processed now", registry=registry
+        )
         self.delivery_seconds = Histogram(
-            "gorge_webhook_delivery_seconds", "POST duration, redirects included",
+            "gorge_webhook_delivery_seconds",
+            "POST duration, redirects included",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30),
-            registry=registry)
+            registry=registry,
+        )
         self.retry_after = Counter(
             "gorge_webhook_retry_after",
             "Retry-After on 429/503 answers of retry=forever requests, by what it did",
-            ["result"], registry=registry)
+            ["result"],
+            registry=registry,
+        )
         self.gone = Counter(
-            "gorge_webhook_gone", "410 Gone answers (the request still follows its retry mode)",
-            registry=registry)
+            "gorge_webhook_gone",
+            "410 Gone answers (the request still follows its retry mode)",
+            registry=registry,
+        )
         self.replays = Counter(
-            "gorge_webhook_replays", "Requests put back in the queue through the API,"
-            " by the status they had", ["previous"], registry=registry)
+            "gorge_webhook_replays",
+            "Requests put back in the queue through the API, by the status they had",
+            ["previous"],
+            registry=registry,
+        )
         self.poll_failures = Counter(
-            "gorge_webhook_poll_failures", "Polls that failed (database errors)",
-            registry=registry)
+            "gorge_webhook_poll_failures", "Polls that failed (database errors)", registry=registry
+        )
         for outcome in OUTCOMES:
             self.deliveries.labels(outcome=outcome)
         for state in ("open", "closed"):

@@ -175,7 +175,7 @@ def standard_secret(key: str) -> str:
 def standard_signature(key: str, message_id: str, timestamp: int, body: bytes) -> str:
     """``v1,`` + base64 HMAC-SHA256 of ``id.timestamp.body``, keyed with the
     bytes :func:`standard_secret` encodes (the hook's key as UTF-8)."""
-    signed = f"{message_id}.{timestamp}.".encode("utf-8") + body
+    signed = f"{message_id}.{timestamp}.".encode() + body
     digest = hmac.new(key.encode("utf-8"), signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode("ascii")
 

@@ -253,8 +253,7 @@ class QueueView:
         self._holds.discard(request_id)
         self._place(request_id, row)
 
-    def finished(self, request_id: int, version: int, status: str, result: str,
-                 stamp: int) -> None:
+    def finished(self, request_id: int, version: int, status: str, result: str, stamp: int) -> None:
         """Our outcome write changed the row (claimed at ``version``)."""
         if status != QUEUED:
             if request_id in self._rows:
@@ -371,7 +370,8 @@ class QueueView:
                 self._holes[request_id] = at
             if len(self._holes) > self._max_holes:
                 for request_id in sorted(self._holes, key=self._holes.__getitem__)[
-                        :len(self._holes) - self._max_holes]:
+                    : len(self._holes) - self._max_holes
+                ]:
                     del self._holes[request_id]
 
     def holes_checked(self, rows: list[Seen], stamp: int, at: float) -> None:
@@ -385,8 +385,9 @@ class QueueView:
             # A block recounted after the hole appeared may already hold the row.
             recounted = block is not None and block.counted_at > since
             self.saw(seen, stamp, count_finished=not recounted)
-        for request_id in [i for i, since in self._holes.items()
-                           if at - since >= self._hole_seconds]:
+        for request_id in [
+            i for i, since in self._holes.items() if at - since >= self._hole_seconds
+        ]:
             del self._holes[request_id]
 
     def bounds(self, lowest: int | None, highest: int | None, at: float) -> bool:
@@ -394,8 +395,9 @@ class QueueView:
         self._at = max(self._at, at)
         if highest is not None and highest < self.cursor:
             return False
-        for request_id in [i for i, (_, when) in self._tombstones.items()
-                           if at - when >= TOMBSTONE_SECONDS]:
+        for request_id in [
+            i for i, (_, when) in self._tombstones.items() if at - when >= TOMBSTONE_SECONDS
+        ]:
             del self._tombstones[request_id]
         if lowest is None:  # empty: every id seen so far is gone
             for request_id in list(self._ids):
@@ -405,7 +407,7 @@ class QueueView:
             return True
         # Holes below the lowest row stay: an id handed out before the oldest
         # committed row may still commit (they expire like any hole).
-        for request_id in self._ids[:bisect.bisect_left(self._ids, lowest)]:
+        for request_id in self._ids[: bisect.bisect_left(self._ids, lowest)]:
             self._remove(request_id)
         low_block = block_of(lowest)
         if low_block > self._low_block:
@@ -418,8 +420,9 @@ class QueueView:
 
     # -- loading and sweeping ----------------------------------------------
 
-    def loaded_range(self, counts: dict[int, Counts], queued: list[Seen], stamp: int,
-                     at: float) -> None:
+    def loaded_range(
+        self, counts: dict[int, Counts], queued: list[Seen], stamp: int, at: float
+    ) -> None:
         """Part of the start-up pass: per-block counts and the queued rows of a range."""
         for block, block_counts in counts.items():
             self._set_block(block, block_counts, at)
@@ -439,8 +442,7 @@ class QueueView:
         if self._sweep_block is None or self.cursor == 0:
             return []
         last = block_of(self.cursor)
-        plan = [self._step(b) for b in sorted(self._recount_first)
-                if self._low_block <= b <= last]
+        plan = [self._step(b) for b in sorted(self._recount_first) if self._low_block <= b <= last]
         self._recount_first.clear()
         block = self._sweep_block
         for _ in range(min(steps, last - self._low_block + 1)):
@@ -453,15 +455,24 @@ class QueueView:
 
     def _step(self, block: int) -> SweepStep:
         low, high = block * BLOCK, min((block + 1) * BLOCK, self.cursor)
-        known = self._ids[bisect.bisect_right(self._ids, low):bisect.bisect_right(self._ids, high)]
+        known = self._ids[
+            bisect.bisect_right(self._ids, low) : bisect.bisect_right(self._ids, high)
+        ]
         return SweepStep(block, low, high, tuple(known))
 
     def sweep_rewind(self, plan: list[SweepStep]) -> None:
         """The planned recounts were not read (database error): do them next time."""
         self._recount_first.update(step.block for step in plan)
 
-    def swept(self, step: SweepStep, refreshed: list[Seen], counts: Counts,
-              queued: list[Seen], stamp: int, at: float) -> int:
+    def swept(
+        self,
+        step: SweepStep,
+        refreshed: list[Seen],
+        counts: Counts,
+        queued: list[Seen],
+        stamp: int,
+        at: float,
+    ) -> int:
         """A recounted block. Returns how many queued rows it held that we did not know."""
         answered = {seen.id for seen in refreshed}
         for seen in refreshed:
@@ -480,8 +491,13 @@ class QueueView:
     # -- internals ---------------------------------------------------------
 
     def _add(self, seen: Seen) -> None:
-        row = _Row(hook=seen.hook, created=seen.created, modified=seen.modified,
-                   result=seen.result, epoch=seen.epoch)
+        row = _Row(
+            hook=seen.hook,
+            created=seen.created,
+            modified=seen.modified,
+            result=seen.result,
+            epoch=seen.epoch,
+        )
         self._rows[seen.id] = row
         if not self._ids or seen.id > self._ids[-1]:
             self._ids.append(seen.id)
@@ -514,8 +530,13 @@ class QueueView:
 
     def _place(self, request_id: int, row: _Row) -> None:
         row.due_at = self._due_at(row)
-        if (not row.ours and not row.not_before and row.due_at > self.now
-                and self.lease is not None and row.due_at == row.modified + self.lease):
+        if (
+            not row.ours
+            and not row.not_before
+            and row.due_at > self.now
+            and self.lease is not None
+            and row.due_at == row.modified + self.lease
+        ):
             self._leased.add(request_id)
         else:
             self._leased.discard(request_id)

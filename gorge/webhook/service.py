@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
@@ -13,7 +13,12 @@ from twisted.python import usage
 
 from gorge.config import Env
 from gorge.service import (
-    Poller, ServiceTree, StopBudget, SystemdNotifier, listener, run_make_service,
+    Poller,
+    ServiceTree,
+    StopBudget,
+    SystemdNotifier,
+    listener,
+    run_make_service,
 )
 from gorge.sql.metrics import TransactionMetrics
 from gorge.web import build_site
@@ -22,10 +27,10 @@ from gorge.webhook.breaker import Breaker
 from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.metrics import WebhookMetrics
-from gorge.webhook.transport import Transport
-from gorge.webhook.uripolicy import Resolver, UriPolicy, system_resolver
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 from gorge.webhook.store import WebhookStore
+from gorge.webhook.transport import Transport
+from gorge.webhook.uripolicy import Resolver, UriPolicy, system_resolver
 
 log = Logger()
 
@@ -42,13 +47,19 @@ class PollLoop:
     """The poll loop: one dispatcher tick per interval; systemd hears "ready"
     after the first tick that completed."""
 
-    def __init__(self, dispatcher: Dispatcher, interval: float, clock,
-                 notifier: SystemdNotifier | None) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, interval: float, clock, notifier: SystemdNotifier | None
+    ) -> None:
         self._dispatcher = dispatcher
         self._notifier = notifier
         self._first_tick_done = False
-        self.poller = Poller(self._tick, interval, clock, "webhook",
-                             on_progress=notifier.progress if notifier is not None else None)
+        self.poller = Poller(
+            self._tick,
+            interval,
+            clock,
+            "webhook",
+            on_progress=notifier.progress if notifier is not None else None,
+        )
         dispatcher.set_wake(self.poller.wake)
 
     async def _tick(self) -> None:
@@ -59,9 +70,17 @@ class PollLoop:
                 self._notifier.ready()
 
 
-def webhook_tree(settings: WebhookSettings, reactor, clock, *, store: WebhookStore,
-                 transport: Transport, dispatcher: Dispatcher, site,
-                 notifier: SystemdNotifier | None) -> ServiceTree:
+def webhook_tree(
+    settings: WebhookSettings,
+    reactor,
+    clock,
+    *,
+    store: WebhookStore,
+    transport: Transport,
+    dispatcher: Dispatcher,
+    site,
+    notifier: SystemdNotifier | None,
+) -> ServiceTree:
     """Start: listener, then the poll loop. Stop: listener, loop, drain, pools.
 
     The stop order is not the reverse of the start order (the listener stops
@@ -106,8 +125,10 @@ def webhook_tree(settings: WebhookSettings, reactor, clock, *, store: WebhookSto
     # Bounded by the listener itself: LISTENER_STOP_BUDGET for the requests
     # already received. A listener that cannot bind raises when it starts,
     # before any polling.
-    tree.add("listener", listener(settings.http.endpoint, site,
-                                  drain_timeout=LISTENER_STOP_BUDGET, clock=reactor))
+    tree.add(
+        "listener",
+        listener(settings.http.endpoint, site, drain_timeout=LISTENER_STOP_BUDGET, clock=reactor),
+    )
     tree.add("polling", start=start_polling, part=loop)
     tree.add("shutdown", stop=announce_stop)
     tree.keep("site", site)
@@ -116,32 +137,44 @@ def webhook_tree(settings: WebhookSettings, reactor, clock, *, store: WebhookSto
     return tree
 
 
-def log_effective_settings(settings: WebhookSettings, engine: str,
-                           warnings: list[str]) -> None:
-    log.info("WEBHOOK_CONFIG poll_ms={poll_ms} max_concurrent={max_concurrent}"
-             " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
-             " effective_retry={effective_retry} breaker_threshold={threshold}"
-             " breaker_window={window} database={database} store={store}"
-             " outbound_blacklist={blacklist} standard_headers={standard_headers}"
-             " retry_after_max={retry_after_max}",
-             poll_ms=int(settings.poll_interval * 1000), max_concurrent=settings.max_concurrent,
-             timeout=settings.delivery_timeout, lease=settings.effective_lease,
-             retry_backoff=settings.retry_backoff, effective_retry=settings.effective_retry,
-             threshold=settings.breaker_threshold, window=settings.breaker_window,
-             database=settings.mysql.describe(), store=engine,
-             blacklist=len(settings.outbound_blacklist),
-             standard_headers=settings.standard_headers,
-             retry_after_max=settings.retry_after_max)
+def log_effective_settings(settings: WebhookSettings, engine: str, warnings: list[str]) -> None:
+    log.info(
+        "WEBHOOK_CONFIG poll_ms={poll_ms} max_concurrent={max_concurrent}"
+        " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
+        " effective_retry={effective_retry} breaker_threshold={threshold}"
+        " breaker_window={window} database={database} store={store}"
+        " outbound_blacklist={blacklist} standard_headers={standard_headers}"
+        " retry_after_max={retry_after_max}",
+        poll_ms=int(settings.poll_interval * 1000),
+        max_concurrent=settings.max_concurrent,
+        timeout=settings.delivery_timeout,
+        lease=settings.effective_lease,
+        retry_backoff=settings.retry_backoff,
+        effective_retry=settings.effective_retry,
+        threshold=settings.breaker_threshold,
+        window=settings.breaker_window,
+        database=settings.mysql.describe(),
+        store=engine,
+        blacklist=len(settings.outbound_blacklist),
+        standard_headers=settings.standard_headers,
+        retry_after_max=settings.retry_after_max,
+    )
     for warning in warnings + settings.startup_warnings():
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
 
 
-def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookStore | None = None,
-                          http_client: Transport | None = None,
-                          notifier: SystemdNotifier | None = None, clock=None,
-                          registry: CollectorRegistry | None = None,
-                          resolver: Resolver | None = None,
-                          config_warnings: list[str] | None = None) -> ServiceTree:
+def build_webhook_service(
+    settings: WebhookSettings,
+    reactor,
+    *,
+    store: WebhookStore | None = None,
+    http_client: Transport | None = None,
+    notifier: SystemdNotifier | None = None,
+    clock=None,
+    registry: CollectorRegistry | None = None,
+    resolver: Resolver | None = None,
+    config_warnings: list[str] | None = None,
+) -> ServiceTree:
     """The real constructor; ``makeService`` only wires in the global reactor and environment.
 
     ``clock`` (default: the reactor) drives the loop and the breaker; tests
@@ -154,23 +187,62 @@ def build_webhook_service(settings: WebhookSettings, reactor, *, store: WebhookS
     metrics = WebhookMetrics(registry)
     store = store if store is not None else WebhookStore.mysql(settings.mysql, reactor)
     registry.register(TransactionMetrics(store.db))
-    policy = UriPolicy(settings.outbound_blacklist, resolver or system_resolver(reactor),
-                       reactor, settings.delivery_timeout)
-    transport = http_client if http_client is not None else Transport(
-        reactor, policy, settings.delivery_timeout, max_per_host=settings.max_concurrent)
-    breaker = Breaker(store, threshold=settings.breaker_threshold,
-                      window=settings.breaker_window, clock=clock, metrics=metrics)
-    dispatcher = Dispatcher(store=store, transport=transport, policy=policy, breaker=breaker,
-                            settings=settings, clock=clock, metrics=metrics)
+    policy = UriPolicy(
+        settings.outbound_blacklist,
+        resolver or system_resolver(reactor),
+        reactor,
+        settings.delivery_timeout,
+    )
+    transport = (
+        http_client
+        if http_client is not None
+        else Transport(
+            reactor, policy, settings.delivery_timeout, max_per_host=settings.max_concurrent
+        )
+    )
+    breaker = Breaker(
+        store,
+        threshold=settings.breaker_threshold,
+        window=settings.breaker_window,
+        clock=clock,
+        metrics=metrics,
+    )
+    dispatcher = Dispatcher(
+        store=store,
+        transport=transport,
+        policy=policy,
+        breaker=breaker,
+        settings=settings,
+        clock=clock,
+        metrics=metrics,
+    )
 
-    deliveries = DeliveryLog(store, metrics, breaker_threshold=settings.breaker_threshold,
-                             breaker_window=settings.breaker_window)
-    site = build_site(api_resource=WebhookApi(store, deliveries).resource(), prefix=PREFIX,
-                      token=settings.http.token, body_limit=settings.http.body_limit,
-                      readiness=store.ping, registry=registry, clock=reactor)
+    deliveries = DeliveryLog(
+        store,
+        metrics,
+        breaker_threshold=settings.breaker_threshold,
+        breaker_window=settings.breaker_window,
+    )
+    site = build_site(
+        api_resource=WebhookApi(store, deliveries).resource(),
+        prefix=PREFIX,
+        token=settings.http.token,
+        body_limit=settings.http.body_limit,
+        readiness=store.ping,
+        registry=registry,
+        clock=reactor,
+    )
     log_effective_settings(settings, store.db.engine.name, config_warnings or [])
-    return webhook_tree(settings, reactor, clock, store=store, transport=transport,
-                        dispatcher=dispatcher, site=site, notifier=notifier)
+    return webhook_tree(
+        settings,
+        reactor,
+        clock,
+        store=store,
+        transport=transport,
+        dispatcher=dispatcher,
+        site=site,
+        notifier=notifier,
+    )
 
 
 def makeService(options: Mapping) -> IService:
@@ -179,8 +251,11 @@ def makeService(options: Mapping) -> IService:
     def build() -> IService:
         env = Env(os.environ, "gorge-webhook")
         settings = load_webhook_settings(os.environ, listen=options.get("listen"), env=env)
-        return build_webhook_service(settings, reactor,
-                                     notifier=SystemdNotifier(os.environ, reactor),
-                                     config_warnings=env.warnings)
+        return build_webhook_service(
+            settings,
+            reactor,
+            notifier=SystemdNotifier(os.environ, reactor),
+            config_warnings=env.warnings,
+        )
 
     return run_make_service("gorge-webhook", build, options=options)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from gorge.config import ConfigError, Env, HttpSettings, MySQLSettings, load_http_settings
 
@@ -12,12 +12,35 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Phorge's default security.outbound-blacklist, in its order.
 DEFAULT_OUTBOUND_BLACKLIST = (
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
-    "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
-    "255.255.255.255/32", "::/128", "::1/128", "::ffff:0:0/96", "100::/64", "64:ff9b::/96",
-    "2001::/32", "2001:10::/28", "2001:20::/28", "2001:db8::/32", "2002::/16", "fc00::/7",
-    "fe80::/10", "ff00::/8",
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.88.99.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "255.255.255.255/32",
+    "::/128",
+    "::1/128",
+    "::ffff:0:0/96",
+    "100::/64",
+    "64:ff9b::/96",
+    "2001::/32",
+    "2001:10::/28",
+    "2001:20::/28",
+    "2001:db8::/32",
+    "2002::/16",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
 )
 
 BLACKLIST_VAR = "GORGE_WEBHOOK_OUTBOUND_BLACKLIST"
@@ -80,27 +103,32 @@ class WebhookSettings:
         if self.claim_lease < self.delivery_timeout:
             warnings.append(
                 f"GORGE_WEBHOOK_CLAIM_LEASE_SEC={self.claim_lease} raised to the delivery "
-                f"timeout: the effective lease is {self.effective_lease}s")
+                f"timeout: the effective lease is {self.effective_lease}s"
+            )
         if self.retry_backoff < self.effective_lease:
             warnings.append(
                 f"GORGE_WEBHOOK_RETRY_BACKOFF_SEC={self.retry_backoff} is below the lease: "
-                f"failed requests are retried every {self.effective_retry}s")
+                f"failed requests are retried every {self.effective_retry}s"
+            )
         if self.effective_lease < self.delivery_timeout + 2:
             warnings.append(
                 f"effective lease {self.effective_lease}s leaves under 2s of margin over the "
-                f"delivery timeout {self.delivery_timeout}s")
+                f"delivery timeout {self.delivery_timeout}s"
+            )
         return warnings
 
 
-def load_webhook_settings(environ: Mapping[str, str], *, listen: str | None = None,
-                          env: Env | None = None) -> WebhookSettings:
+def load_webhook_settings(
+    environ: Mapping[str, str], *, listen: str | None = None, env: Env | None = None
+) -> WebhookSettings:
     env = env if env is not None else Env(environ, "gorge-webhook")
 
     def name(setting: str) -> tuple[str, str]:
         return (f"GORGE_WEBHOOK_{setting}", setting)
 
-    http = load_http_settings(env, default_listen=":8160", listen_override=listen,
-                              legacy_names=True)
+    http = load_http_settings(
+        env, default_listen=":8160", listen_override=listen, legacy_names=True
+    )
     namespace = env.str(("GORGE_WEBHOOK_NAMESPACE", "STORAGE_NAMESPACE"), "phorge")
     mysql = MySQLSettings(
         host=env.str(name("MYSQL_HOST"), "127.0.0.1"),

@@ -21,8 +21,9 @@ adapts it to SQLite for the demo, and every read or write runs through
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
@@ -54,7 +55,8 @@ SQL_NOW = "SELECT UNIX_TIMESTAMP()"
 SQL_BOUNDS = "SELECT MIN(id), MAX(id) FROM herald_webhookrequest"
 
 _STATE_COLUMNS = (
-    "id, webhookPHID, status, lastRequestResult, lastRequestEpoch, dateCreated, dateModified")
+    "id, webhookPHID, status, lastRequestResult, lastRequestEpoch, dateCreated, dateModified"
+)
 
 # New ids, oldest first: a primary-key range, whatever the history below it.
 SQL_NEW_ROWS = (
@@ -66,7 +68,8 @@ SQL_ROWS_BY_ID = f"SELECT {_STATE_COLUMNS} FROM herald_webhookrequest WHERE id I
 
 _STATUS_COUNTS = (
     "COUNT(CASE WHEN status = 'queued' THEN 1 END), COUNT(CASE WHEN status = 'sent' THEN 1 END),"
-    " COUNT(CASE WHEN status = 'failed' THEN 1 END)")
+    " COUNT(CASE WHEN status = 'failed' THEN 1 END)"
+)
 
 # Per block of ids: how many rows are in each status (start-up pass).
 SQL_BLOCK_COUNTS = (
@@ -75,9 +78,7 @@ SQL_BLOCK_COUNTS = (
 )
 
 # The same for one block (the recount; no GROUP BY, no temporary table).
-SQL_RANGE_COUNTS = (
-    f"SELECT {_STATUS_COUNTS} FROM herald_webhookrequest WHERE id > %s AND id <= %s"
-)
+SQL_RANGE_COUNTS = f"SELECT {_STATUS_COUNTS} FROM herald_webhookrequest WHERE id > %s AND id <= %s"
 
 SQL_QUEUED_IN_RANGE = (
     f"SELECT {_STATE_COLUMNS} FROM herald_webhookrequest"
@@ -125,7 +126,9 @@ SQL_RETIRE = (
 # every write of ours does, and nothing else changes.
 SQL_RENEW_HOLD = SQL_CLAIM
 
-SQL_HOOKS = "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
+SQL_HOOKS = (
+    "SELECT id, phid, name, webhookURI, status, hmacKey FROM herald_webhook WHERE phid IN ({marks})"
+)
 
 # Every row of the hook counts, whatever its status. A range of
 # key_ratelimit(webhookPHID, lastRequestResult, lastRequestEpoch).
@@ -144,7 +147,8 @@ SQL_HOOK_TOTAL = "SELECT COUNT(*) FROM herald_webhook"
 
 _REQUEST_COLUMNS = (
     "id, phid, webhookPHID, objectPHID, status, properties,"
-    " lastRequestResult, lastRequestEpoch, dateCreated, dateModified")
+    " lastRequestResult, lastRequestEpoch, dateCreated, dateModified"
+)
 
 # Newest first, one window of the primary key at a time: a call reads a
 # bounded number of rows whatever the filters (fragments from LIST_FILTERS).
@@ -210,29 +214,49 @@ class Candidate:
     version: int  # dateModified as read: the claim's compare-and-set value
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> "Candidate":
+    def from_row(cls, row: Sequence[Any]) -> Candidate:
         return cls(
-            id=int(row[0]), phid=_text(row[1]), hook_phid=_text(row[2]),
-            object_phid=_text(row[3]), properties=_text(row[5]), last_result=_text(row[6]),
-            last_epoch=int(row[7]), date_created=int(row[8]), version=int(row[9]),
+            id=int(row[0]),
+            phid=_text(row[1]),
+            hook_phid=_text(row[2]),
+            object_phid=_text(row[3]),
+            properties=_text(row[5]),
+            last_result=_text(row[6]),
+            last_epoch=int(row[7]),
+            date_created=int(row[8]),
+            version=int(row[9]),
         )
 
 
 def _seen(row: Sequence[Any]) -> Seen:
     """A row of ``_STATE_COLUMNS``."""
-    return Seen(id=int(row[0]), hook=_text(row[1]), status=_text(row[2]), result=_text(row[3]),
-                epoch=int(row[4]), created=int(row[5]), modified=int(row[6]))
+    return Seen(
+        id=int(row[0]),
+        hook=_text(row[1]),
+        status=_text(row[2]),
+        result=_text(row[3]),
+        epoch=int(row[4]),
+        created=int(row[5]),
+        modified=int(row[6]),
+    )
 
 
 def _seen_candidate(row: Sequence[Any]) -> Seen:
     """The state columns of a row of the candidate query."""
-    return Seen(id=int(row[0]), hook=_text(row[2]), status=_text(row[4]), result=_text(row[6]),
-                epoch=int(row[7]), created=int(row[8]), modified=int(row[9]))
+    return Seen(
+        id=int(row[0]),
+        hook=_text(row[2]),
+        status=_text(row[4]),
+        result=_text(row[6]),
+        epoch=int(row[7]),
+        created=int(row[8]),
+        modified=int(row[9]),
+    )
 
 
 def _chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
     for start in range(0, len(ids), IDS_PER_STATEMENT):
-        yield ids[start:start + IDS_PER_STATEMENT]
+        yield ids[start : start + IDS_PER_STATEMENT]
 
 
 def _marks(n: int) -> str:
@@ -277,17 +301,30 @@ class RequestRow:
     date_modified: int
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> "RequestRow":
+    def from_row(cls, row: Sequence[Any]) -> RequestRow:
         return cls(
-            id=int(row[0]), phid=_text(row[1]), hook_phid=_text(row[2]),
-            object_phid=_text(row[3]), status=_text(row[4]), properties=_text(row[5]),
-            last_result=_text(row[6]), last_epoch=int(row[7]), date_created=int(row[8]),
+            id=int(row[0]),
+            phid=_text(row[1]),
+            hook_phid=_text(row[2]),
+            object_phid=_text(row[3]),
+            status=_text(row[4]),
+            properties=_text(row[5]),
+            last_result=_text(row[6]),
+            last_epoch=int(row[7]),
+            date_created=int(row[8]),
             date_modified=int(row[9]),
         )
 
     def seen(self) -> Seen:
-        return Seen(id=self.id, hook=self.hook_phid, status=self.status, result=self.last_result,
-                    epoch=self.last_epoch, created=self.date_created, modified=self.date_modified)
+        return Seen(
+            id=self.id,
+            hook=self.hook_phid,
+            status=self.status,
+            result=self.last_result,
+            epoch=self.last_epoch,
+            created=self.date_created,
+            modified=self.date_modified,
+        )
 
 
 @dataclass(frozen=True)
@@ -377,17 +414,24 @@ class WebhookStore:
         self._swept_at: float | None = None
 
     @classmethod
-    def mysql(cls, settings: MySQLSettings, reactor, *,
-              db_clock: IReactorTime | None = None) -> "WebhookStore":
+    def mysql(
+        cls, settings: MySQLSettings, reactor, *, db_clock: IReactorTime | None = None
+    ) -> WebhookStore:
         # Every statement stands alone: autocommit, no COMMIT round trips.
-        return cls(Database.mysql(settings, reactor, name=DATABASE_NAME, autocommit=True,
-                                  db_clock=db_clock))
+        return cls(
+            Database.mysql(
+                settings, reactor, name=DATABASE_NAME, autocommit=True, db_clock=db_clock
+            )
+        )
 
     @classmethod
-    def sqlite(cls, path: str, reactor, *, db_clock: IReactorTime | None = None) -> "WebhookStore":
+    def sqlite(cls, path: str, reactor, *, db_clock: IReactorTime | None = None) -> WebhookStore:
         """The embedded store (the demo's): the file and its tables are created on first use."""
-        return cls(Database.sqlite(path, reactor, name=DATABASE_NAME, schema=SQLITE_SCHEMA,
-                                   db_clock=db_clock))
+        return cls(
+            Database.sqlite(
+                path, reactor, name=DATABASE_NAME, schema=SQLITE_SCHEMA, db_clock=db_clock
+            )
+        )
 
     @property
     def view(self) -> QueueView:
@@ -401,8 +445,7 @@ class WebhookStore:
     def _read_bounds(self, txn) -> tuple[int | None, int | None]:
         self._execute(txn, SQL_BOUNDS)
         lowest, highest = txn.fetchone()
-        return (None if lowest is None else int(lowest),
-                None if highest is None else int(highest))
+        return (None if lowest is None else int(lowest), None if highest is None else int(highest))
 
     def _read_new(self, txn, cursor: int, highest: int | None) -> tuple[list[Seen], int]:
         """Rows above the cursor, and how far they reach."""
@@ -421,8 +464,9 @@ class WebhookStore:
 
     def _read_counts(self, txn, low: int, high: int) -> dict[int, Counts]:
         self._execute(txn, SQL_BLOCK_COUNTS, (low, high))
-        return {int(row[0]): Counts(*(int(value or 0) for value in row[1:]))
-                for row in txn.fetchall()}
+        return {
+            int(row[0]): Counts(*(int(value or 0) for value in row[1:])) for row in txn.fetchall()
+        }
 
     def _read_queued(self, txn, low: int, high: int) -> list[Seen]:
         self._execute(txn, SQL_QUEUED_IN_RANGE, (low, high))
@@ -449,13 +493,15 @@ class WebhookStore:
             self._execute(txn, SQL_RANGE_COUNTS, (step.low, step.high))
             counts = Counts(*(int(value or 0) for value in txn.fetchone()))
             still_queued = sum(1 for seen in refreshed if seen.status == QUEUED)
-            queued = (self._read_queued(txn, step.low, step.high)
-                      if counts.queued > still_queued else [])
+            queued = (
+                self._read_queued(txn, step.low, step.high) if counts.queued > still_queued else []
+            )
             swept.append((step, refreshed, counts, queued))
         return now, lowest, highest, new_rows, upto, rechecked, swept
 
-    def _read_candidates(self, txn, ids: list[int], lease_cutoff: int, fail_cutoff: int,
-                         limit: int):
+    def _read_candidates(
+        self, txn, ids: list[int], lease_cutoff: int, fail_cutoff: int, limit: int
+    ):
         rows: list = []
         for chunk in _chunks(ids):
             statement = SQL_CANDIDATES.format(ids=_marks(len(chunk)))
@@ -486,33 +532,48 @@ class WebhookStore:
             # The newest ids are read as new ones, so commits arriving late
             # among them (or below the lowest row) are waited for like any poll's.
             start = max(highest - START_OVERLAP, 0)
-            self._loading = _Loading(position=block_of(lowest) * BLOCK, start=start,
-                                     lowest=lowest, highest=highest, started=self._pace())
+            self._loading = _Loading(
+                position=block_of(lowest) * BLOCK,
+                start=start,
+                lowest=lowest,
+                highest=highest,
+                started=self._pace(),
+            )
         loading = self._loading
         while loading.position < loading.start:
             upto = min(loading.position + LOAD_CHUNK, loading.start)
             stamp = view.stamp()
-            counts, queued = await self.db.run("load_range", self._read_range, loading.position,
-                                               upto)
+            counts, queued = await self.db.run(
+                "load_range", self._read_range, loading.position, upto
+            )
             view.loaded_range(counts, queued, stamp, self._pace())
             loading.position = upto
         stamp = view.stamp()
-        rows, upto = await self.db.run("load_newest", self._read_new, loading.start,
-                                       loading.highest)
+        rows, upto = await self.db.run(
+            "load_newest", self._read_new, loading.start, loading.highest
+        )
         view.finish_load(loading.start, loading.lowest)
         view.scanned(rows, upto, stamp, self._pace())
         self._loading = None
         totals = view.counts()
-        log.info("WEBHOOK_QUEUE_LOADED lowest_id={lowest} highest_id={highest} queued={queued}"
-                 " sent={sent} failed={failed} seconds={seconds}", lowest=loading.lowest,
-                 highest=loading.highest, queued=totals.queued, sent=totals.sent,
-                 failed=totals.failed, seconds=round(self._pace() - loading.started, 3))
+        log.info(
+            "WEBHOOK_QUEUE_LOADED lowest_id={lowest} highest_id={highest} queued={queued}"
+            " sent={sent} failed={failed} seconds={seconds}",
+            lowest=loading.lowest,
+            highest=loading.highest,
+            queued=totals.queued,
+            sent=totals.sent,
+            failed=totals.failed,
+            seconds=round(self._pace() - loading.started, 3),
+        )
 
     def _sweep_steps(self, at: float) -> int:
         """Blocks to recount this poll: SWEEP_RATE ids a second, spread over the polls."""
         if self._swept_at is not None:
-            self._sweep_budget = min(self._sweep_budget + (at - self._swept_at) * SWEEP_RATE,
-                                     float(SWEEP_MAX_STEPS * BLOCK))
+            self._sweep_budget = min(
+                self._sweep_budget + (at - self._swept_at) * SWEEP_RATE,
+                float(SWEEP_MAX_STEPS * BLOCK),
+            )
         self._swept_at = at
         steps = int(self._sweep_budget // BLOCK)
         self._sweep_budget -= steps * BLOCK
@@ -527,14 +588,18 @@ class WebhookStore:
         stamp = view.stamp()
         try:
             now, lowest, highest, new_rows, upto, rechecked, swept = await self.db.run(
-                "poll", self._read_changes, view.cursor, holes + leased, plan)
+                "poll", self._read_changes, view.cursor, holes + leased, plan
+            )
         except Exception:
             view.sweep_rewind(plan)
             raise
         if not view.bounds(lowest, highest, at):
-            log.info("WEBHOOK_QUEUE_RELOAD reason={reason} highest_id={highest} cursor={cursor}",
-                     reason="ids went back: the table was emptied or recreated",
-                     highest=highest, cursor=view.cursor)
+            log.info(
+                "WEBHOOK_QUEUE_RELOAD reason={reason} highest_id={highest} cursor={cursor}",
+                reason="ids went back: the table was emptied or recreated",
+                highest=highest,
+                cursor=view.cursor,
+            )
             view.reset()
             await self._load()
             return now
@@ -556,8 +621,9 @@ class WebhookStore:
             log.info("WEBHOOK_QUEUED_ROWS_FOUND rows={rows}", rows=found)
         return now
 
-    async def candidates(self, *, limit: int, lease: int, backoff: int,
-                         exclude_hooks: Sequence[str] = ()) -> list[Candidate]:
+    async def candidates(
+        self, *, limit: int, lease: int, backoff: int, exclude_hooks: Sequence[str] = ()
+    ) -> list[Candidate]:
         """Queued rows due now, oldest first; both cutoffs from one reading of the DB clock."""
         await self._load()
         view = self._view
@@ -567,8 +633,9 @@ class WebhookStore:
         if not ids:
             return []
         stamp = view.stamp()
-        rows, others = await self.db.run("candidates", self._read_candidates, ids, now - lease,
-                                         now - backoff, limit)
+        rows, others = await self.db.run(
+            "candidates", self._read_candidates, ids, now - lease, now - backoff, limit
+        )
         answered = set()
         for seen in [_seen_candidate(row) for row in rows] + others:
             view.saw(seen, stamp)
@@ -590,8 +657,12 @@ class WebhookStore:
     async def claim(self, candidate: Candidate) -> bool:
         """True iff this process now owns the row (exactly one row changed)."""
         try:
-            won = await self._rowcount(SQL_CLAIM, (candidate.id, candidate.version),
-                                       description="claim") == 1
+            won = (
+                await self._rowcount(
+                    SQL_CLAIM, (candidate.id, candidate.version), description="claim"
+                )
+                == 1
+            )
         except Exception:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
             raise
@@ -602,18 +673,17 @@ class WebhookStore:
             self._view.changed_elsewhere(candidate.id, stamp)
         return won
 
-    async def finish(self, candidate: Candidate, status: str, result: str,
-                     properties: str) -> int:
+    async def finish(self, candidate: Candidate, status: str, result: str, properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
         try:
-            changed = await self._rowcount(SQL_FINISH, (status, result, properties, candidate.id),
-                                           description="finish")
+            changed = await self._rowcount(
+                SQL_FINISH, (status, result, properties, candidate.id), description="finish"
+            )
         except Exception:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
             raise
         if changed:
-            self._view.finished(candidate.id, candidate.version, status, result,
-                                self._view.stamp())
+            self._view.finished(candidate.id, candidate.version, status, result, self._view.stamp())
         else:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
         return changed
@@ -621,15 +691,16 @@ class WebhookStore:
     async def retire(self, candidate: Candidate, properties: str) -> int:
         """Configuration failure: failed / none / 0, only over the version read."""
         try:
-            changed = await self._rowcount(SQL_RETIRE,
-                                           (properties, candidate.id, candidate.version),
-                                           description="retire")
+            changed = await self._rowcount(
+                SQL_RETIRE, (properties, candidate.id, candidate.version), description="retire"
+            )
         except Exception:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
             raise
         if changed:
-            self._view.finished(candidate.id, candidate.version, FAILED, RESULT_NONE,
-                                self._view.stamp())
+            self._view.finished(
+                candidate.id, candidate.version, FAILED, RESULT_NONE, self._view.stamp()
+            )
         else:
             self._view.changed_elsewhere(candidate.id, self._view.stamp())
         return changed
@@ -687,15 +758,22 @@ class WebhookStore:
         def select(txn) -> dict[str, Hook]:
             statement = SQL_HOOKS.format(marks=_marks(len(phids)))
             self._execute(txn, statement, [phid.encode("utf-8") for phid in phids])
-            hooks = (Hook(id=int(row[0]), phid=_text(row[1]), name=_text(row[2]),
-                          uri=_text(row[3]), status=_text(row[4]), hmac_key=_text(row[5]))
-                     for row in txn.fetchall())
+            hooks = (
+                Hook(
+                    id=int(row[0]),
+                    phid=_text(row[1]),
+                    name=_text(row[2]),
+                    uri=_text(row[3]),
+                    status=_text(row[4]),
+                    hmac_key=_text(row[5]),
+                )
+                for row in txn.fetchall()
+            )
             return {hook.phid: hook for hook in hooks}
 
         return await self.db.run("hooks", select)
 
-    async def _count(self, statement: str, params: Sequence[Any] = (), *,
-                     description: str) -> int:
+    async def _count(self, statement: str, params: Sequence[Any] = (), *, description: str) -> int:
         def select(txn) -> int:
             self._execute(txn, statement, params)
             return int(txn.fetchone()[0])
@@ -703,8 +781,9 @@ class WebhookStore:
         return await self.db.run(description, select)
 
     async def recent_failures(self, hook_phid: str, window: int) -> int:
-        return await self._count(SQL_BREAKER_COUNT, (hook_phid.encode("utf-8"), window),
-                                 description="recent_failures")
+        return await self._count(
+            SQL_BREAKER_COUNT, (hook_phid.encode("utf-8"), window), description="recent_failures"
+        )
 
     async def queued_for_hook(self, hook_phid: str) -> int:
         """Queued rows of the hook as this process knows them (no query: no index serves it)."""
@@ -716,18 +795,27 @@ class WebhookStore:
         await self._load()
         active_hooks = await self._count(SQL_ACTIVE_HOOKS, description="active_hooks")
         counts = self._view.counts()
-        return Stats(queued=counts.queued, sent=counts.sent, failed=counts.failed,
-                     active_hooks=active_hooks)
+        return Stats(
+            queued=counts.queued, sent=counts.sent, failed=counts.failed, active_hooks=active_hooks
+        )
 
     async def hook_total(self) -> int:
         return await self._count(SQL_HOOK_TOTAL, description="hook_total")
 
     # -- the delivery log and replays ------------------------------------------
 
-    async def list_requests(self, *, limit: int, cursor: int | None = None,
-                            hook: str | None = None, status: str | None = None,
-                            result: str | None = None, since: int | None = None,
-                            window: int = LIST_WINDOW, budget: int = LIST_BUDGET) -> RequestPage:
+    async def list_requests(
+        self,
+        *,
+        limit: int,
+        cursor: int | None = None,
+        hook: str | None = None,
+        status: str | None = None,
+        result: str | None = None,
+        since: int | None = None,
+        window: int = LIST_WINDOW,
+        budget: int = LIST_BUDGET,
+    ) -> RequestPage:
         """Requests newest first, filtered; at most ``budget`` ids are read per call."""
         filters = {"hook": hook, "status": status, "result": result, "since": since}
         used = [(name, value) for name, value in filters.items() if value is not None]
@@ -816,16 +904,25 @@ class WebhookStore:
             return None
         raise NotReplayable(row)
 
-    async def replay_range(self, *, hook: str, since: int, until: int, statuses: Sequence[str],
-                           after_id: int = 0, limit: int = 1000) -> RangeReplay:
+    async def replay_range(
+        self,
+        *,
+        hook: str,
+        since: int,
+        until: int,
+        statuses: Sequence[str],
+        after_id: int = 0,
+        limit: int = 1000,
+    ) -> RangeReplay:
         """Replay a hook's finished requests created in ``since <= dateCreated < until``,
         oldest first, at most ``limit`` per call, from ``after_id`` on."""
         await self._load()
         statement = SQL_REPLAY_RANGE.format(statuses=_marks(len(statuses)))
 
         def replay(txn) -> tuple[list[Replay], list[RequestRow], bool]:
-            self._execute(txn, statement,
-                          (hook.encode("utf-8"), since, until, *statuses, after_id, limit + 1))
+            self._execute(
+                txn, statement, (hook.encode("utf-8"), since, until, *statuses, after_id, limit + 1)
+            )
             rows = [RequestRow.from_row(row) for row in txn.fetchall()]
             more = len(rows) > limit
             replayed, skipped = self._replay_rows(txn, rows[:limit])
@@ -834,8 +931,7 @@ class WebhookStore:
         replayed, skipped, more = await self.db.run("replay_range", replay)
         self._requeued(replayed, self._view.stamp())
         last = max([r.before.id for r in replayed] + [r.id for r in skipped], default=after_id)
-        return RangeReplay(replayed=replayed, skipped=skipped,
-                           next_after_id=last if more else None)
+        return RangeReplay(replayed=replayed, skipped=skipped, next_after_id=last if more else None)
 
     async def hook_states(self, window: int) -> list[HookState]:
         """Every hook, with its failures in the breaker window (the breaker's own
@@ -851,9 +947,16 @@ class WebhookStore:
                 counted.append((phid, name, status, int(txn.fetchone()[0])))
             return counted
 
-        return [HookState(phid=phid, name=name, status=status, failures=failures,
-                          queued=self._view.queued_for_hook(phid))
-                for phid, name, status, failures in await self.db.run("hook_states", read)]
+        return [
+            HookState(
+                phid=phid,
+                name=name,
+                status=status,
+                failures=failures,
+                queued=self._view.queued_for_hook(phid),
+            )
+            for phid, name, status, failures in await self.db.run("hook_states", read)
+        ]
 
     async def ping(self) -> str | None:
         """None when the database answers, else a short reason for ``/readyz``."""

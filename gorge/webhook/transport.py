@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import cast
 from urllib.parse import urljoin
 
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout
-from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.ssl import optionsForClientTLS
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
@@ -46,9 +46,21 @@ CODE_CERTIFICATE = 60
 CODE_OTHER = 0
 
 __all__ = [
-    "Attempt", "BodyCutShort", "Transport", "transport_code", "USER_AGENT", "MAX_REDIRECTS",
-    "CODE_TIMEOUT", "CODE_UNRESOLVED", "CODE_CONNECT", "CODE_PARTIAL", "CODE_TLS",
-    "CODE_EMPTY_REPLY", "CODE_RESET", "CODE_CERTIFICATE", "CODE_OTHER",
+    "Attempt",
+    "BodyCutShort",
+    "Transport",
+    "transport_code",
+    "USER_AGENT",
+    "MAX_REDIRECTS",
+    "CODE_TIMEOUT",
+    "CODE_UNRESOLVED",
+    "CODE_CONNECT",
+    "CODE_PARTIAL",
+    "CODE_TLS",
+    "CODE_EMPTY_REPLY",
+    "CODE_RESET",
+    "CODE_CERTIFICATE",
+    "CODE_OTHER",
 ]
 
 
@@ -72,7 +84,8 @@ class _CheckedEndpointFactory:
             endpoint = TCP4ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
         if uri.scheme == b"https":
             endpoint = wrapClientTLS(
-                optionsForClientTLS(self._target.host, trustRoot=self._trust_root), endpoint)
+                optionsForClientTLS(self._target.host, trustRoot=self._trust_root), endpoint
+            )
         return QuietEndpoint(endpoint)
 
 
@@ -116,9 +129,16 @@ def transport_code(exc: BaseException) -> int:
 class Transport:
     """POSTs over one shared connection pool, each exchange under one deadline."""
 
-    def __init__(self, reactor, policy: UriPolicy, timeout: float, *,
-                 pool: HTTPConnectionPool | None = None, max_per_host: int = 8,
-                 trust_root=None) -> None:
+    def __init__(
+        self,
+        reactor,
+        policy: UriPolicy,
+        timeout: float,
+        *,
+        pool: HTTPConnectionPool | None = None,
+        max_per_host: int = 8,
+        trust_root=None,
+    ) -> None:
         self._reactor = reactor
         self._policy = policy
         self._timeout = timeout
@@ -151,8 +171,9 @@ class Transport:
             if deadline_fired or isinstance(e, TransportFailure) and e.cause is Cause.DEADLINE:
                 return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
             if isinstance(e, (CancelledError, DeferredTimeout)):
-                return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT,
-                               detail=type(e).__name__)
+                return Attempt(
+                    error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail=type(e).__name__
+                )
             code = transport_code(e)
             error_type = ERROR_TYPE_TIMEOUT if code == CODE_TIMEOUT else ERROR_TYPE_HTTP
             return Attempt(error_type=error_type, code=code, detail=_describe(e))
@@ -168,22 +189,32 @@ class Transport:
             return Attempt(aborted=True, detail="shutdown")
         if deadline_fired:
             return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
-        return Attempt(ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status,
-                       retry_after=retry_after)
+        return Attempt(
+            ok=200 <= status < 300, error_type=ERROR_TYPE_HTTP, code=status, retry_after=retry_after
+        )
 
-    async def _exchange(self, target: Target, body: bytes, headers: dict[str, str],
-                        deadline: float) -> tuple[int, bytes | None]:
+    async def _exchange(
+        self, target: Target, body: bytes, headers: dict[str, str], deadline: float
+    ) -> tuple[int, bytes | None]:
         """The final status, and its Retry-After header if it had one."""
         send_headers = {**headers, "User-Agent": USER_AGENT}
         for _ in range(MAX_REDIRECTS + 1):
             agent = Agent.usingEndpointFactory(
                 self._reactor,
                 _CheckedEndpointFactory(self._reactor, target, self._timeout, self._trust_root),
-                pool=self._pool)
+                pool=self._pool,
+            )
             # The body is read to its end (and dropped) so the connection can be reused.
             reply = await httpclient.exchange(
-                agent, self._reactor, b"POST", target.uri.encode("utf-8"), headers=send_headers,
-                body=body, deadline=deadline, keep_body=False)
+                agent,
+                self._reactor,
+                b"POST",
+                target.uri.encode("utf-8"),
+                headers=send_headers,
+                body=body,
+                deadline=deadline,
+                keep_body=False,
+            )
             reply.require_body()
             location = reply.header("location")
             retry_after = reply.header("retry-after")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -50,8 +51,9 @@ def system_resolver(reactor) -> Resolver:
     """getaddrinfo (IPv4 and IPv6) in the reactor's thread pool."""
 
     async def resolve(host: str, port: int) -> list[str]:
-        infos = await deferToThreadPool(reactor, reactor.getThreadPool(), socket.getaddrinfo,
-                                        host, port, 0, socket.SOCK_STREAM)
+        infos = await deferToThreadPool(
+            reactor, reactor.getThreadPool(), socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM
+        )
         addresses: list[str] = []
         for _family, _type, _proto, _name, sockaddr in infos:
             if sockaddr[0] not in addresses:
@@ -62,8 +64,13 @@ def system_resolver(reactor) -> Resolver:
 
 
 class UriPolicy:
-    def __init__(self, blacklist: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
-                 resolve: Resolver, clock: IReactorTime, timeout: float) -> None:
+    def __init__(
+        self,
+        blacklist: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
+        resolve: Resolver,
+        clock: IReactorTime,
+        timeout: float,
+    ) -> None:
         self._blacklist = tuple(blacklist)
         self._resolve = resolve
         self._clock = clock
@@ -74,8 +81,12 @@ class UriPolicy:
         forms = [ip]
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             forms.append(ip.ipv4_mapped)
-        return any(form in network for form in forms for network in self._blacklist
-                   if form.version == network.version)
+        return any(
+            form in network
+            for form in forms
+            for network in self._blacklist
+            if form.version == network.version
+        )
 
     async def check(self, uri: str) -> Target:
         """Raise UriRefused or Unresolvable, else the target with its checked addresses."""

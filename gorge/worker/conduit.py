@@ -41,9 +41,7 @@ def snippet(raw: bytes, limit: int = SNIPPET_CHARS) -> str:
     return text
 
 
-def build_execute_body(
-    token: str, task_id: int | None, task_class: str, data: str | None
-) -> bytes:
+def build_execute_body(token: str, task_id: int | None, task_class: str, data: str | None) -> bytes:
     params: dict[str, Any] = {}
     if task_id is not None:
         params["taskID"] = task_id
@@ -52,8 +50,10 @@ def build_execute_body(
         params["data"] = data or ""
     params["__conduit__"] = {"token": token} if token else {}
     return urlencode(
-        [("params", json.dumps(params, separators=(",", ":"), ensure_ascii=False)),
-         ("output", "json")]
+        [
+            ("params", json.dumps(params, separators=(",", ":"), ensure_ascii=False)),
+            ("output", "json"),
+        ]
     ).encode("ascii")
 
 
@@ -93,9 +93,16 @@ class ConduitClient:
         return headers
 
     async def _post(self, body: bytes, deadline: float | None) -> tuple[int, bytes]:
-        reply = await exchange(self._http, self._clock, "POST", self._url,
-                               headers=self._headers(), body=body, deadline=deadline,
-                               body_limit=ANSWER_LIMIT)
+        reply = await exchange(
+            self._http,
+            self._clock,
+            "POST",
+            self._url,
+            headers=self._headers(),
+            body=body,
+            deadline=deadline,
+            body_limit=ANSWER_LIMIT,
+        )
         return reply.status, reply.require_body()
 
     async def execute(self, task_id: int, task_class: str, data: str | None) -> Any:

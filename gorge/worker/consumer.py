@@ -11,8 +11,9 @@ poll interval when it is empty, sleep for the hibernation window if asked to.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -231,8 +232,9 @@ class Consumer:
         limit = min(self._settings.lease_limit, free)
         # The first call, and the first after a failure, answer at once:
         # readiness (and systemd's READY) must not wait for a held call.
-        wait = self._settings.lease_wait if self.lease_attempted and self.lease_error is None \
-            else 0.0
+        wait = (
+            self._settings.lease_wait if self.lease_attempted and self.lease_error is None else 0.0
+        )
         asked = self._clock.seconds()
         self._lease_may_hold = wait > 0
         keepalive = None
@@ -290,8 +292,7 @@ class Consumer:
         self.lease_attempted = True
         self._more_waiting = False
         if self.lease_error is None:
-            log.warn("LEASE_FAILED error={error}", error=error,
-                     task_ids=task_ids)
+            log.warn("LEASE_FAILED error={error}", error=error, task_ids=task_ids)
             self._failing_since_count = 1
             self._failing_summary_at = now
         else:
@@ -299,11 +300,18 @@ class Consumer:
             if error != self.lease_error:
                 # A different failure is a new state; it also names the rows
                 # of a rejected answer, which stay leased to us.
-                log.warn("LEASE_ERROR_CHANGED failures={failures} error={error}", failures=self._failing_since_count,
-                         error=error, task_ids=task_ids)
+                log.warn(
+                    "LEASE_ERROR_CHANGED failures={failures} error={error}",
+                    failures=self._failing_since_count,
+                    error=error,
+                    task_ids=task_ids,
+                )
             elif now - self._failing_summary_at >= FAILING_SUMMARY_INTERVAL:
-                log.warn("LEASE_STILL_FAILING failures={failures} error={error}",
-                         failures=self._failing_since_count, error=error)
+                log.warn(
+                    "LEASE_STILL_FAILING failures={failures} error={error}",
+                    failures=self._failing_since_count,
+                    error=error,
+                )
                 self._failing_summary_at = now
         self.lease_error = error
         self._first_lease()
@@ -367,8 +375,11 @@ class Consumer:
     def _start(self, task: dict, *, hand_back: bool = False) -> None:
         task_id = task["id"]
         if task_id in self._runs:
-            log.warn("TASK_DUPLICATE_LEASE task_id={task_id} task_class={task_class}",
-                     task_id=task_id, task_class=task["taskClass"])
+            log.warn(
+                "TASK_DUPLICATE_LEASE task_id={task_id} task_class={task_class}",
+                task_id=task_id,
+                task_class=task["taskClass"],
+            )
             return
         run = _Run(task)
         run.counted = not hand_back
@@ -380,8 +391,9 @@ class Consumer:
         d = Deferred.fromCoroutine(self._process(run, hand_back))
         self._inflight.track(d)
         d.addErrback(
-            lambda f: log.failure("TASK_PROCESSING_FAILED task_id={task_id}", f,
-                                  level=LogLevel.error, task_id=task_id)
+            lambda f: log.failure(
+                "TASK_PROCESSING_FAILED task_id={task_id}", f, level=LogLevel.error, task_id=task_id
+            )
         )
         d.addBoth(lambda _: self._finished(run))
 
@@ -408,19 +420,29 @@ class Consumer:
             run.deadline = float(expires)
         else:
             run.deadline = now + DEFAULT_LEASE_SECONDS
-            log.warn("TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
-                     task_id=run.id, task_class=run.task_class)
+            log.warn(
+                "TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
+                task_id=run.id,
+                task_class=run.task_class,
+            )
         if hand_back:
-            await self._report(run, Outcome("yield", "worker shutting down",
-                                            yield_seconds=HANDBACK_YIELD), counted=False)
+            await self._report(
+                run,
+                Outcome("yield", "worker shutting down", yield_seconds=HANDBACK_YIELD),
+                counted=False,
+            )
             return
         if not self._plan.runnable(run.task_class):
             run.counted = False
             run.intended = "temporary"
-            log.info("TASK_SKIPPED task_id={task_id} task_class={task_class}",
-                     task_id=run.id, task_class=run.task_class)
-            skipped = Outcome("temporary", "task class not runnable by this worker",
-                              retry_wait=SKIP_RETRY_WAIT)
+            log.info(
+                "TASK_SKIPPED task_id={task_id} task_class={task_class}",
+                task_id=run.id,
+                task_class=run.task_class,
+            )
+            skipped = Outcome(
+                "temporary", "task class not runnable by this worker", retry_wait=SKIP_RETRY_WAIT
+            )
             if await self._report(run, skipped, counted=False):
                 self._metrics.tasks.labels(task_class=run.task_class, outcome="skipped").inc()
             return
@@ -446,9 +468,12 @@ class Consumer:
             if not guard.expired:
                 error = exc  # the handler's own timeout, not our deadline
             else:
-                log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
-                          "reason={reason}", task_id=run.id, task_class=run.task_class,
-                          reason="handler outlived its lease")
+                log.error(
+                    "TASK_ABANDONED task_id={task_id} task_class={task_class} reason={reason}",
+                    task_id=run.id,
+                    task_class=run.task_class,
+                    reason="handler outlived its lease",
+                )
                 self._unreported(run, "handler outlived its lease", "none", logged=True)
                 return
         except Exception as exc:
@@ -463,19 +488,32 @@ class Consumer:
         if guard.lost:
             # Another holder has the task: whatever the handler got to, its
             # outcome is not ours to report.
-            self._unreported(run, "lease lost: another holder has the task", "none",
-                             logged=True, metric="lease_lost")
+            self._unreported(
+                run,
+                "lease lost: another holder has the task",
+                "none",
+                logged=True,
+                metric="lease_lost",
+            )
             return
         elapsed = self._clock.seconds() - started
         self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
         outcome = classify(error)
         if outcome.kind == "complete":
-            log.debug("TASK_SUCCEEDED task_id={task_id} task_class={task_class}",
-                      task_id=run.id, task_class=run.task_class)
+            log.debug(
+                "TASK_SUCCEEDED task_id={task_id} task_class={task_class}",
+                task_id=run.id,
+                task_class=run.task_class,
+            )
         else:
-            log.info("TASK_OUTCOME task_id={task_id} task_class={task_class} "
-                     "outcome={outcome} message={message}", task_id=run.id,
-                     task_class=run.task_class, outcome=outcome.kind, message=outcome.message)
+            log.info(
+                "TASK_OUTCOME task_id={task_id} task_class={task_class} "
+                "outcome={outcome} message={message}",
+                task_id=run.id,
+                task_class=run.task_class,
+                outcome=outcome.kind,
+                message=outcome.message,
+            )
         self._release_slot(run)
         await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
 
@@ -487,18 +525,23 @@ class Consumer:
         async def renew(task_id: int, timeout: float) -> int | None:
             answers = await self._queue.renew([task_id], timeout=timeout)
             if task_id not in answers:
-                raise QueueError(f"renew: the answer does not mention task {task_id}",
-                                 transient=True)
+                raise QueueError(
+                    f"renew: the answer does not mention task {task_id}", transient=True
+                )
             expires = answers[task_id]
             if expires is not None:
                 run.deadline = float(expires)
             return expires
 
         keeper = LeaseKeeper(
-            task_id=run.id, task_class=run.task_class, guard=guard, renew=renew,
+            task_id=run.id,
+            task_class=run.task_class,
+            guard=guard,
+            renew=renew,
             clock=self._clock,
             on_result=lambda result: self._metrics.lease_renewals.labels(result=result).inc(),
-            on_refused=self._renewal_refused)
+            on_refused=self._renewal_refused,
+        )
         keeper.start()
         return keeper
 
@@ -508,15 +551,28 @@ class Consumer:
             self._renewals = False
             log.warn("LEASE_RENEWAL_DISABLED error={error}", error=str(exc))
 
-    def _unreported(self, run: _Run, reason: str, intended: str, *, logged: bool = False,
-                    error: str = "", metric: str = "unreported") -> None:
+    def _unreported(
+        self,
+        run: _Run,
+        reason: str,
+        intended: str,
+        *,
+        logged: bool = False,
+        error: str = "",
+        metric: str = "unreported",
+    ) -> None:
         self.counters.unreported += 1
         self._metrics.tasks.labels(task_class=run.task_class, outcome=metric).inc()
         if not logged:
-            log.error("TASK_UNREPORTED task_id={task_id} task_class={task_class} "
-                      "outcome={outcome} reason={reason} error={error}",
-                      task_id=run.id, task_class=run.task_class, outcome=intended,
-                      reason=reason, error=error)
+            log.error(
+                "TASK_UNREPORTED task_id={task_id} task_class={task_class} "
+                "outcome={outcome} reason={reason} error={error}",
+                task_id=run.id,
+                task_class=run.task_class,
+                outcome=intended,
+                reason=reason,
+                error=error,
+            )
 
     def _send(self, run: _Run, outcome: Outcome, duration_us: int, timeout: float) -> Deferred:
         q = self._queue
@@ -525,13 +581,17 @@ class Consumer:
         elif outcome.kind == "yield":
             coro = q.yield_task(run.id, outcome.yield_seconds, timeout=timeout)
         else:
-            coro = q.fail(run.id, outcome.kind == "permanent", retry_wait=outcome.retry_wait,
-                          message=outcome.message, timeout=timeout)
+            coro = q.fail(
+                run.id,
+                outcome.kind == "permanent",
+                retry_wait=outcome.retry_wait,
+                message=outcome.message,
+                timeout=timeout,
+            )
         return Deferred.fromCoroutine(coro)
 
     def _confirmed(self, run: _Run, outcome: Outcome) -> None:
-        self._metrics.tasks.labels(task_class=run.task_class,
-                                   outcome=outcome.metric_label).inc()
+        self._metrics.tasks.labels(task_class=run.task_class, outcome=outcome.metric_label).inc()
         if outcome.kind == "complete":
             self.counters.processed += 1
         elif outcome.kind == "yield":
@@ -539,8 +599,9 @@ class Consumer:
         else:
             self.counters.failed += 1
 
-    async def _report(self, run: _Run, outcome: Outcome, *, counted: bool,
-                      duration_us: int = 0) -> bool:
+    async def _report(
+        self, run: _Run, outcome: Outcome, *, counted: bool, duration_us: int = 0
+    ) -> bool:
         """Up to five attempts, never past the lease deadline."""
         last_error = ""
         reason = "retries exhausted"
@@ -595,10 +656,15 @@ class Consumer:
         if counted:
             self._unreported(run, reason, outcome.kind, error=last_error)
         else:
-            log.warn("TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
-                     "outcome={outcome} reason={reason} error={error}", task_id=run.id,
-                     task_class=run.task_class, outcome=outcome.kind, reason=reason,
-                     error=last_error)
+            log.warn(
+                "TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
+                "outcome={outcome} reason={reason} error={error}",
+                task_id=run.id,
+                task_class=run.task_class,
+                outcome=outcome.kind,
+                reason=reason,
+                error=last_error,
+            )
         return False
 
     # -- shutdown ------------------------------------------------------------
@@ -620,23 +686,34 @@ class Consumer:
                 lease_d.cancel()
             # Bounded by the queue client's own call timeout.
             await lease_d
-        log.info("WORKER_DRAINING active={active} timeout={timeout}",
-                 active=len(self._runs), timeout=self._settings.drain_timeout)
+        log.info(
+            "WORKER_DRAINING active={active} timeout={timeout}",
+            active=len(self._runs),
+            timeout=self._settings.drain_timeout,
+        )
         drained = await self._inflight.drain(self._settings.drain_timeout, self._clock)
         if drained:
             return
         for run in list(self._runs.values()):
             run.abandoned = True
             if run.counted:
-                log.error("TASK_ABANDONED task_id={task_id} task_class={task_class} "
-                          "reason={reason}", task_id=run.id, task_class=run.task_class,
-                          reason="drain budget expired at shutdown")
+                log.error(
+                    "TASK_ABANDONED task_id={task_id} task_class={task_class} reason={reason}",
+                    task_id=run.id,
+                    task_class=run.task_class,
+                    reason="drain budget expired at shutdown",
+                )
                 self._unreported(run, "drain budget expired", "none", logged=True)
             else:
-                log.warn("TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
-                         "outcome={outcome} reason={reason} error={error}", task_id=run.id,
-                         task_class=run.task_class, outcome=run.intended,
-                         reason="drain budget expired at shutdown", error="")
+                log.warn(
+                    "TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
+                    "outcome={outcome} reason={reason} error={error}",
+                    task_id=run.id,
+                    task_class=run.task_class,
+                    outcome=run.intended,
+                    reason="drain budget expired at shutdown",
+                    error="",
+                )
             if run.current is not None and not run.current.called:
                 run.current.cancel()
         await self._inflight.drain(1.0, self._clock)

@@ -8,7 +8,7 @@ handler is cancelled (its outbound requests with it) and nothing is reported.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -44,8 +44,9 @@ class LeaseGuard:
         self.deadline = deadline
         self.expired = False
         self.lost = False
-        self._call: IDelayedCall = clock.callLater(max(0.0, deadline - clock.seconds()),
-                                                   self._expire)
+        self._call: IDelayedCall = clock.callLater(
+            max(0.0, deadline - clock.seconds()), self._expire
+        )
         d.addBoth(self._settle)
 
     @property
@@ -88,10 +89,17 @@ class LeaseKeeper:
     (a queue without renewal answers 404) ends renewing, the deadline stays.
     """
 
-    def __init__(self, *, task_id: int, task_class: str, guard: LeaseGuard,
-                 renew: Renew, clock: IReactorTime,
-                 on_result: Callable[[str], None] = lambda result: None,
-                 on_refused: Callable[[QueueError], None] = lambda exc: None) -> None:
+    def __init__(
+        self,
+        *,
+        task_id: int,
+        task_class: str,
+        guard: LeaseGuard,
+        renew: Renew,
+        clock: IReactorTime,
+        on_result: Callable[[str], None] = lambda result: None,
+        on_refused: Callable[[QueueError], None] = lambda exc: None,
+    ) -> None:
         self._task_id = task_id
         self._task_class = task_class
         self._guard = guard
@@ -127,8 +135,12 @@ class LeaseKeeper:
 
     def _crashed(self, failure: Failure) -> None:
         if not failure.check(CancelledError):
-            log.failure("LEASE_RENEW_CRASHED task_id={task_id}", failure,
-                        level=LogLevel.error, task_id=self._task_id)
+            log.failure(
+                "LEASE_RENEW_CRASHED task_id={task_id}",
+                failure,
+                level=LogLevel.error,
+                task_id=self._task_id,
+            )
 
     async def _renew_once(self) -> None:
         left = self._guard.deadline - self._clock.seconds()
@@ -143,24 +155,33 @@ class LeaseKeeper:
                 return
             if not self._failing:
                 self._failing = True
-                log.warn("LEASE_RENEW_FAILED task_id={task_id} task_class={task_class} "
-                         "error={error}", task_id=self._task_id, task_class=self._task_class,
-                         error=str(exc))
+                log.warn(
+                    "LEASE_RENEW_FAILED task_id={task_id} task_class={task_class} error={error}",
+                    task_id=self._task_id,
+                    task_class=self._task_class,
+                    error=str(exc),
+                )
             self._schedule()
             return
         if self._stopped:
             return
         if expires is None:
             self._on_result("lost")
-            log.warn("TASK_LEASE_LOST task_id={task_id} task_class={task_class}",
-                     task_id=self._task_id, task_class=self._task_class)
+            log.warn(
+                "TASK_LEASE_LOST task_id={task_id} task_class={task_class}",
+                task_id=self._task_id,
+                task_class=self._task_class,
+            )
             self._guard.lose()
             return
         self._on_result("renewed")
         if self._failing:
             self._failing = False
             log.info("LEASE_RENEW_RECOVERED task_id={task_id}", task_id=self._task_id)
-        log.debug("LEASE_RENEWED task_id={task_id} lease_expires={lease_expires}",
-                  task_id=self._task_id, lease_expires=expires)
+        log.debug(
+            "LEASE_RENEWED task_id={task_id} lease_expires={lease_expires}",
+            task_id=self._task_id,
+            lease_expires=expires,
+        )
         self._guard.move_to(float(expires))
         self._schedule()

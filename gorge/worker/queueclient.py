@@ -65,8 +65,9 @@ def validate_lease_answer(data: Any, limit: int) -> list[dict]:
         raise QueueError("lease: answer data is not a list", task_ids=[])
     ids = [item.get("id") for item in data if isinstance(item, dict)]
     if len(data) > limit:
-        raise QueueError(f"lease: answer has {len(data)} tasks, asked for {limit} (ids {ids})",
-                         task_ids=ids)
+        raise QueueError(
+            f"lease: answer has {len(data)} tasks, asked for {limit} (ids {ids})", task_ids=ids
+        )
     for item in data:
         if not (
             isinstance(item, dict)
@@ -107,8 +108,9 @@ class QueueClient:
         self._endpoint = endpoint
         self.owner = owner
         self._timeout = timeout
-        self._reports = ReportBatcher(self._post_reports, clock, max_size=report_batch,
-                                      delay=report_delay)
+        self._reports = ReportBatcher(
+            self._post_reports, clock, max_size=report_batch, delay=report_delay
+        )
 
     @property
     def batching_reports(self) -> bool:
@@ -125,7 +127,12 @@ class QueueClient:
         return headers
 
     async def _call(
-        self, path: str, body: dict, *, timeout: float | None = None, extra=None,
+        self,
+        path: str,
+        body: dict,
+        *,
+        timeout: float | None = None,
+        extra=None,
         answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
         url = self._endpoint.base_url + path
@@ -134,9 +141,16 @@ class QueueClient:
         # A held lease call asks for more than the usual timeout (its wait).
         limit = self._timeout if timeout is None else timeout
         try:
-            reply = await exchange(self._agent, self._clock, "POST", url, headers=headers,
-                                   body=payload, deadline=self._clock.seconds() + limit,
-                                   body_limit=answer_limit)
+            reply = await exchange(
+                self._agent,
+                self._clock,
+                "POST",
+                url,
+                headers=headers,
+                body=payload,
+                deadline=self._clock.seconds() + limit,
+                body_limit=answer_limit,
+            )
             raw = reply.require_body()
         except TransportFailure as failure:
             if failure.cause is Cause.DEADLINE:
@@ -152,8 +166,11 @@ class QueueClient:
             # RecursionError: nesting deeper than the decoder's stack allows.
             doc = None
         if not isinstance(doc, dict):
-            raise QueueError(f"unmarshal (status {status}): {path} answered no JSON object",
-                             status=status, transient=True)
+            raise QueueError(
+                f"unmarshal (status {status}): {path} answered no JSON object",
+                status=status,
+                transient=True,
+            )
         error = doc.get("error")
         if error is not None:
             code = message = ""
@@ -165,8 +182,9 @@ class QueueClient:
             raise QueueError(f"http: POST {path}: unexpected status {status}", status=status)
         return doc.get("data")
 
-    async def lease(self, limit: int, task_classes: list[str] | None,
-                    wait: float = 0) -> list[dict]:
+    async def lease(
+        self, limit: int, task_classes: list[str] | None, wait: float = 0
+    ) -> list[dict]:
         """Up to ``limit`` tasks; with ``wait`` > 0 the queue may hold the call
         that many seconds until one is there (an older queue answers at once)."""
         body: dict[str, Any] = {"limit": limit}
@@ -176,7 +194,9 @@ class QueueClient:
             body["wait"] = wait
         try:
             data = await self._call(
-                "/api/queue/lease", body, timeout=self._timeout + wait,
+                "/api/queue/lease",
+                body,
+                timeout=self._timeout + wait,
                 extra={b"X-Lease-Owner": self.owner.encode()},
                 answer_limit=LEASE_ANSWER_LIMIT,
             )
@@ -195,11 +215,18 @@ class QueueClient:
         """Extend our leases on ``task_ids``: each id's new ``leaseExpires``, or
         None when the queue says the lease is lost.  An id the answer does not
         mention is left out (its deadline stays as it was)."""
-        data = await self._call("/api/queue/renew", {"taskIDs": list(task_ids)},
-                                timeout=min(timeout, self._timeout), extra=self._fenced())
+        data = await self._call(
+            "/api/queue/renew",
+            {"taskIDs": list(task_ids)},
+            timeout=min(timeout, self._timeout),
+            extra=self._fenced(),
+        )
         if not isinstance(data, list):
-            raise QueueError("unmarshal (status 200): /api/queue/renew answered no list",
-                             status=200, transient=True)
+            raise QueueError(
+                "unmarshal (status 200): /api/queue/renew answered no list",
+                status=200,
+                transient=True,
+            )
         out: dict[int, int | None] = {}
         for item in data:
             if not isinstance(item, dict) or not _is_int(item.get("taskID")):
@@ -212,20 +239,26 @@ class QueueClient:
         return out
 
     async def _post_reports(self, entries: list[dict], timeout: float) -> Any:
-        return await self._call(REPORT_PATH, {"reports": entries},
-                                timeout=min(timeout, self._timeout), extra=self._fenced())
+        return await self._call(
+            REPORT_PATH,
+            {"reports": entries},
+            timeout=min(timeout, self._timeout),
+            extra=self._fenced(),
+        )
 
     def _report(self, path: str, body: dict, outcome: str, timeout: float) -> Deferred:
         async def single(left: float) -> None:
-            await self._call(path, body, timeout=min(left, self._timeout),
-                             extra=self._fenced())
+            await self._call(path, body, timeout=min(left, self._timeout), extra=self._fenced())
 
         return self._reports.submit({**body, "outcome": outcome}, timeout, single)
 
     async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
-        await self._report("/api/queue/complete",
-                           {"taskID": task_id, "duration": max(0, int(duration_us))},
-                           "complete", timeout)
+        await self._report(
+            "/api/queue/complete",
+            {"taskID": task_id, "duration": max(0, int(duration_us))},
+            "complete",
+            timeout,
+        )
 
     async def fail(
         self,
@@ -244,6 +277,9 @@ class QueueClient:
         await self._report("/api/queue/fail", body, "fail", timeout)
 
     async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
-        await self._report("/api/queue/yield",
-                           {"taskID": task_id, "duration": max(5, int(seconds))},
-                           "yield", timeout)
+        await self._report(
+            "/api/queue/yield",
+            {"taskID": task_id, "duration": max(5, int(seconds))},
+            "yield",
+            timeout,
+        )

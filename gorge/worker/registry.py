@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Awaitable, Callable, Union
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from twisted.internet.defer import Deferred
 
-Handler = Callable[[dict, Union[str, None]], Union[Deferred, Awaitable[Any], Any]]
+Handler = Callable[[dict, str | None], Deferred | Awaitable[Any] | Any]
 
 PHP_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_CLASS_LENGTH = 64

@@ -11,8 +11,9 @@ by task. A queue that has no such route (an older gorge-taskqueue answers
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -47,8 +48,9 @@ class ReportBatcher:
     call's ``data``; it raises :class:`QueueError` as a single call would.
     """
 
-    def __init__(self, post: PostBatch, clock: IReactorTime, *, max_size: int,
-                 delay: float) -> None:
+    def __init__(
+        self, post: PostBatch, clock: IReactorTime, *, max_size: int, delay: float
+    ) -> None:
         self._post = post
         self._clock = clock
         self._max_size = max_size
@@ -63,8 +65,9 @@ class ReportBatcher:
         it, fails with :class:`QueueError` as the single call would."""
         if not self.enabled:
             return Deferred.fromCoroutine(single(timeout))
-        item = _Pending(entry, self._clock.seconds() + timeout, single,
-                        Deferred(lambda d: self._withdraw(item)))
+        item = _Pending(
+            entry, self._clock.seconds() + timeout, single, Deferred(lambda d: self._withdraw(item))
+        )
         self._pending.append(item)
         if len(self._pending) >= self._max_size:
             self._flush()
@@ -82,8 +85,8 @@ class ReportBatcher:
             self._timer.cancel()
         self._timer = None
         while self._pending:
-            batch = self._pending[:self._max_size]
-            del self._pending[:self._max_size]
+            batch = self._pending[: self._max_size]
+            del self._pending[: self._max_size]
             d = Deferred.fromCoroutine(self._send(batch))
             d.addErrback(lambda f: log.failure("REPORT_BATCH_FAILED", f, level=LogLevel.error))
 
@@ -133,19 +136,35 @@ def _answers(data: Any, batch: list[_Pending]) -> list[Any]:
     """Per item: None when the queue recorded it, else the Failure of a
     :class:`QueueError` its single call would have raised."""
     if not isinstance(data, list) or len(data) != len(batch):
-        error = QueueError(f"unmarshal (status 200): {REPORT_PATH} answered "
-                           "no list with one answer per report", status=200, transient=True)
+        error = QueueError(
+            f"unmarshal (status 200): {REPORT_PATH} answered no list with one answer per report",
+            status=200,
+            transient=True,
+        )
         return [Failure(error)] * len(batch)
     out: list[Any] = []
     for item, answer in zip(batch, data):
         if not isinstance(answer, dict) or answer.get("taskID") != item.entry["taskID"]:
-            out.append(Failure(QueueError(
-                f"unmarshal (status 200): {REPORT_PATH} answered out of order",
-                status=200, transient=True)))
+            out.append(
+                Failure(
+                    QueueError(
+                        f"unmarshal (status 200): {REPORT_PATH} answered out of order",
+                        status=200,
+                        transient=True,
+                    )
+                )
+            )
         elif answer.get("status") == "reported":
             out.append(None)
         else:
             code, message = str(answer.get("code", "")), str(answer.get("message", ""))
-            out.append(Failure(QueueError(f"api error [{code}]: {message}",
-                                          status=_STATUS_OF_CODE.get(code, 400), code=code)))
+            out.append(
+                Failure(
+                    QueueError(
+                        f"api error [{code}]: {message}",
+                        status=_STATUS_OF_CODE.get(code, 400),
+                        code=code,
+                    )
+                )
+            )
     return out

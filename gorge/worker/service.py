@@ -9,7 +9,7 @@ listener, and the HTTP connection pool is closed last .
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
@@ -88,7 +88,10 @@ class ConduitProbe:
 
 
 def build_registry(
-    settings: WorkerSettings, http_client, clock, metrics: WorkerMetrics,
+    settings: WorkerSettings,
+    http_client,
+    clock,
+    metrics: WorkerMetrics,
     feed_policy: FeedPolicy | None = None,
 ) -> tuple[Registry, ConduitClient | None]:
     registry = Registry()
@@ -98,8 +101,9 @@ def build_registry(
         conduit = ConduitClient(http_client, clock, settings.conduit_url, settings.conduit_token)
         delegate = ConduitDelegate(conduit, metrics)
     allow = settings.delegate_classes
-    feed_delegate = delegate if delegate is not None and (
-        not allow or feed_http.TASK_CLASS in allow) else None
+    feed_delegate = (
+        delegate if delegate is not None and (not allow or feed_http.TASK_CLASS in allow) else None
+    )
     registry.register(
         feed_http.TASK_CLASS,
         FeedHttpHandler(http_client, clock, delegate=feed_delegate, policy=feed_policy),
@@ -112,8 +116,10 @@ def build_registry(
         registry.register(herald_webhook.TASK_CLASS, LeftToGorgeWebhook(metrics))
     for name in settings.noop_classes:
         if name in registry.registered():
-            raise ConfigError("GORGE_WORKER_NOOP_CLASSES",
-                              f"{name} already runs natively; it cannot also be a no-op")
+            raise ConfigError(
+                "GORGE_WORKER_NOOP_CLASSES",
+                f"{name} already runs natively; it cannot also be a no-op",
+            )
         registry.register(name, noop(name))
     if delegate is not None:
         native = set(registry.registered())
@@ -128,14 +134,18 @@ def build_registry(
     return registry, conduit
 
 
-def check_webhook_owner_needed(settings: WorkerSettings, registry: Registry,
-                               plan: LeasePlan) -> None:
+def check_webhook_owner_needed(
+    settings: WorkerSettings, registry: Registry, plan: LeasePlan
+) -> None:
     """Refuse to start when this worker would run webhook tasks through PHP
     without being told who delivers webhooks: guessing could deliver each
     one twice (gorge-webhook and PHP) or never."""
     task_class = herald_webhook.TASK_CLASS
-    if (not settings.webhook_owner and plan.runnable(task_class)
-            and isinstance(registry.get(task_class), ConduitDelegate)):
+    if (
+        not settings.webhook_owner
+        and plan.runnable(task_class)
+        and isinstance(registry.get(task_class), ConduitDelegate)
+    ):
         raise ConfigError(
             herald_webhook.SETTING,
             f"must be set, because this worker would run {task_class} tasks: "
@@ -144,7 +154,11 @@ def check_webhook_owner_needed(settings: WorkerSettings, registry: Registry,
 
 
 def build_worker_service(
-    settings: WorkerSettings, reactor, *, http_client=None, notifier=None,
+    settings: WorkerSettings,
+    reactor,
+    *,
+    http_client=None,
+    notifier=None,
     extra_handlers: Mapping[str, Handler] | None = None,
 ) -> ServiceTree:
     """The real constructor; ``extra_handlers`` lets a demo or benchmark add
@@ -159,7 +173,8 @@ def build_worker_service(
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
         http_client, pool = make_agent(
-            reactor, max_per_host=settings.max_workers + 2, connect_timeout=10)
+            reactor, max_per_host=settings.max_workers + 2, connect_timeout=10
+        )
         tree.add("http-pool", stop=lambda: close_pool(pool, clock))
     metrics_registry = CollectorRegistry()
     metrics = WorkerMetrics(metrics_registry)
@@ -172,11 +187,19 @@ def build_worker_service(
     started = int(clock.seconds())
     owner = lease_owner(None, os.getpid(), started)
     queue = QueueClient(
-        http_client, clock, QueueEndpoint(settings.queue_url, settings.queue_token), owner,
-        report_batch=settings.report_batch, report_delay=settings.report_delay_ms / 1000.0,
+        http_client,
+        clock,
+        QueueEndpoint(settings.queue_url, settings.queue_token),
+        owner,
+        report_batch=settings.report_batch,
+        report_delay=settings.report_delay_ms / 1000.0,
     )
     consumer = Consumer(
-        queue=queue, registry=registry, plan=plan, clock=clock, metrics=metrics,
+        queue=queue,
+        registry=registry,
+        plan=plan,
+        clock=clock,
+        metrics=metrics,
         settings=LoopSettings(
             lease_limit=settings.lease_limit,
             max_workers=settings.max_workers,
@@ -193,8 +216,12 @@ def build_worker_service(
         probe = ConduitProbe(conduit, clock, float(settings.conduit_probe_sec))
     site = build_site(
         api_resource=WorkerApi(stats_of(consumer, registry, started, owner)).resource(),
-        prefix=API_PREFIX, token=settings.http.token, body_limit=settings.http.body_limit,
-        readiness=readiness_of(consumer, probe), registry=metrics_registry, clock=clock,
+        prefix=API_PREFIX,
+        token=settings.http.token,
+        body_limit=settings.http.body_limit,
+        readiness=readiness_of(consumer, probe),
+        registry=metrics_registry,
+        clock=clock,
         access_log=settings.http.access_log,
     )
     # Stopped bottom-up: the consume loop stops leasing and drains first,
@@ -202,8 +229,10 @@ def build_worker_service(
     # connection pool closes last.
     tree.add("listener", listener(settings.http.endpoint, site, clock=clock))
     if feed_policy is not None:
-        tree.add("feed-policy-reload",
-                 ReloadOnHangup(feed_policy.reload, reactor, name="feed-policy-reload"))
+        tree.add(
+            "feed-policy-reload",
+            ReloadOnHangup(feed_policy.reload, reactor, name="feed-policy-reload"),
+        )
     if probe is not None:
         tree.add("conduit-probe", start=probe.start, stop=probe.stop, part=probe)
     loop = ConsumeLoop(consumer, settings, plan, registry, owner, notifier)
@@ -261,8 +290,15 @@ class ConsumeLoop:
     """Starting and stopping the consume loop, with its log lines and the
     systemd notifications."""
 
-    def __init__(self, consumer: Consumer, settings: WorkerSettings, plan: LeasePlan,
-                 registry: Registry, owner: str, notifier) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        settings: WorkerSettings,
+        plan: LeasePlan,
+        registry: Registry,
+        owner: str,
+        notifier,
+    ) -> None:
         self._consumer = consumer
         self._settings = settings
         self._plan = plan
@@ -276,10 +312,14 @@ class ConsumeLoop:
             log.warn("CONFIG_WARNING warning={warning}", warning=warning)
         for name in plan.unrunnable_filter_entries:
             log.warn("FILTER_CLASS_NOT_RUNNABLE task_class={task_class}", task_class=name)
-        log.info("WORKER_STARTING owner={owner} supported={supported} "
-                 "task_classes={task_classes} config={config}", owner=self._owner,
-                 supported=self._registry.supported_classes(), task_classes=plan.task_classes,
-                 config=settings.describe())
+        log.info(
+            "WORKER_STARTING owner={owner} supported={supported} "
+            "task_classes={task_classes} config={config}",
+            owner=self._owner,
+            supported=self._registry.supported_classes(),
+            task_classes=plan.task_classes,
+            config=settings.describe(),
+        )
         if self._notifier is not None:
             notifier = self._notifier
             self._consumer.first_lease_done.addCallback(lambda _: notifier.ready())
@@ -291,9 +331,12 @@ class ConsumeLoop:
             self._notifier.stopping()
         log.info("WORKER_STOPPING active={active}", active=consumer.active)
         await consumer.stop()
-        log.info("WORKER_STOPPED processed={processed} failed={failed} "
-                 "unreported={unreported}", processed=consumer.counters.processed,
-                 failed=consumer.counters.failed, unreported=consumer.counters.unreported)
+        log.info(
+            "WORKER_STOPPED processed={processed} failed={failed} unreported={unreported}",
+            processed=consumer.counters.processed,
+            failed=consumer.counters.failed,
+            unreported=consumer.counters.unreported,
+        )
 
 
 async def close_pool(pool, clock) -> None:

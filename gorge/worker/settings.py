@@ -4,8 +4,8 @@ twistd options -> one frozen value, validated before any network activity."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings
 from gorge.worker.handlers import herald_webhook
@@ -133,8 +133,7 @@ def load_worker_settings(
     noop_classes = parse_class_list(env.str("GORGE_WORKER_NOOP_CLASSES", ""))
     for name in noop_classes:
         if not is_php_class_name(name):
-            raise ConfigError("GORGE_WORKER_NOOP_CLASSES",
-                              f"not a task class name: {name[:80]!r}")
+            raise ConfigError("GORGE_WORKER_NOOP_CLASSES", f"not a task class name: {name[:80]!r}")
     warnings = list(env.warnings)
     if delegate_classes and not conduit_url:
         warnings.append(
@@ -149,9 +148,7 @@ def load_worker_settings(
             ("GORGE_WORKER_POLL_INTERVAL_MS", "POLL_INTERVAL_MS"), 1000, min=1, max=86_400_000
         ),
         max_workers=env.int(("GORGE_WORKER_MAX_WORKERS", "MAX_WORKERS"), 4, min=1, max=10_000),
-        idle_timeout_sec=env.int(
-            ("GORGE_WORKER_IDLE_TIMEOUT_SEC", "IDLE_TIMEOUT_SEC"), 180, min=0
-        ),
+        idle_timeout_sec=env.int(("GORGE_WORKER_IDLE_TIMEOUT_SEC", "IDLE_TIMEOUT_SEC"), 180, min=0),
         hibernate_sec=env.int("GORGE_WORKER_HIBERNATE_SEC", 0, min=0),
         drain_timeout_sec=drain or DEFAULT_DRAIN_SEC,
         conduit_url=conduit_url,
@@ -165,12 +162,13 @@ def load_worker_settings(
         native_test_worker=env.bool("GORGE_WORKER_NATIVE_TEST_WORKER", False),
         webhook_owner=webhook_owner,
         noop_classes=noop_classes,
-        lease_wait_sec=env.int("GORGE_WORKER_LEASE_WAIT_SEC", DEFAULT_LEASE_WAIT_SEC, min=0,
-                               max=MAX_LEASE_WAIT_SEC),
-        report_batch=env.int("GORGE_WORKER_REPORT_BATCH", DEFAULT_REPORT_BATCH, min=1,
-                             max=1000),
-        report_delay_ms=env.int("GORGE_WORKER_REPORT_DELAY_MS", DEFAULT_REPORT_DELAY_MS,
-                                min=0, max=1000),
+        lease_wait_sec=env.int(
+            "GORGE_WORKER_LEASE_WAIT_SEC", DEFAULT_LEASE_WAIT_SEC, min=0, max=MAX_LEASE_WAIT_SEC
+        ),
+        report_batch=env.int("GORGE_WORKER_REPORT_BATCH", DEFAULT_REPORT_BATCH, min=1, max=1000),
+        report_delay_ms=env.int(
+            "GORGE_WORKER_REPORT_DELAY_MS", DEFAULT_REPORT_DELAY_MS, min=0, max=1000
+        ),
         warnings=(),
     )
     # Legacy-alias warnings are collected by every getter above.

@@ -68,8 +68,9 @@ class Harness:
     def backends(self) -> dict:
         return {b.key: b for b in self.service.part("dispatcher").backends}
 
-    async def post(self, path: str, body: Any, *, token: str | None = TOKEN,
-                   headers: dict | None = None) -> tuple[int, Any, bytes]:
+    async def post(
+        self, path: str, body: Any, *, token: str | None = TOKEN, headers: dict | None = None
+    ) -> tuple[int, Any, bytes]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         hdrs = {"Content-Type": ["application/json"]}
         if token:
@@ -77,7 +78,8 @@ class Harness:
         for k, v in (headers or {}).items():
             hdrs[k] = [v]
         response = await self._pumped(
-            self.client.post("http://mailer" + path, data=data, headers=hdrs))
+            self.client.post("http://mailer" + path, data=data, headers=hdrs)
+        )
         raw = await self._pumped(response.content())
         return response.code, _json(raw), raw
 
@@ -109,8 +111,12 @@ def make_harness(env: dict[str, str], clock: Any = None) -> Harness:
 
 
 def contract_env(**extra: str) -> dict[str, str]:
-    return {"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "0",
-            "GORGE_MAILER_CONFIG": json.dumps(CONTRACT_MAILERS), **extra}
+    return {
+        "GORGE_SERVICE_TOKEN": TOKEN,
+        "GORGE_MAILER_MAX_RETRIES": "0",
+        "GORGE_MAILER_CONFIG": json.dumps(CONTRACT_MAILERS),
+        **extra,
+    }
 
 
 @pytest.fixture

@@ -84,8 +84,9 @@ class ScriptedSMTP(LineReceiver):
         if self.login is not None:
             return self.login_line(line)
         text = line.decode("utf-8", "replace")
-        self.state.commands.append(text.split(" ")[0].upper() if not text.startswith("AUTH")
-                                   else "AUTH")
+        self.state.commands.append(
+            text.split(" ")[0].upper() if not text.startswith("AUTH") else "AUTH"
+        )
         verb, _, arg = text.partition(" ")
         verb = verb.upper()
         if verb == "EHLO":
@@ -123,9 +124,9 @@ class ScriptedSMTP(LineReceiver):
                 self.sendLine(b"504 5.5.4 unrecognised mechanism")
         elif verb == "MAIL":
             if self.reply("mail", "250 2.1.0 ok"):
-                self.mail_from = arg[len("FROM:"):].strip("<>")
+                self.mail_from = arg[len("FROM:") :].strip("<>")
         elif verb == "RCPT":
-            address = arg[len("TO:"):].strip("<>")
+            address = arg[len("TO:") :].strip("<>")
             script = self.state.script.get("rcpt:" + address)
             if script:
                 self.sendLine(script.encode())
@@ -177,8 +178,9 @@ class ScriptedSMTP(LineReceiver):
                 return
             scripted = self.state.script.get("dot")
             if scripted is None or scripted.startswith("2"):
-                self.state.deliveries.append(Delivery(
-                    self.mail_from or "", list(self.rcpts), data, self.secure, self.authed))
+                self.state.deliveries.append(
+                    Delivery(self.mail_from or "", list(self.rcpts), data, self.secure, self.authed)
+                )
             self.sendLine((scripted or "250 2.0.0 queued").encode())
             return
         if self.state.script.get("content") == "drop":
@@ -209,11 +211,12 @@ class TestCertificate:
     pem: bytes
 
 
-def make_certificate(names: tuple[str, ...] = ("localhost",),
-                     ips: tuple[str, ...] = ("127.0.0.1",)) -> TestCertificate:
+def make_certificate(
+    names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
+) -> TestCertificate:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     san = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
     cert = (
         x509.CertificateBuilder()
@@ -228,7 +231,8 @@ def make_certificate(names: tuple[str, ...] = ("localhost",),
         .sign(key, hashes.SHA256())
     )
     cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     server = ssl.PrivateCertificate.loadPEM(cert_pem + key_pem)
     return TestCertificate(server.options(), ssl.Certificate.loadPEM(cert_pem), cert_pem)

@@ -74,8 +74,11 @@ BAD_REQUESTS = [
     ({"message": valid_message(), "mailerKeys": "test-mailer"}, "mailerKeys must be an array"),
     ({"message": valid_message(), "mailerKeys": [1]}, "mailerKeys[0] must be a string"),
     ({"message": valid_message(), "mailerKeys": [None]}, "mailerKeys[0] must be a string"),
-    (b'{"message":{"from":{"address":"a@b"},"to":[{"address":"c@d"}],"subject":"x",'
-     b'"textBody":"\\ud800"}}', "message.textBody contains invalid Unicode"),
+    (
+        b'{"message":{"from":{"address":"a@b"},"to":[{"address":"c@d"}],"subject":"x",'
+        b'"textBody":"\\ud800"}}',
+        "message.textBody contains invalid Unicode",
+    ),
     (msg(subject="ok \ud83d"), "message.subject contains invalid Unicode"),
 ]
 
@@ -95,12 +98,17 @@ async def test_bad_request_never_reaches_a_backend(harness, events, body, fragme
 
 @pytest_twisted.ensureDeferred
 async def test_lenient_decoding(harness):
-    body = msg(replyTo={"name": "x", "address": ""}, cc=None, htmlBody=None, unknownKey=1,
-               attachments=[{"filename": "a.bin", "mimeType": None,
-                             "data": "SGVs\r\nbG8=\n"}])
+    body = msg(
+        replyTo={"name": "x", "address": ""},
+        cc=None,
+        htmlBody=None,
+        unknownKey=1,
+        attachments=[{"filename": "a.bin", "mimeType": None, "data": "SGVs\r\nbG8=\n"}],
+    )
     body["mailerKeys"] = []
-    status, doc, _ = await harness.post("/api/mailer/send", body,
-                                        headers={"Content-Type": "text/plain"})
+    status, doc, _ = await harness.post(
+        "/api/mailer/send", body, headers={"Content-Type": "text/plain"}
+    )
     assert status == 200, doc
     sent = harness.backends["test-mailer"].messages[-1]
     assert sent.reply_to is None and sent.html_body == ""
@@ -110,13 +118,19 @@ async def test_lenient_decoding(harness):
 
 @pytest_twisted.ensureDeferred
 async def test_header_values_lose_cr_lf_and_names_are_kept(harness):
-    body = msg(headers=[{"name": "X-Evil", "value": "ok\r\nBcc: victim@example.com\x00"},
-                        {"name": "X\r\n-Split", "value": "v"}])
+    body = msg(
+        headers=[
+            {"name": "X-Evil", "value": "ok\r\nBcc: victim@example.com\x00"},
+            {"name": "X\r\n-Split", "value": "v"},
+        ]
+    )
     status, _, _ = await harness.post("/api/mailer/send", body)
     assert status == 200
     headers = harness.backends["test-mailer"].messages[-1].headers
     assert [(h.name, h.value) for h in headers] == [
-        ("X-Evil", "okBcc: victim@example.com"), ("X-Split", "v")]
+        ("X-Evil", "okBcc: victim@example.com"),
+        ("X-Split", "v"),
+    ]
 
 
 @pytest_twisted.ensureDeferred
@@ -138,6 +152,7 @@ async def test_message_id_omitted_when_empty():
 def _returning(outcome):
     async def send(message, *, deadline):
         return outcome
+
     return send
 
 
@@ -154,7 +169,10 @@ async def test_no_backends():
     h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN})
     status, doc = await h.send()
     assert (status, doc["error"]["code"], doc["error"]["message"]) == (
-        502, "ERR_SEND_FAILED", "no mailers configured")
+        502,
+        "ERR_SEND_FAILED",
+        "no mailers configured",
+    )
     status, doc, _ = await h.get("/api/mailer/mailers")
     assert (status, doc) == (200, {"data": []})
     status, doc, _ = await h.get("/readyz", token=None)
@@ -165,7 +183,9 @@ async def test_no_backends():
 
 @pytest_twisted.ensureDeferred
 async def test_readyz_names_an_invalid_list_without_values():
-    h = make_harness({"GORGE_MAILER_CONFIG": '[{"key":"a","type":"smtp","options":{"password":["hunter2"]}}]'})
+    h = make_harness(
+        {"GORGE_MAILER_CONFIG": '[{"key":"a","type":"smtp","options":{"password":["hunter2"]}}]'}
+    )
     status, doc, _ = await h.get("/readyz", token=None)
     assert status == 503 and doc["reason"].startswith("mailer configuration invalid: ")
     assert "hunter2" not in doc["reason"]
@@ -173,42 +193,51 @@ async def test_readyz_names_an_invalid_list_without_values():
 
 @pytest_twisted.ensureDeferred
 async def test_list_mailers_in_dispatch_order_without_options():
-    mailers = [{"key": "z", "type": "test", "options": {"fail": "temporary"}},
-               {"key": "y", "type": "test", "priority": 5},
-               {"key": "x", "type": "test"},
-               {"key": "w", "type": "test", "priority": -1}]
+    mailers = [
+        {"key": "z", "type": "test", "options": {"fail": "temporary"}},
+        {"key": "y", "type": "test", "priority": 5},
+        {"key": "x", "type": "test"},
+        {"key": "w", "type": "test", "priority": -1},
+    ]
     h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_CONFIG": json.dumps(mailers)})
     status, doc, raw = await h.get("/api/mailer/mailers")
     assert status == 200
-    assert doc["data"] == [{"key": "y", "type": "test", "priority": 5},
-                           {"key": "z", "type": "test", "priority": -1},
-                           {"key": "w", "type": "test", "priority": -1},
-                           {"key": "x", "type": "test", "priority": -2}]
+    assert doc["data"] == [
+        {"key": "y", "type": "test", "priority": 5},
+        {"key": "z", "type": "test", "priority": -1},
+        {"key": "w", "type": "test", "priority": -1},
+        {"key": "x", "type": "test", "priority": -2},
+    ]
     assert b"temporary" not in raw
 
 
-@pytest.mark.parametrize("method,path,token,status,code", [
-    ("GET", "/api/mailer/send", TOKEN, 404, "ERR_NOT_FOUND"),
-    ("POST", "/api/mailer/send/", TOKEN, 404, "ERR_NOT_FOUND"),
-    ("POST", "/api/mailer/deliver", TOKEN, 404, "ERR_NOT_FOUND"),
-    ("GET", "/api/mailer/nothing", None, 401, "ERR_UNAUTHORIZED"),
-    ("GET", "/api/mailer/mailers", "wrong", 401, "ERR_UNAUTHORIZED"),
-    ("POST", "/healthz", None, 405, "ERR_METHOD_NOT_ALLOWED"),
-    ("GET", "/elsewhere", None, 404, "ERR_NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "method,path,token,status,code",
+    [
+        ("GET", "/api/mailer/send", TOKEN, 404, "ERR_NOT_FOUND"),
+        ("POST", "/api/mailer/send/", TOKEN, 404, "ERR_NOT_FOUND"),
+        ("POST", "/api/mailer/deliver", TOKEN, 404, "ERR_NOT_FOUND"),
+        ("GET", "/api/mailer/nothing", None, 401, "ERR_UNAUTHORIZED"),
+        ("GET", "/api/mailer/mailers", "wrong", 401, "ERR_UNAUTHORIZED"),
+        ("POST", "/healthz", None, 405, "ERR_METHOD_NOT_ALLOWED"),
+        ("GET", "/elsewhere", None, 404, "ERR_NOT_FOUND"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_routing_and_auth(harness, method, path, token, status, code):
     headers = {"X-Service-Token": [token]} if token else {}
-    response = await harness.client.request(method, "http://mailer" + path, headers=headers,
-                                            data=b"{}" if method == "POST" else None)
+    response = await harness.client.request(
+        method, "http://mailer" + path, headers=headers, data=b"{}" if method == "POST" else None
+    )
     doc = json.loads(await response.content())
     assert response.code == status and doc["error"]["code"] == code and "data" not in doc
 
 
 @pytest_twisted.ensureDeferred
 async def test_wrong_header_is_not_rescued_by_query_token(harness):
-    response = await harness.client.get("http://mailer/api/mailer/mailers?token=" + TOKEN,
-                                        headers={"X-Service-Token": ["wrong"]})
+    response = await harness.client.get(
+        "http://mailer/api/mailer/mailers?token=" + TOKEN, headers={"X-Service-Token": ["wrong"]}
+    )
     assert response.code == 401
 
 
@@ -216,8 +245,10 @@ async def test_wrong_header_is_not_rescued_by_query_token(harness):
 async def test_twenty_mib_body_is_413_before_auth(harness, events):
     body = b'{"message":{"textBody":"' + b"x" * (20 * 1024 * 1024) + b'"}}'
     status, doc, _ = await harness.post("/api/mailer/send", body, token=None)
-    assert status == 413 and doc["error"] == {"code": "ERR_TOO_LARGE",
-                                              "message": "Request Entity Too Large"}
+    assert status == 413 and doc["error"] == {
+        "code": "ERR_TOO_LARGE",
+        "message": "Request Entity Too Large",
+    }
     assert all(b.attempts == 0 for b in harness.backends.values())
 
 
@@ -237,7 +268,10 @@ async def test_body_truncation_on_code_point_boundary():
     assert status == 200
     sent = h.backends["test-mailer"].messages[-1]
     assert sent.text_body == "Hello, 世" and sent.html_body == "<p>short</"
-    assert h.service.part("metrics-registry").get_sample_value("gorge_mailer_body_truncations_total") == 2
+    assert (
+        h.service.part("metrics-registry").get_sample_value("gorge_mailer_body_truncations_total")
+        == 2
+    )
 
 
 @pytest_twisted.ensureDeferred
@@ -257,8 +291,9 @@ async def test_requests_metric_by_code(harness):
 @pytest_twisted.ensureDeferred
 async def test_retry_waits_on_the_clock_through_the_api():
     clock = task.Clock()
-    mailers = [{"key": "flaky", "type": "test", "options": {"fail": "temporary",
-                                                              "fail-times": "2"}}]
+    mailers = [
+        {"key": "flaky", "type": "test", "options": {"fail": "temporary", "fail-times": "2"}}
+    ]
     h = make_harness({"GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=clock)
     d = Deferred.fromCoroutine(h.send())
     assert not d.called and h.backends["flaky"].attempts == 1
@@ -308,8 +343,13 @@ async def test_shutdown_lets_an_in_flight_send_finish():
 @pytest_twisted.ensureDeferred
 async def test_shutdown_drain_budget_cancels_and_still_answers():
     clock = task.Clock()
-    h = make_harness({"GORGE_MAILER_CONFIG": '[{"key":"stuck","type":"test"}]',
-                      "GORGE_MAILER_SEND_TIMEOUT": "25"}, clock=clock)
+    h = make_harness(
+        {
+            "GORGE_MAILER_CONFIG": '[{"key":"stuck","type":"test"}]',
+            "GORGE_MAILER_SEND_TIMEOUT": "25",
+        },
+        clock=clock,
+    )
     backend = h.service.part("dispatcher").backends[0]
 
     async def stuck(message, *, deadline):
@@ -338,8 +378,7 @@ async def test_client_disconnect_cancels_the_dispatch(events):
     cancelled: Deferred = Deferred()
 
     async def hang(message, *, deadline):
-        d = Deferred(lambda d: (d.callback(Outcome.transient("aborted")),
-                                cancelled.callback(None)))
+        d = Deferred(lambda d: (d.callback(Outcome.transient("aborted")), cancelled.callback(None)))
         return await d
 
     h.service.part("dispatcher").backends[0].send = hang
@@ -348,9 +387,11 @@ async def test_client_disconnect_cancels_the_dispatch(events):
 
     class Client(Protocol):
         def connectionMade(self):
-            self.transport.write(b"POST /api/mailer/send HTTP/1.1\r\nHost: x\r\n"
-                                 b"Content-Type: application/json\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            self.transport.write(
+                b"POST /api/mailer/send HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             reactor.callLater(0.05, self.transport.abortConnection)
 
     factory = ClientFactory.forProtocol(Client)
@@ -370,22 +411,60 @@ async def test_client_disconnect_cancels_the_dispatch(events):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
-_keys = st.sampled_from(["from", "to", "cc", "bcc", "replyTo", "subject", "textBody", "htmlBody",
-                         "headers", "attachments", "name", "address", "value", "filename",
-                         "mimeType", "data", "x"])
-_json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
-                     | st.dictionaries(_keys, inner, max_size=4), max_leaves=12)
-_address = st.fixed_dictionaries({"address": st.sampled_from(["a@b.c", "x", "", "a b@c"]) | st.text(max_size=8)},
-                                 optional={"name": st.text(max_size=8) | st.none()})
-_message = st.fixed_dictionaries({}, optional={
-    "from": _address | _json, "to": st.lists(_address, max_size=2) | _json,
-    "subject": st.text(max_size=10) | _json, "textBody": st.text(max_size=10) | _json,
-    "headers": st.lists(st.fixed_dictionaries({"name": st.text(max_size=6),
-                                               "value": st.text(max_size=6)}), max_size=2) | _json,
-    "attachments": st.lists(st.fixed_dictionaries({"filename": st.text(max_size=4),
-                                                   "data": st.sampled_from(["", "QQ==", "?"])}),
-                            max_size=2) | _json})
+_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+)
+_keys = st.sampled_from(
+    [
+        "from",
+        "to",
+        "cc",
+        "bcc",
+        "replyTo",
+        "subject",
+        "textBody",
+        "htmlBody",
+        "headers",
+        "attachments",
+        "name",
+        "address",
+        "value",
+        "filename",
+        "mimeType",
+        "data",
+        "x",
+    ]
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys, inner, max_size=4),
+    max_leaves=12,
+)
+_address = st.fixed_dictionaries(
+    {"address": st.sampled_from(["a@b.c", "x", "", "a b@c"]) | st.text(max_size=8)},
+    optional={"name": st.text(max_size=8) | st.none()},
+)
+_message = st.fixed_dictionaries(
+    {},
+    optional={
+        "from": _address | _json,
+        "to": st.lists(_address, max_size=2) | _json,
+        "subject": st.text(max_size=10) | _json,
+        "textBody": st.text(max_size=10) | _json,
+        "headers": st.lists(
+            st.fixed_dictionaries({"name": st.text(max_size=6), "value": st.text(max_size=6)}),
+            max_size=2,
+        )
+        | _json,
+        "attachments": st.lists(
+            st.fixed_dictionaries(
+                {"filename": st.text(max_size=4), "data": st.sampled_from(["", "QQ==", "?"])}
+            ),
+            max_size=2,
+        )
+        | _json,
+    },
+)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -393,8 +472,11 @@ _message = st.fixed_dictionaries({}, optional={
 def test_property_any_body_gets_a_documented_answer(body):
     h = make_harness(contract_env())
     results = []
-    d = h.client.post("http://mailer/api/mailer/send", data=json.dumps(body).encode(),
-                      headers={"X-Service-Token": [TOKEN]})
+    d = h.client.post(
+        "http://mailer/api/mailer/send",
+        data=json.dumps(body).encode(),
+        headers={"X-Service-Token": [TOKEN]},
+    )
     d.addCallback(lambda r: r.content().addCallback(lambda raw: results.append((r.code, raw))))
     assert results, "the answer did not arrive synchronously"
     status, raw = results[0]

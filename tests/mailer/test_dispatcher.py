@@ -55,8 +55,9 @@ class Scripted:
 
 def dispatcher(backends, clock=None, **kw) -> Dispatcher:
     kw.setdefault("retry_wait", 0)
-    return Dispatcher(backends, clock=clock or task.Clock(),
-                      metrics=MailerMetrics(CollectorRegistry()), **kw)
+    return Dispatcher(
+        backends, clock=clock or task.Clock(), metrics=MailerMetrics(CollectorRegistry()), **kw
+    )
 
 
 def run(d: Dispatcher, keys=None) -> Answer:
@@ -91,7 +92,10 @@ def test_unknown_keys_and_no_backends_are_send_failed():
     assert "no matching mailers for keys: [x, y]" == answer.message
     answer = run(dispatcher([]))
     assert (answer.status, answer.code, answer.message) == (
-        502, "ERR_SEND_FAILED", "no mailers configured")
+        502,
+        "ERR_SEND_FAILED",
+        "no mailers configured",
+    )
 
 
 def test_retries_are_one_plus_max_retries_per_backend():
@@ -228,8 +232,10 @@ def test_metrics_count_attempts_failovers_and_sends():
 def test_default_retry_budget_stays_within_ten_seconds():
     from gorge.mailer.settings import load_mailer_settings
 
-    for d in (Dispatcher([], clock=task.Clock(), metrics=MailerMetrics(CollectorRegistry())),
-              load_mailer_settings({})):
+    for d in (
+        Dispatcher([], clock=task.Clock(), metrics=MailerMetrics(CollectorRegistry())),
+        load_mailer_settings({}),
+    ):
         assert d.max_retries * d.retry_wait <= 10
         assert d.send_timeout < 30
 

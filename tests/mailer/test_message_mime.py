@@ -38,14 +38,19 @@ def test_truncation_examples():
 
 
 @settings(max_examples=60, deadline=None)
-@given(payloads=st.lists(st.binary(max_size=3000), min_size=1, max_size=3),
-       names=st.lists(st.text(min_size=1, max_size=30), min_size=3, max_size=3),
-       mime=st.text(max_size=30))
+@given(
+    payloads=st.lists(st.binary(max_size=3000), min_size=1, max_size=3),
+    names=st.lists(st.text(min_size=1, max_size=30), min_size=3, max_size=3),
+    mime=st.text(max_size=30),
+)
 def test_attachments_decode_to_the_callers_bytes(payloads, names, mime):
     names = [n if n.replace("\r", "").replace("\n", "").replace("\x00", "") else "x" for n in names]
-    raw = build(attachments=[{"filename": n, "mimeType": mime,
-                              "data": base64.b64encode(p).decode()}
-                             for n, p in zip(names, payloads)])
+    raw = build(
+        attachments=[
+            {"filename": n, "mimeType": mime, "data": base64.b64encode(p).decode()}
+            for n, p in zip(names, payloads)
+        ]
+    )
     assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
     # The smtp backend dot-stuffs only the head (stuff_mime relies on this).
     body_lines = raw.split(b"\r\n\r\n", 1)[1].split(b"\r\n")
@@ -58,16 +63,34 @@ def test_attachments_decode_to_the_callers_bytes(payloads, names, mime):
 
 
 @settings(max_examples=100, deadline=None)
-@given(value=st.text(max_size=200), subject=st.text(min_size=1, max_size=200),
-       name=st.text(max_size=40))
+@given(
+    value=st.text(max_size=200),
+    subject=st.text(min_size=1, max_size=200),
+    name=st.text(max_size=40),
+)
 def test_no_caller_string_starts_a_header(value, subject, name):
-    raw = build(subject=subject, to=[{"name": name, "address": "a@example.com"}],
-                headers=[{"name": "X-Custom", "value": value}])
+    raw = build(
+        subject=subject,
+        to=[{"name": name, "address": "a@example.com"}],
+        headers=[{"name": "X-Custom", "value": value}],
+    )
     head = raw.split(b"\r\n\r\n", 1)[0]
-    names = [line.split(b":", 1)[0] for line in head.split(b"\r\n")
-             if line and not line.startswith((b" ", b"\t"))]
-    assert names == [b"From", b"To", b"Subject", b"Date", b"Message-ID", b"X-Custom",
-                     b"MIME-Version", b"Content-Type", b"Content-Transfer-Encoding"]
+    names = [
+        line.split(b":", 1)[0]
+        for line in head.split(b"\r\n")
+        if line and not line.startswith((b" ", b"\t"))
+    ]
+    assert names == [
+        b"From",
+        b"To",
+        b"Subject",
+        b"Date",
+        b"Message-ID",
+        b"X-Custom",
+        b"MIME-Version",
+        b"Content-Type",
+        b"Content-Transfer-Encoding",
+    ]
     assert all(len(line) <= 998 for line in head.split(b"\r\n"))
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     raw_subject = next(h for h in head.split(b"\r\n\r\n")[0].decode().split("\r\nSubject: ")[1:])
@@ -80,8 +103,11 @@ def test_no_caller_string_starts_a_header(value, subject, name):
 def test_stuff_mime_equals_full_dot_stuffing():
     from gorge.mailer.backends.smtp import dot_stuff, stuff_mime
 
-    raw = build(headers=[{"name": ".dotted", "value": "x"}], textBody="." * 100,
-                attachments=[{"filename": ".f", "data": base64.b64encode(b"." * 500).decode()}])
+    raw = build(
+        headers=[{"name": ".dotted", "value": "x"}],
+        textBody="." * 100,
+        attachments=[{"filename": ".f", "data": base64.b64encode(b"." * 500).decode()}],
+    )
     assert stuff_mime(raw) == dot_stuff(raw, terminate=False)
     assert b"\r\n..dotted: x" in stuff_mime(raw)
 
@@ -110,9 +136,14 @@ def test_base64_check_agrees_with_the_strict_decoder(raw):
 
 
 def test_reserved_custom_headers_are_dropped():
-    raw = build(headers=[{"name": "bcc", "value": "x@y"}, {"name": "Content-Type", "value": "x"},
-                         {"name": "Message-ID", "value": "<a@b>"},
-                         {"name": "Message-ID", "value": "<second@b>"}])
+    raw = build(
+        headers=[
+            {"name": "bcc", "value": "x@y"},
+            {"name": "Content-Type", "value": "x"},
+            {"name": "Message-ID", "value": "<a@b>"},
+            {"name": "Message-ID", "value": "<second@b>"},
+        ]
+    )
     assert b"x@y" not in raw and b"<second@b>" not in raw
     assert raw.count(b"Content-Type:") == 1 and b"Message-ID: <a@b>\r\n" in raw
 
@@ -120,13 +151,17 @@ def test_reserved_custom_headers_are_dropped():
 def test_single_part_text_when_no_html_and_no_attachments():
     raw = build(textBody="")
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
-    assert parsed.get_content_type() == "text/plain" and parsed["Content-Transfer-Encoding"] == "base64"
+    assert (
+        parsed.get_content_type() == "text/plain"
+        and parsed["Content-Transfer-Encoding"] == "base64"
+    )
     assert b"\r\nDate: " in raw and b"Message-ID: <" + b"ab" * 16 + b"@example.com>" in raw
 
 
 def test_alternative_order_text_then_html():
-    parsed = email.message_from_bytes(build(textBody="", htmlBody="<b>x</b>"),
-                                      policy=email.policy.default)
+    parsed = email.message_from_bytes(
+        build(textBody="", htmlBody="<b>x</b>"), policy=email.policy.default
+    )
     assert [p.get_content_type() for p in parsed.iter_parts()] == ["text/plain", "text/html"]
 
 
@@ -155,8 +190,12 @@ def test_outcome_scopes_and_cap():
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.one_of(st.text(min_size=1, max_size=400),
-                      st.text(alphabet="abc 世界.", min_size=300, max_size=1200)))
+@given(
+    name=st.one_of(
+        st.text(min_size=1, max_size=400),
+        st.text(alphabet="abc 世界.", min_size=300, max_size=1200),
+    )
+)
 def test_long_attachment_names_stay_within_the_line_limit(name):
     # No header line may exceed 998 octets -- a long (or long non-ASCII,
     # percent-encoded three times over) filename included; the name must
@@ -183,8 +222,10 @@ def test_long_display_names_stay_within_the_line_limit():
     # No header line may exceed 998 octets, whatever the caller's
     # display name (one unbroken run here, so folding at whitespace cannot help).
     for name in ("x" * 1500, "Doe," + "y" * 1200):
-        raw = build(to=[{"name": name, "address": "a@example.com"}],
-                    **{"from": {"name": name, "address": "f@example.com"}})
+        raw = build(
+            to=[{"name": name, "address": "a@example.com"}],
+            **{"from": {"name": name, "address": "f@example.com"}},
+        )
         assert max(len(line) for line in raw.split(b"\r\n")) <= 998
         parsed = email.message_from_bytes(raw, policy=email.policy.default)
         assert parsed["To"].addresses[0].addr_spec == "a@example.com"

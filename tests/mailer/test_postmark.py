@@ -6,7 +6,8 @@ import json
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet import defer, task
 
 from gorge.config import ConfigError
@@ -29,13 +30,19 @@ TOKEN = "pm-server-token-0123"
 
 def backend(clock=None, client=None, **options) -> postmark.PostmarkBackend:
     options.setdefault("access_token", TOKEN)
-    return postmark.build(entry("postmark", key="pm", **options),
-                          reactor=clock or task.Clock(), http_client=client)
+    return postmark.build(
+        entry("postmark", key="pm", **options), reactor=clock or task.Clock(), http_client=client
+    )
 
 
 def receipt(**fields) -> bytes:
-    doc = {"To": "alice@example.com", "SubmittedAt": "2026-01-01T00:00:00Z",
-           "MessageID": "b7bc2f4a-e38e-4336-af7d-e6c392c2f817", "ErrorCode": 0, "Message": "OK"}
+    doc = {
+        "To": "alice@example.com",
+        "SubmittedAt": "2026-01-01T00:00:00Z",
+        "MessageID": "b7bc2f4a-e38e-4336-af7d-e6c392c2f817",
+        "ErrorCode": 0,
+        "Message": "OK",
+    }
     doc.update(fields)
     return json.dumps({k: v for k, v in doc.items() if v is not ...}).encode()
 
@@ -86,56 +93,73 @@ def test_request_url_auth_and_body_shape():
             {"Name": "blob.bin", "Content": "AAEC", "ContentType": "application/octet-stream"},
         ],
     }
-    assert list(doc) == ["From", "To", "Cc", "Bcc", "ReplyTo", "Subject", "TextBody", "HtmlBody",
-                         "Headers", "Attachments"]
+    assert list(doc) == [
+        "From",
+        "To",
+        "Cc",
+        "Bcc",
+        "ReplyTo",
+        "Subject",
+        "TextBody",
+        "HtmlBody",
+        "Headers",
+        "Attachments",
+    ]
 
 
 def test_minimal_message_omits_optional_keys():
     doc = json.loads(backend().build_request(message(textBody="", htmlBody="<p>x</p>")).body)
-    assert doc == {"From": "Phorge <noreply@example.com>", "To": "Alice <alice@example.com>",
-                   "Subject": "[Differential] D123: Fix the thing", "HtmlBody": "<p>x</p>"}
+    assert doc == {
+        "From": "Phorge <noreply@example.com>",
+        "To": "Alice <alice@example.com>",
+        "Subject": "[Differential] D123: Fix the thing",
+        "HtmlBody": "<p>x</p>",
+    }
 
 
 # ---------------------------------------------------------------- the answer
 
 
-@pytest.mark.parametrize("reply,kind", [
-    # Receipts on 2xx.
-    (HttpReply(200, {}, receipt()), Kind.ACCEPTED),
-    (HttpReply(200, {}, None), Kind.UNKNOWN),
-    (HttpReply(200, {}, b"<html>ok</html>"), Kind.UNKNOWN),
-    (HttpReply(200, {}, b"[]"), Kind.UNKNOWN),
-    (HttpReply(200, {}, receipt(ErrorCode=...)), Kind.UNKNOWN),
-    (HttpReply(200, {}, receipt(ErrorCode=True)), Kind.UNKNOWN),
-    (HttpReply(200, {}, receipt(MessageID="")), Kind.UNKNOWN),
-    (HttpReply(200, {}, receipt(MessageID=...)), Kind.UNKNOWN),
-    (HttpReply(200, {}, receipt(MessageID=7)), Kind.UNKNOWN),
-    # 2xx with a non-zero ErrorCode.
-    (HttpReply(200, {}, receipt(ErrorCode=406)), Kind.REJECTED_MESSAGE),
-    (HttpReply(200, {}, receipt(ErrorCode=300)), Kind.REJECTED_UNSCOPED),
-    (HttpReply(200, {}, receipt(ErrorCode=401)), Kind.REJECTED_BACKEND),
-    (HttpReply(200, {}, receipt(ErrorCode=100)), Kind.TRANSIENT),
-    (HttpReply(200, {}, receipt(ErrorCode=422)), Kind.UNKNOWN),
-    (HttpReply(200, {}, receipt(ErrorCode=9999)), Kind.UNKNOWN),
-    # 422 with an ErrorCode.
-    (HttpReply(422, {}, receipt(ErrorCode=406, MessageID=...)), Kind.REJECTED_MESSAGE),
-    (HttpReply(422, {}, receipt(ErrorCode=411, MessageID=...)), Kind.REJECTED_MESSAGE),
-    (HttpReply(422, {}, receipt(ErrorCode=300, MessageID=...)), Kind.REJECTED_UNSCOPED),
-    (HttpReply(422, {}, receipt(ErrorCode=10, MessageID=...)), Kind.REJECTED_BACKEND),
-    (HttpReply(422, {}, receipt(ErrorCode=412, MessageID=...)), Kind.REJECTED_BACKEND),
-    (HttpReply(422, {}, receipt(ErrorCode=409, MessageID=...)), Kind.REJECTED_BACKEND),
-    (HttpReply(422, {}, receipt(ErrorCode=429, MessageID=...)), Kind.TRANSIENT),
-    (HttpReply(422, {}, receipt(ErrorCode=1234, MessageID=...)), Kind.REJECTED_UNSCOPED),
-    (HttpReply(422, {}, None), Kind.REJECTED_UNSCOPED),
-    (HttpReply(422, {}, b"not json"), Kind.REJECTED_UNSCOPED),
-    # Generic table for everything else.
-    (HttpReply(401, {}, receipt(ErrorCode=10, MessageID=...)), Kind.REJECTED_BACKEND),
-    (HttpReply(302, {}, b""), Kind.UNKNOWN),
-    (HttpReply(400, {}, b""), Kind.REJECTED_UNSCOPED),
-    (HttpReply(429, {}, b""), Kind.TRANSIENT),
-    (HttpReply(500, {}, receipt(ErrorCode=0)), Kind.UNKNOWN),
-    (HttpReply(503, {}, b""), Kind.TRANSIENT),
-])
+@pytest.mark.parametrize(
+    "reply,kind",
+    [
+        # Receipts on 2xx.
+        (HttpReply(200, {}, receipt()), Kind.ACCEPTED),
+        (HttpReply(200, {}, None), Kind.UNKNOWN),
+        (HttpReply(200, {}, b"<html>ok</html>"), Kind.UNKNOWN),
+        (HttpReply(200, {}, b"[]"), Kind.UNKNOWN),
+        (HttpReply(200, {}, receipt(ErrorCode=...)), Kind.UNKNOWN),
+        (HttpReply(200, {}, receipt(ErrorCode=True)), Kind.UNKNOWN),
+        (HttpReply(200, {}, receipt(MessageID="")), Kind.UNKNOWN),
+        (HttpReply(200, {}, receipt(MessageID=...)), Kind.UNKNOWN),
+        (HttpReply(200, {}, receipt(MessageID=7)), Kind.UNKNOWN),
+        # 2xx with a non-zero ErrorCode.
+        (HttpReply(200, {}, receipt(ErrorCode=406)), Kind.REJECTED_MESSAGE),
+        (HttpReply(200, {}, receipt(ErrorCode=300)), Kind.REJECTED_UNSCOPED),
+        (HttpReply(200, {}, receipt(ErrorCode=401)), Kind.REJECTED_BACKEND),
+        (HttpReply(200, {}, receipt(ErrorCode=100)), Kind.TRANSIENT),
+        (HttpReply(200, {}, receipt(ErrorCode=422)), Kind.UNKNOWN),
+        (HttpReply(200, {}, receipt(ErrorCode=9999)), Kind.UNKNOWN),
+        # 422 with an ErrorCode.
+        (HttpReply(422, {}, receipt(ErrorCode=406, MessageID=...)), Kind.REJECTED_MESSAGE),
+        (HttpReply(422, {}, receipt(ErrorCode=411, MessageID=...)), Kind.REJECTED_MESSAGE),
+        (HttpReply(422, {}, receipt(ErrorCode=300, MessageID=...)), Kind.REJECTED_UNSCOPED),
+        (HttpReply(422, {}, receipt(ErrorCode=10, MessageID=...)), Kind.REJECTED_BACKEND),
+        (HttpReply(422, {}, receipt(ErrorCode=412, MessageID=...)), Kind.REJECTED_BACKEND),
+        (HttpReply(422, {}, receipt(ErrorCode=409, MessageID=...)), Kind.REJECTED_BACKEND),
+        (HttpReply(422, {}, receipt(ErrorCode=429, MessageID=...)), Kind.TRANSIENT),
+        (HttpReply(422, {}, receipt(ErrorCode=1234, MessageID=...)), Kind.REJECTED_UNSCOPED),
+        (HttpReply(422, {}, None), Kind.REJECTED_UNSCOPED),
+        (HttpReply(422, {}, b"not json"), Kind.REJECTED_UNSCOPED),
+        # Generic table for everything else.
+        (HttpReply(401, {}, receipt(ErrorCode=10, MessageID=...)), Kind.REJECTED_BACKEND),
+        (HttpReply(302, {}, b""), Kind.UNKNOWN),
+        (HttpReply(400, {}, b""), Kind.REJECTED_UNSCOPED),
+        (HttpReply(429, {}, b""), Kind.TRANSIENT),
+        (HttpReply(500, {}, receipt(ErrorCode=0)), Kind.UNKNOWN),
+        (HttpReply(503, {}, b""), Kind.TRANSIENT),
+    ],
+)
 def test_response_families(reply, kind):
     outcome = backend().classify(reply, 0.0)
     assert outcome.kind is kind
@@ -156,7 +180,8 @@ def test_unlisted_error_codes_are_never_message_permanent(code, status):
 
 def test_error_code_429_keeps_retry_after():
     outcome = backend().classify(
-        HttpReply(422, {"retry-after": "4"}, receipt(ErrorCode=429, MessageID=...)), 0.0)
+        HttpReply(422, {"retry-after": "4"}, receipt(ErrorCode=429, MessageID=...)), 0.0
+    )
     assert outcome.kind is Kind.TRANSIENT and outcome.retry_after == 4.0
 
 
@@ -175,7 +200,8 @@ def test_deadline_during_the_tls_handshake_is_not_submitted():
     # server never answers it; the request bytes only sit in TLS's buffer.
     mem = MemoryHttp()
     d = defer.Deferred.fromCoroutine(
-        backend(clock=mem.reactor, client=mem.client).send(message(), deadline=2.0))
+        backend(clock=mem.reactor, client=mem.client).send(message(), deadline=2.0)
+    )
     assert mem.reactor.tcpClients[-1][1] == 443
     hello = mem.connect().value()
     assert hello[:1] == b"\x16" and b"X-Postmark-Server-Token" not in hello
@@ -186,9 +212,13 @@ def test_deadline_during_the_tls_handshake_is_not_submitted():
 
 def test_receipt_cut_off_by_the_deadline_is_unknown():
     mem = MemoryHttp()
-    d = defer.Deferred.fromCoroutine(backend(
-        clock=mem.reactor, client=mem.client, endpoint="http://127.0.0.1:8025",
-    ).send(message(), deadline=2.0))
+    d = defer.Deferred.fromCoroutine(
+        backend(
+            clock=mem.reactor,
+            client=mem.client,
+            endpoint="http://127.0.0.1:8025",
+        ).send(message(), deadline=2.0)
+    )
     mem.connect()
     mem.respond(b'HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{"ErrorCode":0,')
     mem.reactor.advance(2.0)
@@ -200,7 +230,9 @@ async def test_end_to_end_against_a_loopback_endpoint():
     from twisted.internet import reactor
 
     async with LoopbackServer(reactor) as server:
-        server.answer = Scripted(200, receipt(MessageID="loop-pm"), {"Content-Type": "application/json"})
+        server.answer = Scripted(
+            200, receipt(MessageID="loop-pm"), {"Content-Type": "application/json"}
+        )
         built = backend(clock=reactor, client=server.client, endpoint=server.url)
         outcome = await built.send(full_message(), deadline=reactor.seconds() + 10)
         assert outcome.kind is Kind.ACCEPTED and outcome.message_id == "loop-pm"

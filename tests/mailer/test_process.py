@@ -35,11 +35,17 @@ def free_port() -> int:
 
 def test_unbuildable_entry_exits_2_with_one_line():
     mailers = [{"key": "primary", "type": "smtp", "options": {"port": "abc", "password": "pw1"}}]
-    proc = subprocess.run(TWISTD_MAILER, cwd=REPO_ROOT, capture_output=True, timeout=60,
-                          env=environ(GORGE_MAILER_CONFIG=json.dumps(mailers)))
+    proc = subprocess.run(
+        TWISTD_MAILER,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=60,
+        env=environ(GORGE_MAILER_CONFIG=json.dumps(mailers)),
+    )
     assert proc.returncode == 2
     assert proc.stderr.decode() == (
-        "gorge-mailer: GORGE_MAILER_CONFIG [primary].port: not an integer: 'abc'\n")
+        "gorge-mailer: GORGE_MAILER_CONFIG [primary].port: not an integer: 'abc'\n"
+    )
     assert b"pw1" not in proc.stdout + proc.stderr
 
 
@@ -52,10 +58,14 @@ async def test_sigterm_lets_the_in_flight_send_finish(tmp_path):
     port = free_port()
     mailers = [{"key": "local", "type": "sendmail", "options": {"path": str(stub)}}]
     log = open(tmp_path / "daemon.log", "wb")
-    proc = subprocess.Popen(TWISTD_MAILER, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=environ(GORGE_MAILER_CONFIG=json.dumps(mailers),
-                                        GORGE_LISTEN_ADDR=f"127.0.0.1:{port}"),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        TWISTD_MAILER,
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=environ(GORGE_MAILER_CONFIG=json.dumps(mailers), GORGE_LISTEN_ADDR=f"127.0.0.1:{port}"),
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(400):
@@ -69,8 +79,9 @@ async def test_sigterm_lets_the_in_flight_send_finish(tmp_path):
             assert proc.poll() is None, (tmp_path / "daemon.log").read_text()
             await deferLater(reactor, 0.05)
         body = json.dumps({"message": valid_message()}).encode()
-        pending = treq.post(base + "/api/mailer/send", data=body,
-                            headers={"Content-Type": ["application/json"]})
+        pending = treq.post(
+            base + "/api/mailer/send", data=body, headers={"Content-Type": ["application/json"]}
+        )
         for _ in range(400):
             if started.exists():
                 break

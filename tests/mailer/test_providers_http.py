@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from email.utils import format_datetime
-from datetime import datetime, timezone
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from OpenSSL import SSL
 from twisted.internet import defer, error, ssl
 from twisted.internet.protocol import Factory, Protocol
@@ -35,8 +36,14 @@ URL = "http://127.0.0.1:8025/v3/mail/send"
 
 def run_post(mem: MemoryHttp, *, deadline: float = 30.0, body: bytes = b"hello") -> defer.Deferred:
     return defer.Deferred.fromCoroutine(
-        http.post(mem.client, mem.reactor, URL, body=body,
-                  headers={"Content-Type": "application/json"}, deadline=deadline)
+        http.post(
+            mem.client,
+            mem.reactor,
+            URL,
+            body=body,
+            headers={"Content-Type": "application/json"},
+            deadline=deadline,
+        )
     )
 
 
@@ -61,26 +68,35 @@ def reply_of(d: defer.Deferred) -> http.HttpReply:
 
 
 def test_endpoint_defaults_to_the_provider_origin():
-    assert http.endpoint_url(entry("sendgrid"), "https://api.sendgrid.com/") == "https://api.sendgrid.com"
+    assert (
+        http.endpoint_url(entry("sendgrid"), "https://api.sendgrid.com/")
+        == "https://api.sendgrid.com"
+    )
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("http://127.0.0.1:8025", "http://127.0.0.1:8025"),
-    ("http://localhost:8025/", "http://localhost:8025"),
-    ("http://[::1]:80/prefix/", "http://[::1]:80/prefix"),
-    ("https://proxy.example.com/mail", "https://proxy.example.com/mail"),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("http://127.0.0.1:8025", "http://127.0.0.1:8025"),
+        ("http://localhost:8025/", "http://localhost:8025"),
+        ("http://[::1]:80/prefix/", "http://[::1]:80/prefix"),
+        ("https://proxy.example.com/mail", "https://proxy.example.com/mail"),
+    ],
+)
 def test_endpoint_accepts_https_and_loopback_http(value, expected):
     assert http.endpoint_url(entry("postmark", endpoint=value), "https://x") == expected
 
 
-@pytest.mark.parametrize("value,reason", [
-    ("http://mail.example.com", "loopback"),
-    ("ftp://127.0.0.1", "http(s) URL"),
-    ("https://user:s3cret@proxy.example.com", "credentials"),
-    ("https://proxy.example.com/?key=s3cret", "query"),
-    ("https://proxy.example.com:99999", "port"),
-])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        ("http://mail.example.com", "loopback"),
+        ("ftp://127.0.0.1", "http(s) URL"),
+        ("https://user:s3cret@proxy.example.com", "credentials"),
+        ("https://proxy.example.com/?key=s3cret", "query"),
+        ("https://proxy.example.com:99999", "port"),
+    ],
+)
 def test_bad_endpoint_is_a_config_error_naming_entry_and_field(value, reason):
     with pytest.raises(ConfigError) as caught:
         http.endpoint_url(entry("postmark", key="pm", endpoint=value), "https://x")
@@ -90,8 +106,9 @@ def test_bad_endpoint_is_a_config_error_naming_entry_and_field(value, reason):
 
 
 def test_bare_host_endpoint_gets_https_when_allowed():
-    got = http.endpoint_url(entry("ses", endpoint="email.us-west-2.amazonaws.com"), "https://x",
-                            bare_host=True)
+    got = http.endpoint_url(
+        entry("ses", endpoint="email.us-west-2.amazonaws.com"), "https://x", bare_host=True
+    )
     assert got == "https://email.us-west-2.amazonaws.com"
     with pytest.raises(ConfigError):
         http.endpoint_url(entry("ses", endpoint="email.us-west-2.amazonaws.com"), "https://x")
@@ -100,15 +117,28 @@ def test_bare_host_endpoint_gets_https_when_allowed():
 # ---------------------------------------------------------------- status table
 
 
-@pytest.mark.parametrize("status,kind", [
-    (301, Kind.UNKNOWN), (302, Kind.UNKNOWN), (307, Kind.UNKNOWN),
-    (401, Kind.REJECTED_BACKEND), (403, Kind.REJECTED_BACKEND),
-    (404, Kind.REJECTED_BACKEND), (407, Kind.REJECTED_BACKEND),
-    (408, Kind.TRANSIENT), (425, Kind.TRANSIENT), (429, Kind.TRANSIENT),
-    (400, Kind.REJECTED_UNSCOPED), (413, Kind.REJECTED_UNSCOPED), (422, Kind.REJECTED_UNSCOPED),
-    (503, Kind.TRANSIENT),
-    (500, Kind.UNKNOWN), (502, Kind.UNKNOWN), (504, Kind.UNKNOWN),
-])
+@pytest.mark.parametrize(
+    "status,kind",
+    [
+        (301, Kind.UNKNOWN),
+        (302, Kind.UNKNOWN),
+        (307, Kind.UNKNOWN),
+        (401, Kind.REJECTED_BACKEND),
+        (403, Kind.REJECTED_BACKEND),
+        (404, Kind.REJECTED_BACKEND),
+        (407, Kind.REJECTED_BACKEND),
+        (408, Kind.TRANSIENT),
+        (425, Kind.TRANSIENT),
+        (429, Kind.TRANSIENT),
+        (400, Kind.REJECTED_UNSCOPED),
+        (413, Kind.REJECTED_UNSCOPED),
+        (422, Kind.REJECTED_UNSCOPED),
+        (503, Kind.TRANSIENT),
+        (500, Kind.UNKNOWN),
+        (502, Kind.UNKNOWN),
+        (504, Kind.UNKNOWN),
+    ],
+)
 def test_generic_status_table(status, kind):
     outcome = http.classify_status("sendgrid", http.HttpReply(status, {}, b'{"errors":[]}'), 0.0)
     assert outcome is not None and outcome.kind is kind
@@ -132,10 +162,11 @@ def test_no_status_is_ever_message_permanent(status, body):
 def test_429_carries_retry_after_seconds_and_dates():
     delta = http.classify_status("x", http.HttpReply(429, {"retry-after": "7"}, b""), 100.0)
     assert delta.kind is Kind.TRANSIENT and delta.retry_after == 7.0
-    when = datetime(2030, 1, 1, 0, 0, 30, tzinfo=timezone.utc)
-    now = datetime(2030, 1, 1, 0, 0, 0, tzinfo=timezone.utc).timestamp()
+    when = datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
+    now = datetime(2030, 1, 1, 0, 0, 0, tzinfo=UTC).timestamp()
     dated = http.classify_status(
-        "x", http.HttpReply(503, {"retry-after": format_datetime(when, usegmt=True)}, b""), now)
+        "x", http.HttpReply(503, {"retry-after": format_datetime(when, usegmt=True)}, b""), now
+    )
     assert dated.kind is Kind.TRANSIENT and dated.retry_after == 30.0
     junk = http.classify_status("x", http.HttpReply(429, {"retry-after": "soon"}, b""), 0.0)
     assert junk.retry_after is None
@@ -214,12 +245,15 @@ def test_headers_wait_is_capped_at_ten_seconds_and_total_at_twenty():
     assert reply.status == 200 and reply.body is None
 
 
-@pytest.mark.parametrize("reason", [
-    error.ConnectionRefusedError("refused"),
-    error.DNSLookupError("no such host"),
-    error.TCPTimedOutError(),
-    error.NoRouteError(),
-])
+@pytest.mark.parametrize(
+    "reason",
+    [
+        error.ConnectionRefusedError("refused"),
+        error.DNSLookupError("no such host"),
+        error.TCPTimedOutError(),
+        error.NoRouteError(),
+    ],
+)
 def test_connect_failures_are_not_submitted(reason):
     mem = MemoryHttp()
     d = run_post(mem)
@@ -288,7 +322,9 @@ def test_deadline_already_past_dials_nothing():
     assert mem.attempts == 0
 
 
-@pytest.mark.parametrize("size,readable", [(http.RESPONSE_LIMIT, True), (http.RESPONSE_LIMIT + 1, False)])
+@pytest.mark.parametrize(
+    "size,readable", [(http.RESPONSE_LIMIT, True), (http.RESPONSE_LIMIT + 1, False)]
+)
 def test_response_body_is_read_up_to_64_kib(size, readable):
     mem = MemoryHttp()
     d = run_post(mem)
@@ -303,13 +339,15 @@ def test_body_without_length_ends_with_the_connection():
     mem = MemoryHttp()
     d = run_post(mem)
     mem.connect()
-    mem.respond(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"id\":\"1\"}")
+    mem.respond(b'HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{"id":"1"}')
     mem.lose(error.ConnectionDone())
     assert reply_of(d).body == b'{"id":"1"}'
 
 
 def test_provider_request_repr_hides_credentials():
-    request = http.ProviderRequest(url=URL, body=b"secret body", headers={"Authorization": "Bearer k"})
+    request = http.ProviderRequest(
+        url=URL, body=b"secret body", headers={"Authorization": "Bearer k"}
+    )
     assert "Bearer" not in repr(request) and "secret body" not in repr(request)
     assert URL in repr(request)
 
@@ -370,8 +408,16 @@ async def test_real_tls_stalled_handshake_then_cancel_is_not_submitted():
     port = reactor.listenTCP(0, factory, interface="127.0.0.1")
     _key, cert = self_signed()
     async with _trusting_client(reactor, port, cert) as (client, url):
-        d = defer.Deferred.fromCoroutine(http.post(
-            client, reactor, url, body=b"secret body", headers={}, deadline=reactor.seconds() + 30))
+        d = defer.Deferred.fromCoroutine(
+            http.post(
+                client,
+                reactor,
+                url,
+                body=b"secret body",
+                headers={},
+                deadline=reactor.seconds() + 30,
+            )
+        )
         hello = await heard.addTimeout(10, reactor)
         assert hello[:1] == b"\x16" and b"secret body" not in hello
         d.cancel()
@@ -391,8 +437,16 @@ async def test_real_tls_request_delivered_then_cancel_is_unknown():
     site = Site(_Stalling(got))
     port = reactor.listenSSL(0, site, server_cert.options(), interface="127.0.0.1")
     async with _trusting_client(reactor, port, cert) as (client, url):
-        d = defer.Deferred.fromCoroutine(http.post(
-            client, reactor, url, body=b"the message", headers={}, deadline=reactor.seconds() + 30))
+        d = defer.Deferred.fromCoroutine(
+            http.post(
+                client,
+                reactor,
+                url,
+                body=b"the message",
+                headers={},
+                deadline=reactor.seconds() + 30,
+            )
+        )
         assert await got.addTimeout(10, reactor) == b"the message"
         d.cancel()
         with pytest.raises(http.PostFailed) as caught:
@@ -407,14 +461,20 @@ async def test_real_tls_untrusted_certificate_is_not_submitted():
 
     got: defer.Deferred = defer.Deferred()
     key, cert = self_signed()
-    port = reactor.listenSSL(0, Site(_Stalling(got)),
-                             ssl.PrivateCertificate.loadPEM(key + cert).options(),
-                             interface="127.0.0.1")
+    port = reactor.listenSSL(
+        0,
+        Site(_Stalling(got)),
+        ssl.PrivateCertificate.loadPEM(key + cert).options(),
+        interface="127.0.0.1",
+    )
     _other_key, other_cert = self_signed()  # trusts a different certificate
     async with _trusting_client(reactor, port, other_cert) as (client, url):
         with pytest.raises(http.PostFailed) as caught:
-            await defer.Deferred.fromCoroutine(http.post(
-                client, reactor, url, body=b"x", headers={}, deadline=reactor.seconds() + 30))
+            await defer.Deferred.fromCoroutine(
+                http.post(
+                    client, reactor, url, body=b"x", headers={}, deadline=reactor.seconds() + 30
+                )
+            )
         assert caught.value.submitted is False
         assert caught.value.reason == "TLS handshake failed"
         assert not got.called

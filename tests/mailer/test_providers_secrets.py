@@ -31,8 +31,11 @@ async def test_credentials_stay_out_of_logs_reprs_and_causes(provider):
     with logged_events() as events:
         async with LoopbackServer(reactor) as server:
             build, options = BUILDERS[provider]
-            backend = build(entry(provider, key="k", endpoint=server.url, **options),
-                            reactor=reactor, http_client=server.client)
+            backend = build(
+                entry(provider, key="k", endpoint=server.url, **options),
+                reactor=reactor,
+                http_client=server.client,
+            )
             outcomes = []
             for status in (401, 400, 422, 500, 503, 200):
                 # A provider that echoes the credential back in its error text.
@@ -41,7 +44,11 @@ async def test_credentials_stay_out_of_logs_reprs_and_causes(provider):
 
     assert len(server.requests) == 6
     assert {o.kind for o in outcomes} - {Kind.ACCEPTED} <= {
-        Kind.REJECTED_BACKEND, Kind.REJECTED_UNSCOPED, Kind.UNKNOWN, Kind.TRANSIENT}
+        Kind.REJECTED_BACKEND,
+        Kind.REJECTED_UNSCOPED,
+        Kind.UNKNOWN,
+        Kind.TRANSIENT,
+    }
     assert any(o.kind is Kind.REJECTED_BACKEND for o in outcomes)
     for outcome in outcomes:
         assert SECRET not in repr(outcome)

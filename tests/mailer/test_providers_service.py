@@ -19,14 +19,22 @@ TOKEN = "contract-token"
 
 def harness_for(*mailers: dict, retries: str = "0"):
     reactor = MemoryReactorClock()
-    env = {"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": retries,
-           "GORGE_MAILER_RETRY_WAIT": "1", "GORGE_MAILER_CONFIG": json.dumps(list(mailers))}
+    env = {
+        "GORGE_SERVICE_TOKEN": TOKEN,
+        "GORGE_MAILER_MAX_RETRIES": retries,
+        "GORGE_MAILER_RETRY_WAIT": "1",
+        "GORGE_MAILER_CONFIG": json.dumps(list(mailers)),
+    }
     return make_harness(env, clock=reactor), reactor
 
 
 def postmark(key: str = "pm", priority: int = 10, port: int = 8025) -> dict:
-    return {"key": key, "type": "postmark", "priority": priority,
-            "options": {"access-token": "tok", "endpoint": f"http://127.0.0.1:{port}"}}
+    return {
+        "key": key,
+        "type": "postmark",
+        "priority": priority,
+        "options": {"access-token": "tok", "endpoint": f"http://127.0.0.1:{port}"},
+    }
 
 
 def connect(reactor: MemoryReactorClock, index: int = -1):

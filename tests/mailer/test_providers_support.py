@@ -32,7 +32,6 @@ from gorge.mailer.settings import parse_backend_list
 from tests.mailer.conftest import parsed_message
 from tests.support.memoryhttp import MemoryHttp as BaseMemoryHttp
 
-
 message = parsed_message
 
 
@@ -63,8 +62,12 @@ def full_message() -> Message:
 
 
 def entry(type_: str, key: str = "p", priority: int = 10, **options: str) -> BackendEntry:
-    return BackendEntry(key=key, type=type_, priority=priority,
-                        options={k.replace("_", "-"): v for k, v in options.items()})
+    return BackendEntry(
+        key=key,
+        type=type_,
+        priority=priority,
+        options={k.replace("_", "-"): v for k, v in options.items()},
+    )
 
 
 def from_backend_list(type_: str, key: str, options: dict) -> Any:
@@ -130,8 +133,10 @@ class _Recorder(Resource):
             Recorded(
                 method=request.method,
                 path=request.uri,
-                headers={k.decode().lower(): v[-1].decode("latin-1")
-                         for k, v in request.requestHeaders.getAllRawHeaders()},
+                headers={
+                    k.decode().lower(): v[-1].decode("latin-1")
+                    for k, v in request.requestHeaders.getAllRawHeaders()
+                },
                 body=request.content.read(),
             )
         )
@@ -186,7 +191,7 @@ def self_signed(ip: str = "127.0.0.1") -> tuple[bytes, bytes]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ip)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -195,10 +200,13 @@ def self_signed(ip: str = "127.0.0.1") -> tuple[bytes, bytes]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return key_pem, cert.public_bytes(serialization.Encoding.PEM)

@@ -30,8 +30,9 @@ KEY = "SG.live-key-0123456789"
 
 def backend(clock=None, client=None, **options) -> sendgrid.SendGridBackend:
     options.setdefault("api_key", KEY)
-    return sendgrid.build(entry("sendgrid", key="sg", **options),
-                          reactor=clock or task.Clock(), http_client=client)
+    return sendgrid.build(
+        entry("sendgrid", key="sg", **options), reactor=clock or task.Clock(), http_client=client
+    )
 
 
 def from_list(options: dict) -> sendgrid.SendGridBackend:
@@ -71,31 +72,51 @@ def test_request_url_auth_and_body_shape():
     assert request.headers == {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     doc = json.loads(request.body)
     assert doc == {
-        "personalizations": [{
-            "to": [{"email": "alice@example.com", "name": "Alice"}, {"email": "carol@example.com"}],
-            "cc": [{"email": "bob@example.com", "name": "Doe, John"}],
-            "bcc": [{"email": "hidden@example.com"}],
-            "headers": {"X-Phabricator-Sent-This-Message": "Yes",
-                        "In-Reply-To": "<thread@example.com>"},
-        }],
+        "personalizations": [
+            {
+                "to": [
+                    {"email": "alice@example.com", "name": "Alice"},
+                    {"email": "carol@example.com"},
+                ],
+                "cc": [{"email": "bob@example.com", "name": "Doe, John"}],
+                "bcc": [{"email": "hidden@example.com"}],
+                "headers": {
+                    "X-Phabricator-Sent-This-Message": "Yes",
+                    "In-Reply-To": "<thread@example.com>",
+                },
+            }
+        ],
         "from": {"email": "noreply@example.com", "name": "Phorge"},
         "reply_to": {"email": "reply@example.com"},
         "subject": "[Differential] D123: Fix the thing",
-        "content": [{"type": "text/plain", "value": "plain text"},
-                    {"type": "text/html", "value": "<p>html</p>"}],
+        "content": [
+            {"type": "text/plain", "value": "plain text"},
+            {"type": "text/html", "value": "<p>html</p>"},
+        ],
         "attachments": [
             {"content": "SGVsbG8sIGdvcmdlIQ==", "filename": "note.txt", "type": "text/plain"},
             {"content": "AAEC", "filename": "blob.bin", "type": "application/octet-stream"},
         ],
     }
     # Compact, in the documented key order.
-    assert request.body.startswith(b'{"personalizations":[{"to":[{"email":"alice@example.com","name"')
+    assert request.body.startswith(
+        b'{"personalizations":[{"to":[{"email":"alice@example.com","name"'
+    )
 
 
 def test_minimal_message_omits_optional_parts_and_keeps_utf8():
-    doc = json.loads(backend().build_request(message(
-        subject="Grüße", textBody="", htmlBody="<b>ü</b>",
-        to=[{"name": "Zoë", "address": "zoe@example.com"}])).body)
+    doc = json.loads(
+        backend()
+        .build_request(
+            message(
+                subject="Grüße",
+                textBody="",
+                htmlBody="<b>ü</b>",
+                to=[{"name": "Zoë", "address": "zoe@example.com"}],
+            )
+        )
+        .body
+    )
     assert doc["personalizations"] == [{"to": [{"email": "zoe@example.com", "name": "Zoë"}]}]
     assert "reply_to" not in doc and "attachments" not in doc
     assert doc["content"] == [{"type": "text/html", "value": "<b>ü</b>"}]
@@ -103,40 +124,61 @@ def test_minimal_message_omits_optional_parts_and_keeps_utf8():
 
 
 def test_reserved_headers_are_dropped_and_same_names_collapse():
-    doc = json.loads(backend().build_request(message(headers=[
-        {"name": "X-A", "value": "1"},
-        {"name": "Reply-To", "value": "x@example.com"},
-        {"name": "DKIM-Signature", "value": "v=1"},
-        {"name": "x-a", "value": "2"},
-        {"name": "References", "value": "<r@example.com>"},
-    ])).body)
+    doc = json.loads(
+        backend()
+        .build_request(
+            message(
+                headers=[
+                    {"name": "X-A", "value": "1"},
+                    {"name": "Reply-To", "value": "x@example.com"},
+                    {"name": "DKIM-Signature", "value": "v=1"},
+                    {"name": "x-a", "value": "2"},
+                    {"name": "References", "value": "<r@example.com>"},
+                ]
+            )
+        )
+        .body
+    )
     assert doc["personalizations"][0]["headers"] == {"x-a": "2", "References": "<r@example.com>"}
 
 
 def test_attachment_base64_is_passed_on_whitespace_stripped():
-    doc = json.loads(backend().build_request(message(attachments=[
-        {"filename": "a.txt", "mimeType": "", "data": "SGVs\nbG8s IGdv\r\ncmdlIQ=="}])).body)
+    doc = json.loads(
+        backend()
+        .build_request(
+            message(
+                attachments=[
+                    {"filename": "a.txt", "mimeType": "", "data": "SGVs\nbG8s IGdv\r\ncmdlIQ=="}
+                ]
+            )
+        )
+        .body
+    )
     assert doc["attachments"] == [
-        {"content": "SGVsbG8sIGdvcmdlIQ==", "filename": "a.txt", "type": "application/octet-stream"}]
+        {"content": "SGVsbG8sIGdvcmdlIQ==", "filename": "a.txt", "type": "application/octet-stream"}
+    ]
 
 
 # ---------------------------------------------------------------- the answer
 
 
-@pytest.mark.parametrize("reply,kind,message_id", [
-    (HttpReply(202, {"x-message-id": "abc123"}, b""), Kind.ACCEPTED, "abc123"),
-    (HttpReply(202, {}, None), Kind.ACCEPTED, ""),
-    (HttpReply(200, {"x-message-id": "m"}, None), Kind.ACCEPTED, "m"),
-    (HttpReply(301, {}, b""), Kind.UNKNOWN, ""),
-    (HttpReply(400, {}, b'{"errors":[{"message":"bad"}]}'), Kind.REJECTED_UNSCOPED, ""),
-    (HttpReply(401, {}, b'{"errors":[]}'), Kind.REJECTED_BACKEND, ""),
-    (HttpReply(403, {}, None), Kind.REJECTED_BACKEND, ""),
-    (HttpReply(404, {}, b""), Kind.REJECTED_BACKEND, ""),
-    (HttpReply(413, {}, b""), Kind.REJECTED_UNSCOPED, ""),
-    (HttpReply(429, {}, b""), Kind.TRANSIENT, ""),
-    (HttpReply(500, {}, b""), Kind.UNKNOWN, ""),
-    (HttpReply(503, {}, b""), Kind.TRANSIENT, ""),
-])
+@pytest.mark.parametrize(
+    "reply,kind,message_id",
+    [
+        (HttpReply(202, {"x-message-id": "abc123"}, b""), Kind.ACCEPTED, "abc123"),
+        (HttpReply(202, {}, None), Kind.ACCEPTED, ""),
+        (HttpReply(200, {"x-message-id": "m"}, None), Kind.ACCEPTED, "m"),
+        (HttpReply(301, {}, b""), Kind.UNKNOWN, ""),
+        (HttpReply(400, {}, b'{"errors":[{"message":"bad"}]}'), Kind.REJECTED_UNSCOPED, ""),
+        (HttpReply(401, {}, b'{"errors":[]}'), Kind.REJECTED_BACKEND, ""),
+        (HttpReply(403, {}, None), Kind.REJECTED_BACKEND, ""),
+        (HttpReply(404, {}, b""), Kind.REJECTED_BACKEND, ""),
+        (HttpReply(413, {}, b""), Kind.REJECTED_UNSCOPED, ""),
+        (HttpReply(429, {}, b""), Kind.TRANSIENT, ""),
+        (HttpReply(500, {}, b""), Kind.UNKNOWN, ""),
+        (HttpReply(503, {}, b""), Kind.TRANSIENT, ""),
+    ],
+)
 def test_response_families(reply, kind, message_id):
     outcome = backend().classify(reply, 0.0)
     assert outcome.kind is kind
@@ -145,7 +187,11 @@ def test_response_families(reply, kind, message_id):
 
 def test_429_retry_after_and_echoed_key_is_scrubbed():
     outcome = backend().classify(
-        HttpReply(429, {"retry-after": "12"}, f'{{"errors":[{{"message":"slow down {KEY}"}}]}}'.encode()), 0.0)
+        HttpReply(
+            429, {"retry-after": "12"}, f'{{"errors":[{{"message":"slow down {KEY}"}}]}}'.encode()
+        ),
+        0.0,
+    )
     assert outcome.kind is Kind.TRANSIENT and outcome.retry_after == 12.0
     assert KEY not in outcome.cause and outcome.cause.startswith("sendgrid: HTTP 429: ")
 
@@ -207,7 +253,9 @@ async def test_end_to_end_against_a_loopback_endpoint():
         assert seen.method == b"POST" and seen.path == b"/prefix/v3/mail/send"
         assert seen.headers["authorization"] == f"Bearer {KEY}"
         assert seen.headers["content-type"] == "application/json"
-        assert json.loads(seen.body)["personalizations"][0]["bcc"] == [{"email": "hidden@example.com"}]
+        assert json.loads(seen.body)["personalizations"][0]["bcc"] == [
+            {"email": "hidden@example.com"}
+        ]
 
         server.answer = Scripted(429, b'{"errors":[]}', {"Retry-After": "3"})
         outcome = await built.send(message(), deadline=reactor.seconds() + 10)

@@ -46,25 +46,47 @@ async def send(reactor, backend, msg=None, timeout: float = 10):
 async def test_argv_and_stdin(reactor, tmp_path):
     path = stub(tmp_path)
     backend = SendmailBackend("sm", 1, path, reactor=reactor)
-    msg = message(to=[{"address": "-oQ@example.com"}], cc=[{"address": "cc@example.com"}],
-                  bcc=[{"address": "bcc@example.com"}], textBody="a\n.\nb")
+    msg = message(
+        to=[{"address": "-oQ@example.com"}],
+        cc=[{"address": "cc@example.com"}],
+        bcc=[{"address": "bcc@example.com"}],
+        textBody="a\n.\nb",
+    )
     outcome = await send(reactor, backend, msg)
     assert outcome.kind is Kind.ACCEPTED and outcome.message_id == ""
     argv = (tmp_path / "argv").read_bytes().split(b"\0")[:-1]
-    assert argv == [b"-oi", b"-f", b"noreply@example.com", b"--", b"-oQ@example.com",
-                    b"cc@example.com", b"bcc@example.com"]
+    assert argv == [
+        b"-oi",
+        b"-f",
+        b"noreply@example.com",
+        b"--",
+        b"-oQ@example.com",
+        b"cc@example.com",
+        b"bcc@example.com",
+    ]
     raw = (tmp_path / "stdin").read_bytes()
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     assert parsed["To"] == "-oQ@example.com" and parsed["Bcc"] is None
     assert parsed.get_content() == "a\n.\nb"  # -oi: no dot-stuffing on stdin
 
 
-@pytest.mark.parametrize("code,kind", [
-    (0, Kind.ACCEPTED), (65, Kind.REJECTED_MESSAGE), (67, Kind.REJECTED_MESSAGE),
-    (68, Kind.REJECTED_MESSAGE), (64, Kind.REJECTED_UNSCOPED), (66, Kind.REJECTED_UNSCOPED),
-    (77, Kind.REJECTED_BACKEND), (78, Kind.REJECTED_BACKEND), (75, Kind.TRANSIENT),
-    (69, Kind.UNKNOWN), (1, Kind.UNKNOWN), (70, Kind.UNKNOWN),
-])
+@pytest.mark.parametrize(
+    "code,kind",
+    [
+        (0, Kind.ACCEPTED),
+        (65, Kind.REJECTED_MESSAGE),
+        (67, Kind.REJECTED_MESSAGE),
+        (68, Kind.REJECTED_MESSAGE),
+        (64, Kind.REJECTED_UNSCOPED),
+        (66, Kind.REJECTED_UNSCOPED),
+        (77, Kind.REJECTED_BACKEND),
+        (78, Kind.REJECTED_BACKEND),
+        (75, Kind.TRANSIENT),
+        (69, Kind.UNKNOWN),
+        (1, Kind.UNKNOWN),
+        (70, Kind.UNKNOWN),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_exit_code_classification(reactor, tmp_path, code, kind):
     backend = SendmailBackend("sm", 1, stub(tmp_path, f"exit {code}"), reactor=reactor)
@@ -141,9 +163,13 @@ class _ExitedTransport:
         raise ProcessExitedAlready()
 
 
-@pytest.mark.parametrize("exit_reason,kind", [
-    ("done", Kind.ACCEPTED), ("dataerr", Kind.REJECTED_MESSAGE),
-])
+@pytest.mark.parametrize(
+    "exit_reason,kind",
+    [
+        ("done", Kind.ACCEPTED),
+        ("dataerr", Kind.REJECTED_MESSAGE),
+    ],
+)
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 def test_stop_during_the_pipe_grace_keeps_the_exit_verdict(exit_reason, kind, how):
     # Once the main process has exited, only the wait for its pipes
@@ -197,8 +223,14 @@ async def test_sighup_makes_the_running_mailer_look_at_the_binary_again(reactor,
 
     original = signal.getsignal(signal.SIGHUP)
     mailers = [{"key": "sm", "type": "sendmail", "options": {"path": str(tmp_path / "sendmail")}}]
-    h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "0",
-                      "GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
+    h = make_harness(
+        {
+            "GORGE_SERVICE_TOKEN": TOKEN,
+            "GORGE_MAILER_MAX_RETRIES": "0",
+            "GORGE_MAILER_CONFIG": json.dumps(mailers),
+        },
+        clock=reactor,
+    )
     h.service.startService()
     try:
         stub(tmp_path)

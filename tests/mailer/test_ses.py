@@ -9,7 +9,8 @@ from urllib.parse import parse_qsl
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet import task
 
 from gorge.config import ConfigError
@@ -44,8 +45,12 @@ def fixed_hex(n: int) -> str:
 def backend(clock=None, client=None, **options) -> ses.SesBackend:
     options.setdefault("access_key", ACCESS)
     options.setdefault("secret_key", SECRET)
-    return ses.SesBackend(entry("ses", key="aws", **options), clock=clock or task.Clock(),
-                          client=client, token_hex=fixed_hex)
+    return ses.SesBackend(
+        entry("ses", key="aws", **options),
+        clock=clock or task.Clock(),
+        client=client,
+        token_hex=fixed_hex,
+    )
 
 
 def from_list(options: dict) -> ses.SesBackend:
@@ -54,15 +59,20 @@ def from_list(options: dict) -> ses.SesBackend:
 
 def independent_signature(*, secret, region, host, path, stamp, body) -> str:
     """SigV4 written out longhand, to check the backend against."""
-    canonical = "\n".join([
-        "POST", path, "",
-        f"content-type:application/x-www-form-urlencoded\nhost:{host}\nx-amz-date:{stamp}\n",
-        "content-type;host;x-amz-date",
-        hashlib.sha256(body).hexdigest(),
-    ])
+    canonical = "\n".join(
+        [
+            "POST",
+            path,
+            "",
+            f"content-type:application/x-www-form-urlencoded\nhost:{host}\nx-amz-date:{stamp}\n",
+            "content-type;host;x-amz-date",
+            hashlib.sha256(body).hexdigest(),
+        ]
+    )
     scope = f"{stamp[:8]}/{region}/ses/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope,
-                         hashlib.sha256(canonical.encode()).hexdigest()])
+    to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+    )
     key = ("AWS4" + secret).encode()
     for part in (stamp[:8], region, "ses", "aws4_request"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
@@ -90,8 +100,14 @@ RECEIPT = (
 def test_signing_matches_the_published_form_urlencoded_vector():
     # AWS test suite "post-x-www-form-urlencoded": same signed header set as SES.
     headers = ses.signed_headers(
-        sigv4.Credentials(ACCESS, SECRET), region="us-east-1", host="example.amazonaws.com",
-        path="/", body=b"Param1=value1", stamp=STAMP, service="service")
+        sigv4.Credentials(ACCESS, SECRET),
+        region="us-east-1",
+        host="example.amazonaws.com",
+        path="/",
+        body=b"Param1=value1",
+        stamp=STAMP,
+        service="service",
+    )
     assert headers == {
         "Content-Type": "application/x-www-form-urlencoded",
         "Host": "example.amazonaws.com",
@@ -112,9 +128,14 @@ def test_request_signature_matches_a_longhand_computation():
     assert request.url == "https://email.eu-west-1.amazonaws.com"
     assert request.headers["X-Amz-Date"] == STAMP
     assert request.headers["Host"] == "email.eu-west-1.amazonaws.com"
-    expected = independent_signature(secret=SECRET, region="eu-west-1",
-                                     host="email.eu-west-1.amazonaws.com", path="/",
-                                     stamp=STAMP, body=request.body)
+    expected = independent_signature(
+        secret=SECRET,
+        region="eu-west-1",
+        host="email.eu-west-1.amazonaws.com",
+        path="/",
+        stamp=STAMP,
+        body=request.body,
+    )
     assert request.headers["Authorization"] == (
         f"AWS4-HMAC-SHA256 Credential={ACCESS}/20150830/eu-west-1/ses/aws4_request, "
         f"SignedHeaders=content-type;host;x-amz-date, Signature={expected}"
@@ -128,9 +149,14 @@ def test_endpoint_path_and_port_are_signed_as_sent():
     request = built.build_request(message())
     assert request.url == "https://ses-proxy.example.com:8443/relay"
     assert request.headers["Host"] == "ses-proxy.example.com:8443"
-    expected = independent_signature(secret=SECRET, region="us-east-1",
-                                     host="ses-proxy.example.com:8443", path="/relay",
-                                     stamp=STAMP, body=request.body)
+    expected = independent_signature(
+        secret=SECRET,
+        region="us-east-1",
+        host="ses-proxy.example.com:8443",
+        path="/relay",
+        stamp=STAMP,
+        body=request.body,
+    )
     assert request.headers["Authorization"].endswith(f"Signature={expected}")
     default_port = backend(endpoint="https://email.us-east-1.amazonaws.com:443")
     assert default_port.host == "email.us-east-1.amazonaws.com"
@@ -146,13 +172,16 @@ def test_defaults_and_bare_host_endpoint():
     assert bare.url == "https://email.us-west-2.amazonaws.com"
 
 
-@pytest.mark.parametrize("options,field", [
-    ({"region": "us east"}, "region"),
-    ({"region": "../x"}, "region"),
-    ({"endpoint": "http://email.us-east-1.amazonaws.com"}, "endpoint"),
-    ({"endpoint": "ftp://x"}, "endpoint"),
-    ({"endpoint": "https://proxy.example.com/a%20b"}, "endpoint"),
-])
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"region": "us east"}, "region"),
+        ({"region": "../x"}, "region"),
+        ({"endpoint": "http://email.us-east-1.amazonaws.com"}, "endpoint"),
+        ({"endpoint": "ftp://x"}, "endpoint"),
+        ({"endpoint": "https://proxy.example.com/a%20b"}, "endpoint"),
+    ],
+)
 def test_bad_options_name_entry_and_field(options, field):
     with pytest.raises(ConfigError) as caught:
         from_list({"access-key": ACCESS, "secret-key": SECRET, **options})
@@ -193,38 +222,54 @@ def test_form_body_keys_values_and_raw_message():
 
 
 def test_form_encoding_of_specials():
-    request = backend().build_request(message(**{
-        "from": {"name": "A <B>", "address": "x+y@example.com"}}))
+    request = backend().build_request(
+        message(**{"from": {"name": "A <B>", "address": "x+y@example.com"}})
+    )
     body = request.body.decode("ascii")
     assert "Source=%22A+%3CB%3E%22+%3Cx%2By%40example.com%3E" in body
     data = dict(parse_qsl(body))["RawMessage.Data"]
-    assert f"RawMessage.Data={data.replace('+', '%2B').replace('/', '%2F').replace('=', '%3D')}" in body
+    assert (
+        f"RawMessage.Data={data.replace('+', '%2B').replace('/', '%2F').replace('=', '%3D')}"
+        in body
+    )
 
 
 # ---------------------------------------------------------------- the answer
 
 
-@pytest.mark.parametrize("reply,kind", [
-    (HttpReply(200, {}, RECEIPT), Kind.ACCEPTED),
-    (HttpReply(200, {}, None), Kind.ACCEPTED),
-    (HttpReply(200, {}, b"<not xml"), Kind.ACCEPTED),
-    (HttpReply(400, {}, error_doc("Throttling", "Maximum sending rate exceeded.")), Kind.TRANSIENT),
-    (HttpReply(400, {}, error_doc("Throttling", "Daily message quota exceeded.")), Kind.TRANSIENT),
-    (HttpReply(503, {}, error_doc("ServiceUnavailable")), Kind.TRANSIENT),
-    (HttpReply(400, {}, error_doc("MessageRejected", "Email address is not verified.")), Kind.REJECTED_UNSCOPED),
-    (HttpReply(400, {}, error_doc("InvalidParameterValue")), Kind.REJECTED_UNSCOPED),
-    (HttpReply(400, {}, error_doc("InvalidParameterCombination")), Kind.REJECTED_UNSCOPED),
-    (HttpReply(400, {}, error_doc("SomethingNew")), Kind.REJECTED_UNSCOPED),
-    (HttpReply(400, {}, b"<html>bad request</html>"), Kind.REJECTED_UNSCOPED),
-    (HttpReply(400, {}, None), Kind.REJECTED_UNSCOPED),
-    (HttpReply(403, {}, None), Kind.REJECTED_BACKEND),
-    (HttpReply(403, {}, error_doc("SomethingNew")), Kind.REJECTED_BACKEND),
-    (HttpReply(429, {}, error_doc("SomethingNew")), Kind.TRANSIENT),
-    (HttpReply(500, {}, error_doc("InternalFailure")), Kind.UNKNOWN),
-    (HttpReply(502, {}, None), Kind.UNKNOWN),
-    (HttpReply(503, {}, None), Kind.TRANSIENT),
-    (HttpReply(301, {}, b""), Kind.UNKNOWN),
-])
+@pytest.mark.parametrize(
+    "reply,kind",
+    [
+        (HttpReply(200, {}, RECEIPT), Kind.ACCEPTED),
+        (HttpReply(200, {}, None), Kind.ACCEPTED),
+        (HttpReply(200, {}, b"<not xml"), Kind.ACCEPTED),
+        (
+            HttpReply(400, {}, error_doc("Throttling", "Maximum sending rate exceeded.")),
+            Kind.TRANSIENT,
+        ),
+        (
+            HttpReply(400, {}, error_doc("Throttling", "Daily message quota exceeded.")),
+            Kind.TRANSIENT,
+        ),
+        (HttpReply(503, {}, error_doc("ServiceUnavailable")), Kind.TRANSIENT),
+        (
+            HttpReply(400, {}, error_doc("MessageRejected", "Email address is not verified.")),
+            Kind.REJECTED_UNSCOPED,
+        ),
+        (HttpReply(400, {}, error_doc("InvalidParameterValue")), Kind.REJECTED_UNSCOPED),
+        (HttpReply(400, {}, error_doc("InvalidParameterCombination")), Kind.REJECTED_UNSCOPED),
+        (HttpReply(400, {}, error_doc("SomethingNew")), Kind.REJECTED_UNSCOPED),
+        (HttpReply(400, {}, b"<html>bad request</html>"), Kind.REJECTED_UNSCOPED),
+        (HttpReply(400, {}, None), Kind.REJECTED_UNSCOPED),
+        (HttpReply(403, {}, None), Kind.REJECTED_BACKEND),
+        (HttpReply(403, {}, error_doc("SomethingNew")), Kind.REJECTED_BACKEND),
+        (HttpReply(429, {}, error_doc("SomethingNew")), Kind.TRANSIENT),
+        (HttpReply(500, {}, error_doc("InternalFailure")), Kind.UNKNOWN),
+        (HttpReply(502, {}, None), Kind.UNKNOWN),
+        (HttpReply(503, {}, None), Kind.TRANSIENT),
+        (HttpReply(301, {}, b""), Kind.UNKNOWN),
+    ],
+)
 def test_response_families(reply, kind):
     assert backend().classify(reply, 0.0).kind is kind
 
@@ -239,20 +284,28 @@ def test_account_and_signature_errors_are_backend_scoped(code):
 def test_receipt_message_id_and_throttling_retry_after():
     assert backend().classify(HttpReply(200, {}, RECEIPT), 0.0).message_id == "0100018c-abc"
     throttled = backend().classify(
-        HttpReply(400, {"retry-after": "9"}, error_doc("Throttling", "Maximum sending rate exceeded.")), 0.0)
+        HttpReply(
+            400, {"retry-after": "9"}, error_doc("Throttling", "Maximum sending rate exceeded.")
+        ),
+        0.0,
+    )
     assert throttled.retry_after == 9.0
     assert throttled.cause == "ses: HTTP 400: Throttling: Maximum sending rate exceeded."
 
 
 def test_entity_declarations_are_not_expanded():
-    bomb = (b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY a "aaaaaaaaaa">]>'
-            b"<ErrorResponse><Error><Code>&a;</Code></Error></ErrorResponse>")
+    bomb = (
+        b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY a "aaaaaaaaaa">]>'
+        b"<ErrorResponse><Error><Code>&a;</Code></Error></ErrorResponse>"
+    )
     assert ses.error_code(bomb) is None
     assert backend().classify(HttpReply(400, {}, bomb), 0.0).kind is Kind.REJECTED_UNSCOPED
 
 
 def test_echoed_secret_is_scrubbed_from_the_cause():
-    outcome = backend().classify(HttpReply(400, {}, error_doc("SignatureDoesNotMatch", f"bad {SECRET}")), 0.0)
+    outcome = backend().classify(
+        HttpReply(400, {}, error_doc("SignatureDoesNotMatch", f"bad {SECRET}")), 0.0
+    )
     assert SECRET not in outcome.cause and "[REDACTED]" in outcome.cause
 
 
@@ -281,8 +334,9 @@ async def test_end_to_end_signature_verifies_on_the_receiving_side():
         assert seen.headers["host"] == host
         assert seen.headers["content-type"] == "application/x-www-form-urlencoded"
         stamp = seen.headers["x-amz-date"]
-        expected = independent_signature(secret=SECRET, region="us-east-1", host=host,
-                                         path="/ses", stamp=stamp, body=seen.body)
+        expected = independent_signature(
+            secret=SECRET, region="us-east-1", host=host, path="/ses", stamp=stamp, body=seen.body
+        )
         assert seen.headers["authorization"].endswith(f"Signature={expected}")
 
         server.answer = Scripted(400, error_doc("Throttling", "Maximum sending rate exceeded."))
@@ -293,18 +347,30 @@ async def test_end_to_end_signature_verifies_on_the_receiving_side():
 # ---------------------------------------------------------------- properties
 
 
-@given(st.integers(min_value=300, max_value=599),
-       st.text(alphabet=st.characters(categories=["L", "N"]), min_size=1, max_size=30))
+@given(
+    st.integers(min_value=300, max_value=599),
+    st.text(alphabet=st.characters(categories=["L", "N"]), min_size=1, max_size=30),
+)
 def test_no_ses_error_is_ever_message_permanent(status, code):
     outcome = backend().classify(HttpReply(status, {}, error_doc(code)), 0.0)
     assert outcome.kind not in (Kind.REJECTED_MESSAGE, Kind.ACCEPTED)
 
 
-@given(st.text(max_size=40), st.lists(st.from_regex(r"[a-z0-9.+_-]{1,10}@[a-z0-9-]{1,10}\.example",
-                                                    fullmatch=True), min_size=1, max_size=4))
+@given(
+    st.text(max_size=40),
+    st.lists(
+        st.from_regex(r"[a-z0-9.+_-]{1,10}@[a-z0-9-]{1,10}\.example", fullmatch=True),
+        min_size=1,
+        max_size=4,
+    ),
+)
 def test_form_body_round_trips_source_and_destinations(name, recipients):
-    msg = message(**{"from": {"name": name, "address": "noreply@example.com"},
-                     "to": [{"name": "", "address": a} for a in recipients]})
+    msg = message(
+        **{
+            "from": {"name": name, "address": "noreply@example.com"},
+            "to": [{"name": "", "address": a} for a in recipients],
+        }
+    )
     body = ses.form_body(msg, b"raw bytes")
     form = dict(parse_qsl(body.decode("ascii"), keep_blank_values=True, strict_parsing=True))
     assert form["Source"] == format_address(msg.from_)

@@ -26,27 +26,62 @@ def test_defaults():
 
 
 def test_numeric_and_string_options_are_coerced():
-    env = {"GORGE_MAILER_CONFIG": json.dumps([
-        {"key": "p", "type": "smtp", "priority": 100,
-         "options": {"host": "mail", "port": 587, "tls-insecure": True, "user": None}}])}
-    assert entries(env) == [("p", "smtp", 100, {"host": "mail", "port": "587",
-                                                 "tls-insecure": "true", "user": ""})]
+    env = {
+        "GORGE_MAILER_CONFIG": json.dumps(
+            [
+                {
+                    "key": "p",
+                    "type": "smtp",
+                    "priority": 100,
+                    "options": {"host": "mail", "port": 587, "tls-insecure": True, "user": None},
+                }
+            ]
+        )
+    }
+    assert entries(env) == [
+        ("p", "smtp", 100, {"host": "mail", "port": "587", "tls-insecure": "true", "user": ""})
+    ]
 
 
 def test_auto_priorities_follow_declaration_order():
-    env = {"GORGE_MAILER_CONFIG": json.dumps([
-        {"key": "a", "type": "test"}, {"key": "b", "type": "test", "priority": 0},
-        {"key": "c", "type": "test", "priority": 3}, {"key": "d", "type": "test"}])}
+    env = {
+        "GORGE_MAILER_CONFIG": json.dumps(
+            [
+                {"key": "a", "type": "test"},
+                {"key": "b", "type": "test", "priority": 0},
+                {"key": "c", "type": "test", "priority": 3},
+                {"key": "d", "type": "test"},
+            ]
+        )
+    }
     assert [(k, p) for k, _, p, _ in entries(env)] == [("a", -1), ("b", -2), ("c", 3), ("d", -3)]
 
 
 def test_flat_single_backend():
-    env = {"GORGE_MAILER_TYPE": "smtp", "SMTP_HOST": "mail.example.com", "SMTP_PORT": "587",
-           "SMTP_USER": "u", "SMTP_PASSWORD": "p", "SMTP_PROTOCOL": "tls",
-           "MAILER_FROM_NUMBER": "123", "MAILER_AUTH_TOKEN": "x"}
-    assert entries(env) == [("default", "smtp", -1, {
-        "host": "mail.example.com", "port": "587", "user": "u", "password": "p",
-        "protocol": "tls"})]
+    env = {
+        "GORGE_MAILER_TYPE": "smtp",
+        "SMTP_HOST": "mail.example.com",
+        "SMTP_PORT": "587",
+        "SMTP_USER": "u",
+        "SMTP_PASSWORD": "p",
+        "SMTP_PROTOCOL": "tls",
+        "MAILER_FROM_NUMBER": "123",
+        "MAILER_AUTH_TOKEN": "x",
+    }
+    assert entries(env) == [
+        (
+            "default",
+            "smtp",
+            -1,
+            {
+                "host": "mail.example.com",
+                "port": "587",
+                "user": "u",
+                "password": "p",
+                "protocol": "tls",
+            },
+        )
+    ]
 
 
 def test_valid_list_wins_over_flat_variables():
@@ -56,9 +91,15 @@ def test_valid_list_wins_over_flat_variables():
     assert entries(env) == [("k", "test", -1, {})]
 
 
-MALFORMED = ["{", "{}", "[1]", '[{"key": 1, "type": "test"}]', '[{"key": "a", "type": "test", "priority": "high"}]',
-             '[{"key": "a", "type": "test", "options": []}]',
-             '[{"key": "a", "type": "test", "options": {"x": {"y": 1}}}]']
+MALFORMED = [
+    "{",
+    "{}",
+    "[1]",
+    '[{"key": 1, "type": "test"}]',
+    '[{"key": "a", "type": "test", "priority": "high"}]',
+    '[{"key": "a", "type": "test", "options": []}]',
+    '[{"key": "a", "type": "test", "options": {"x": {"y": 1}}}]',
+]
 
 
 @pytest.mark.parametrize("text", MALFORMED)
@@ -85,19 +126,27 @@ def test_strict_mode_needs_a_backend():
     assert not load_mailer_settings({"GORGE_STRICT_CONFIG": "1", "GORGE_MAILER_STRICT": "0"}).strict
 
 
-@pytest.mark.parametrize("env,setting", [
-    ({"GORGE_MAILER_MAX_RETRIES": "x"}, "GORGE_MAILER_MAX_RETRIES"),
-    ({"GORGE_MAILER_MAX_RETRIES": "-1"}, "GORGE_MAILER_MAX_RETRIES"),
-    ({"MAX_RETRIES": "two"}, "MAX_RETRIES"),
-    ({"GORGE_MAILER_RETRY_WAIT": "-2"}, "GORGE_MAILER_RETRY_WAIT"),
-    ({"GORGE_MAILER_BODY_LIMIT": "1.5"}, "GORGE_MAILER_BODY_LIMIT"),
-    ({"GORGE_MAILER_SEND_TIMEOUT": "0"}, "GORGE_MAILER_SEND_TIMEOUT"),
-    ({"GORGE_MAILER_STRICT": "maybe"}, "GORGE_MAILER_STRICT"),
-    ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
-    ({"GORGE_MAILER_CONFIG": '[{"key":" ","type":"test"}]'}, "GORGE_MAILER_CONFIG [element 0].key"),
-    ({"GORGE_MAILER_CONFIG": '[{"key":"a","type":"test"},{"key":"a","type":"test"}]'},
-     "GORGE_MAILER_CONFIG [a].key"),
-])
+@pytest.mark.parametrize(
+    "env,setting",
+    [
+        ({"GORGE_MAILER_MAX_RETRIES": "x"}, "GORGE_MAILER_MAX_RETRIES"),
+        ({"GORGE_MAILER_MAX_RETRIES": "-1"}, "GORGE_MAILER_MAX_RETRIES"),
+        ({"MAX_RETRIES": "two"}, "MAX_RETRIES"),
+        ({"GORGE_MAILER_RETRY_WAIT": "-2"}, "GORGE_MAILER_RETRY_WAIT"),
+        ({"GORGE_MAILER_BODY_LIMIT": "1.5"}, "GORGE_MAILER_BODY_LIMIT"),
+        ({"GORGE_MAILER_SEND_TIMEOUT": "0"}, "GORGE_MAILER_SEND_TIMEOUT"),
+        ({"GORGE_MAILER_STRICT": "maybe"}, "GORGE_MAILER_STRICT"),
+        ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
+        (
+            {"GORGE_MAILER_CONFIG": '[{"key":" ","type":"test"}]'},
+            "GORGE_MAILER_CONFIG [element 0].key",
+        ),
+        (
+            {"GORGE_MAILER_CONFIG": '[{"key":"a","type":"test"},{"key":"a","type":"test"}]'},
+            "GORGE_MAILER_CONFIG [a].key",
+        ),
+    ],
+)
 def test_bad_scalars_stop_start_up(env, setting):
     with pytest.raises(ConfigError) as e:
         load_mailer_settings(env)
@@ -109,8 +158,14 @@ def test_body_limit_zero_or_negative_disables_truncation():
 
 
 def test_legacy_names_work_and_warn():
-    s = load_mailer_settings({"MAILER_CONFIG": '[{"key":"t","type":"test"}]', "RETRY_WAIT": "1",
-                              "SERVICE_TOKEN": "tok", "LISTEN_ADDR": ":9000"})
+    s = load_mailer_settings(
+        {
+            "MAILER_CONFIG": '[{"key":"t","type":"test"}]',
+            "RETRY_WAIT": "1",
+            "SERVICE_TOKEN": "tok",
+            "LISTEN_ADDR": ":9000",
+        }
+    )
     assert [e.key for e in s.entries] == ["t"] and s.retry_wait == 1
     assert s.http.token == "tok" and s.http.listen_addr == ":9000"
     assert any("RETRY_WAIT is deprecated" in w for w in s.warnings)
@@ -124,25 +179,44 @@ def test_warnings_for_long_retry_budget_and_send_timeout():
 
 def test_file_mode(tmp_path):
     path = tmp_path / "mailer.json"
-    path.write_text(json.dumps({
-        "listenAddr": "127.0.0.1:8111", "mailers": [{"key": "t", "type": "test", "priority": 7}],
-        "maxRetries": 1, "retryWaitSec": 0, "bodyLimit": 100, "sendTimeoutSec": 20,
-        "extra": True}))
-    s = load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(path),
-                              "GORGE_SERVICE_TOKEN": "from-env",
-                              "GORGE_MAILER_MAX_RETRIES": "9"})
+    path.write_text(
+        json.dumps(
+            {
+                "listenAddr": "127.0.0.1:8111",
+                "mailers": [{"key": "t", "type": "test", "priority": 7}],
+                "maxRetries": 1,
+                "retryWaitSec": 0,
+                "bodyLimit": 100,
+                "sendTimeoutSec": 20,
+                "extra": True,
+            }
+        )
+    )
+    s = load_mailer_settings(
+        {
+            "GORGE_MAILER_CONFIG_FILE": str(path),
+            "GORGE_SERVICE_TOKEN": "from-env",
+            "GORGE_MAILER_MAX_RETRIES": "9",
+        }
+    )
     assert (s.max_retries, s.retry_wait, s.body_limit, s.send_timeout) == (1, 0, 100, 20)
     assert s.http.listen_addr == "127.0.0.1:8111" and s.http.token == "from-env"
     assert [(e.key, e.priority) for e in s.entries] == [("t", 7)]
     assert any("GORGE_MAILER_MAX_RETRIES is ignored" in w for w in s.warnings)
     assert any("extra" in w for w in s.warnings)
     path.write_text(json.dumps({"serviceToken": ""}))
-    assert load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(path),
-                                 "GORGE_SERVICE_TOKEN": "x"}).http.token == ""
+    assert (
+        load_mailer_settings(
+            {"GORGE_MAILER_CONFIG_FILE": str(path), "GORGE_SERVICE_TOKEN": "x"}
+        ).http.token
+        == ""
+    )
 
 
-@pytest.mark.parametrize("content", ["{", "[]", '{"mailers": {}}', '{"maxRetries": "2"}',
-                                     '{"mailers": [{"key": "a", "type": 5}]}'])
+@pytest.mark.parametrize(
+    "content",
+    ["{", "[]", '{"mailers": {}}', '{"maxRetries": "2"}', '{"mailers": [{"key": "a", "type": 5}]}'],
+)
 def test_bad_file_always_stops(tmp_path, content):
     path = tmp_path / "mailer.json"
     path.write_text(content)
@@ -156,18 +230,31 @@ def test_missing_file_stops(tmp_path):
     assert e.value.setting == "GORGE_MAILER_CONFIG_FILE"
 
 
-@pytest.mark.parametrize("mailers,line", [
-    ([{"key": "m", "type": "carrier-pigeon"}],
-     "gorge-mailer: GORGE_MAILER_CONFIG [m].type: unknown mailer type: carrier-pigeon"),
-    ([{"key": "sg", "type": "test", "options": {"fail": "sometimes"}}],
-     "gorge-mailer: GORGE_MAILER_CONFIG [sg].fail: must be one of"),
-    ([{"key": "t", "type": "test", "options": {"fail-times": "x"}}],
-     "gorge-mailer: GORGE_MAILER_CONFIG [t].fail-times: not an integer: 'x'"),
-    ([{"key": "primary", "type": "smtp", "options": {"port": "abc", "password": "hunter2"}}],
-     "gorge-mailer: GORGE_MAILER_CONFIG [primary].port: not an integer: 'abc'"),
-    ([{"key": "primary", "type": "smtp", "options": {"protocol": "tls13"}}],
-     "gorge-mailer: GORGE_MAILER_CONFIG [primary].protocol: must be one of"),
-])
+@pytest.mark.parametrize(
+    "mailers,line",
+    [
+        (
+            [{"key": "m", "type": "carrier-pigeon"}],
+            "gorge-mailer: GORGE_MAILER_CONFIG [m].type: unknown mailer type: carrier-pigeon",
+        ),
+        (
+            [{"key": "sg", "type": "test", "options": {"fail": "sometimes"}}],
+            "gorge-mailer: GORGE_MAILER_CONFIG [sg].fail: must be one of",
+        ),
+        (
+            [{"key": "t", "type": "test", "options": {"fail-times": "x"}}],
+            "gorge-mailer: GORGE_MAILER_CONFIG [t].fail-times: not an integer: 'x'",
+        ),
+        (
+            [{"key": "primary", "type": "smtp", "options": {"port": "abc", "password": "hunter2"}}],
+            "gorge-mailer: GORGE_MAILER_CONFIG [primary].port: not an integer: 'abc'",
+        ),
+        (
+            [{"key": "primary", "type": "smtp", "options": {"protocol": "tls13"}}],
+            "gorge-mailer: GORGE_MAILER_CONFIG [primary].protocol: must be one of",
+        ),
+    ],
+)
 @pytest.mark.parametrize("strict", ["0", "1"])
 def test_unbuildable_entry_exits_2_with_one_line(monkeypatch, capsys, mailers, line, strict):
     for name in list(__import__("os").environ):
@@ -200,13 +287,29 @@ def test_make_service_builds_a_tree(monkeypatch):
 def test_every_backend_type_is_registered():
     from gorge.mailer.backends import BACKEND_TYPES
 
-    assert set(BACKEND_TYPES) == {"smtp", "sendmail", "ses", "sendgrid", "mailgun",
-                                  "postmark", "test"}
+    assert set(BACKEND_TYPES) == {
+        "smtp",
+        "sendmail",
+        "ses",
+        "sendgrid",
+        "mailgun",
+        "postmark",
+        "test",
+    }
 
 
-@given(st.lists(st.fixed_dictionaries({
-    "key": st.text(min_size=1, max_size=5).filter(lambda k: k.strip()),
-    "priority": st.integers(-5, 5)}), max_size=6, unique_by=lambda d: d["key"]))
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "key": st.text(min_size=1, max_size=5).filter(lambda k: k.strip()),
+                "priority": st.integers(-5, 5),
+            }
+        ),
+        max_size=6,
+        unique_by=lambda d: d["key"],
+    )
+)
 def test_property_effective_priorities(items):
     docs = [{"key": d["key"], "type": "test", "priority": d["priority"]} for d in items]
     got = parse_backend_list(json.dumps(docs), "GORGE_MAILER_CONFIG")
@@ -224,34 +327,61 @@ def test_parse_list_null_is_unset():
 def test_unknown_options_are_ignored_and_named_at_debug(events):
     from twisted.internet import task
 
-    from gorge.mailer.service import build_mailer_service
 
-    settings = load_mailer_settings({"GORGE_MAILER_CONFIG": json.dumps([
-        {"key": "t", "type": "test", "options": {"fail": "", "colour": "blue"}}])})
+    settings = load_mailer_settings(
+        {
+            "GORGE_MAILER_CONFIG": json.dumps(
+                [{"key": "t", "type": "test", "options": {"fail": "", "colour": "blue"}}]
+            )
+        }
+    )
     build_mailer_service(settings, task.Clock(), listen=False)
     ignored = [e for e in events if "MAILER_OPTION_IGNORED" in (e.get("log_format") or "")]
     assert [(e["mailer"], e["option"]) for e in ignored] == [("t", "colour")]
 
 
 @pytest.mark.parametrize("strict", ["0", "1"])
-@pytest.mark.parametrize("text,setting,reason", [
-    ('[{"type": "test"}]', "GORGE_MAILER_CONFIG [element 0].key", "must not be empty"),
-    ('[{"key": null, "type": "test"}]', "GORGE_MAILER_CONFIG [element 0].key", "must not be empty"),
-    ('[{"key": "a"}]', "GORGE_MAILER_CONFIG [a].type", "type is required"),
-])
+@pytest.mark.parametrize(
+    "text,setting,reason",
+    [
+        ('[{"type": "test"}]', "GORGE_MAILER_CONFIG [element 0].key", "must not be empty"),
+        (
+            '[{"key": null, "type": "test"}]',
+            "GORGE_MAILER_CONFIG [element 0].key",
+            "must not be empty",
+        ),
+        ('[{"key": "a"}]', "GORGE_MAILER_CONFIG [a].type", "type is required"),
+    ],
+)
 def test_missing_key_or_type_is_a_start_up_error_in_both_modes(strict, text, setting, reason):
     # Key and type are required, and a violation is a start-up error
     # (like an empty key or an unknown type), never the lenient
     # "malformed list" path that silently drops the whole list.
     with pytest.raises(ConfigError) as e:
-        load_mailer_settings({"GORGE_MAILER_CONFIG": text, "GORGE_MAILER_STRICT": strict,
-                              "GORGE_MAILER_TYPE": "test"})
+        load_mailer_settings(
+            {
+                "GORGE_MAILER_CONFIG": text,
+                "GORGE_MAILER_STRICT": strict,
+                "GORGE_MAILER_TYPE": "test",
+            }
+        )
     assert e.value.setting == setting and reason in e.value.reason
 
 
-@pytest.mark.parametrize("name", ["SMTP_HOST", "MAILER_API_KEY", "GORGE_MAILER_KEY",
-                                  "LISTEN_ADDR", "MAILER_CONFIG", "MAX_RETRIES", "RETRY_WAIT",
-                                  "BODY_LIMIT", "MAILER_TYPE"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SMTP_HOST",
+        "MAILER_API_KEY",
+        "GORGE_MAILER_KEY",
+        "LISTEN_ADDR",
+        "MAILER_CONFIG",
+        "MAX_RETRIES",
+        "RETRY_WAIT",
+        "BODY_LIMIT",
+        "MAILER_TYPE",
+    ],
+)
 def test_file_mode_warns_about_every_ignored_variable(tmp_path, name):
     # In file mode the flat single-backend variables (and the legacy
     # spellings of the env-mode settings) are not read either; a warning

@@ -1,8 +1,9 @@
 """SigV4 against AWS's published Signature Version 4 test suite vectors."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gorge.mailer import sigv4
 
@@ -33,8 +34,14 @@ def test_get_vanilla_canonical_request_and_signature():
 
 def test_get_vanilla_authorization_header():
     value = sigv4.authorization(
-        CREDS, method="GET", path="/", body=b"", region="us-east-1", service="service",
-        stamp=STAMP, headers={"host": "example.amazonaws.com", "x-amz-date": STAMP},
+        CREDS,
+        method="GET",
+        path="/",
+        body=b"",
+        region="us-east-1",
+        service="service",
+        stamp=STAMP,
+        headers={"host": "example.amazonaws.com", "x-amz-date": STAMP},
     )
     assert value == (
         "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, "
@@ -54,8 +61,14 @@ def test_post_form_urlencoded_vector_uses_the_ses_header_set():
         "9095672bbd1f56dfc5b65f3e153adc8731a4a654192329106275f4c7b24d0b6e"
     )
     value = sigv4.authorization(
-        CREDS, method="POST", path="", body=b"Param1=value1", region="us-east-1",
-        service="service", stamp=STAMP, headers=headers,
+        CREDS,
+        method="POST",
+        path="",
+        body=b"Param1=value1",
+        region="us-east-1",
+        service="service",
+        stamp=STAMP,
+        headers=headers,
     )
     assert value.endswith(
         "SignedHeaders=content-type;host;x-amz-date, "
@@ -64,7 +77,7 @@ def test_post_form_urlencoded_vector_uses_the_ses_header_set():
 
 
 def test_amz_date_formats_utc():
-    when = datetime(2015, 8, 30, 12, 36, 0, tzinfo=timezone.utc)
+    when = datetime(2015, 8, 30, 12, 36, 0, tzinfo=UTC)
     assert sigv4.amz_date(when) == (STAMP, "20150830")
     assert sigv4.amz_date_from_posix(when.timestamp()) == (STAMP, "20150830")
 
@@ -78,9 +91,16 @@ def test_secret_not_in_repr():
 def test_signature_depends_on_the_body(a, b):
     def sign(body):
         return sigv4.authorization(
-            CREDS, method="POST", path="/", body=body, region="us-east-1", service="ses",
-            stamp=STAMP, headers={"host": "h", "x-amz-date": STAMP},
+            CREDS,
+            method="POST",
+            path="/",
+            body=body,
+            region="us-east-1",
+            service="ses",
+            stamp=STAMP,
+            headers={"host": "h", "x-amz-date": STAMP},
         )
+
     assert (sign(a) == sign(b)) == (a == b)
 
 

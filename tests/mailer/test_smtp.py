@@ -54,8 +54,13 @@ def server(reactor, cert):
 
 def backend(reactor, cert, port, **cfg) -> SmtpBackend:
     cfg.setdefault("host", "127.0.0.1")
-    return SmtpBackend("smtp", 1, SmtpConfig(port=port, helo="client.test", **cfg),
-                       reactor=reactor, trust_root=cert.trust_root)
+    return SmtpBackend(
+        "smtp",
+        1,
+        SmtpConfig(port=port, helo="client.test", **cfg),
+        reactor=reactor,
+        trust_root=cert.trust_root,
+    )
 
 
 async def send(reactor, b: SmtpBackend, msg=None):
@@ -80,10 +85,14 @@ async def test_plain_delivery_is_well_formed_mime(reactor, cert, server):
             {"name": "X-Evil", "value": "ok\r\nBcc: victim@example.com"},
             {"name": "In-Reply-To", "value": "<parent@phorge.example>"},
         ],
-        attachments=[{"filename": "blob.bin", "mimeType": "application/x-test",
-                      "data": base64.b64encode(payload).decode()},
-                     {"filename": "naïve \"q\".txt", "mimeType": "text/plain",
-                      "data": "SGVsbG8="}],
+        attachments=[
+            {
+                "filename": "blob.bin",
+                "mimeType": "application/x-test",
+                "data": base64.b64encode(payload).decode(),
+            },
+            {"filename": 'naïve "q".txt', "mimeType": "text/plain", "data": "SGVsbG8="},
+        ],
     )
     outcome = await send(reactor, backend(reactor, cert, port), msg)
     assert outcome.kind is Kind.ACCEPTED and outcome.message_id == ""
@@ -150,8 +159,7 @@ async def test_opportunistic_starttls_and_auth_login(reactor, cert, server):
 async def test_implicit_tls(reactor, cert, server):
     state = ServerState(auth=("PLAIN",), credentials=("u", "p"))
     port = server(state, implicit_tls=True)
-    outcome = await send(reactor, backend(reactor, cert, port, mode="ssl", user="u",
-                                          password="p"))
+    outcome = await send(reactor, backend(reactor, cert, port, mode="ssl", user="u", password="p"))
     assert outcome.kind is Kind.ACCEPTED and state.deliveries[0].secure
 
 
@@ -160,8 +168,13 @@ async def test_untrusted_certificate_is_backend_scoped(reactor, server):
     other = make_certificate()
     state = ServerState(starttls=True)
     port = server(state, implicit_tls=True)
-    b = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port, mode="ssl"),
-                    reactor=reactor, trust_root=other.trust_root)
+    b = SmtpBackend(
+        "smtp",
+        1,
+        SmtpConfig(host="127.0.0.1", port=port, mode="ssl"),
+        reactor=reactor,
+        trust_root=other.trust_root,
+    )
     outcome = await send(reactor, b)
     assert outcome.kind is Kind.REJECTED_BACKEND and "TLS" in outcome.cause
     assert state.deliveries == []
@@ -171,8 +184,12 @@ async def test_untrusted_certificate_is_backend_scoped(reactor, server):
 async def test_tls_insecure_accepts_self_signed(reactor, server):
     state = ServerState(starttls=True)
     port = server(state)
-    b = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port, mode="starttls",
-                                          insecure=True), reactor=reactor)
+    b = SmtpBackend(
+        "smtp",
+        1,
+        SmtpConfig(host="127.0.0.1", port=port, mode="starttls", insecure=True),
+        reactor=reactor,
+    )
     assert (await send(reactor, b)).is_accepted and state.deliveries[0].secure
 
 
@@ -213,8 +230,7 @@ async def test_any_rejected_rcpt_aborts_before_data(reactor, cert, server):
 
 @pytest_twisted.ensureDeferred
 async def test_pipelined_rejected_rcpt_sends_no_content(reactor, cert, server):
-    state = ServerState(pipelining=True,
-                        script={"rcpt:bad@example.com": "550 5.1.1 no such user"})
+    state = ServerState(pipelining=True, script={"rcpt:bad@example.com": "550 5.1.1 no such user"})
     port = server(state)
     msg = message(to=[{"address": "good@example.com"}, {"address": "bad@example.com"}])
     outcome = await send(reactor, backend(reactor, cert, port), msg)
@@ -270,11 +286,14 @@ async def test_reply_classification(reactor, cert, server, script, kind, pipelin
     assert outcome.kind is kind, outcome.cause
 
 
-@pytest.mark.parametrize("script,kind", [
-    ({"rcpt": "552 too many recipients"}, Kind.TRANSIENT),
-    ({"rcpt": "550 mailbox unavailable"}, Kind.REJECTED_UNSCOPED),
-    ({"dot": "554 5.7.1 go away"}, Kind.REJECTED_UNSCOPED),
-])
+@pytest.mark.parametrize(
+    "script,kind",
+    [
+        ({"rcpt": "552 too many recipients"}, Kind.TRANSIENT),
+        ({"rcpt": "550 mailbox unavailable"}, Kind.REJECTED_UNSCOPED),
+        ({"dot": "554 5.7.1 go away"}, Kind.REJECTED_UNSCOPED),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_classification_without_enhanced_codes(reactor, cert, server, script, kind):
     state = ServerState(script=script, enhanced=False)
@@ -298,6 +317,7 @@ async def test_connection_refused_is_transient(reactor, cert, server):
     port = server(ServerState())
     # Find a closed port: start and stop a listener.
     from twisted.internet.protocol import Factory
+
     p = reactor.listenTCP(0, Factory(), interface="127.0.0.1")
     closed = p.getHost().port
     await p.stopListening()
@@ -362,11 +382,18 @@ def test_classify_reply_non_smtp_code():
     assert classify_reply("rcpt", 999, "").kind is Kind.TRANSIENT
 
 
-@pytest.mark.parametrize("options,mode", [
-    ({}, "plain"), ({"protocol": "SSL"}, "ssl"), ({"protocol": "smtps"}, "ssl"),
-    ({"protocol": "tls"}, "starttls"), ({"protocol": "starttls"}, "starttls"),
-    ({"protocol": "tls", "port": "465"}, "ssl"), ({"protocol": "none"}, "plain"),
-])
+@pytest.mark.parametrize(
+    "options,mode",
+    [
+        ({}, "plain"),
+        ({"protocol": "SSL"}, "ssl"),
+        ({"protocol": "smtps"}, "ssl"),
+        ({"protocol": "tls"}, "starttls"),
+        ({"protocol": "starttls"}, "starttls"),
+        ({"protocol": "tls", "port": "465"}, "ssl"),
+        ({"protocol": "none"}, "plain"),
+    ],
+)
 def test_protocol_modes(options, mode):
     b = build(BackendEntry("k", "smtp", 1, options), reactor=None)
     assert b.cfg.mode == mode
@@ -377,10 +404,15 @@ def test_bracketed_ipv6_host():
     assert b.cfg.host == "::1"
 
 
-@pytest.mark.parametrize("options,field", [
-    ({"protocol": "tlsv2"}, "protocol"), ({"port": "abc"}, "port"), ({"port": "0"}, "port"),
-    ({"tls-insecure": "maybe"}, "tls-insecure"),
-])
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"protocol": "tlsv2"}, "protocol"),
+        ({"port": "abc"}, "port"),
+        ({"port": "0"}, "port"),
+        ({"tls-insecure": "maybe"}, "tls-insecure"),
+    ],
+)
 def test_bad_options_name_the_entry_and_field(options, field):
     from gorge.config import ConfigError
 
@@ -391,27 +423,42 @@ def test_bad_options_name_the_entry_and_field(options, field):
 
 # --- the HTTP answers through the real site -------------------------
 
-@pytest.mark.parametrize("script,status,code", [
-    ({}, 200, None),
-    ({"rcpt": "550 5.1.1 unknown user"}, 422, "ERR_PERMANENT_FAILURE"),
-    ({"rcpt": "550 5.7.1 denied"}, 422, "ERR_PERMANENT_FAILURE"),
-    ({"mail": "550 5.7.1 relay denied"}, 502, "ERR_SEND_FAILED"),
-    ({"rcpt": "450 4.2.1 try later"}, 502, "ERR_SEND_FAILED"),
-    ({"dot": "drop"}, 502, "ERR_OUTCOME_UNKNOWN"),
-    ({"greeting": "drop"}, 502, "ERR_SEND_FAILED"),
-    ({"data": "drop"}, 502, "ERR_SEND_FAILED"),
-    ({"dot": "554 5.6.0 content refused"}, 422, "ERR_PERMANENT_FAILURE"),
-    ({"dot": "451 4.3.0 try again"}, 502, "ERR_SEND_FAILED"),
-])
+
+@pytest.mark.parametrize(
+    "script,status,code",
+    [
+        ({}, 200, None),
+        ({"rcpt": "550 5.1.1 unknown user"}, 422, "ERR_PERMANENT_FAILURE"),
+        ({"rcpt": "550 5.7.1 denied"}, 422, "ERR_PERMANENT_FAILURE"),
+        ({"mail": "550 5.7.1 relay denied"}, 502, "ERR_SEND_FAILED"),
+        ({"rcpt": "450 4.2.1 try later"}, 502, "ERR_SEND_FAILED"),
+        ({"dot": "drop"}, 502, "ERR_OUTCOME_UNKNOWN"),
+        ({"greeting": "drop"}, 502, "ERR_SEND_FAILED"),
+        ({"data": "drop"}, 502, "ERR_SEND_FAILED"),
+        ({"dot": "554 5.6.0 content refused"}, 422, "ERR_PERMANENT_FAILURE"),
+        ({"dot": "451 4.3.0 try again"}, 502, "ERR_SEND_FAILED"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_http_answer_through_the_site(reactor, cert, server, script, status, code):
     state = ServerState(script=script)
     port = server(state)
-    mailers = [{"key": "relay", "type": "smtp",
-                "options": {"host": "127.0.0.1", "port": port, "helo": "client.test"}}]
-    h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "1",
-                      "GORGE_MAILER_RETRY_WAIT": "0",
-                      "GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
+    mailers = [
+        {
+            "key": "relay",
+            "type": "smtp",
+            "options": {"host": "127.0.0.1", "port": port, "helo": "client.test"},
+        }
+    ]
+    h = make_harness(
+        {
+            "GORGE_SERVICE_TOKEN": TOKEN,
+            "GORGE_MAILER_MAX_RETRIES": "1",
+            "GORGE_MAILER_RETRY_WAIT": "0",
+            "GORGE_MAILER_CONFIG": json.dumps(mailers),
+        },
+        clock=reactor,
+    )
     got_status, doc = await h.send()
     assert got_status == status
     if code is None:
@@ -430,8 +477,13 @@ async def test_starttls_with_untrusted_certificate_is_backend_scoped(reactor, se
     other = make_certificate()
     state = ServerState(starttls=True)
     port = server(state)
-    b = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port), reactor=reactor,
-                    trust_root=other.trust_root)
+    b = SmtpBackend(
+        "smtp",
+        1,
+        SmtpConfig(host="127.0.0.1", port=port),
+        reactor=reactor,
+        trust_root=other.trust_root,
+    )
     outcome = await send(reactor, b)
     assert outcome.kind is Kind.REJECTED_BACKEND and "TLS" in outcome.cause
     assert "MAIL" not in state.commands  # never fell back to plaintext
@@ -458,12 +510,28 @@ async def test_rejected_credentials_never_reach_logs_or_answers(reactor, cert, s
 
     state = ServerState(starttls=True, auth=("PLAIN",), credentials=("u", "right"))
     port = server(state)
-    mailers = [{"key": "relay", "type": "smtp",
-                "options": {"host": "127.0.0.1", "port": port, "user": "u",
-                            "password": "hunter2-secret", "tls-insecure": True}}]
+    mailers = [
+        {
+            "key": "relay",
+            "type": "smtp",
+            "options": {
+                "host": "127.0.0.1",
+                "port": port,
+                "user": "u",
+                "password": "hunter2-secret",
+                "tls-insecure": True,
+            },
+        }
+    ]
     with logged_events() as observer:
-        h = make_harness({"GORGE_SERVICE_TOKEN": TOKEN, "GORGE_MAILER_MAX_RETRIES": "0",
-                          "GORGE_MAILER_CONFIG": json.dumps(mailers)}, clock=reactor)
+        h = make_harness(
+            {
+                "GORGE_SERVICE_TOKEN": TOKEN,
+                "GORGE_MAILER_MAX_RETRIES": "0",
+                "GORGE_MAILER_CONFIG": json.dumps(mailers),
+            },
+            clock=reactor,
+        )
         status, doc = await h.send()
     assert status == 502 and doc["error"]["code"] == "ERR_SEND_FAILED"
     assert "535" in doc["error"]["message"] and "hunter2" not in json.dumps(doc)
@@ -489,9 +557,13 @@ async def test_certificate_for_another_host_is_backend_scoped(reactor, implicit_
         port = reactor.listenTCP(0, factory, interface="127.0.0.1")
     try:
         mode = "ssl" if implicit_tls else "starttls"
-        b = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port.getHost().port,
-                                              mode=mode),
-                        reactor=reactor, trust_root=other.trust_root)
+        b = SmtpBackend(
+            "smtp",
+            1,
+            SmtpConfig(host="127.0.0.1", port=port.getHost().port, mode=mode),
+            reactor=reactor,
+            trust_root=other.trust_root,
+        )
         outcome = await send(reactor, b)
     finally:
         await port.stopListening()

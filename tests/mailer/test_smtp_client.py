@@ -29,8 +29,11 @@ class StartTLSTransport(StringTransport):
 
 def _hooks() -> list[str]:
     own = vars(_Session)
-    return [name for name in own if inspect.isfunction(own[name])
-            and not name.startswith("_") and hasattr(ESMTPClient, name)]
+    return [
+        name
+        for name in own
+        if inspect.isfunction(own[name]) and not name.startswith("_") and hasattr(ESMTPClient, name)
+    ]
 
 
 def test_every_stock_hook_the_session_overrides_still_exists():
@@ -38,11 +41,28 @@ def test_every_stock_hook_the_session_overrides_still_exists():
     # one renamed in a new Twisted would silently fall back to the stock
     # behaviour (DATA after a rejected RCPT, a second AUTH PLAIN, ...).
     expected = {
-        "connectionMade", "connectionLost", "lineReceived", "lineLengthExceeded", "sendLine",
-        "sendError", "smtpConnectionFailed", "esmtpEHLORequired", "smtpState_helo", "tryTLS",
-        "esmtpTLSRequired", "esmtpTLSFailed", "esmtpState_starttls", "authenticate",
-        "smtpState_toOrData", "smtpTransferFailed", "getMailFrom", "getMailTo",
-        "getMailData", "smtpState_data", "transformChunk", "finishedFileTransfer",
+        "connectionMade",
+        "connectionLost",
+        "lineReceived",
+        "lineLengthExceeded",
+        "sendLine",
+        "sendError",
+        "smtpConnectionFailed",
+        "esmtpEHLORequired",
+        "smtpState_helo",
+        "tryTLS",
+        "esmtpTLSRequired",
+        "esmtpTLSFailed",
+        "esmtpState_starttls",
+        "authenticate",
+        "smtpState_toOrData",
+        "smtpTransferFailed",
+        "getMailFrom",
+        "getMailTo",
+        "getMailData",
+        "smtpState_data",
+        "transformChunk",
+        "finishedFileTransfer",
         "smtpState_msgSent",
     }
     missing = sorted(name for name in expected if not hasattr(ESMTPClient, name))
@@ -64,8 +84,7 @@ def _take(transport: StringTransport) -> bytes:
 
 
 def test_auth_plain_first_after_starttls_to_a_remote_host_and_a_rejection_is_final():
-    session, transport = _session(host="mail.example.com", user="u", password="p",
-                                  mode="starttls")
+    session, transport = _session(host="mail.example.com", user="u", password="p", mode="starttls")
     session.dataReceived(b"220 hi\r\n")
     assert _take(transport) == b"EHLO localhost\r\n"
     session.dataReceived(b"250-mx\r\n250-STARTTLS\r\n250 AUTH CRAM-MD5 LOGIN PLAIN\r\n")
@@ -109,11 +128,12 @@ async def test_envelope_addresses_go_out_verbatim(pipelining):
     state = ServerState(pipelining=pipelining)
     port = reactor.listenTCP(0, ScriptedFactory(state), interface="127.0.0.1")
     try:
-        backend = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1",
-                                                    port=port.getHost().port),
-                              reactor=reactor)
-        message = parsed_message(**{"from": {"address": "x(y)@example.com"},
-                                    "to": [{"address": "a,b@example.com"}]})
+        backend = SmtpBackend(
+            "smtp", 1, SmtpConfig(host="127.0.0.1", port=port.getHost().port), reactor=reactor
+        )
+        message = parsed_message(
+            **{"from": {"address": "x(y)@example.com"}, "to": [{"address": "a,b@example.com"}]}
+        )
         outcome = await backend.send(message, deadline=reactor.seconds() + 10)
     finally:
         await port.stopListening()

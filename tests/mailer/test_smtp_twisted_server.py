@@ -111,9 +111,13 @@ async def send(cert, port, overrides=None, **cfg):
     from twisted.internet import reactor
 
     message = parsed_message(**(overrides or {}))
-    backend = SmtpBackend("smtp", 1, SmtpConfig(host="127.0.0.1", port=port, helo="client.test",
-                                                **cfg), reactor=reactor,
-                          trust_root=cert.trust_root)
+    backend = SmtpBackend(
+        "smtp",
+        1,
+        SmtpConfig(host="127.0.0.1", port=port, helo="client.test", **cfg),
+        reactor=reactor,
+        trust_root=cert.trust_root,
+    )
     return await backend.send(message, deadline=reactor.seconds() + 10)
 
 
@@ -122,8 +126,14 @@ async def test_plain_delivery(cert, listen):
     sink = []
     port = listen(sink=sink)
     payload = bytes(range(256)) * 10
-    outcome = await send(cert, port, {"textBody": ".leading dot\n..two", "attachments": [
-        {"filename": "b.bin", "data": base64.b64encode(payload).decode()}]})
+    outcome = await send(
+        cert,
+        port,
+        {
+            "textBody": ".leading dot\n..two",
+            "attachments": [{"filename": "b.bin", "data": base64.b64encode(payload).decode()}],
+        },
+    )
     assert outcome.kind is Kind.ACCEPTED
     [(envelope, data)] = sink
     assert envelope["from"] == "noreply@example.com" and envelope["to"] == ["alice@example.com"]
@@ -155,7 +165,8 @@ async def test_bad_password_is_backend_scoped(cert, listen):
 async def test_rejected_recipient_aborts(cert, listen):
     sink = []
     port = listen(sink=sink)
-    outcome = await send(cert, port, {"to": [{"address": "ok@example.com"},
-                                             {"address": "reject@example.com"}]})
+    outcome = await send(
+        cert, port, {"to": [{"address": "ok@example.com"}, {"address": "reject@example.com"}]}
+    )
     # twisted.mail answers a bad recipient with a bare 550 (no enhanced code).
     assert outcome.kind is Kind.REJECTED_UNSCOPED and sink == []

@@ -45,11 +45,13 @@ def switched(phorge_checkout, mariadb, tmp_path_factory):
     """A Phorge switched over: gorge mailer entry, no taskmasters, gorge running."""
     s = Switched.build(phorge_checkout, mariadb, tmp_path_factory.mktemp("phorge-switched"), "s")
     try:
-        s.site.configure({
-            "cluster.mailers": [gorge_mailer_entry(s.gorge.mailer_uri)],
-            "phd.taskmasters": 0,
-            "feed.http-hooks": [s.receiver.base + "/feed"],
-        })
+        s.site.configure(
+            {
+                "cluster.mailers": [gorge_mailer_entry(s.gorge.mailer_uri)],
+                "phd.taskmasters": 0,
+                "feed.http-hooks": [s.receiver.base + "/feed"],
+            }
+        )
         s.site.start_web()
         wait(s.site.wait_web())
         s.site.bin_sync("phd", "start")

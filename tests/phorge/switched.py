@@ -15,8 +15,12 @@ TASK_TABLES = ("worker_activetask", "worker_archivetask")
 
 
 def gorge_mailer_entry(uri: str) -> dict:
-    return {"key": "gorge", "type": "gorge", "inbound": False,
-            "options": {"uri": uri, "token": MAILER_TOKEN}}
+    return {
+        "key": "gorge",
+        "type": "gorge",
+        "inbound": False,
+        "options": {"uri": uri, "token": MAILER_TOKEN},
+    }
 
 
 @dataclass
@@ -29,7 +33,7 @@ class Switched:
     token: str
 
     @classmethod
-    def build(cls, checkout: Checkout, mariadb, workdir: Path, label: str) -> "Switched":
+    def build(cls, checkout: Checkout, mariadb, workdir: Path, label: str) -> Switched:
         """Storage, the worker's bot and the sinks; nothing started yet."""
         from twisted.internet import reactor
 
@@ -65,9 +69,11 @@ class Switched:
         rows = []
         for table in TASK_TABLES:
             for row in self.site.rows(
-                    "worker",
-                    f"SELECT t.*, d.data FROM {table} t"
-                    " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id > %s", marker):
+                "worker",
+                f"SELECT t.*, d.data FROM {table} t"
+                " LEFT JOIN worker_taskdata d ON d.id = t.dataID WHERE t.id > %s",
+                marker,
+            ):
                 row["table"] = table
                 rows.append(row)
         return sorted(rows, key=lambda r: r["id"])
@@ -85,11 +91,13 @@ class Switched:
 
     async def settled(self, marker: int, what: str) -> list[dict]:
         """Wait until every task after ``marker`` is archived; all of them."""
+
         def done():
             rows = self.tasks_since(marker)
             if rows and all(r["table"] == "worker_archivetask" for r in rows):
                 return rows
             return None
+
         return await self.until(done, f"all tasks after {marker} archived ({what})")
 
     def forget_task(self, task_id: int) -> None:
@@ -98,21 +106,23 @@ class Switched:
 
     def conduit_calls(self, method: str) -> int:
         return self.site.rows(
-            "conduit", "SELECT COUNT(*) AS n FROM conduit_methodcalllog WHERE method = %s",
-            method)[0]["n"]
+            "conduit", "SELECT COUNT(*) AS n FROM conduit_methodcalllog WHERE method = %s", method
+        )[0]["n"]
 
     # -- Phorge objects -----------------------------------------------------------
 
     async def create_maniphest_task(self, title: str) -> dict:
         result = await self.site.call(
-            "maniphest.edit", {"transactions": [{"type": "title", "value": title}]}, self.token)
+            "maniphest.edit", {"transactions": [{"type": "title", "value": title}]}, self.token
+        )
         return result["object"]
 
     async def edit_maniphest_task(self, phid: str, title: str) -> None:
         await self.site.call(
             "maniphest.edit",
             {"objectIdentifier": phid, "transactions": [{"type": "title", "value": title}]},
-            self.token)
+            self.token,
+        )
 
     def mail(self, mail_id: int) -> dict:
         return self.site.rows("metamta", "SELECT * FROM metamta_mail WHERE id = %s", mail_id)[0]
@@ -124,7 +134,8 @@ class Switched:
                 "worker",
                 f"SELECT t.* FROM {table} t JOIN worker_taskdata d ON d.id = t.dataID"
                 " WHERE t.taskClass = 'PhabricatorMetaMTAWorker' AND d.data = %s",
-                str(mail_id))
+                str(mail_id),
+            )
             if found:
                 return {**found[0], "table": table}
         return None

@@ -25,8 +25,17 @@ async def test_send_test_reaches_the_sink_through_gorge_mailer(switched, tmp_pat
     attachment.write_bytes(b"attached through gorge\n")
 
     await switched.site.bin(
-        "mail", "send-test", "--to", "alice@example.com", "--subject", "gorge send-test",
-        "--attach", str(attachment), "--html", stdin=b"<p>Hello from <b>Phorge</b></p>")
+        "mail",
+        "send-test",
+        "--to",
+        "alice@example.com",
+        "--subject",
+        "gorge send-test",
+        "--attach",
+        str(attachment),
+        "--html",
+        stdin=b"<p>Hello from <b>Phorge</b></p>",
+    )
 
     [delivery] = switched.deliveries_to("alice@example.com")
     message = parsed(delivery)
@@ -44,13 +53,21 @@ async def test_send_test_reaches_the_sink_through_gorge_mailer(switched, tmp_pat
 
 
 async def test_a_mail_to_a_refused_recipient_fails_and_is_not_retried(switched):
-    switched.smtp.script["rcpt:refused@example.com"] = "550 5.1.1 <refused@example.com>: no such user"
+    switched.smtp.script["rcpt:refused@example.com"] = (
+        "550 5.1.1 <refused@example.com>: no such user"
+    )
     try:
         mail = await switched.site.helper(
-            "mail", to=["refused@example.com"], subject="to nobody", body="refused")
+            "mail", to=["refused@example.com"], subject="to nobody", body="refused"
+        )
         task = await switched.until(
-            lambda: (t := switched.mail_task(mail["mailID"])) and t["table"] == "worker_archivetask" and t,
-            "the mail task archived")
+            lambda: (
+                (t := switched.mail_task(mail["mailID"]))
+                and t["table"] == "worker_archivetask"
+                and t
+            ),
+            "the mail task archived",
+        )
     finally:
         del switched.smtp.script["rcpt:refused@example.com"]
 
@@ -68,10 +85,16 @@ async def test_a_mail_whose_outcome_is_unknown_is_failed_not_resent(switched):
     switched.smtp.script["dot"] = "drop"
     try:
         mail = await switched.site.helper(
-            "mail", to=["maybe@example.com"], subject="maybe sent", body="unknown")
+            "mail", to=["maybe@example.com"], subject="maybe sent", body="unknown"
+        )
         task = await switched.until(
-            lambda: (t := switched.mail_task(mail["mailID"])) and t["table"] == "worker_archivetask" and t,
-            "the mail task archived")
+            lambda: (
+                (t := switched.mail_task(mail["mailID"]))
+                and t["table"] == "worker_archivetask"
+                and t
+            ),
+            "the mail task archived",
+        )
     finally:
         del switched.smtp.script["dot"]
 
@@ -85,10 +108,12 @@ async def test_mail_queued_while_gorge_mailer_is_down_is_sent_once_when_it_is_ba
     await switched.gorge.stop("mailer")
     try:
         mail = await switched.site.helper(
-            "mail", to=["later@example.com"], subject="sent later", body="after the outage")
+            "mail", to=["later@example.com"], subject="sent later", body="after the outage"
+        )
         failed = await switched.until(
             lambda: (t := switched.mail_task(mail["mailID"])) and t["failureCount"] == 1 and t,
-            "the first attempt failed")
+            "the first attempt failed",
+        )
         row = switched.mail(mail["mailID"])
     finally:
         await switched.gorge.start_ready("mailer")
@@ -101,8 +126,12 @@ async def test_mail_queued_while_gorge_mailer_is_down_is_sent_once_when_it_is_ba
     assert switched.deliveries_to("later@example.com") == []
 
     # Time travel instead of waiting out the retry wait.
-    switched.site.execute("worker", "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-                          " WHERE id = %s AND leaseOwner IS NULL", failed["id"])
+    switched.site.execute(
+        "worker",
+        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
+        " WHERE id = %s AND leaseOwner IS NULL",
+        failed["id"],
+    )
     task = await switched.until(lambda: switched.archived(failed["id"]), "the retry archived")
 
     assert (task["result"], task["failureCount"]) == (SUCCESS, 1)
@@ -116,10 +145,19 @@ async def test_any_other_answer_leaves_the_mail_queued_for_a_retry(switched):
     switched.site.configure({"cluster.mailers": [entry]})
     try:
         status, out, err = await switched.site.bin(
-            "mail", "send-test", "--to", "unauthorized@example.com", "--subject", "wrong token",
-            stdin=b"refused by gorge-mailer", check=False)
+            "mail",
+            "send-test",
+            "--to",
+            "unauthorized@example.com",
+            "--subject",
+            "wrong token",
+            stdin=b"refused by gorge-mailer",
+            check=False,
+        )
     finally:
-        switched.site.configure({"cluster.mailers": [gorge_mailer_entry(switched.gorge.mailer_uri)]})
+        switched.site.configure(
+            {"cluster.mailers": [gorge_mailer_entry(switched.gorge.mailer_uri)]}
+        )
 
     # send-test runs in-process: a temporary failure ends the command, and
     # the mail stays queued.
@@ -137,7 +175,8 @@ async def test_bin_config_checks_the_adapter_options(switched):
     }
     for message, entry in bad_entries.items():
         status, out, err = await switched.site.bin(
-            "config", "set", "--database", "cluster.mailers", json.dumps([entry]), check=False)
+            "config", "set", "--database", "cluster.mailers", json.dumps([entry]), check=False
+        )
         assert status != 0
         assert 'Option "uri"' in out + err and message in out + err
 
@@ -146,6 +185,7 @@ async def test_bin_config_checks_the_adapter_options(switched):
     # checkout's conf/local/local.json) these tests never write.
     good = json.dumps([gorge_mailer_entry(switched.gorge.mailer_uri)])
     status, out, err = await switched.site.bin(
-        "config", "set", "--database", "cluster.mailers", good, check=False)
+        "config", "set", "--database", "cluster.mailers", good, check=False
+    )
     assert status != 0
     assert "is locked" in out + err and 'Option "uri"' not in out + err

@@ -24,13 +24,15 @@ SUCCESS = 0
 def rollback(phorge_checkout, mariadb, tmp_path_factory):
     s = Switched.build(phorge_checkout, mariadb, tmp_path_factory.mktemp("phorge-rollback"), "r")
     try:
-        s.site.configure({
-            "cluster.mailers": [gorge_mailer_entry(s.gorge.mailer_uri)],
-            "phd.taskmasters": 0,
-            # Once switched back, Phorge's HeraldWebhookWorker delivers to
-            # the receiver on 127.0.0.1 itself.
-            "security.outbound-blacklist": [],
-        })
+        s.site.configure(
+            {
+                "cluster.mailers": [gorge_mailer_entry(s.gorge.mailer_uri)],
+                "phd.taskmasters": 0,
+                # Once switched back, Phorge's HeraldWebhookWorker delivers to
+                # the receiver on 127.0.0.1 itself.
+                "security.outbound-blacklist": [],
+            }
+        )
         s.site.start_web()
         wait(s.site.wait_web())
         s.site.bin_sync("phd", "start")
@@ -45,44 +47,60 @@ def rollback(phorge_checkout, mariadb, tmp_path_factory):
 async def test_switching_back_hands_queued_mail_and_tasks_to_phorge(rollback):
     site = rollback.site
     first = rollback.task_marker()
-    hook = await site.helper("webhook", author="gorge-worker", name="rollback hook",
-                             uri=rollback.receiver.base + "/hook")
+    hook = await site.helper(
+        "webhook", author="gorge-worker", name="rollback hook", uri=rollback.receiver.base + "/hook"
+    )
     await rollback.settled(first, "publishing the new Herald rule")
     marker = rollback.task_marker()
 
     # A mail that gorge-worker already tried once while gorge-mailer was down.
     await rollback.gorge.stop("mailer")
-    inflight = await site.helper("mail", to=["inflight@example.com"], subject="in flight",
-                                 body="tried once by gorge")
+    inflight = await site.helper(
+        "mail", to=["inflight@example.com"], subject="in flight", body="tried once by gorge"
+    )
     tried = await rollback.until(
         lambda: (t := rollback.mail_task(inflight["mailID"])) and t["failureCount"] == 1 and t,
-        "the first attempt failed")
+        "the first attempt failed",
+    )
 
     # Rollback: stop gorge-worker (it drains and reports) and gorge-webhook,
     # then work keeps arriving while no one consumes it.
     codes = [await rollback.gorge.stop("worker"), await rollback.gorge.stop("webhook")]
     assert all(code in (0, -signal.SIGTERM) for code in codes), codes
     task = await rollback.create_maniphest_task("created while switching back")
-    pending = await site.helper("mail", to=["pending@example.com"], subject="pending",
-                                body="queued during the switch")
-    test_task = await site.helper("schedule", taskClass="PhabricatorTestWorker",
-                                  data={"doWork": "nothing"})
+    pending = await site.helper(
+        "mail", to=["pending@example.com"], subject="pending", body="queued during the switch"
+    )
+    test_task = await site.helper(
+        "schedule", taskClass="PhabricatorTestWorker", data={"doWork": "nothing"}
+    )
     queued = rollback.tasks_since(marker)
     assert {r["table"] for r in queued} == {"worker_activetask"}
     assert test_task["taskID"] in {r["id"] for r in queued}
 
     # Phorge's mail goes out through its own SMTP mailer again, and its
     # taskmasters run.
-    site.configure({
-        "cluster.mailers": [{"key": "smtp", "type": "smtp", "options": {
-            "host": "127.0.0.1", "port": rollback.smtp_port.getHost().port}}],
-        "phd.taskmasters": 1,
-    })
+    site.configure(
+        {
+            "cluster.mailers": [
+                {
+                    "key": "smtp",
+                    "type": "smtp",
+                    "options": {"host": "127.0.0.1", "port": rollback.smtp_port.getHost().port},
+                }
+            ],
+            "phd.taskmasters": 1,
+        }
+    )
     await site.bin("phd", "stop")
     await site.bin("phd", "start")
     # Time travel instead of waiting out the mail's retry wait (15 s).
-    site.execute("worker", "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-                 " WHERE id = %s AND leaseOwner IS NULL", tried["id"])
+    site.execute(
+        "worker",
+        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
+        " WHERE id = %s AND leaseOwner IS NULL",
+        tried["id"],
+    )
 
     rows = await rollback.settled(marker, "Phorge's taskmaster drained the queue")
 
@@ -94,8 +112,9 @@ async def test_switching_back_hands_queued_mail_and_tasks_to_phorge(rollback):
         assert len(rollback.deliveries_to(address)) == 1
     assert json.loads(rollback.mail(pending["mailID"])["parameters"])["mailer.key"] == "smtp"
 
-    [request] = site.rows("herald", "SELECT * FROM herald_webhookrequest WHERE objectPHID = %s",
-                          task["phid"])
+    [request] = site.rows(
+        "herald", "SELECT * FROM herald_webhookrequest WHERE objectPHID = %s", task["phid"]
+    )
     assert (request["status"], request["lastRequestResult"]) == ("sent", "okay")
     [post] = [r for r in rollback.receiver.requests if r.path == "/hook"]
     signature = hmac.new(hook["hmacKey"].encode(), post.body, hashlib.sha256).hexdigest()

@@ -17,7 +17,9 @@ async def test_phd_runs_no_taskmaster(switched):
     assert "phd-daemon" in out
 
     def running():
-        log = switched.site.rows("daemon", "SELECT daemon FROM daemon_log WHERE status IN ('run', 'wait')")
+        log = switched.site.rows(
+            "daemon", "SELECT daemon FROM daemon_log WHERE status IN ('run', 'wait')"
+        )
         daemons = {row["daemon"] for row in log}
         return daemons if "PhabricatorTriggerDaemon" in daemons else None
 
@@ -38,7 +40,9 @@ async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gor
     publish = by_class["PhabricatorApplicationTransactionPublishWorker"]
     assert [r["objectPHID"] for r in publish] == [task["phid"]]
     # The publish task, run in PHP, scheduled the rest the normal way.
-    assert {"PhabricatorSearchWorker", "FeedPublisherWorker", "FeedPublisherHTTPWorker"} <= set(by_class)
+    assert {"PhabricatorSearchWorker", "FeedPublisherWorker", "FeedPublisherHTTPWorker"} <= set(
+        by_class
+    )
     assert all(r["result"] == SUCCESS for r in rows), [(r["taskClass"], r["result"]) for r in rows]
     assert switched.leased_by_gorge(rows)
     # Every one of them is PHP-only here (a Herald webhook's task, if a rule
@@ -46,21 +50,27 @@ async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gor
     php_only = [r for r in rows if r["taskClass"] != "HeraldWebhookWorker"]
     assert switched.conduit_calls("worker.execute") - calls_before >= len(php_only)
     # FeedPublisherHTTPWorker (PHP) posted the story to the configured feed hook.
-    story_posts = [r for r in switched.receiver.requests
-                   if r.path == "/feed" and task["phid"].encode() in r.body]
+    story_posts = [
+        r
+        for r in switched.receiver.requests
+        if r.path == "/feed" and task["phid"].encode() in r.body
+    ]
     assert len(story_posts) >= 1
 
 
 async def test_test_worker_runs_natively_and_a_permanent_failure_is_archived_as_failure(switched):
     calls_before = switched.conduit_calls("worker.execute")
-    ok = await switched.site.helper("schedule", taskClass="PhabricatorTestWorker",
-                                    data={"doWork": "nothing"})
-    failing = await switched.site.helper("schedule", taskClass="PhabricatorTestWorker",
-                                         data={"doWork": "fail-permanent"})
+    ok = await switched.site.helper(
+        "schedule", taskClass="PhabricatorTestWorker", data={"doWork": "nothing"}
+    )
+    failing = await switched.site.helper(
+        "schedule", taskClass="PhabricatorTestWorker", data={"doWork": "fail-permanent"}
+    )
 
     done = await switched.until(lambda: switched.archived(ok["taskID"]), "test task archived")
-    failed = await switched.until(lambda: switched.archived(failing["taskID"]),
-                                  "failing test task archived")
+    failed = await switched.until(
+        lambda: switched.archived(failing["taskID"]), "failing test task archived"
+    )
 
     assert (done["result"], failed["result"]) == (SUCCESS, FAILURE)
     assert failed["failureCount"] == 0  # permanent: never retried
@@ -71,12 +81,15 @@ async def test_test_worker_runs_natively_and_a_permanent_failure_is_archived_as_
 async def test_php_only_permanent_failures_through_worker_execute(switched):
     calls_before = switched.conduit_calls("worker.execute")
     # A mail task's data is the bare mail ID; this one names no mail.
-    no_mail = await switched.site.helper("schedule", taskClass="PhabricatorMetaMTAWorker",
-                                         data=987654321)
+    no_mail = await switched.site.helper(
+        "schedule", taskClass="PhabricatorMetaMTAWorker", data=987654321
+    )
     no_class = await switched.site.helper("schedule", taskClass="GorgeNoSuchWorker", data={})
 
-    rows = [await switched.until(lambda: switched.archived(t["taskID"]), f"task {t} archived")
-            for t in (no_mail, no_class)]
+    rows = [
+        await switched.until(lambda: switched.archived(t["taskID"]), f"task {t} archived")
+        for t in (no_mail, no_class)
+    ]
 
     assert [r["result"] for r in rows] == [FAILURE, FAILURE]
     assert [r["failureCount"] for r in rows] == [0, 0]
@@ -89,24 +102,31 @@ async def test_follow_up_tasks_get_the_priority_of_the_task_that_queued_them(swi
     task = await switched.create_maniphest_task("a story to publish again")
     story = await switched.until(
         lambda: switched.site.rows(
-            "feed", "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
-            task["phid"]),
-        "feed story written")
+            "feed",
+            "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
+            task["phid"],
+        ),
+        "feed story written",
+    )
     key = str(story[0]["chronologicalKey"])
     await switched.settled(first, "publishing the first time")
     marker = switched.task_marker()
 
     # FeedPublisherWorker queues one FeedPublisherHTTPWorker per feed hook
     # with queueTask(), which names no priority.
-    parent = await switched.site.helper("schedule", taskClass="FeedPublisherWorker",
-                                        data={"key": key}, priority=3000)
+    parent = await switched.site.helper(
+        "schedule", taskClass="FeedPublisherWorker", data={"key": key}, priority=3000
+    )
 
     rows = await switched.settled(marker, "FeedPublisherWorker and its follow-up")
     follow_ups = [r for r in rows if r["taskClass"] == "FeedPublisherHTTPWorker"]
     assert [r["id"] for r in rows if r["taskClass"] == "FeedPublisherWorker"] == [parent["taskID"]]
     assert len(follow_ups) == 1
     assert follow_ups[0]["priority"] == 3000
-    assert json.loads(follow_ups[0]["data"]) == {"key": key, "uri": switched.receiver.base + "/feed"}
+    assert json.loads(follow_ups[0]["data"]) == {
+        "key": key,
+        "uri": switched.receiver.base + "/feed",
+    }
     assert all(r["result"] == SUCCESS for r in rows)
 
 
@@ -114,8 +134,11 @@ async def test_a_yield_runs_again_after_its_delay(switched):
     first = switched.task_marker()
     task = await switched.create_maniphest_task("an index that is busy")
     await switched.settled(first, "first publish")
-    lock = (await switched.site.helper(
-        "lock-name", name="index", parameters={"objectPHID": task["phid"]}))["name"]
+    lock = (
+        await switched.site.helper(
+            "lock-name", name="index", parameters={"objectPHID": task["phid"]}
+        )
+    )["name"]
 
     # Hold the index lock that PhabricatorSearchWorker takes: it then yields
     # for 15 seconds instead of indexing.
@@ -129,9 +152,11 @@ async def test_a_yield_runs_again_after_its_delay(switched):
 
         def yielded():
             for row in switched.tasks_since(marker):
-                if (row["taskClass"] == "PhabricatorSearchWorker"
-                        and row["table"] == "worker_activetask"
-                        and row["leaseOwner"] == "(yield)"):
+                if (
+                    row["taskClass"] == "PhabricatorSearchWorker"
+                    and row["table"] == "worker_activetask"
+                    and row["leaseOwner"] == "(yield)"
+                ):
                     return row
             return None
 
@@ -144,8 +169,12 @@ async def test_a_yield_runs_again_after_its_delay(switched):
     assert 14 <= wait <= 16, wait
     # Time travel instead of waiting out the 15 seconds: the queue sees the
     # yield's window as over.
-    switched.site.execute("worker", "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-                          " WHERE id = %s AND leaseOwner = '(yield)'", row["id"])
+    switched.site.execute(
+        "worker",
+        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
+        " WHERE id = %s AND leaseOwner = '(yield)'",
+        row["id"],
+    )
     archived = await switched.until(lambda: switched.archived(row["id"]), "yielded task ran again")
     assert archived["result"] == SUCCESS
     assert archived["failureCount"] == 0

@@ -18,23 +18,30 @@ SUCCESS = 0
 
 async def test_a_new_task_calls_the_herald_webhook_exactly_once(switched):
     hook = await switched.site.helper(
-        "webhook", author="gorge-worker", name="new tasks to the receiver",
-        uri=switched.receiver.base + "/hook")
+        "webhook",
+        author="gorge-worker",
+        name="new tasks to the receiver",
+        uri=switched.receiver.base + "/hook",
+    )
     marker = switched.task_marker()
 
     task = await switched.create_maniphest_task("a task that Herald announces")
 
     def sent():
         rows = switched.site.rows(
-            "herald", "SELECT r.* FROM herald_webhookrequest r JOIN herald_webhook h"
-            " ON h.phid = r.webhookPHID WHERE h.phid = %s", hook["hookPHID"])
+            "herald",
+            "SELECT r.* FROM herald_webhookrequest r JOIN herald_webhook h"
+            " ON h.phid = r.webhookPHID WHERE h.phid = %s",
+            hook["hookPHID"],
+        )
         return rows if rows and all(r["status"] != "queued" for r in rows) else None
 
     requests = await switched.until(sent, "the webhook request left 'queued'")
     rows = await switched.settled(marker, "publish and webhook tasks")
 
     assert [(r["objectPHID"], r["status"], r["lastRequestResult"]) for r in requests] == [
-        (task["phid"], "sent", "okay")]
+        (task["phid"], "sent", "okay")
+    ]
     hook_tasks = [r for r in rows if r["taskClass"] == "HeraldWebhookWorker"]
     assert len(hook_tasks) == 1
     assert json.loads(hook_tasks[0]["data"]) == {"webhookRequestPHID": requests[0]["phid"]}

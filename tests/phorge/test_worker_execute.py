@@ -34,24 +34,29 @@ async def test_only_an_administrator_may_run_tasks(switched):
 
 
 async def test_parameters_are_exactly_the_ones_gorge_worker_sends(switched):
-    extra = await execute(switched, switched.token, taskClass="PhabricatorTestWorker",
-                          data="{}", priority=1)
-    wrong = await execute(switched, switched.token, taskClass="PhabricatorTestWorker",
-                          data={"not": "text"})
+    extra = await execute(
+        switched, switched.token, taskClass="PhabricatorTestWorker", data="{}", priority=1
+    )
+    wrong = await execute(
+        switched, switched.token, taskClass="PhabricatorTestWorker", data={"not": "text"}
+    )
 
     assert extra["error_code"] == "ERR-CONDUIT-CALL" and "priority" in extra["error_info"]
     assert wrong["error_code"] == "ERR-BAD-PARAMETER" and '"data"' in wrong["error_info"]
 
 
-@pytest.mark.parametrize("task_class, data, reason", [
-    ("GorgeNoSuchWorker", "{}", 'Task class "GorgeNoSuchWorker" does not exist.'),
-    ("PhabricatorUser", "{}", 'is not a subclass of "PhabricatorWorker"'),
-    ("PhabricatorWorker", "{}", 'is not a subclass of "PhabricatorWorker"'),
-    ("PhabricatorTestWorker", "{not json", 'is not valid JSON'),
-    # A bare number reaches the worker as a number (the mail ID it loads).
-    ("PhabricatorMetaMTAWorker", "987654321", 'mail message (with ID "987654321")'),
-    ("PhabricatorTestWorker", '{"doWork":"fail-permanent"}', "Permanent failure!"),
-])
+@pytest.mark.parametrize(
+    "task_class, data, reason",
+    [
+        ("GorgeNoSuchWorker", "{}", 'Task class "GorgeNoSuchWorker" does not exist.'),
+        ("PhabricatorUser", "{}", 'is not a subclass of "PhabricatorWorker"'),
+        ("PhabricatorWorker", "{}", 'is not a subclass of "PhabricatorWorker"'),
+        ("PhabricatorTestWorker", "{not json", "is not valid JSON"),
+        # A bare number reaches the worker as a number (the mail ID it loads).
+        ("PhabricatorMetaMTAWorker", "987654321", 'mail message (with ID "987654321")'),
+        ("PhabricatorTestWorker", '{"doWork":"fail-permanent"}', "Permanent failure!"),
+    ],
+)
 async def test_permanent_failures(switched, task_class, data, reason):
     envelope = await execute(switched, switched.token, taskClass=task_class, data=data)
     result = envelope["result"]
@@ -61,12 +66,21 @@ async def test_permanent_failures(switched, task_class, data, reason):
 
 
 async def test_success_and_a_failure_with_the_workers_own_wait(switched):
-    ok = await execute(switched, switched.token, taskClass="PhabricatorTestWorker",
-                       data='{"doWork":"nothing"}')
-    failing = await execute(switched, switched.token, taskClass="PhabricatorTestWorker",
-                            data='{"doWork":"fail-temporary","getWaitBeforeRetry":42}')
-    no_wait = await execute(switched, switched.token, taskClass="PhabricatorTestWorker",
-                            data='{"doWork":"fail-temporary"}')
+    ok = await execute(
+        switched, switched.token, taskClass="PhabricatorTestWorker", data='{"doWork":"nothing"}'
+    )
+    failing = await execute(
+        switched,
+        switched.token,
+        taskClass="PhabricatorTestWorker",
+        data='{"doWork":"fail-temporary","getWaitBeforeRetry":42}',
+    )
+    no_wait = await execute(
+        switched,
+        switched.token,
+        taskClass="PhabricatorTestWorker",
+        data='{"doWork":"fail-temporary"}',
+    )
 
     assert ok["result"]["result"] == "success"
     assert failing["result"]["result"] == "failure"
@@ -79,25 +93,35 @@ async def test_the_failure_count_comes_from_the_row_which_is_never_written(switc
     first = switched.task_marker()
     story_of = await switched.create_maniphest_task("a story whose hook fails")
     await switched.settled(first, "publishing")
-    key = str(switched.site.rows(
-        "feed", "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
-        story_of["phid"])[0]["chronologicalKey"])
+    key = str(
+        switched.site.rows(
+            "feed",
+            "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
+            story_of["phid"],
+        )[0]["chronologicalKey"]
+    )
     failing_hook = switched.receiver.base + "/status/500"
     hooks = switched.site.config["feed.http-hooks"]
     switched.site.configure({"feed.http-hooks": [*hooks, failing_hook]})
     try:
         scheduled = await switched.site.helper(
-            "schedule", taskClass="FeedPublisherHTTPWorker",
-            data={"key": key, "uri": failing_hook}, delayUntil=FAR_FUTURE)
+            "schedule",
+            taskClass="FeedPublisherHTTPWorker",
+            data={"key": key, "uri": failing_hook},
+            delayUntil=FAR_FUTURE,
+        )
         task_id = scheduled["taskID"]
-        switched.site.execute("worker", "UPDATE worker_activetask SET failureCount = 2 WHERE id = %s",
-                              task_id)
+        switched.site.execute(
+            "worker", "UPDATE worker_activetask SET failureCount = 2 WHERE id = %s", task_id
+        )
         before = switched.task(task_id)
-        data = switched.site.rows("worker", "SELECT data FROM worker_taskdata WHERE id = %s",
-                                  before["dataID"])[0]["data"]
+        data = switched.site.rows(
+            "worker", "SELECT data FROM worker_taskdata WHERE id = %s", before["dataID"]
+        )[0]["data"]
 
-        envelope = await execute(switched, switched.token, taskID=task_id,
-                                 taskClass="FeedPublisherHTTPWorker", data=data)
+        envelope = await execute(
+            switched, switched.token, taskID=task_id, taskClass="FeedPublisherHTTPWorker", data=data
+        )
     finally:
         switched.site.configure({"feed.http-hooks": hooks})
     after = switched.task(task_id)
@@ -114,12 +138,21 @@ async def test_the_failure_count_comes_from_the_row_which_is_never_written(switc
 
 async def test_a_task_over_its_retry_limit_fails_permanently(switched):
     scheduled = await switched.site.helper(
-        "schedule", taskClass="PhabricatorMetaMTAWorker", data=1, delayUntil=FAR_FUTURE)
-    switched.site.execute("worker", "UPDATE worker_activetask SET failureCount = 251 WHERE id = %s",
-                          scheduled["taskID"])
+        "schedule", taskClass="PhabricatorMetaMTAWorker", data=1, delayUntil=FAR_FUTURE
+    )
+    switched.site.execute(
+        "worker",
+        "UPDATE worker_activetask SET failureCount = 251 WHERE id = %s",
+        scheduled["taskID"],
+    )
 
-    envelope = await execute(switched, switched.token, taskID=scheduled["taskID"],
-                             taskClass="PhabricatorMetaMTAWorker", data="1")
+    envelope = await execute(
+        switched,
+        switched.token,
+        taskID=scheduled["taskID"],
+        taskClass="PhabricatorMetaMTAWorker",
+        data="1",
+    )
     switched.forget_task(scheduled["taskID"])
 
     assert envelope["result"]["result"] == "permanent-failure"

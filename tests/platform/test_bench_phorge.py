@@ -15,8 +15,10 @@ from gorge.testing.phorge import ROOT_VARIABLE, find_checkout
 from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "bench" / "phorge.py"
-SKIP_LINE = (f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
-             "(a Phorge checkout with arcanist/ beside it)")
+SKIP_LINE = (
+    f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
+    "(a Phorge checkout with arcanist/ beside it)"
+)
 
 
 def _bench(*args: str, root: str | None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -24,9 +26,15 @@ def _bench(*args: str, root: str | None, timeout: float = 60) -> subprocess.Comp
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     if root is not None:
         env[ROOT_VARIABLE] = root
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, cwd=REPO_ROOT,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=env,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_without_a_phorge_checkout_it_prints_one_skip_line_and_exits_0():
@@ -39,8 +47,11 @@ def test_a_root_that_is_no_phorge_checkout_stops_it_with_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
-        (f"bench/phorge.py: {ROOT_VARIABLE}={tmp_path} is not a Phorge checkout "
-         "(no bin/storage or webroot/index.php)")]
+        (
+            f"bench/phorge.py: {ROOT_VARIABLE}={tmp_path} is not a Phorge checkout "
+            "(no bin/storage or webroot/index.php)"
+        )
+    ]
 
 
 @pytest.mark.phorge
@@ -50,7 +61,9 @@ def test_a_root_that_is_no_phorge_checkout_stops_it_with_one_line(tmp_path):
 def test_a_quick_run_measures_both_sides_and_draws_the_chart(tmp_path):
     checkout, problem = find_checkout()
     if checkout is None:
-        pytest.skip(problem or f"needs {ROOT_VARIABLE} (a Phorge checkout with arcanist/ beside it)")
+        pytest.skip(
+            problem or f"needs {ROOT_VARIABLE} (a Phorge checkout with arcanist/ beside it)"
+        )
     chart = tmp_path / "phorge.png"
     # The chart needs the optional bench extra (matplotlib).
     drawing = importlib.util.find_spec("matplotlib") is not None
@@ -63,10 +76,13 @@ def test_a_quick_run_measures_both_sides_and_draws_the_chart(tmp_path):
     lines = done.stdout.splitlines()
     for workload in ("tasks", "webhooks"):
         for side in ("Phorge", "gorge"):
-            assert any(line.startswith(f"round 1 {workload}") and f" {side} " in line
-                       for line in lines), output[-5000:]
-        assert any(line.startswith(f"{workload}/s, bulk (10%-90%)") and line.endswith("x")
-                   for line in lines), output[-5000:]
+            assert any(
+                line.startswith(f"round 1 {workload}") and f" {side} " in line for line in lines
+            ), output[-5000:]
+        assert any(
+            line.startswith(f"{workload}/s, bulk (10%-90%)") and line.endswith("x")
+            for line in lines
+        ), output[-5000:]
     assert any(line.startswith("idle pickup p50") for line in lines), output[-5000:]
     assert any(line.startswith("targets: tasks") for line in lines), output[-5000:]
     # Every item of every run was done, exactly once: no PROBLEM line.

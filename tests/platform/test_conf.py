@@ -18,8 +18,11 @@ def _settings_read_by_the_code() -> set[str]:
         if path.relative_to(REPO / "gorge").parts[0] == "demo":
             continue  # the demo sets settings, it reads none of its own
         with path.open("rb") as source:
-            literals = [t.string for t in tokenize.tokenize(source.readline)
-                        if t.type == tokenize.STRING or t.type == getattr(tokenize, "FSTRING_MIDDLE", -1)]
+            literals = [
+                t.string
+                for t in tokenize.tokenize(source.readline)
+                if t.type == tokenize.STRING or t.type == getattr(tokenize, "FSTRING_MIDDLE", -1)
+            ]
         for literal in literals:
             # "GORGE_WEBHOOK_" alone is a prefix completed at run time
             names.update(n for n in SETTING.findall(literal) if not n.endswith("_"))
@@ -27,8 +30,11 @@ def _settings_read_by_the_code() -> set[str]:
 
 
 def test_code_reads_settings():
-    assert {"GORGE_LISTEN_ADDR", "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
-            "GORGE_TASKQUEUE_BACKEND"} <= _settings_read_by_the_code()
+    assert {
+        "GORGE_LISTEN_ADDR",
+        "GORGE_WEBHOOK_OUTBOUND_BLACKLIST",
+        "GORGE_TASKQUEUE_BACKEND",
+    } <= _settings_read_by_the_code()
 
 
 @pytest.mark.parametrize("example", ["gorge.env.example"])
@@ -53,7 +59,7 @@ def _compose_environment(service: str) -> dict[str, str]:
     start = lines.index(f"  {service}:")
     env: dict[str, str] = {}
     inside = False
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("  ") and not line.startswith("   "):
             break  # the next service
         if line.strip() == "environment:":
@@ -79,6 +85,7 @@ def _interpolate(value: str, supplied: dict[str, str]) -> str:
         if kind == "?":
             raise AssertionError(f"compose would refuse to start: {name}: {rest}")
         return rest or ""
+
     return _INTERPOLATION.sub(one, value)
 
 
@@ -92,8 +99,10 @@ def test_compose_worker_needs_conduit_url_and_token_and_then_starts():
     # Both are required by compose itself, so a URL can never come alone.
     for name in ("GORGE_WORKER_CONDUIT_URL", "GORGE_WORKER_CONDUIT_TOKEN"):
         assert raw[name].startswith("${" + name + ":?"), raw[name]
-    supplied = {"GORGE_WORKER_CONDUIT_URL": "https://phorge.example.com",
-                "GORGE_WORKER_CONDUIT_TOKEN": "api-abcdefghijklmnopqrstuvwxyz12"}
+    supplied = {
+        "GORGE_WORKER_CONDUIT_URL": "https://phorge.example.com",
+        "GORGE_WORKER_CONDUIT_TOKEN": "api-abcdefghijklmnopqrstuvwxyz12",
+    }
     env = {key: _interpolate(value.strip('"'), supplied) for key, value in raw.items()}
     settings = load_worker_settings({**env, "GORGE_LISTEN_ADDR": "127.0.0.1:0"})
     assert settings.webhook_owner == "gorge-webhook"  # gorge-webhook is in the stack

@@ -1,10 +1,17 @@
 """gorge.config: parsers and the Env reader."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gorge.config import (
-    ConfigError, Env, load_http_settings, parse_bool, parse_int, parse_listen_addr, parse_size,
+    ConfigError,
+    Env,
+    load_http_settings,
+    parse_bool,
+    parse_int,
+    parse_listen_addr,
+    parse_size,
 )
 
 
@@ -24,9 +31,21 @@ def test_parse_int_refuses_everything_else(text):
         assert str(value) == text.strip().lstrip("+")
 
 
-@given(st.integers(min_value=0, max_value=2**20), st.sampled_from(
-    [("", 1), ("B", 1), ("k", 1024), ("KB", 1024), ("m", 1024**2), ("Mb", 1024**2),
-     ("G", 1024**3), ("gb", 1024**3)]))
+@given(
+    st.integers(min_value=0, max_value=2**20),
+    st.sampled_from(
+        [
+            ("", 1),
+            ("B", 1),
+            ("k", 1024),
+            ("KB", 1024),
+            ("m", 1024**2),
+            ("Mb", 1024**2),
+            ("G", 1024**3),
+            ("gb", 1024**3),
+        ]
+    ),
+)
 def test_parse_size_units_are_binary_and_case_insensitive(n, unit):
     suffix, factor = unit
     assert parse_size(f"{n}{suffix}") == n * factor
@@ -38,9 +57,19 @@ def test_parse_size_refuses_garbage(bad):
         parse_size(bad)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("1", True), ("true", True), ("YES", True), ("on", True),
-    ("0", False), ("False", False), ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        ("on", True),
+        ("0", False),
+        ("False", False),
+        ("no", False),
+        ("off", False),
+    ],
+)
 def test_parse_bool(text, expected):
     assert parse_bool(text) is expected
 
@@ -50,14 +79,17 @@ def test_parse_bool_refuses_unknown_words():
         parse_bool("maybe")
 
 
-@pytest.mark.parametrize("addr,endpoint", [
-    (":8160", "tcp:8160"),
-    ("127.0.0.1:8160", "tcp:8160:interface=127.0.0.1"),
-    ("0.0.0.0:8090", "tcp:8090:interface=0.0.0.0"),
-    ("[::]:8160", "tcp6:8160:interface=\\:\\:"),
-    ("[::1]:0", "tcp6:0:interface=\\:\\:1"),
-    ("localhost:8110", "tcp:8110:interface=127.0.0.1"),
-])
+@pytest.mark.parametrize(
+    "addr,endpoint",
+    [
+        (":8160", "tcp:8160"),
+        ("127.0.0.1:8160", "tcp:8160:interface=127.0.0.1"),
+        ("0.0.0.0:8090", "tcp:8090:interface=0.0.0.0"),
+        ("[::]:8160", "tcp6:8160:interface=\\:\\:"),
+        ("[::1]:0", "tcp6:0:interface=\\:\\:1"),
+        ("localhost:8110", "tcp:8110:interface=127.0.0.1"),
+    ],
+)
 def test_listen_addr_becomes_strports_description(addr, endpoint):
     assert parse_listen_addr(addr) == endpoint
 
@@ -109,8 +141,11 @@ def test_http_settings_defaults_and_override():
     assert settings.endpoint == "tcp:8160"
     assert settings.body_limit == 2 * 1024 * 1024
     assert "s3cret" not in repr(settings)
-    settings = load_http_settings(Env({"GORGE_LISTEN_ADDR": "127.0.0.1:1"}), default_listen=":8160",
-                                  listen_override="127.0.0.1:9")
+    settings = load_http_settings(
+        Env({"GORGE_LISTEN_ADDR": "127.0.0.1:1"}),
+        default_listen=":8160",
+        listen_override="127.0.0.1:9",
+    )
     assert settings.endpoint == "tcp:9:interface=127.0.0.1"
 
 
@@ -127,9 +162,19 @@ def test_http_settings_body_limit():
         load_http_settings(Env({"GORGE_BODY_LIMIT": "lots"}), default_listen=":1")
 
 
-@pytest.mark.parametrize("level,expected", [
-    (None, True), ("", True), ("debug", True), ("info", True), ("INFO", True),
-    ("warn", False), ("error", False), ("loud", True)])
+@pytest.mark.parametrize(
+    "level,expected",
+    [
+        (None, True),
+        ("", True),
+        ("debug", True),
+        ("info", True),
+        ("INFO", True),
+        ("warn", False),
+        ("error", False),
+        ("loud", True),
+    ],
+)
 def test_http_settings_access_log_follows_the_log_level(level, expected):
     environ = {} if level is None else {"GORGE_LOG_LEVEL": level}
     assert load_http_settings(Env(environ), default_listen=":1").access_log is expected

@@ -47,7 +47,8 @@ async def test_sighup_reloads_and_chains_the_earlier_handler(reactor, hangup_res
 
 @pytest_twisted.ensureDeferred
 async def test_a_failing_reload_is_logged_and_the_next_hangup_still_reloads(
-        reactor, hangup_restored):
+    reactor, hangup_restored
+):
     calls = []
     done: Deferred = Deferred()
 

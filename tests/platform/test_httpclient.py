@@ -2,10 +2,12 @@
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from OpenSSL import SSL
 from twisted.internet import error
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError as DeferredTimeout
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import optionsForClientTLS
@@ -83,8 +85,10 @@ def test_pool_settings():
 def test_bare_pool_has_the_same_settings():
     pool = make_pool(MemoryReactorClock(), max_per_host=3)
     assert (pool.maxPersistentPerHost, pool.persistent, pool.retryAutomatically) == (3, True, False)
-    assert make_pool(MemoryReactorClock(), max_per_host=3,
-                     retry_automatically=True).retryAutomatically is True
+    assert (
+        make_pool(MemoryReactorClock(), max_per_host=3, retry_automatically=True).retryAutomatically
+        is True
+    )
 
 
 @pytest_twisted.ensureDeferred
@@ -97,8 +101,9 @@ async def test_the_agent_keeps_its_connections_in_its_pool_and_logs_no_factory_l
         url = f"http://127.0.0.1:{port.getHost().port}/"
         with logged_events() as events:
             for _ in range(2):
-                reply = await exchange(agent, reactor, "POST", url, body=b"x",
-                                       deadline=reactor.seconds() + 10)
+                reply = await exchange(
+                    agent, reactor, "POST", url, body=b"x", deadline=reactor.seconds() + 10
+                )
                 assert (reply.status, reply.body) == (200, b"hello x")
         assert len(site.closed) == 1  # the second request reused the connection
         assert not site.closed[0].called
@@ -155,8 +160,9 @@ async def test_a_body_written_before_the_tls_handshake_is_not_handed_over(reacto
     cert = make_certificate()
     port = reactor.listenTCP(0, Factory.forProtocol(Silent), interface="127.0.0.1")
     body = Recorded(b"secret")
-    agent = Agent.usingEndpointFactory(reactor, TLSTo(reactor, port.getHost().port,
-                                                      cert.trust_root))
+    agent = Agent.usingEndpointFactory(
+        reactor, TLSTo(reactor, port.getHost().port, cert.trust_root)
+    )
     request = agent.request(b"POST", b"https://localhost/", bodyProducer=body)
     try:
         await body.started.addTimeout(10, reactor)
@@ -179,10 +185,12 @@ async def test_a_body_sent_over_an_established_tls_connection_is_handed_over(rea
     port = reactor.listenSSL(0, site, cert.server_options, interface="127.0.0.1")
     try:
         body = Recorded(b"x")
-        agent = Agent.usingEndpointFactory(reactor, TLSTo(reactor, port.getHost().port,
-                                                          cert.trust_root))
-        response = await agent.request(b"POST", b"https://localhost/",
-                                       bodyProducer=body).addTimeout(10, reactor)
+        agent = Agent.usingEndpointFactory(
+            reactor, TLSTo(reactor, port.getHost().port, cert.trust_root)
+        )
+        response = await agent.request(
+            b"POST", b"https://localhost/", bodyProducer=body
+        ).addTimeout(10, reactor)
         assert response.code == 200
         assert body.handed_over is True
     finally:
@@ -197,7 +205,8 @@ class Wire(MemoryHttp):
         kwargs.setdefault("deadline", self.reactor.seconds() + 30)
         kwargs.setdefault("body", b"ping")
         return Deferred.fromCoroutine(
-            exchange(self.client, self.reactor, "POST", "http://127.0.0.1:9/x", **kwargs))
+            exchange(self.client, self.reactor, "POST", "http://127.0.0.1:9/x", **kwargs)
+        )
 
 
 def outcome(d: Deferred):
@@ -345,8 +354,11 @@ def test_an_agent_that_raises_is_a_failure_before_anything_was_sent():
         def request(self, *args):
             raise error.ConnectionRefusedError()
 
-    failure = outcome(Deferred.fromCoroutine(exchange(
-        Broken(), MemoryReactorClock(), "POST", "http://127.0.0.1:9/", deadline=5.0))).value
+    failure = outcome(
+        Deferred.fromCoroutine(
+            exchange(Broken(), MemoryReactorClock(), "POST", "http://127.0.0.1:9/", deadline=5.0)
+        )
+    ).value
     assert (failure.cause, failure.submitted) == (Cause.REFUSED, False)
     assert str(failure) == "connection refused"
 
@@ -367,34 +379,41 @@ LEAVES = [
 ]
 
 
-@given(st.sampled_from(LEAVES), st.lists(st.sampled_from(["never", "failed", "sent"]),
-                                         max_size=3))
+@given(st.sampled_from(LEAVES), st.lists(st.sampled_from(["never", "failed", "sent"]), max_size=3))
 def test_a_cause_survives_any_wrapping(leaf_and_cause, wrappers):
     leaf, cause = leaf_and_cause
     exc: BaseException = leaf
     for kind in wrappers:
-        wrapper = {"never": ResponseNeverReceived, "failed": ResponseFailed,
-                   "sent": RequestTransmissionFailed}[kind]
+        wrapper = {
+            "never": ResponseNeverReceived,
+            "failed": ResponseFailed,
+            "sent": RequestTransmissionFailed,
+        }[kind]
         exc = wrapper([Failure(exc)])
     assert classify(exc) is cause
     assert classify(TransportFailure.from_error(exc, submitted=False)) is cause
 
 
-@pytest.mark.parametrize("exc,cause", [
-    (ResponseNeverReceived([Failure(error.ConnectionDone())]), Cause.EMPTY_REPLY),
-    (ResponseNeverReceived([Failure(error.ConnectionLost())]), Cause.RESET),
-    (ResponseFailed([Failure(error.ConnectionDone())]), Cause.HEAD_CUT),
-    (RequestTransmissionFailed([Failure(error.ConnectionLost())]), Cause.SEND_FAILED),
-    (BodyCutShort(Failure(ResponseFailed([Failure(error.ConnectionDone())]))), Cause.BODY_CUT),
-    (ValueError("?"), Cause.OTHER),
-])
+@pytest.mark.parametrize(
+    "exc,cause",
+    [
+        (ResponseNeverReceived([Failure(error.ConnectionDone())]), Cause.EMPTY_REPLY),
+        (ResponseNeverReceived([Failure(error.ConnectionLost())]), Cause.RESET),
+        (ResponseFailed([Failure(error.ConnectionDone())]), Cause.HEAD_CUT),
+        (RequestTransmissionFailed([Failure(error.ConnectionLost())]), Cause.SEND_FAILED),
+        (BodyCutShort(Failure(ResponseFailed([Failure(error.ConnectionDone())]))), Cause.BODY_CUT),
+        (ValueError("?"), Cause.OTHER),
+    ],
+)
 def test_what_the_wrapper_says_when_the_leaf_does_not(exc, cause):
     assert classify(exc) is cause
 
 
 def test_our_deadline_is_told_from_any_other_cancel():
     cancelled = ResponseNeverReceived([Failure(CancelledError())])
-    assert TransportFailure.from_error(cancelled, submitted=True, deadline=True).cause \
+    assert (
+        TransportFailure.from_error(cancelled, submitted=True, deadline=True).cause
         is Cause.DEADLINE
+    )
     assert isinstance(TransportFailure.from_error(cancelled, submitted=True), ExchangeCancelled)
     assert str(TransportFailure.from_error(ValueError("x"), submitted=False)) == "ValueError"

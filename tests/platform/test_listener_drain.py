@@ -22,12 +22,19 @@ BODY = json.dumps({"text": "x" * 200_000}).encode()
 
 
 def started_listener(drain_timeout: float, clock):
-    site = build_site(api_resource=ExampleApi().app.resource(), prefix="/api/example/",
-                      token="", body_limit=1024 * 1024, readiness=Readiness(),
-                      registry=CollectorRegistry(), clock=clock)
+    site = build_site(
+        api_resource=ExampleApi().app.resource(),
+        prefix="/api/example/",
+        token="",
+        body_limit=1024 * 1024,
+        readiness=Readiness(),
+        registry=CollectorRegistry(),
+        clock=clock,
+    )
     port = free_port()
-    service = listener(f"tcp:{port}:interface=127.0.0.1", site, drain_timeout=drain_timeout,
-                       clock=clock)
+    service = listener(
+        f"tcp:{port}:interface=127.0.0.1", site, drain_timeout=drain_timeout, clock=clock
+    )
     service.privilegedStartService()
     service.startService()
     return service, site, port
@@ -81,8 +88,9 @@ async def test_the_drain_is_bounded():
         assert not stopping.called
         clock.advance(0.1)
         await stopping.addTimeout(10, reactor)
-    (abandoned,) = [e for e in events
-                    if str(e.get("log_format", "")).startswith("HTTP_DRAIN_ABANDONED")]
+    (abandoned,) = [
+        e for e in events if str(e.get("log_format", "")).startswith("HTTP_DRAIN_ABANDONED")
+    ]
     assert abandoned["open_connections"] == 1
     slow.transport.loseConnection()
     await slow.closed.addTimeout(10, reactor)

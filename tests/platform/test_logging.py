@@ -4,7 +4,8 @@ import io
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.logger import Logger, LogPublisher
 
 from gorge.config import ConfigError
@@ -19,8 +20,14 @@ def _emit(environ, fn):
 
 
 def test_level_filter_drops_lower_levels():
-    lines = _emit({"GORGE_LOG_LEVEL": "warn"}, lambda log: (
-        log.debug("DEBUG_EVENT"), log.info("INFO_EVENT"), log.warn("WARN_EVENT x={x}", x=1)))
+    lines = _emit(
+        {"GORGE_LOG_LEVEL": "warn"},
+        lambda log: (
+            log.debug("DEBUG_EVENT"),
+            log.info("INFO_EVENT"),
+            log.warn("WARN_EVENT x={x}", x=1),
+        ),
+    )
     assert len(lines) == 1 and "WARN_EVENT x=1" in lines[0]
 
 
@@ -37,6 +44,7 @@ def test_json_lines_carry_event_fields_and_request_id():
             log.info("TASK_LEASED id={id}", id=7, password="hunter2")
         finally:
             request_id_var.reset(token)
+
     [line] = _emit({"GORGE_LOG_FORMAT": "json"}, emit)
     record = json.loads(line)
     assert record["event"] == "TASK_LEASED"
@@ -53,34 +61,48 @@ def test_failure_is_rendered_with_traceback():
             raise ValueError("boom")
         except ValueError:
             log.failure("X_FAILED")
+
     lines = _emit({"GORGE_LOG_FORMAT": "json"}, emit)
     record = json.loads(lines[0])
     assert "ValueError: boom" in record["traceback"]
 
 
-@pytest.mark.parametrize("env,setting", [
-    ({"GORGE_LOG_LEVEL": "loud"}, "GORGE_LOG_LEVEL"),
-    ({"GORGE_LOG_FORMAT": "xml"}, "GORGE_LOG_FORMAT"),
-])
+@pytest.mark.parametrize(
+    "env,setting",
+    [
+        ({"GORGE_LOG_LEVEL": "loud"}, "GORGE_LOG_LEVEL"),
+        ({"GORGE_LOG_FORMAT": "xml"}, "GORGE_LOG_FORMAT"),
+    ],
+)
 def test_bad_log_settings_name_the_setting(env, setting):
     with pytest.raises(ConfigError) as info:
         make_observer(env, io.StringIO())
     assert info.value.setting == setting
 
 
-@pytest.mark.parametrize("uri,expected", [
-    ("/api/x?token=abc", "/api/x?token=[REDACTED]"),
-    ("/a?x=1&api_key=k&Service-Token=t&y=2", "/a?x=1&api_key=[REDACTED]&Service-Token=[REDACTED]&y=2"),
-    ("/a?PassWord=p#frag", "/a?PassWord=[REDACTED]#frag"),
-    ("/plain/path", "/plain/path"),
-    ("/a?tokens=keep", "/a?tokens=keep"),
-])
+@pytest.mark.parametrize(
+    "uri,expected",
+    [
+        ("/api/x?token=abc", "/api/x?token=[REDACTED]"),
+        (
+            "/a?x=1&api_key=k&Service-Token=t&y=2",
+            "/a?x=1&api_key=[REDACTED]&Service-Token=[REDACTED]&y=2",
+        ),
+        ("/a?PassWord=p#frag", "/a?PassWord=[REDACTED]#frag"),
+        ("/plain/path", "/plain/path"),
+        ("/a?tokens=keep", "/a?tokens=keep"),
+    ],
+)
 def test_redact_uri(uri, expected):
     assert redact_uri(uri) == expected
 
 
-@given(st.text(alphabet=st.characters(blacklist_characters="&#=?", blacklist_categories=("Cs",)),
-               min_size=1))
+@given(
+    st.text(
+        alphabet=st.characters(blacklist_characters="&#=?", blacklist_categories=("Cs",)),
+        min_size=1,
+    )
+)
 def test_redacted_uri_never_contains_the_token(secret):
     assert redact_uri(f"/api/queue/stats?token={secret}") == "/api/queue/stats?token=[REDACTED]"
 

@@ -47,13 +47,21 @@ def _template(path: str) -> str:
 
 
 def served_routes(app) -> set[tuple[str, str]]:
-    return {(method, _template(rule.rule)) for rule in app.url_map.iter_rules()
-            for method in rule.methods if method not in ("HEAD", "OPTIONS")} | PROBES
+    return {
+        (method, _template(rule.rule))
+        for rule in app.url_map.iter_rules()
+        for method in rule.methods
+        if method not in ("HEAD", "OPTIONS")
+    } | PROBES
 
 
 def documented_routes(doc: dict) -> set[tuple[str, str]]:
-    return {(method.upper(), _template(path)) for path, item in doc["paths"].items()
-            for method in item if method in OPERATIONS}
+    return {
+        (method.upper(), _template(path))
+        for path, item in doc["paths"].items()
+        for method in item
+        if method in OPERATIONS
+    }
 
 
 @pytest.mark.parametrize("service", DAEMONS)
@@ -104,26 +112,46 @@ SCHEMATHESIS = [sys.executable, "-c", "from schemathesis.cli import schemathesis
 
 
 def environ(**extra: str) -> dict[str, str]:
-    return daemon_environ({"GORGE_LISTEN_ADDR": "127.0.0.1:0", "GORGE_SERVICE_TOKEN": TOKEN,
-                           **extra},
-                          drop=("GORGE_", "SMTP_", "MAILER_"))
+    return daemon_environ(
+        {"GORGE_LISTEN_ADDR": "127.0.0.1:0", "GORGE_SERVICE_TOKEN": TOKEN, **extra},
+        drop=("GORGE_", "SMTP_", "MAILER_"),
+    )
 
 
 async def schemathesis_run(service: str, port: int, tmp_path: Path) -> None:
     """schemathesis over every operation of the document, against 127.0.0.1 only."""
     package = DAEMONS[service][0]
     schema = REPO_ROOT / package.replace(".", "/") / "openapi.json"
-    args = [*SCHEMATHESIS[1:], "run", str(schema), "--url", f"http://127.0.0.1:{port}",
-            "--header", f"X-Service-Token: {TOKEN}",
-            "--checks", "not_a_server_error,response_schema_conformance",
-            "--max-examples", "15", "--workers", "1", "--request-timeout", "35",
-            "--suppress-health-check", "all", "--no-color"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HTTP_PROXY", "HTTPS_PROXY",
-                                                                      "http_proxy", "https_proxy"))}
+    args = [
+        *SCHEMATHESIS[1:],
+        "run",
+        str(schema),
+        "--url",
+        f"http://127.0.0.1:{port}",
+        "--header",
+        f"X-Service-Token: {TOKEN}",
+        "--checks",
+        "not_a_server_error,response_schema_conformance",
+        "--max-examples",
+        "15",
+        "--workers",
+        "1",
+        "--request-timeout",
+        "35",
+        "--suppress-health-check",
+        "all",
+        "--no-color",
+    ]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"))
+    }
     env["SCHEMATHESIS_HOOKS"] = ""
     env["HOME"] = str(tmp_path)  # schemathesis keeps its state under the home directory
     out, err, code = await getProcessOutputAndValue(
-        SCHEMATHESIS[0], args, env=env, path=str(tmp_path), reactor=reactor)
+        SCHEMATHESIS[0], args, env=env, path=str(tmp_path), reactor=reactor
+    )
     text = (out + err).decode("utf-8", "replace")
     assert code == 0, text[-6000:]
 
@@ -140,9 +168,14 @@ async def _run_against(daemon: TwistdProcess, service: str, tmp_path: Path) -> N
 
 
 def _queue(tmp_path: Path) -> TwistdProcess:
-    return TwistdProcess(reactor, "gorge-taskqueue", environ(
-        GORGE_TASKQUEUE_BACKEND="sqlite",
-        GORGE_TASKQUEUE_SQLITE_PATH=str(tmp_path / "queue.sqlite3")))
+    return TwistdProcess(
+        reactor,
+        "gorge-taskqueue",
+        environ(
+            GORGE_TASKQUEUE_BACKEND="sqlite",
+            GORGE_TASKQUEUE_SQLITE_PATH=str(tmp_path / "queue.sqlite3"),
+        ),
+    )
 
 
 @pytest.mark.slow
@@ -154,8 +187,9 @@ async def test_schemathesis_finds_nothing_in_the_taskqueue(tmp_path):
 @pytest.mark.slow
 @pytest_twisted.ensureDeferred
 async def test_schemathesis_finds_nothing_in_the_mailer(tmp_path):
-    daemon = TwistdProcess(reactor, "gorge-mailer", environ(
-        GORGE_MAILER_CONFIG='[{"key":"t","type":"test"}]'))
+    daemon = TwistdProcess(
+        reactor, "gorge-mailer", environ(GORGE_MAILER_CONFIG='[{"key":"t","type":"test"}]')
+    )
     await _run_against(daemon, "mailer", tmp_path)
 
 
@@ -165,9 +199,14 @@ async def test_schemathesis_finds_nothing_in_the_worker(tmp_path):
     queue = _queue(tmp_path)
     try:
         queue_port = await queue.serving()
-        daemon = TwistdProcess(reactor, "gorge-worker", environ(
-            GORGE_WORKER_TASK_QUEUE_URL=f"http://127.0.0.1:{queue_port}",
-            GORGE_WORKER_TASK_QUEUE_TOKEN=TOKEN))
+        daemon = TwistdProcess(
+            reactor,
+            "gorge-worker",
+            environ(
+                GORGE_WORKER_TASK_QUEUE_URL=f"http://127.0.0.1:{queue_port}",
+                GORGE_WORKER_TASK_QUEUE_TOKEN=TOKEN,
+            ),
+        )
         await _run_against(daemon, "worker", tmp_path)
     finally:
         queue.kill()
@@ -181,7 +220,13 @@ async def test_schemathesis_finds_nothing_in_the_webhook_daemon(mariadb, tmp_pat
 
     namespace = f"oa{os.getpid()}"
     mariadb.create_database("herald", f"{namespace}_herald")
-    daemon = TwistdProcess(reactor, "gorge-webhook", environ(
-        **daemon_env(mariadb, namespace), GORGE_WEBHOOK_OUTBOUND_BLACKLIST="none",
-        GORGE_SERVICE_TOKEN=TOKEN))
+    daemon = TwistdProcess(
+        reactor,
+        "gorge-webhook",
+        environ(
+            **daemon_env(mariadb, namespace),
+            GORGE_WEBHOOK_OUTBOUND_BLACKLIST="none",
+            GORGE_SERVICE_TOKEN=TOKEN,
+        ),
+    )
     await _run_against(daemon, "webhook", tmp_path)

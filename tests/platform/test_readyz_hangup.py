@@ -22,8 +22,15 @@ async def test_an_answer_after_the_client_hung_up_is_dropped_quietly():
         asked.callback(None)
         return await verdict
 
-    site = build_site(api_resource=Resource(), prefix="/api/x/", token="t", body_limit=1024,
-                      readiness=readiness, registry=CollectorRegistry(), clock=reactor)
+    site = build_site(
+        api_resource=Resource(),
+        prefix="/api/x/",
+        token="t",
+        body_limit=1024,
+        readiness=readiness,
+        registry=CollectorRegistry(),
+        clock=reactor,
+    )
     server_side_gone: Deferred = Deferred()
     build = site.buildProtocol
 

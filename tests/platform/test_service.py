@@ -9,14 +9,20 @@ from twisted.application.service import Service
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import CannotListenError
-from twisted.internet.testing import MemoryReactorClock
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from gorge.config import ConfigError
 from gorge.service import (
-    DaemonRoot, FunctionService, InFlight, OrderedService, Poller, ServiceTree, SystemdNotifier,
-    listener, run_make_service,
+    DaemonRoot,
+    FunctionService,
+    InFlight,
+    OrderedService,
+    Poller,
+    ServiceTree,
+    SystemdNotifier,
+    listener,
+    run_make_service,
 )
 
 
@@ -41,8 +47,9 @@ class Recorder(Service):
 def test_ordered_service_starts_in_order_and_stops_one_at_a_time_in_reverse():
     events = []
     slow = Deferred()
-    parent = OrderedService(Recorder("pool", events), Recorder("loop", events, slow),
-                            Recorder("http", events))
+    parent = OrderedService(
+        Recorder("pool", events), Recorder("loop", events, slow), Recorder("http", events)
+    )
     parent.startService()
     assert events == [("start", "pool"), ("start", "loop"), ("start", "http")]
     events.clear()
@@ -78,8 +85,12 @@ def test_service_tree_starts_named_children_in_order_and_stops_them_in_reverse()
     tree = ServiceTree("daemon")
     tree.add("pool", Recorder("ignored", events))
     tree.add("drain", stop=drain)
-    tree.add("loop", start=lambda: events.append(("start", "loop")),
-             stop=lambda: events.append(("stopped", "loop")), part="the consumer")
+    tree.add(
+        "loop",
+        start=lambda: events.append(("start", "loop")),
+        stop=lambda: events.append(("stopped", "loop")),
+        part="the consumer",
+    )
     tree.startService()
     assert events == [("start", "pool"), ("start", "loop")]
     events.clear()
@@ -221,8 +232,9 @@ def test_inflight_drain_with_nothing_pending_is_immediate():
 
 def test_function_service_calls_start_and_stop():
     calls = []
-    svc = FunctionService(start=lambda: calls.append("start"),
-                          stop=lambda: calls.append("stop"), name="fn")
+    svc = FunctionService(
+        start=lambda: calls.append("start"), stop=lambda: calls.append("stop"), name="fn"
+    )
     svc.startService()
     d = svc.stopService()
     assert calls == ["start", "stop"] and d.called
@@ -251,20 +263,29 @@ class _PluginOptions(dict):
 
     def __init__(self, **server_options) -> None:
         super().__init__()
-        self.parent = {"nodaemon": False, "logfile": None, "syslog": False, "logger": None,
-                       **server_options}
+        self.parent = {
+            "nodaemon": False,
+            "logfile": None,
+            "syslog": False,
+            "logger": None,
+            **server_options,
+        }
 
 
-@pytest.mark.parametrize("server_options,installed", [
-    ({"nodaemon": True}, True),
-    ({"nodaemon": True, "logfile": "-"}, True),
-    ({"nodaemon": True, "logger": object()}, False),  # --logger: twistd uses that one
-    ({"nodaemon": True, "logfile": "gorge.log"}, False),
-    ({"nodaemon": True, "syslog": True}, False),
-    ({}, False),  # daemonized: twistd writes twistd.log
-])
+@pytest.mark.parametrize(
+    "server_options,installed",
+    [
+        ({"nodaemon": True}, True),
+        ({"nodaemon": True, "logfile": "-"}, True),
+        ({"nodaemon": True, "logger": object()}, False),  # --logger: twistd uses that one
+        ({"nodaemon": True, "logfile": "gorge.log"}, False),
+        ({"nodaemon": True, "syslog": True}, False),
+        ({}, False),  # daemonized: twistd writes twistd.log
+    ],
+)
 def test_the_daemon_logs_through_its_observer_when_twistd_would_print_to_stdout(
-        server_options, installed, monkeypatch):
+    server_options, installed, monkeypatch
+):
     import logging
 
     from twisted.application.service import Application
@@ -275,8 +296,9 @@ def test_the_daemon_logs_through_its_observer_when_twistd_would_print_to_stdout(
     monkeypatch.setattr(root_logger, "handlers", list(root_logger.handlers))
     monkeypatch.setattr(root_logger, "level", root_logger.level)
 
-    root = run_make_service("gorge-mailer", DaemonRoot, environ={},
-                            options=_PluginOptions(**server_options))
+    root = run_make_service(
+        "gorge-mailer", DaemonRoot, environ={}, options=_PluginOptions(**server_options)
+    )
     application = Application("gorge-mailer")
     root.setServiceParent(application)
     observer = application.getComponent(ILogObserver)
@@ -287,7 +309,6 @@ def test_the_daemon_logs_through_its_observer_when_twistd_would_print_to_stdout(
 
 
 def test_listener_bind_failure_aborts_start_up():
-    from twisted.internet import reactor
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -328,8 +349,7 @@ def test_systemd_notifier_ready_watchdog_stopping():
     fake = NotifySocket()
     try:
         clock = task.Clock()
-        notifier = SystemdNotifier({"NOTIFY_SOCKET": fake.path, "WATCHDOG_USEC": "10000000"},
-                                   clock)
+        notifier = SystemdNotifier({"NOTIFY_SOCKET": fake.path, "WATCHDOG_USEC": "10000000"}, clock)
         notifier.progress()  # not ready yet: no ping
         assert fake.messages() == []
         notifier.ready()

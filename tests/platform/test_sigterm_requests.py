@@ -52,14 +52,17 @@ async def sigterm_mid_body(daemon: TwistdProcess, path: str, body: bytes):
 
 
 def environ(**extra: str) -> dict[str, str]:
-    return daemon_environ({"GORGE_LISTEN_ADDR": "127.0.0.1:0", **extra},
-                          drop=("GORGE_", "SMTP_", "MAILER_"))
+    return daemon_environ(
+        {"GORGE_LISTEN_ADDR": "127.0.0.1:0", **extra}, drop=("GORGE_", "SMTP_", "MAILER_")
+    )
 
 
 @pytest_twisted.ensureDeferred
 async def test_taskqueue_answers_an_enqueue_still_arriving_at_sigterm(tmp_path):
-    env = environ(GORGE_TASKQUEUE_BACKEND="sqlite",
-                  GORGE_TASKQUEUE_SQLITE_PATH=str(tmp_path / "queue.sqlite3"))
+    env = environ(
+        GORGE_TASKQUEUE_BACKEND="sqlite",
+        GORGE_TASKQUEUE_SQLITE_PATH=str(tmp_path / "queue.sqlite3"),
+    )
     daemon = TwistdProcess(reactor, "gorge-taskqueue", env)
     body = json.dumps({"taskClass": "PhabricatorSearchWorker", "data": "d" * BODY_SIZE})
     try:
@@ -73,8 +76,9 @@ async def test_taskqueue_answers_an_enqueue_still_arriving_at_sigterm(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_mailer_sends_a_message_still_arriving_at_sigterm(tmp_path):
-    daemon = TwistdProcess(reactor, "gorge-mailer",
-                           environ(GORGE_MAILER_CONFIG='[{"key":"t","type":"test"}]'))
+    daemon = TwistdProcess(
+        reactor, "gorge-mailer", environ(GORGE_MAILER_CONFIG='[{"key":"t","type":"test"}]')
+    )
     body = json.dumps({"message": valid_message(textBody="x" * BODY_SIZE)})
     try:
         status, doc = await sigterm_mid_body(daemon, "/api/mailer/send", body.encode())

@@ -6,9 +6,10 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from gorge.config import MySQLSettings
-from gorge.sql import MySQLEngine
 from gorge.mysql import is_transient, make_pool
-from gorge.redis import LuaScript, RedisSettings, make_redis, ping as redis_ping
+from gorge.redis import LuaScript, RedisSettings, make_redis
+from gorge.redis import ping as redis_ping
+from gorge.sql import MySQLEngine
 
 pytestmark = pytest.mark.integration
 
@@ -20,8 +21,13 @@ async def mysql_ping(pool, clock) -> str | None:
 @pytest_twisted.ensureDeferred
 async def test_pool_is_lazy_and_readiness_follows_database_creation(mariadb):
     name = "t_platform_late_db"
-    settings = MySQLSettings(host=mariadb.host, port=mariadb.port, user=mariadb.user,
-                             password=mariadb.password, database=name)
+    settings = MySQLSettings(
+        host=mariadb.host,
+        port=mariadb.port,
+        user=mariadb.user,
+        password=mariadb.password,
+        database=name,
+    )
     pool = make_pool(settings, reactor)  # connects nowhere yet
     try:
         assert await mysql_ping(pool, reactor) == "ping database: unknown database"
@@ -33,8 +39,9 @@ async def test_pool_is_lazy_and_readiness_follows_database_creation(mariadb):
 
 @pytest_twisted.ensureDeferred
 async def test_ping_reports_unreachable_server_without_secrets():
-    settings = MySQLSettings(host="127.0.0.1", port=1, user="u", password="hunter2",
-                             database="d", connect_timeout=2)
+    settings = MySQLSettings(
+        host="127.0.0.1", port=1, user="u", password="hunter2", database="d", connect_timeout=2
+    )
     pool = make_pool(settings, reactor)
     try:
         reason = await mysql_ping(pool, reactor)

@@ -28,19 +28,23 @@ MAILERS = '[{"key":"t","type":"test","options":{"colour":"blue"}}]'
 DEBUG_EVENT = "MAILER_OPTION_IGNORED"
 
 TEXT_LINE = re.compile(
-    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARN|ERROR|CRITICAL) +\[[^\]]*\] ")
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARN|ERROR|CRITICAL) +\[[^\]]*\] "
+)
 
 
 def environ(tmp_path, **extra: str) -> dict[str, str]:
-    return daemon_environ({
-        "GORGE_LISTEN_ADDR": "127.0.0.1:0",
-        "GORGE_TASKQUEUE_BACKEND": "sqlite",
-        "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "queue.sqlite3"),
-        "GORGE_MAILER_CONFIG": MAILERS,
-        # Nothing listens there: the worker logs its failed leases, and that is all.
-        "GORGE_WORKER_TASK_QUEUE_URL": "http://127.0.0.1:9",
-        **extra,
-    }, drop=("GORGE_",))
+    return daemon_environ(
+        {
+            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+            "GORGE_TASKQUEUE_BACKEND": "sqlite",
+            "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "queue.sqlite3"),
+            "GORGE_MAILER_CONFIG": MAILERS,
+            # Nothing listens there: the worker logs its failed leases, and that is all.
+            "GORGE_WORKER_TASK_QUEUE_URL": "http://127.0.0.1:9",
+            **extra,
+        },
+        drop=("GORGE_",),
+    )
 
 
 async def run_until_answered(tapname: str, env, args=PLAIN) -> list[str]:
@@ -90,7 +94,8 @@ async def test_plain_twistd_honours_the_json_format(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_logger_option_still_works_and_prints_each_line_once(tmp_path):
     lines = await run_until_answered(
-        "gorge-mailer", environ(tmp_path, GORGE_LOG_LEVEL="debug"), args=WITH_LOGGER)
+        "gorge-mailer", environ(tmp_path, GORGE_LOG_LEVEL="debug"), args=WITH_LOGGER
+    )
     assert [line for line in lines if not TEXT_LINE.match(line)] == []
     assert len(named(lines, DEBUG_EVENT)) == 1
     assert len(named(lines, "MAILER_STARTED")) == 1

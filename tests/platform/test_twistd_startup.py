@@ -21,13 +21,23 @@ BASE_ENV = {
 
 
 def _twistd(tapname: str, extra_env: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
-    env = daemon_environ({
-        **BASE_ENV,
-        "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "queue.sqlite3"),
-        **extra_env,
-    }, drop=("GORGE_",))
-    return subprocess.run([*TWISTD, "--nodaemon", "--pidfile=", tapname], cwd=tmp_path, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    env = daemon_environ(
+        {
+            **BASE_ENV,
+            "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "queue.sqlite3"),
+            **extra_env,
+        },
+        drop=("GORGE_",),
+    )
+    return subprocess.run(
+        [*TWISTD, "--nodaemon", "--pidfile=", tapname],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("tapname", SERVICES)
@@ -62,21 +72,37 @@ def test_busy_port_makes_start_up_fail(tapname, tmp_path):
     assert "Address already in use" in result.stdout + result.stderr
 
 
-WORKER_CONDUIT = {"GORGE_WORKER_CONDUIT_URL": "http://127.0.0.1:9",
-                  "GORGE_WORKER_CONDUIT_TOKEN": "api-token"}
+WORKER_CONDUIT = {
+    "GORGE_WORKER_CONDUIT_URL": "http://127.0.0.1:9",
+    "GORGE_WORKER_CONDUIT_TOKEN": "api-token",
+}
 
 
-@pytest.mark.parametrize("extra_env, words", [
-    # Conduit with a catch-all: the worker would run HeraldWebhookWorker.
-    (WORKER_CONDUIT, ["must be set", "gorge-webhook (gorge-webhook delivers webhooks",
-                      "phorge (no gorge-webhook; Phorge delivers them"]),
-    ({"GORGE_WORKER_WEBHOOK_OWNER": "phorge"}, ["GORGE_WORKER_CONDUIT_URL"]),
-    ({**WORKER_CONDUIT, "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
-      "GORGE_WORKER_DELEGATE_CLASSES": "HeraldWebhookWorker"},
-     ["contradicts GORGE_WORKER_DELEGATE_CLASSES"]),
-    ({"GORGE_WORKER_WEBHOOK_OWNER": "yes"}, ["unknown value 'yes'"]),
-], ids=["unset-with-conduit", "phorge-without-conduit", "gorge-webhook-and-delegated",
-        "unknown"])
+@pytest.mark.parametrize(
+    "extra_env, words",
+    [
+        # Conduit with a catch-all: the worker would run HeraldWebhookWorker.
+        (
+            WORKER_CONDUIT,
+            [
+                "must be set",
+                "gorge-webhook (gorge-webhook delivers webhooks",
+                "phorge (no gorge-webhook; Phorge delivers them",
+            ],
+        ),
+        ({"GORGE_WORKER_WEBHOOK_OWNER": "phorge"}, ["GORGE_WORKER_CONDUIT_URL"]),
+        (
+            {
+                **WORKER_CONDUIT,
+                "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
+                "GORGE_WORKER_DELEGATE_CLASSES": "HeraldWebhookWorker",
+            },
+            ["contradicts GORGE_WORKER_DELEGATE_CLASSES"],
+        ),
+        ({"GORGE_WORKER_WEBHOOK_OWNER": "yes"}, ["unknown value 'yes'"]),
+    ],
+    ids=["unset-with-conduit", "phorge-without-conduit", "gorge-webhook-and-delegated", "unknown"],
+)
 def test_worker_refuses_an_unclear_webhook_owner(extra_env, words, tmp_path):
     result = _twistd("gorge-worker", extra_env, tmp_path)
     assert result.returncode == 2

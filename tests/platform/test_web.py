@@ -54,14 +54,22 @@ def make(token=TOKEN):
     registry = CollectorRegistry()
     Counter("example_things", "things seen", registry=registry).inc(3)
     clock = task.Clock()
-    site = build_site(api_resource=ExampleApi().app.resource(), prefix="/api/example/", token=token,
-                      body_limit=LIMIT, readiness=readiness, registry=registry, clock=clock)
+    site = build_site(
+        api_resource=ExampleApi().app.resource(),
+        prefix="/api/example/",
+        token=token,
+        body_limit=LIMIT,
+        readiness=readiness,
+        registry=registry,
+        clock=clock,
+    )
     return stub_client(site), readiness, clock
 
 
 async def call(client, method, path, headers=None, data=None):
-    response = await client.request(method, "http://127.0.0.1" + path, headers=headers or {},
-                                    data=data)
+    response = await client.request(
+        method, "http://127.0.0.1" + path, headers=headers or {}, data=data
+    )
     return response, await response.content()
 
 
@@ -74,8 +82,13 @@ def envelope_of(body):
 @pytest_twisted.ensureDeferred
 async def test_success_envelope_is_compact_and_has_no_error_key():
     client, _, _ = make()
-    response, body = await call(client, "POST", "/api/example/echo",
-                                {"X-Service-Token": TOKEN}, b'{"a": [1, 2], "u": "\xc3\xa9"}')
+    response, body = await call(
+        client,
+        "POST",
+        "/api/example/echo",
+        {"X-Service-Token": TOKEN},
+        b'{"a": [1, 2], "u": "\xc3\xa9"}',
+    )
     assert response.code == 200
     assert body == '{"data":{"a":[1,2],"u":"é"}}'.encode()
     assert response.headers.getRawHeaders("content-type") == ["application/json"]
@@ -100,8 +113,9 @@ async def test_domain_error_keeps_its_message_and_has_no_data_key():
 @pytest_twisted.ensureDeferred
 async def test_bad_json_is_400(body):
     client, _, _ = make()
-    response, answer = await call(client, "POST", "/api/example/echo", {"X-Service-Token": TOKEN},
-                                  body)
+    response, answer = await call(
+        client, "POST", "/api/example/echo", {"X-Service-Token": TOKEN}, body
+    )
     assert response.code == 400
     assert envelope_of(answer)["error"]["code"] == "ERR_BAD_REQUEST"
     assert "data" not in envelope_of(answer)
@@ -111,11 +125,11 @@ async def test_bad_json_is_400(body):
 async def test_crash_is_opaque_500_and_logged():
     with logged_events() as observer:
         client, _, _ = make()
-        response, body = await call(client, "GET", "/api/example/crash",
-                                    {"X-Service-Token": TOKEN})
+        response, body = await call(client, "GET", "/api/example/crash", {"X-Service-Token": TOKEN})
     assert response.code == 500
-    assert envelope_of(body) == {"error": {"code": "ERR_INTERNAL",
-                                           "message": "internal server error"}}
+    assert envelope_of(body) == {
+        "error": {"code": "ERR_INTERNAL", "message": "internal server error"}
+    }
     for leak in (b"3306", b"herald", b"SELECT", b"connection refused", b"127.0.0.1"):
         assert leak not in body
     formats = [e.get("log_format", "") for e in observer]
@@ -123,25 +137,29 @@ async def test_crash_is_opaque_500_and_logged():
     assert any(f.startswith("REQUEST_FAILED") for f in formats)
 
 
-@pytest.mark.parametrize("headers,path,status", [
-    ({}, "/api/example/list", 401),
-    ({"X-Service-Token": "wrong"}, "/api/example/list", 401),
-    ({"X-Service-Token": ""}, "/api/example/list", 401),
-    ({"X-Service-Token": TOKEN}, "/api/example/list", 200),
-    ({}, f"/api/example/list?token={TOKEN}", 200),
-    ({"X-Service-Token": "wrong"}, f"/api/example/list?token={TOKEN}", 401),  # header wins
-    ({"X-Service-Token": ""}, f"/api/example/list?token={TOKEN}", 200),
-    ({}, "/api/example/does-not-exist", 401),  # auth before routing
-    ({"X-Service-Token": TOKEN}, "/api/example/does-not-exist", 404),
-])
+@pytest.mark.parametrize(
+    "headers,path,status",
+    [
+        ({}, "/api/example/list", 401),
+        ({"X-Service-Token": "wrong"}, "/api/example/list", 401),
+        ({"X-Service-Token": ""}, "/api/example/list", 401),
+        ({"X-Service-Token": TOKEN}, "/api/example/list", 200),
+        ({}, f"/api/example/list?token={TOKEN}", 200),
+        ({"X-Service-Token": "wrong"}, f"/api/example/list?token={TOKEN}", 401),  # header wins
+        ({"X-Service-Token": ""}, f"/api/example/list?token={TOKEN}", 200),
+        ({}, "/api/example/does-not-exist", 401),  # auth before routing
+        ({"X-Service-Token": TOKEN}, "/api/example/does-not-exist", 404),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_token_gate(headers, path, status):
     client, _, _ = make()
     response, body = await call(client, "GET", path, headers)
     assert response.code == status
     if status == 401:
-        assert envelope_of(body) == {"error": {"code": "ERR_UNAUTHORIZED",
-                                               "message": "missing or invalid service token"}}
+        assert envelope_of(body) == {
+            "error": {"code": "ERR_UNAUTHORIZED", "message": "missing or invalid service token"}
+        }
 
 
 @pytest_twisted.ensureDeferred
@@ -151,14 +169,17 @@ async def test_empty_token_disables_auth():
     assert response.code == 200
 
 
-@pytest.mark.parametrize("method,path,status,code", [
-    ("GET", "/api/example/list/", 404, "ERR_NOT_FOUND"),  # strict routing
-    ("POST", "/api/example/list", 404, "ERR_NOT_FOUND"),  # wrong method under the prefix
-    ("DELETE", "/api/example/echo", 404, "ERR_NOT_FOUND"),
-    ("GET", "/elsewhere", 404, "ERR_NOT_FOUND"),
-    ("POST", "/healthz", 405, "ERR_METHOD_NOT_ALLOWED"),
-    ("DELETE", "/readyz", 405, "ERR_METHOD_NOT_ALLOWED"),
-])
+@pytest.mark.parametrize(
+    "method,path,status,code",
+    [
+        ("GET", "/api/example/list/", 404, "ERR_NOT_FOUND"),  # strict routing
+        ("POST", "/api/example/list", 404, "ERR_NOT_FOUND"),  # wrong method under the prefix
+        ("DELETE", "/api/example/echo", 404, "ERR_NOT_FOUND"),
+        ("GET", "/elsewhere", 404, "ERR_NOT_FOUND"),
+        ("POST", "/healthz", 405, "ERR_METHOD_NOT_ALLOWED"),
+        ("DELETE", "/readyz", 405, "ERR_METHOD_NOT_ALLOWED"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_routing_misses_are_enveloped(method, path, status, code):
     client, _, _ = make()
@@ -227,8 +248,9 @@ async def test_body_limit_before_auth(size, status):
     response, body = await call(client, "POST", "/api/example/echo", headers, payload)
     assert response.code == status
     if status == 413:
-        assert envelope_of(body) == {"error": {"code": "ERR_TOO_LARGE",
-                                               "message": "Request Entity Too Large"}}
+        assert envelope_of(body) == {
+            "error": {"code": "ERR_TOO_LARGE", "message": "Request Entity Too Large"}
+        }
 
 
 @pytest_twisted.ensureDeferred
@@ -256,8 +278,13 @@ async def test_only_one_access_log_line_per_request():
     with logged_events() as observer:
         client, _, _ = make()
         await call(client, "GET", "/healthz")
-    lines = [e for e in observer if "REQUEST" in (e.get("log_format") or "")
-             or "HTTP/1.1" in (e.get("log_format") or "") or e.get("log_namespace") == "twisted.web.server"]
+    lines = [
+        e
+        for e in observer
+        if "REQUEST" in (e.get("log_format") or "")
+        or "HTTP/1.1" in (e.get("log_format") or "")
+        or e.get("log_namespace") == "twisted.web.server"
+    ]
     assert [e["log_format"].split()[0] for e in lines] == ["REQUEST"]
 
 
@@ -276,9 +303,16 @@ async def test_without_access_log_only_failures_are_logged():
     async def ready():
         return None
 
-    site = build_site(api_resource=Api(), prefix="/api/example/", token="", body_limit=1024,
-                      readiness=ready, registry=CollectorRegistry(), clock=task.Clock(),
-                      access_log=False)
+    site = build_site(
+        api_resource=Api(),
+        prefix="/api/example/",
+        token="",
+        body_limit=1024,
+        readiness=ready,
+        registry=CollectorRegistry(),
+        clock=task.Clock(),
+        access_log=False,
+    )
     client = stub_client(site)
     with logged_events() as observer:
         fine = await client.get("http://x/api/example/list")

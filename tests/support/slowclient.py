@@ -34,8 +34,10 @@ async def connect(reactor, port: int, protocol: Protocol | None = None) -> SlowC
 
 def post(path: str, body: bytes) -> tuple[bytes, bytes]:
     """A JSON POST split in two: the head, and the body."""
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode("ascii"), body
 
 

@@ -10,7 +10,8 @@ import re
 import sys
 from collections.abc import Mapping
 
-from twisted.internet.defer import Deferred, TimeoutError as DeferredTimeout
+from twisted.internet.defer import Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.protocol import ProcessProtocol
 
 from gorge.testing.twistd import DAEMON_ARGS, TWISTD, TwistdDaemon, daemon_environ
@@ -27,14 +28,20 @@ class TwistdProcess(ProcessProtocol):
     line instead of polling; :attr:`ended` fires with the exit reason.
     """
 
-    def __init__(self, reactor, tapname: str, env: Mapping[str, str],
-                 args: tuple[str, ...] = ("--nodaemon", "--pidfile=")) -> None:
+    def __init__(
+        self,
+        reactor,
+        tapname: str,
+        env: Mapping[str, str],
+        args: tuple[str, ...] = ("--nodaemon", "--pidfile="),
+    ) -> None:
         self._reactor = reactor
         self.output = b""
         self.ended: Deferred = Deferred()
         self._waiters: list[tuple[re.Pattern[bytes], Deferred]] = []
         self.transport = reactor.spawnProcess(
-            self, sys.executable, [*TWISTD, *args, tapname], env=dict(env), path=str(REPO_ROOT))
+            self, sys.executable, [*TWISTD, *args, tapname], env=dict(env), path=str(REPO_ROOT)
+        )
 
     def outReceived(self, data: bytes) -> None:
         self.output += data
@@ -51,8 +58,7 @@ class TwistdProcess(ProcessProtocol):
     def processEnded(self, reason) -> None:
         for _, d in self._waiters:
             if not d.called:
-                d.errback(AssertionError(
-                    f"twistd ended before the line:\n{self.text()[-3000:]}"))
+                d.errback(AssertionError(f"twistd ended before the line:\n{self.text()[-3000:]}"))
         self._waiters = []
         self.ended.callback(reason.value)
 
@@ -76,7 +82,8 @@ class TwistdProcess(ProcessProtocol):
             return await d.addTimeout(timeout, self._reactor)
         except DeferredTimeout:
             raise AssertionError(
-                f"no {pattern!r} within {timeout} s:\n{self.text()[-3000:]}") from None
+                f"no {pattern!r} within {timeout} s:\n{self.text()[-3000:]}"
+            ) from None
 
     async def listening_port(self, timeout: float = 60.0) -> int:
         """The port of the service's listener, from twistd's 'starting on' line."""
@@ -126,7 +133,8 @@ async def healthz(reactor, port: int, timeout: float = 60.0) -> None:
     """``GET /healthz`` on a connection of its own, closed after the answer."""
     import treq
 
-    response = await treq.get(f"http://127.0.0.1:{port}/healthz", persistent=False,
-                              reactor=reactor).addTimeout(timeout, reactor)
+    response = await treq.get(
+        f"http://127.0.0.1:{port}/healthz", persistent=False, reactor=reactor
+    ).addTimeout(timeout, reactor)
     await response.content()
     assert response.code == 200, response.code

@@ -47,8 +47,7 @@ def open_mysql_store(mariadb, database, clock):
     from gorge.mysql import make_pool
     from gorge.taskqueue.mysql import MySQLTaskStore
 
-    return MySQLTaskStore(make_pool(mariadb.settings(database), reactor), clock,
-                          reactor=reactor)
+    return MySQLTaskStore(make_pool(mariadb.settings(database), reactor), clock, reactor=reactor)
 
 
 def open_redis_store(redis_server, prefix, clock):

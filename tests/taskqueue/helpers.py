@@ -17,8 +17,9 @@ TOKEN = "contract-token"
 
 
 def make_settings(**overrides) -> TaskQueueSettings:
-    http = HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1",
-                        token=TOKEN)
+    http = HttpSettings(
+        listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=TOKEN
+    )
     values: dict[str, Any] = {"http": http, "backend": "sqlite"}
     values.update(overrides)
     return TaskQueueSettings(**values)
@@ -31,8 +32,16 @@ class Client:
         self.service = build_taskqueue_service(make_settings(**overrides), clock, store=store)
         self.stub = stub_client(self.service.part("site"))
 
-    async def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-                   headers: dict | None = None, token: str | None = TOKEN) -> tuple[int, Any]:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        headers: dict | None = None,
+        token: str | None = TOKEN,
+    ) -> tuple[int, Any]:
         hdrs = {b"content-type": [b"application/json"]}
         if token is not None:
             hdrs[b"x-service-token"] = [token.encode()]
@@ -41,13 +50,13 @@ class Client:
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
 
         async def exchange():
-            response = await self.stub.request(method, "http://queue.test" + path, data=data,
-                                               headers=hdrs)
+            response = await self.stub.request(
+                method, "http://queue.test" + path, data=data, headers=hdrs
+            )
             return response, await response.content()
 
         # A real backend answers from a pool thread.
-        response, content = await pumped(self.stub, Deferred.fromCoroutine(exchange()),
-                                         bound=30.0)
+        response, content = await pumped(self.stub, Deferred.fromCoroutine(exchange()), bound=30.0)
         self.last_body = content
         self.last_headers = response.headers
         ctype = response.headers.getRawHeaders(b"content-type", [b""])[0]

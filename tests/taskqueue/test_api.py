@@ -27,8 +27,9 @@ def failure_events():
     with logged_events() as events:
         yield allowed
     names = [str(e.get("log_format", "")).split(" ")[0] for e in events]
-    unexpected = [n for n in names if (n == "PANIC_RECOVERED" or n.endswith("_FAILED"))
-                  and n not in allowed]
+    unexpected = [
+        n for n in names if (n == "PANIC_RECOVERED" or n.endswith("_FAILED")) and n not in allowed
+    ]
     assert not unexpected
 
 
@@ -50,16 +51,22 @@ async def active_count(client: Client) -> int:
 async def test_enqueue_answers_the_task_with_absent_keys_absent(client):
     task = await enqueue(client)
     assert task == {
-        "id": 1, "taskClass": "PhabricatorTestWorker", "failureCount": 0, "dataID": 1,
-        "priority": 2000, "dateCreated": T0, "dateModified": T0,
+        "id": 1,
+        "taskClass": "PhabricatorTestWorker",
+        "failureCount": 0,
+        "dataID": 1,
+        "priority": 2000,
+        "dateCreated": T0,
+        "dateModified": T0,
     }
     assert client.last_body.startswith(b'{"data":{"id":1,')  # compact JSON
 
 
 @pytest_twisted.ensureDeferred
 async def test_enqueue_keeps_optional_fields_and_delay(client):
-    task = await enqueue(client, priority=1000, objectPHID=PHID, containerPHID="PHID-USER-x",
-                         delayUntil=T0 + 3600)
+    task = await enqueue(
+        client, priority=1000, objectPHID=PHID, containerPHID="PHID-USER-x", delayUntil=T0 + 3600
+    )
     assert task["priority"] == 1000
     assert task["objectPHID"] == PHID and task["containerPHID"] == "PHID-USER-x"
     assert task["leaseExpires"] == T0 + 3600 and "leaseOwner" not in task
@@ -111,8 +118,9 @@ async def test_lease_returns_only_claimed_tasks_with_data_in_queue_order(client,
     await enqueue(client, priority=3000)
     await enqueue(client, priority=1000)
     await enqueue(client, priority=1000)
-    code, answer = await client.post("lease", {"limit": 2},
-                                     headers={"X-Lease-Owner": "22413:1795947021:vm:1"})
+    code, answer = await client.post(
+        "lease", {"limit": 2}, headers={"X-Lease-Owner": "22413:1795947021:vm:1"}
+    )
     assert code == 200
     assert [t["id"] for t in answer["data"]] == [2, 3]
     first = answer["data"][0]
@@ -120,8 +128,9 @@ async def test_lease_returns_only_claimed_tasks_with_data_in_queue_order(client,
     assert first["leaseExpires"] == T0 + LEASE
     assert first["data"] == '{"x":1}' and first["dateModified"] == T0
     # The same owner asking again gets only new work.
-    code, answer = await client.post("lease", {"limit": 5},
-                                     headers={"X-Lease-Owner": "22413:1795947021:vm:1"})
+    code, answer = await client.post(
+        "lease", {"limit": 5}, headers={"X-Lease-Owner": "22413:1795947021:vm:1"}
+    )
     assert [t["id"] for t in answer["data"]] == [1]
     code, answer = await client.post("lease", {})
     assert (code, client.last_body) == (200, b'{"data":[]}')
@@ -139,12 +148,15 @@ async def test_lease_owner_defaults_to_client_address_and_long_owner_is_refused(
     assert answer == {"data": []}
 
 
-@pytest.mark.parametrize("body,message", [
-    ({"limit": "2"}, "limit must be an integer"),
-    ({"limit": True}, "limit must be an integer"),
-    ({"taskClasses": "X"}, "taskClasses must be a list of strings"),
-    ({"taskClasses": [1]}, "taskClasses must be a list of strings"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"limit": "2"}, "limit must be an integer"),
+        ({"limit": True}, "limit must be an integer"),
+        ({"taskClasses": "X"}, "taskClasses must be a list of strings"),
+        ({"taskClasses": [1]}, "taskClasses must be a list of strings"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_bad_lease_is_400_and_claims_nothing(client, body, message):
     await enqueue(client)
@@ -166,14 +178,17 @@ async def test_lease_limit_is_clamped_and_classes_filter(client):
 
 
 @pytest.mark.parametrize("path", ["complete", "fail", "yield", "cancel"])
-@pytest.mark.parametrize("body,message", [
-    ({}, "taskID is required"),
-    ({"taskID": 0}, "taskID is required"),
-    ({"taskID": -4}, "taskID is required"),
-    ({"taskID": "1"}, "taskID must be an integer"),
-    ({"taskID": 1.0}, "taskID must be an integer"),
-    ({"taskID": True}, "taskID must be an integer"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({}, "taskID is required"),
+        ({"taskID": 0}, "taskID is required"),
+        ({"taskID": -4}, "taskID is required"),
+        ({"taskID": "1"}, "taskID must be an integer"),
+        ({"taskID": 1.0}, "taskID must be an integer"),
+        ({"taskID": True}, "taskID must be an integer"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_result_endpoints_validate_task_id(client, path, body, message):
     await enqueue(client)
@@ -183,18 +198,31 @@ async def test_result_endpoints_validate_task_id(client, path, body, message):
     assert answer["data"]["failureCount"] == 0 and "leaseOwner" not in answer["data"]
 
 
-@pytest.mark.parametrize("path,body", [
-    ("complete", {}), ("fail", {"permanent": True}), ("fail", {"permanent": False}),
-    ("yield", {"duration": 60}), ("cancel", {}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("complete", {}),
+        ("fail", {"permanent": True}),
+        ("fail", {"permanent": False}),
+        ("yield", {"duration": 60}),
+        ("cancel", {}),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_unknown_task_is_404_everywhere(client, path, body):
     await enqueue(client)
     code, answer = await client.post(path, {"taskID": 99, **body})
-    assert (code, answer) == (404, {"error": {"code": "ERR_NOT_FOUND", "message": "task not found"}})
+    assert (code, answer) == (
+        404,
+        {"error": {"code": "ERR_NOT_FOUND", "message": "task not found"}},
+    )
     code, answer = await client.get("stats")
-    assert answer["data"] == {"activeCount": 1, "leasedCount": 0, "archivedCount": 0,
-                              "failedCount": 0}
+    assert answer["data"] == {
+        "activeCount": 1,
+        "leasedCount": 0,
+        "archivedCount": 0,
+        "failedCount": 0,
+    }
 
 
 @pytest_twisted.ensureDeferred
@@ -206,10 +234,19 @@ async def test_complete_archives_and_a_replay_answers_the_archived_row(client, c
     assert code == 200
     archived = answer["data"]
     assert archived == {
-        "id": 1, "taskClass": "PhabricatorTestWorker", "leaseOwner": "w1",
-        "leaseExpires": T0 + LEASE, "failureCount": 0, "dataID": 1, "priority": 2000,
-        "objectPHID": PHID, "dateCreated": T0, "dateModified": T0 + 7, "result": 0,
-        "duration": 1234, "archivedEpoch": T0 + 7,
+        "id": 1,
+        "taskClass": "PhabricatorTestWorker",
+        "leaseOwner": "w1",
+        "leaseExpires": T0 + LEASE,
+        "failureCount": 0,
+        "dataID": 1,
+        "priority": 2000,
+        "objectPHID": PHID,
+        "dateCreated": T0,
+        "dateModified": T0 + 7,
+        "result": 0,
+        "duration": 1234,
+        "archivedEpoch": T0 + 7,
     }
     clock.advance(30)
     assert await client.post("complete", {"taskID": 1, "duration": 1}) == (200, {"data": archived})
@@ -242,7 +279,9 @@ async def test_temporary_fail_backs_off_and_permanent_fail_archives(client, cloc
     await client.post("lease", {}, headers={"X-Lease-Owner": "w"})
     clock.advance(2)
     assert await client.post("fail", {"taskID": 1, "retryWait": 60, "message": "boom"}) == (
-        200, {"data": {"status": "ok"}})
+        200,
+        {"data": {"status": "ok"}},
+    )
     _, answer = await client.get("tasks/1")
     task = answer["data"]
     assert "leaseOwner" not in task
@@ -255,18 +294,25 @@ async def test_temporary_fail_backs_off_and_permanent_fail_archives(client, cloc
     code, answer = await client.post("fail", {"taskID": 1, "permanent": True})
     assert (code, answer) == (200, {"data": {"status": "ok"}})
     _, stats = await client.get("stats")
-    assert stats["data"] == {"activeCount": 0, "leasedCount": 0, "archivedCount": 1,
-                             "failedCount": 0}
+    assert stats["data"] == {
+        "activeCount": 0,
+        "leasedCount": 0,
+        "archivedCount": 1,
+        "failedCount": 0,
+    }
 
 
-@pytest.mark.parametrize("body,message", [
-    ({"retryWait": -1}, "retryWait must be >= 0"),
-    ({"retryWait": "5"}, "retryWait must be an integer"),
-    ({"retryWait": UINT32_MAX}, "retryWait is too large"),
-    ({"permanent": "yes"}, "permanent must be a boolean"),
-    ({"permanent": 1}, "permanent must be a boolean"),
-    ({"message": 5}, "message must be a string"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"retryWait": -1}, "retryWait must be >= 0"),
+        ({"retryWait": "5"}, "retryWait must be an integer"),
+        ({"retryWait": UINT32_MAX}, "retryWait is too large"),
+        ({"permanent": "yes"}, "permanent must be a boolean"),
+        ({"permanent": 1}, "permanent must be a boolean"),
+        ({"message": 5}, "message must be a string"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_bad_fail_is_400_and_writes_nothing(client, body, message):
     await enqueue(client)
@@ -281,7 +327,9 @@ async def test_yield_and_awaken(client, clock):
     await enqueue(client)
     await client.post("lease", {"limit": 2}, headers={"X-Lease-Owner": "w"})
     assert await client.post("yield", {"taskID": 1, "duration": -10}) == (
-        200, {"data": {"status": "ok"}})
+        200,
+        {"data": {"status": "ok"}},
+    )
     assert (await client.get("tasks/1"))[1]["data"]["leaseExpires"] == T0 + 5
     await client.post("yield", {"taskID": 2, "duration": 600})
     task = (await client.get("tasks/2"))[1]["data"]
@@ -289,21 +337,26 @@ async def test_yield_and_awaken(client, clock):
     _, stats = await client.get("stats")
     assert stats["data"]["leasedCount"] == 2  # yielded tasks inside their window are held
     assert await client.post("awaken", {"taskIDs": [2, 2, 99, 0, -1]}) == (
-        200, {"data": {"awakened": 1}})
+        200,
+        {"data": {"awakened": 1}},
+    )
     task = (await client.get("tasks/2"))[1]["data"]
     assert task["leaseOwner"] == YIELD_OWNER and task["leaseExpires"] == T0 - 3600
     code, answer = await client.post("lease", {}, headers={"X-Lease-Owner": "w2"})
     assert [t["id"] for t in answer["data"]] == [2]
 
 
-@pytest.mark.parametrize("body,message", [
-    ({}, "taskIDs is required"),
-    ({"taskIDs": []}, "taskIDs is required"),
-    ({"taskIDs": None}, "taskIDs is required"),
-    ({"taskIDs": 3}, "taskIDs must be a list of integers"),
-    ({"taskIDs": ["3"]}, "taskIDs must be a list of integers"),
-    ({"taskIDs": [True]}, "taskIDs must be a list of integers"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({}, "taskIDs is required"),
+        ({"taskIDs": []}, "taskIDs is required"),
+        ({"taskIDs": None}, "taskIDs is required"),
+        ({"taskIDs": 3}, "taskIDs must be a list of integers"),
+        ({"taskIDs": ["3"]}, "taskIDs must be a list of integers"),
+        ({"taskIDs": [True]}, "taskIDs must be a list of integers"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_bad_awaken_is_400(client, body, message):
     code, answer = await client.post("awaken", body)
@@ -350,8 +403,10 @@ async def test_get_task(client):
     assert (await client.get("tasks/+1"))[0] == 200
     for bad in ("abc", "1.5", "++1", "99999999999999999999", "1_0", "%201", "-", "%D9%A1"):
         code, answer = await client.get("tasks/" + bad)
-        assert (code, answer) == (400, {"error": {"code": "ERR_BAD_REQUEST",
-                                                  "message": "invalid task ID"}}), bad
+        assert (code, answer) == (
+            400,
+            {"error": {"code": "ERR_BAD_REQUEST", "message": "invalid task ID"}},
+        ), bad
     for missing in ("2", "0", "-3", "9223372036854775807"):
         code, answer = await client.get("tasks/" + missing)
         assert (code, answer["error"]["message"]) == (404, "task not found"), missing
@@ -373,8 +428,9 @@ async def test_auth_routing_and_methods(client):
 
 @pytest_twisted.ensureDeferred
 async def test_oversize_body_is_413(client):
-    code, answer = await client.post("enqueue", raw=b'{"taskClass":"X","data":"' +
-                                     b"a" * (2 * 1024 * 1024) + b'"}')
+    code, answer = await client.post(
+        "enqueue", raw=b'{"taskClass":"X","data":"' + b"a" * (2 * 1024 * 1024) + b'"}'
+    )
     assert (code, answer["error"]["code"]) == (413, "ERR_TOO_LARGE")
     assert await active_count(client) == 0
 
@@ -384,7 +440,9 @@ async def test_readyz_follows_the_backend_without_restart(client, memory_store, 
     failure_events.append("REQUEST_FAILED")  # the access log flags every 5xx, 503 included
     memory_store.unreachable = "ping database: unreachable"
     assert await client.get("/readyz", token=None) == (
-        503, {"status": "unavailable", "reason": "ping database: unreachable"})
+        503,
+        {"status": "unavailable", "reason": "ping database: unreachable"},
+    )
     memory_store.unreachable = None
     assert await client.get("/readyz", token=None) == (200, {"status": "ok"})
 
@@ -398,8 +456,10 @@ async def test_backend_failure_is_opaque_500(client, memory_store, failure_event
 
     memory_store.stats = broken
     code, answer = await client.get("stats")
-    assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
-                                              "message": "internal server error"}})
+    assert (code, answer) == (
+        500,
+        {"error": {"code": "ERR_INTERNAL", "message": "internal server error"}},
+    )
 
 
 @pytest_twisted.ensureDeferred

@@ -23,8 +23,16 @@ async def conversation(client: Client, clock) -> list:
     async def get(path):
         out.append((path, await client.get(path)))
 
-    await post("enqueue", {"taskClass": "A", "data": '{"t":"h\\u00e9llo \\ud83d\\ude00"}',
-                           "priority": 1000, "objectPHID": PHID, "containerPHID": "PHID-USER-x"})
+    await post(
+        "enqueue",
+        {
+            "taskClass": "A",
+            "data": '{"t":"h\\u00e9llo \\ud83d\\ude00"}',
+            "priority": 1000,
+            "objectPHID": PHID,
+            "containerPHID": "PHID-USER-x",
+        },
+    )
     await post("enqueue", {"taskClass": "B", "data": "[]", "delayUntil": int(clock.seconds()) + 60})
     await post("enqueue", {"taskClass": "A"})
     await post("lease", {"limit": 5}, headers={"X-Lease-Owner": "22413:1795947021:vm:1"})
@@ -35,8 +43,11 @@ async def conversation(client: Client, clock) -> list:
     await get("tasks?limit=10&offset=0")
     await post("awaken", {"taskIDs": [3, 1, 77]})
     clock.advance(61)
-    await post("lease", {"limit": 5, "taskClasses": ["A", "B"]},
-               headers={"X-Lease-Owner": "host:1:2:gorge-worker"})
+    await post(
+        "lease",
+        {"limit": 5, "taskClasses": ["A", "B"]},
+        headers={"X-Lease-Owner": "host:1:2:gorge-worker"},
+    )
     await get("tasks/1")
     await post("complete", {"taskID": 1, "duration": 1500})
     clock.advance(5)
@@ -63,4 +74,6 @@ async def test_backend_answers_like_the_model(backend_store, clock):
     actual = await conversation(Client(backend_store, clock, backend=backend_store.backend), clock)
     assert actual == expected
     assert [code for _, (code, _) in expected] == [200] * 15 + [404, 404, 404, 200, 200]
-    assert expected[-2][1][1] == {"data": {"activeCount": 0, "leasedCount": 0, "archivedCount": 3, "failedCount": 0}}
+    assert expected[-2][1][1] == {
+        "data": {"activeCount": 0, "leasedCount": 0, "archivedCount": 3, "failedCount": 0}
+    }

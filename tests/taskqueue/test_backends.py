@@ -19,7 +19,9 @@ async def _enqueue_many(store, n: int, lanes: int = 8) -> list[int]:
 
     async def lane(k: int) -> None:
         for i in range(k, n, lanes):
-            task = await store.enqueue(EnqueueRequest(f"C{i % 3}", f'{{"i":{i}}}', priority=1000 + (i % 4) * 1000))
+            task = await store.enqueue(
+                EnqueueRequest(f"C{i % 3}", f'{{"i":{i}}}', priority=1000 + (i % 4) * 1000)
+            )
             ids.append(task.id)
 
     await gatherResults([Deferred.fromCoroutine(lane(k)) for k in range(lanes)])
@@ -43,10 +45,12 @@ async def test_parallel_lessees_get_disjoint_sets_covering_every_task(backend_st
 
     results = await DeferredList(
         [Deferred.fromCoroutine(client(f"worker-{k}")) for k in range(CLIENTS)],
-        fireOnOneErrback=True, consumeErrors=True)
+        fireOnOneErrback=True,
+        consumeErrors=True,
+    )
     sets = [set(r) for _, r in results]
     lists = [r for _, r in results]
-    assert sum(len(x) for x in lists) == TASKS            # nobody got a task twice
+    assert sum(len(x) for x in lists) == TASKS  # nobody got a task twice
     assert set().union(*sets) == set(range(1, TASKS + 1))  # every task handed out
     for i in range(CLIENTS):
         for j in range(i + 1, CLIENTS):

@@ -19,14 +19,16 @@ from tests.support.twistd import TwistdDaemon, daemon_environ
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOKEN = "cli-token"
-VERBS = ["stats", "ls", "show", "cancel", "delay", "retry", "priority", "free", "flood",
-         "migrate"]
+VERBS = ["stats", "ls", "show", "cancel", "delay", "retry", "priority", "free", "flood", "migrate"]
 
 
 def _http(url: str, path: str, body: dict, **headers) -> dict:
     request = urllib.request.Request(
-        url + "/api/queue/" + path, data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json", "X-Service-Token": TOKEN, **headers})
+        url + "/api/queue/" + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "X-Service-Token": TOKEN, **headers},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)["data"]
 
@@ -44,12 +46,15 @@ def queue(tmp_path_factory):
     """A gorge-taskqueue process on SQLite, its URL."""
     workdir = tmp_path_factory.mktemp("cli")
     port = free_port()
-    env = daemon_environ({
-        "GORGE_LISTEN_ADDR": f"127.0.0.1:{port}",
-        "GORGE_SERVICE_TOKEN": TOKEN,
-        "GORGE_TASKQUEUE_BACKEND": "sqlite",
-        "GORGE_TASKQUEUE_SQLITE_PATH": str(workdir / "queue.sqlite3"),
-    }, drop=("GORGE_",))
+    env = daemon_environ(
+        {
+            "GORGE_LISTEN_ADDR": f"127.0.0.1:{port}",
+            "GORGE_SERVICE_TOKEN": TOKEN,
+            "GORGE_TASKQUEUE_BACKEND": "sqlite",
+            "GORGE_TASKQUEUE_SQLITE_PATH": str(workdir / "queue.sqlite3"),
+        },
+        drop=("GORGE_",),
+    )
     daemon = TwistdDaemon("gorge-taskqueue", env, workdir / "taskqueue.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -58,7 +63,7 @@ def queue(tmp_path_factory):
             assert daemon.proc.poll() is None, daemon.log_text()[-3000:]
             assert time.monotonic() < deadline, daemon.log_text()[-3000:]
             try:
-                daemon.proc.wait(0.05)      # wait on the process, not on the clock
+                daemon.proc.wait(0.05)  # wait on the process, not on the clock
             except subprocess.TimeoutExpired:
                 pass
         yield url
@@ -66,15 +71,22 @@ def queue(tmp_path_factory):
         daemon.kill()
 
 
-def gorge(*args: str, url: str | None = None, token: str | None = TOKEN,
-          env: dict | None = None) -> subprocess.CompletedProcess:
+def gorge(
+    *args: str, url: str | None = None, token: str | None = TOKEN, env: dict | None = None
+) -> subprocess.CompletedProcess:
     environ = daemon_environ(env or {}, drop=("GORGE_",))
     if url is not None:
         environ["GORGE_TASKQUEUE_URL"] = url
     if token is not None:
         environ["GORGE_SERVICE_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "gorge.cli", *args], cwd=REPO_ROOT,
-                          env=environ, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gorge.cli", *args],
+        cwd=REPO_ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
@@ -88,7 +100,11 @@ def test_the_verbs_against_a_running_queue(queue):
     r = gorge("queue", "stats", url=queue)
     assert r.returncode == 0 and r.stdout.startswith("active    5\nleased    0\nwaiting   5\n")
     assert json.loads(gorge("queue", "stats", "--json", url=queue).stdout) == {
-        "activeCount": 5, "leasedCount": 0, "archivedCount": 0, "failedCount": 0}
+        "activeCount": 5,
+        "leasedCount": 0,
+        "archivedCount": 0,
+        "failedCount": 0,
+    }
     r = gorge("queue", "ls", url=queue)
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["ID", "PRIORITY", "CLASS", "FAILURES", "STATE"]
@@ -101,8 +117,10 @@ def test_the_verbs_against_a_running_queue(queue):
     # priority: 3 jumps the queue
     r = gorge("queue", "priority", "3", "--priority", "1000", url=queue)
     assert (r.returncode, r.stdout) == (0, "task 3 (PhabricatorTestWorker): priority 1000\n")
-    assert [t["id"] for t in json.loads(gorge("queue", "ls", "--json", url=queue).stdout)][:2] \
-        == [3, 1]
+    assert [t["id"] for t in json.loads(gorge("queue", "ls", "--json", url=queue).stdout)][:2] == [
+        3,
+        1,
+    ]
     # delay: 2 is held for an hour
     r = gorge("queue", "delay", "--id", "2", "--until", "+1h", url=queue)
     assert r.returncode == 0 and "delayed until" in r.stdout
@@ -127,10 +145,13 @@ def test_the_verbs_against_a_running_queue(queue):
     r = gorge("queue", "dead", "ls", url=queue)
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["ID", "CLASS", "RESULT", "FAILURES", "PRIORITY", "ARCHIVED"]
-    assert [line.split()[:3] for line in lines[1:]] == [["5", "PhabricatorTestWorker",
-                                                          "failure"]]
-    assert [row["id"] for row in json.loads(gorge(
-        "queue", "dead", "ls", "--all-results", "--json", url=queue).stdout)] == [5, 4]
+    assert [line.split()[:3] for line in lines[1:]] == [["5", "PhabricatorTestWorker", "failure"]]
+    assert [
+        row["id"]
+        for row in json.loads(
+            gorge("queue", "dead", "ls", "--all-results", "--json", url=queue).stdout
+        )
+    ] == [5, 4]
     r = gorge("queue", "dead", "requeue", "5", "77", url=queue)
     assert r.returncode == 1
     assert r.stdout == "task 5 (PhabricatorTestWorker): requeued as task 6\n"
@@ -142,7 +163,11 @@ def test_the_verbs_against_a_running_queue(queue):
     r = gorge("queue", "retry", "4", url=queue)
     assert one_line(r) == "gorge queue retry: task 4: task is active, not archived"
     assert json.loads(gorge("queue", "stats", "--json", url=queue).stdout) == {
-        "activeCount": 5, "leasedCount": 0, "archivedCount": 1, "failedCount": 0}
+        "activeCount": 5,
+        "leasedCount": 0,
+        "archivedCount": 1,
+        "failedCount": 0,
+    }
 
 
 def test_bad_ids_tokens_and_addresses_are_one_line_and_non_zero(queue):
@@ -156,12 +181,15 @@ def test_bad_ids_tokens_and_addresses_are_one_line_and_non_zero(queue):
     assert r.returncode == 2 and "argument --until: not a time" in one_line(r)
     r = gorge("queue", "stats", url=queue, token="wrong")
     assert (r.returncode, one_line(r)) == (
-        3, "gorge queue: the queue refused the service token (set GORGE_SERVICE_TOKEN or "
-           "--token)")
+        3,
+        "gorge queue: the queue refused the service token (set GORGE_SERVICE_TOKEN or --token)",
+    )
     closed = f"http://127.0.0.1:{free_port()}"
     r = gorge("queue", "stats", "--url", closed, url=queue)
     assert (r.returncode, one_line(r)) == (
-        3, f"gorge queue: cannot reach the queue at {closed}: connection refused")
+        3,
+        f"gorge queue: cannot reach the queue at {closed}: connection refused",
+    )
     r = gorge("queue", "frobnicate", url=queue)
     assert r.returncode == 2 and one_line(r).startswith("gorge queue: argument VERB: invalid")
 
@@ -184,9 +212,11 @@ def _seed_sqlite(path, n: int) -> None:
         db.executescript(SCHEMA)
         for i in range(n):
             cur = db.execute("INSERT INTO worker_taskdata (data) VALUES (?)", (f'{{"i":{i}}}',))
-            db.execute("INSERT INTO worker_activetask (id, taskClass, failureCount, dataID,"
-                       " priority, dateCreated, dateModified) VALUES (?, ?, 0, ?, 2000, 1, 1)",
-                       (i + 1, f"C{i % 2}", cur.lastrowid))
+            db.execute(
+                "INSERT INTO worker_activetask (id, taskClass, failureCount, dataID,"
+                " priority, dateCreated, dateModified) VALUES (?, ?, 0, ?, 2000, 1, 1)",
+                (i + 1, f"C{i % 2}", cur.lastrowid),
+            )
         db.execute("INSERT INTO lisk_counter VALUES ('worker_activetask', ?)", (n,))
         db.commit()
     finally:
@@ -199,14 +229,20 @@ def _run_on_a_terminal(args: list[str], env: dict) -> tuple[int, str, str]:
     import pty
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "gorge.cli", *args], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gorge.cli", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+    )
     os.close(slave)
     chunks = []
     while True:
         try:
             chunk = os.read(master, 4096)
-        except OSError:          # EIO: the child closed the terminal
+        except OSError:  # EIO: the child closed the terminal
             break
         if not chunk:
             break
@@ -220,22 +256,29 @@ def _run_on_a_terminal(args: list[str], env: dict) -> tuple[int, str, str]:
 def test_migrate_from_sqlite_to_redis_and_back(tmp_path, redis_server):
     path = tmp_path / "q.sqlite3"
     _seed_sqlite(path, 1200)
-    env = daemon_environ({
-        "GORGE_TASKQUEUE_SQLITE_PATH": str(path),
-        "GORGE_TASKQUEUE_REDIS_ADDR": f"{redis_server.host}:{redis_server.port}",
-        "GORGE_TASKQUEUE_REDIS_KEY_PREFIX": redis_server.unique_prefix("cli"),
-    }, drop=("GORGE_",))
+    env = daemon_environ(
+        {
+            "GORGE_TASKQUEUE_SQLITE_PATH": str(path),
+            "GORGE_TASKQUEUE_REDIS_ADDR": f"{redis_server.host}:{redis_server.port}",
+            "GORGE_TASKQUEUE_REDIS_KEY_PREFIX": redis_server.unique_prefix("cli"),
+        },
+        drop=("GORGE_",),
+    )
     r = gorge("queue", "migrate", "--from", "sqlite", "--to", "redis", "--dry-run", env=env)
     assert (r.returncode, r.stdout, r.stderr) == (
-        0, "would move 1200 tasks from sqlite to redis (C0 600, C1 600)\n", "")
+        0,
+        "would move 1200 tasks from sqlite to redis (C0 600, C1 600)\n",
+        "",
+    )
     code, out, err = _run_on_a_terminal(
-        ["queue", "migrate", "--from", "sqlite", "--to", "redis", "--batch", "100"], env)
+        ["queue", "migrate", "--from", "sqlite", "--to", "redis", "--batch", "100"], env
+    )
     assert code == 0, err
     assert out.startswith("moved 1200 tasks from sqlite to redis in ")
     assert "] 600/1200 tasks" in err and err.rstrip().endswith("] 1200/1200 tasks")
     r = gorge("queue", "migrate", "--from", "redis", "--to", "sqlite", "--json", env=env)
     summary = json.loads(r.stdout)
-    assert (r.returncode, r.stderr) == (0, "")          # no bar without a terminal
+    assert (r.returncode, r.stderr) == (0, "")  # no bar without a terminal
     assert (summary["moved"], summary["byClass"]) == (1200, {"C0": 600, "C1": 600})
     r = gorge("queue", "migrate", "--from", "redis", "--to", "sqlite", "--dry-run", env=env)
     assert r.stdout == "would move 0 tasks from redis to sqlite\n"
@@ -244,9 +287,18 @@ def test_migrate_from_sqlite_to_redis_and_back(tmp_path, redis_server):
 def test_migrate_usage_and_settings_errors(tmp_path):
     r = gorge("queue", "migrate", "--from", "redis", "--to", "redis")
     assert (r.returncode, one_line(r)) == (
-        2, "gorge queue migrate: --from and --to must name different backends")
-    r = gorge("queue", "migrate", "--from", "sqlite", "--to", "redis",
-              env={"GORGE_TASKQUEUE_REDIS_ADDR": "nohost"})
+        2,
+        "gorge queue migrate: --from and --to must name different backends",
+    )
+    r = gorge(
+        "queue",
+        "migrate",
+        "--from",
+        "sqlite",
+        "--to",
+        "redis",
+        env={"GORGE_TASKQUEUE_REDIS_ADDR": "nohost"},
+    )
     assert r.returncode == 2
     assert one_line(r).startswith("gorge queue migrate: GORGE_TASKQUEUE_REDIS_ADDR: ")
     r = gorge("queue", "migrate", "--from", "postgres", "--to", "redis")
@@ -261,8 +313,13 @@ def test_until_accepts_epochs_relative_times_and_iso_dates():
     now = 1_795_947_000.7
     assert parse_when("now", now) == 1_795_947_000
     assert parse_when("1795950000", now) == 1_795_950_000
-    assert [parse_when(w, now) - 1_795_947_000 for w in ("+90", "+90s", "+30m", "+6h", "+2d")] \
-        == [90, 90, 1800, 21600, 172800]
+    assert [parse_when(w, now) - 1_795_947_000 for w in ("+90", "+90s", "+30m", "+6h", "+2d")] == [
+        90,
+        90,
+        1800,
+        21600,
+        172800,
+    ]
     assert parse_when("2026-11-29T12:00:00+00:00", now) == 1_795_953_600
     with pytest.raises(ArgumentTypeError):
         parse_when("tomorrow", now)
@@ -276,29 +333,40 @@ def test_migrate_reads_the_mysql_settings_as_the_daemon_does(tmp_path, mariadb):
         with conn.cursor() as cur:
             for i in range(30):
                 cur.execute("INSERT INTO worker_taskdata (data) VALUES (%s)", (f'{{"i":{i}}}',))
-                cur.execute("INSERT INTO worker_activetask (id, taskClass, failureCount,"
-                            " dataID, priority, dateCreated, dateModified)"
-                            " VALUES (%s, 'PhabricatorSearchWorker', 0, %s, 3500, 1, 1)",
-                            (100 + i, cur.lastrowid))
+                cur.execute(
+                    "INSERT INTO worker_activetask (id, taskClass, failureCount,"
+                    " dataID, priority, dateCreated, dateModified)"
+                    " VALUES (%s, 'PhabricatorSearchWorker', 0, %s, 3500, 1, 1)",
+                    (100 + i, cur.lastrowid),
+                )
         conn.commit()
     finally:
         conn.close()
-    env = daemon_environ({
-        "GORGE_TASKQUEUE_MYSQL_HOST": mariadb.host,
-        "GORGE_TASKQUEUE_MYSQL_PORT": str(mariadb.port),
-        "GORGE_TASKQUEUE_MYSQL_USER": mariadb.user,
-        "GORGE_TASKQUEUE_MYSQL_PASS": mariadb.password,
-        "GORGE_TASKQUEUE_NAMESPACE": namespace,
-        "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "q.sqlite3"),
-    }, drop=("GORGE_",))
+    env = daemon_environ(
+        {
+            "GORGE_TASKQUEUE_MYSQL_HOST": mariadb.host,
+            "GORGE_TASKQUEUE_MYSQL_PORT": str(mariadb.port),
+            "GORGE_TASKQUEUE_MYSQL_USER": mariadb.user,
+            "GORGE_TASKQUEUE_MYSQL_PASS": mariadb.password,
+            "GORGE_TASKQUEUE_NAMESPACE": namespace,
+            "GORGE_TASKQUEUE_SQLITE_PATH": str(tmp_path / "q.sqlite3"),
+        },
+        drop=("GORGE_",),
+    )
     r = gorge("queue", "migrate", "--from", "mysql", "--to", "sqlite", "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["byClass"] == {"PhabricatorSearchWorker": 30}
     r = gorge("queue", "migrate", "--from", "mysql", "--to", "sqlite", "--dry-run", env=env)
     assert r.stdout == "would move 0 tasks from mysql to sqlite\n"
     # A database that is not there: one line, a non-zero exit, a hint to re-run.
-    r = gorge("queue", "migrate", "--from", "mysql", "--to", "sqlite",
-              env={**env, "GORGE_TASKQUEUE_NAMESPACE": "nosuch"})
+    r = gorge(
+        "queue",
+        "migrate",
+        "--from",
+        "mysql",
+        "--to",
+        "sqlite",
+        env={**env, "GORGE_TASKQUEUE_NAMESPACE": "nosuch"},
+    )
     assert r.returncode == 1
-    assert one_line(r).endswith("0 of 0 tasks moved so far; run the same command again to "
-                                "finish")
+    assert one_line(r).endswith("0 of 0 tasks moved so far; run the same command again to finish")

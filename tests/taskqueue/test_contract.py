@@ -39,8 +39,15 @@ def _seeded() -> tuple[MemoryTaskStore, task.Clock]:
         raise AssertionError("the memory store awaited something")
 
     for _ in range(3):
-        run(store.enqueue(EnqueueRequest("PhabricatorTestWorker", '{"key":"value"}',
-                                         object_phid="PHID-TASK-abcdefghijklmnopqrst")))
+        run(
+            store.enqueue(
+                EnqueueRequest(
+                    "PhabricatorTestWorker",
+                    '{"key":"value"}',
+                    object_phid="PHID-TASK-abcdefghijklmnopqrst",
+                )
+            )
+        )
     for _ in range(2):
         task_id = run(store.enqueue(EnqueueRequest("PhabricatorTestWorker", "{}"))).id
         run(store.complete(task_id, 1234))
@@ -49,11 +56,25 @@ def _seeded() -> tuple[MemoryTaskStore, task.Clock]:
 
 class _Broken(MemoryTaskStore):
     def __getattribute__(self, name):
-        if name in ("enqueue", "lease", "complete", "fail", "yield_", "cancel", "awaken",
-                    "stats", "list_tasks", "get_task", "get_archived"):
+        if name in (
+            "enqueue",
+            "lease",
+            "complete",
+            "fail",
+            "yield_",
+            "cancel",
+            "awaken",
+            "stats",
+            "list_tasks",
+            "get_task",
+            "get_archived",
+        ):
+
             async def refused(*args, **kwargs):
-                raise ConnectionRefusedError("dial tcp 127.0.0.1:3306 phabricator_worker: "
-                                             "connection refused")
+                raise ConnectionRefusedError(
+                    "dial tcp 127.0.0.1:3306 phabricator_worker: connection refused"
+                )
+
             return refused
         return super().__getattribute__(name)
 

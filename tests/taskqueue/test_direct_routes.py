@@ -31,8 +31,10 @@ async def test_other_spellings_and_methods_still_meet_klein(client, route):
     assert await client.post(route + "/x", {}) == (404, not_found)
     # A direct route answers the same envelope, with its request id.
     code, answer = await client.post(route, raw=b"[]", headers={"X-Request-Id": "r-" + route})
-    assert (code, answer) == (400, {"error": {"code": "ERR_BAD_REQUEST",
-                                              "message": "request body must be a JSON object"}})
+    assert (code, answer) == (
+        400,
+        {"error": {"code": "ERR_BAD_REQUEST", "message": "request body must be a JSON object"}},
+    )
     assert client.last_headers.getRawHeaders(b"x-request-id") == [b"r-" + route.encode()]
 
 
@@ -44,14 +46,17 @@ async def test_unauthenticated_direct_route_is_401(client):
 
 @pytest_twisted.ensureDeferred
 async def test_crash_in_a_direct_route_is_the_opaque_500_with_panic_log(
-        client, memory_store, events):
+    client, memory_store, events
+):
     def broken(*args):
         raise RuntimeError("boom")
 
     client.service.part("api")._owner = broken  # outside _call: an unexpected crash
     code, answer = await client.post("lease", {"limit": 1})
-    assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
-                                              "message": "internal server error"}})
+    assert (code, answer) == (
+        500,
+        {"error": {"code": "ERR_INTERNAL", "message": "internal server error"}},
+    )
     names = [str(e.get("log_format", "")).split(" ")[0] for e in events]
     assert "PANIC_RECOVERED" in names
     [failed] = [e for e in events if str(e.get("log_format", "")).startswith("REQUEST_FAILED")]

@@ -48,7 +48,7 @@ async def test_stale_holder_is_refused_and_changes_nothing(backend_store, clock)
     done = await backend_store.complete(task_id, 7, FRESH)
     assert done.lease_owner == FRESH and done.duration == 7
     assert await backend_store.complete(task_id, 9, FRESH) == done
-    assert await backend_store.complete(task_id, 9) == done           # unfenced replay
+    assert await backend_store.complete(task_id, 9) == done  # unfenced replay
     await _raises(LeaseConflict, backend_store.complete(task_id, 9, STALE))
     await _raises(LeaseConflict, backend_store.yield_(task_id, 9, FRESH))
     await _raises(TaskNotFound, backend_store.complete(task_id + 100, 9, FRESH))
@@ -81,7 +81,7 @@ async def test_cancelled_while_running_refuses_the_holder(backend_store, clock):
     await backend_store.lease(STALE, 1, LEASE)
     await backend_store.cancel(task.id)
     await _raises(LeaseConflict, backend_store.complete(task.id, 1, STALE))
-    await _raises(TaskNotFound, backend_store.complete(task.id, 1))   # r4: not a success
+    await _raises(TaskNotFound, backend_store.complete(task.id, 1))  # r4: not a success
 
 
 @pytest.mark.integration
@@ -144,25 +144,32 @@ async def test_owner_comes_from_header_or_body_and_409_is_enveloped(clock):
     await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": STALE})
     clock.advance(7201)
     await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": FRESH})
-    conflict = {"error": {"code": "ERR_LEASE_CONFLICT",
-                          "message": "task lease no longer belongs to this owner"}}
+    conflict = {
+        "error": {
+            "code": "ERR_LEASE_CONFLICT",
+            "message": "task lease no longer belongs to this owner",
+        }
+    }
     assert await client.post("complete", {"taskID": 1}, headers={"X-Lease-Owner": STALE}) == (
-        409, conflict)
+        409,
+        conflict,
+    )
     assert await client.post("fail", {"taskID": 1, "leaseOwner": STALE}) == (409, conflict)
-    assert await client.post("yield", {"taskID": 1, "leaseOwner": STALE,
-                                       "duration": 30}) == (409, conflict)
-    code, answer = await client.post("complete", {"taskID": 1, "leaseOwner": STALE},
-                                     headers={"X-Lease-Owner": FRESH})
+    assert await client.post("yield", {"taskID": 1, "leaseOwner": STALE, "duration": 30}) == (
+        409,
+        conflict,
+    )
+    code, answer = await client.post(
+        "complete", {"taskID": 1, "leaseOwner": STALE}, headers={"X-Lease-Owner": FRESH}
+    )
     assert (code, answer["error"]["code"]) == (400, "ERR_BAD_REQUEST")
     assert "different owners" in answer["error"]["message"]
     code, answer = await client.post("complete", {"taskID": 1, "leaseOwner": "x" * 65})
-    assert (code, answer["error"]["message"]) == (
-        400, "leaseOwner must be at most 64 characters")
+    assert (code, answer["error"]["message"]) == (400, "leaseOwner must be at most 64 characters")
     code, answer = await client.post("complete", {"taskID": 1, "leaseOwner": 7})
     assert (code, answer["error"]["message"]) == (400, "leaseOwner must be a string")
     assert (await client.get("stats"))[1]["data"]["archivedCount"] == 0
-    code, answer = await client.post("complete", {"taskID": 1, "leaseOwner": FRESH,
-                                                  "duration": 3})
+    code, answer = await client.post("complete", {"taskID": 1, "leaseOwner": FRESH, "duration": 3})
     assert code == 200 and answer["data"]["leaseOwner"] == FRESH
     # Empty owner is no owner: the r4 replay answers the archived row.
     assert (await client.post("complete", {"taskID": 1, "leaseOwner": ""}))[0] == 200

@@ -27,16 +27,21 @@ def client(memory_store, clock) -> Client:
 
 def _lease(client: Client, body: dict) -> Deferred:
     """A lease call left running, answered later."""
-    return Deferred.fromCoroutine(
-        client.post("lease", body, headers={"X-Lease-Owner": OWNER}))
+    return Deferred.fromCoroutine(client.post("lease", body, headers={"X-Lease-Owner": OWNER}))
 
 
 def _hung_up_lease(client: Client, body: dict) -> Deferred:
     """A lease call whose caller can hang up: cancel the returned Deferred."""
     return client.stub.request(
-        "POST", "http://queue.test/api/queue/lease", data=json.dumps(body).encode(),
-        headers={b"content-type": [b"application/json"], b"x-service-token": [TOKEN.encode()],
-                 b"x-lease-owner": [OWNER.encode()]})
+        "POST",
+        "http://queue.test/api/queue/lease",
+        data=json.dumps(body).encode(),
+        headers={
+            b"content-type": [b"application/json"],
+            b"x-service-token": [TOKEN.encode()],
+            b"x-lease-owner": [OWNER.encode()],
+        },
+    )
 
 
 async def _settle(client: Client | None = None) -> None:
@@ -119,8 +124,7 @@ async def test_a_delayed_task_answers_when_its_time_comes(client, memory_store, 
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_task_written_elsewhere_is_found_by_the_shared_check(client, memory_store,
-                                                                     clock):
+async def test_a_task_written_elsewhere_is_found_by_the_shared_check(client, memory_store, clock):
     """Phorge writes rows itself: no enqueue call tells this process."""
     held = [_lease(client, {"limit": 1, "wait": 10}) for _ in range(3)]
     await _settle()
@@ -132,7 +136,7 @@ async def test_a_task_written_elsewhere_is_found_by_the_shared_check(client, mem
         return await check(since, now)
 
     client.service.part("held-leases")._check = counted
-    clock.advance(CHECK)          # the first check after start-up wakes everyone once
+    clock.advance(CHECK)  # the first check after start-up wakes everyone once
     await _settle()
     assert not any(d.called for d in held) and len(client.service.part("held-leases")) == 3
     await memory_store.enqueue(EnqueueRequest("A"))
@@ -179,14 +183,15 @@ async def test_caller_gone_while_its_lease_ran_gets_nothing_stranded(backend_sto
     freed again instead of staying leased to nobody until the lease expires."""
     task = await backend_store.enqueue(EnqueueRequest("A"))
     other = await backend_store.enqueue(EnqueueRequest("A"))
-    await backend_store.lease("someone-else", 1, 600)            # takes `task`
+    await backend_store.lease("someone-else", 1, 600)  # takes `task`
     with logged_events() as events:
         claim = Deferred.fromCoroutine(backend_store.lease(OWNER, 5, 600))
         claim.addErrback(lambda _: None)
         claim.cancel()
         for _ in range(2000):
             if (await backend_store.get_task(other.id)).lease_owner is None and any(
-                    e.get("log_format", "").startswith("LEASE_HANDED_BACK") for e in events):
+                e.get("log_format", "").startswith("LEASE_HANDED_BACK") for e in events
+            ):
                 break
             await _settle()
     handed = [e for e in events if e.get("log_format", "").startswith("LEASE_HANDED_BACK")]
@@ -200,15 +205,20 @@ async def test_caller_gone_while_its_lease_ran_gets_nothing_stranded(backend_sto
 
 
 @pytest_twisted.ensureDeferred
-@pytest.mark.parametrize("wait,message", [
-    ("5", "wait must be a number of seconds"),
-    (True, "wait must be a number of seconds"),
-    (-1, "wait must be between 0 and 30 seconds"),
-    (30.5, "wait must be between 0 and 30 seconds"),
-])
+@pytest.mark.parametrize(
+    "wait,message",
+    [
+        ("5", "wait must be a number of seconds"),
+        (True, "wait must be a number of seconds"),
+        (-1, "wait must be between 0 and 30 seconds"),
+        (30.5, "wait must be between 0 and 30 seconds"),
+    ],
+)
 async def test_bad_wait_is_refused(client, wait, message):
-    assert await client.post("lease", {"limit": 1, "wait": wait}) == (400, {"error": {
-        "code": "ERR_BAD_REQUEST", "message": message}})
+    assert await client.post("lease", {"limit": 1, "wait": wait}) == (
+        400,
+        {"error": {"code": "ERR_BAD_REQUEST", "message": message}},
+    )
 
 
 def test_wake_ups_are_never_lost_between_a_lease_and_the_wait(clock):
@@ -241,8 +251,7 @@ def _store(backend, request, clock, tmp_path, shared):
 @pytest.mark.integration
 @pytest.mark.parametrize("backend", ["mysql", "sqlite", "redis"])
 @pytest_twisted.ensureDeferred
-async def test_a_replica_sees_an_enqueue_made_through_another(backend, request, clock,
-                                                              tmp_path):
+async def test_a_replica_sees_an_enqueue_made_through_another(backend, request, clock, tmp_path):
     shared: dict = {}
     stores = [_store(backend, request, clock, tmp_path, shared) for _ in range(2)]
     a, b = (Client(store, clock, backend=backend) for store in stores)
@@ -251,7 +260,10 @@ async def test_a_replica_sees_an_enqueue_made_through_another(backend, request, 
         # The first check after start-up wakes the call once; it leases
         # nothing and waits again.
         for _ in range(200):
-            if len(a.service.part("held-leases")) == 1 and a.service.part("held-leases")._mark is not None:
+            if (
+                len(a.service.part("held-leases")) == 1
+                and a.service.part("held-leases")._mark is not None
+            ):
                 break
             clock.advance(CHECK)
             await _settle()

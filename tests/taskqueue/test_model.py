@@ -20,17 +20,36 @@ maybe_text = st.none() | st.text(min_size=1, max_size=64)
 
 tasks = st.builds(
     Task,
-    id=st.integers(1, UINT32_MAX), task_class=st.text(min_size=1, max_size=64),
-    lease_owner=maybe_text, lease_expires=maybe_u32, failure_count=u32,
-    data_id=st.integers(1, UINT32_MAX), failure_time=maybe_u32, priority=u32,
-    object_phid=maybe_text, container_phid=maybe_text, date_created=u32, date_modified=u32,
+    id=st.integers(1, UINT32_MAX),
+    task_class=st.text(min_size=1, max_size=64),
+    lease_owner=maybe_text,
+    lease_expires=maybe_u32,
+    failure_count=u32,
+    data_id=st.integers(1, UINT32_MAX),
+    failure_time=maybe_u32,
+    priority=u32,
+    object_phid=maybe_text,
+    container_phid=maybe_text,
+    date_created=u32,
+    date_modified=u32,
     data=st.none() | st.text(max_size=20),
 )
 
 
 def _ints_are_ints(out: dict) -> bool:
-    ints = {"id", "leaseExpires", "failureCount", "dataID", "failureTime", "priority",
-            "dateCreated", "dateModified", "result", "duration", "archivedEpoch"}
+    ints = {
+        "id",
+        "leaseExpires",
+        "failureCount",
+        "dataID",
+        "failureTime",
+        "priority",
+        "dateCreated",
+        "dateModified",
+        "result",
+        "duration",
+        "archivedEpoch",
+    }
     return all(type(out[k]) is int for k in ints & out.keys())
 
 
@@ -38,8 +57,15 @@ def _ints_are_ints(out: dict) -> bool:
 def test_task_json_keeps_absent_keys_absent(task):
     out = task.to_json()
     assert None not in out.values() and "" not in out.values()
-    assert {"id", "taskClass", "failureCount", "dataID", "priority", "dateCreated",
-            "dateModified"} <= out.keys()
+    assert {
+        "id",
+        "taskClass",
+        "failureCount",
+        "dataID",
+        "priority",
+        "dateCreated",
+        "dateModified",
+    } <= out.keys()
     assert ("leaseExpires" in out) == (task.lease_expires is not None)
     assert ("failureTime" in out) == (task.failure_time is not None)
     assert ("data" in out) == bool(task.data)
@@ -50,12 +76,23 @@ def test_task_json_keeps_absent_keys_absent(task):
 def test_storage_columns_round_trip(task):
     """A row read back (SQL tuple, bytes PHIDs, or Redis strings) is the same task."""
     cols = task.to_json()
-    as_redis = {k: ("" if v is None else str(v)) for k, v in {
-        "id": task.id, "taskClass": task.task_class, "leaseOwner": task.lease_owner,
-        "leaseExpires": task.lease_expires, "failureCount": task.failure_count,
-        "dataID": task.data_id, "failureTime": task.failure_time, "priority": task.priority,
-        "objectPHID": task.object_phid, "containerPHID": task.container_phid,
-        "dateCreated": task.date_created, "dateModified": task.date_modified}.items()}
+    as_redis = {
+        k: ("" if v is None else str(v))
+        for k, v in {
+            "id": task.id,
+            "taskClass": task.task_class,
+            "leaseOwner": task.lease_owner,
+            "leaseExpires": task.lease_expires,
+            "failureCount": task.failure_count,
+            "dataID": task.data_id,
+            "failureTime": task.failure_time,
+            "priority": task.priority,
+            "objectPHID": task.object_phid,
+            "containerPHID": task.container_phid,
+            "dateCreated": task.date_created,
+            "dateModified": task.date_modified,
+        }.items()
+    }
     as_mysql = dict(cols, objectPHID=(task.object_phid or "").encode() or None)
     assert task_from_columns(as_redis, task.data) == task
     assert task_from_columns(as_mysql, task.data).to_json() == cols
@@ -67,7 +104,11 @@ def test_archive_drops_failure_time_and_data(task, result, duration, now):
     out = archived.to_json()
     assert "failureTime" not in out and "data" not in out
     assert (out["result"], out["duration"], out["archivedEpoch"], out["dateModified"]) == (
-        result, duration, now, now)
+        result,
+        duration,
+        now,
+        now,
+    )
     assert out["failureCount"] == task.failure_count and _ints_are_ints(out)
     cols = dict(out)
     assert archived_from_columns(cols) == archived

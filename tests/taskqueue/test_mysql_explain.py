@@ -22,8 +22,12 @@ pytestmark = pytest.mark.integration
 
 ARCHIVED = 40_000
 ACTIVE = 25_000
-CLASSES = ("PhabricatorRepositoryPullWorker", "PhabricatorSearchWorker",
-           "FeedPublisherWorker", "PhabricatorMetaMTAWorker")
+CLASSES = (
+    "PhabricatorRepositoryPullWorker",
+    "PhabricatorSearchWorker",
+    "FeedPublisherWorker",
+    "PhabricatorMetaMTAWorker",
+)
 
 
 def fill(conn) -> None:
@@ -35,8 +39,11 @@ def fill(conn) -> None:
             " failureCount, dataID, result, duration, dateCreated, dateModified, priority,"
             " objectPHID, archivedEpoch, containerPHID) VALUES"
             " (%s, %s, 'x', %s, 0, 1, 0, 1000, %s, %s, 2000, NULL, %s, NULL)",
-            [(n + 1, CLASSES[n % 4], T0 - 86400, T0 - 86400, T0 - 86400, T0 - 86400)
-             for n in range(8)])
+            [
+                (n + 1, CLASSES[n % 4], T0 - 86400, T0 - 86400, T0 - 86400, T0 - 86400)
+                for n in range(8)
+            ],
+        )
         while True:
             cur.execute("SELECT COUNT(*), MAX(id) FROM worker_archivetask")
             count, top = cur.fetchone()
@@ -49,7 +56,8 @@ def fill(conn) -> None:
                 " SELECT id + %s, taskClass, leaseOwner, leaseExpires, failureCount, dataID,"
                 " result, duration, dateCreated, dateModified, priority, objectPHID,"
                 " archivedEpoch, containerPHID FROM worker_archivetask ORDER BY id LIMIT %s",
-                (top, ARCHIVED - count))
+                (top, ARCHIVED - count),
+            )
         # The backlog: mostly never leased, some delayed, failing or leased by Phorge.
         rows = []
         for n in range(ACTIVE):
@@ -58,16 +66,30 @@ def fill(conn) -> None:
             owner = "1234:1795940000:phorge-daemon:1" if kind == 9 else None
             expires = None if kind < 7 else T0 + 3600
             failures = 1 if kind == 8 else 0
-            rows.append((task_id, CLASSES[n % 4], owner, expires, failures,
-                         T0 - 60 if failures else None, 2000 + (n % 3) * 1000, T0 - 600,
-                         T0 - 600))
+            rows.append(
+                (
+                    task_id,
+                    CLASSES[n % 4],
+                    owner,
+                    expires,
+                    failures,
+                    T0 - 60 if failures else None,
+                    2000 + (n % 3) * 1000,
+                    T0 - 600,
+                    T0 - 600,
+                )
+            )
         cur.executemany(
             "INSERT INTO worker_activetask (id, taskClass, leaseOwner, leaseExpires,"
             " failureCount, dataID, failureTime, priority, objectPHID, dateCreated,"
             " dateModified, containerPHID) VALUES (%s, %s, %s, %s, %s, 1, %s, %s, NULL, %s,"
-            " %s, NULL)", rows)
-        cur.execute("INSERT INTO lisk_counter (counterName, counterValue)"
-                    " VALUES ('worker_activetask', %s)", (ARCHIVED + ACTIVE,))
+            " %s, NULL)",
+            rows,
+        )
+        cur.execute(
+            "INSERT INTO lisk_counter (counterName, counterValue) VALUES ('worker_activetask', %s)",
+            (ARCHIVED + ACTIVE,),
+        )
         cur.execute("ANALYZE TABLE worker_activetask, worker_archivetask")
         cur.fetchall()
 
@@ -95,8 +117,10 @@ NEW_CLASS = "GorgeExplainWorker"
 
 async def exercise(store, clock) -> None:
     """Every operation of the store, as the workers and the API use them."""
-    made = [await store.enqueue(EnqueueRequest(task_class=NEW_CLASS, data="{}",
-                                               priority=1000)) for n in range(6)]
+    made = [
+        await store.enqueue(EnqueueRequest(task_class=NEW_CLASS, data="{}", priority=1000))
+        for n in range(6)
+    ]
     leased = await store.lease("gorge:1", 3, LEASE)
     leased += await store.lease("gorge:2", 3, LEASE, task_classes=[NEW_CLASS])
     await store.complete(leased[0].id, 5)
@@ -134,16 +158,30 @@ assert min(ACTIVE, ARCHIVED) > 2 * MOST_ROWS
 
 
 def reads_too_much(steps: list[dict]) -> list[dict]:
-    return [step for step in steps if step["table"] in WORKER_TABLES and (
-        step["type"] in ("ALL", "index") or float(step.get("r_rows") or 0) > MOST_ROWS)]
+    return [
+        step
+        for step in steps
+        if step["table"] in WORKER_TABLES
+        and (step["type"] in ("ALL", "index") or float(step.get("r_rows") or 0) > MOST_ROWS)
+    ]
 
 
 async def test_no_statement_of_the_mysql_store_reads_a_whole_table(grown, clock):
     store, conn, statements = grown
     await exercise(store, clock)
     issued = {statement for statement, _ in statements}
-    for name in ("STATS", "LIST", "PHASE1_CANDIDATES", "PHASE2_CANDIDATES", "FETCH_WON",
-                 "SELECT_ACTIVE", "SELECT_ARCHIVED", "TEMPORARY_FAIL", "YIELD", "GET"):
+    for name in (
+        "STATS",
+        "LIST",
+        "PHASE1_CANDIDATES",
+        "PHASE2_CANDIDATES",
+        "FETCH_WON",
+        "SELECT_ACTIVE",
+        "SELECT_ARCHIVED",
+        "TEMPORARY_FAIL",
+        "YIELD",
+        "GET",
+    ):
         template = getattr(sqlstore, name).format(classes="", lock="", ids="%s")
         assert any(s.startswith(template.split("%s")[0][:60]) for s in issued), name
     checked = set()
@@ -154,7 +192,9 @@ async def test_no_statement_of_the_mysql_store_reads_a_whole_table(grown, clock)
         explained = plan(conn, "EXPLAIN", statement, args)
         analyzed = plan(conn, "ANALYZE", statement, args)
         assert reads_too_much(explained) == [] and reads_too_much(analyzed) == [], (
-            statement, analyzed)
+            statement,
+            analyzed,
+        )
 
 
 async def test_stats_follow_every_writer_without_counting_whole_tables(grown, clock):
@@ -163,8 +203,10 @@ async def test_stats_follow_every_writer_without_counting_whole_tables(grown, cl
 
     def truth():
         with conn.cursor() as cur:
-            cur.execute("SELECT (SELECT COUNT(*) FROM worker_activetask),"
-                        " (SELECT COUNT(*) FROM worker_archivetask)")
+            cur.execute(
+                "SELECT (SELECT COUNT(*) FROM worker_activetask),"
+                " (SELECT COUNT(*) FROM worker_archivetask)"
+            )
             return tuple(int(v) for v in cur.fetchone())
 
     def changed_outside(sql: str, args: tuple = ()) -> None:
@@ -182,9 +224,9 @@ async def test_stats_follow_every_writer_without_counting_whole_tables(grown, cl
         " dataID, result, duration, dateCreated, dateModified, priority, objectPHID,"
         " archivedEpoch, containerPHID) SELECT id, taskClass, leaseOwner, leaseExpires,"
         " failureCount, dataID, 0, 10, dateCreated, %s, priority, objectPHID, %s,"
-        " containerPHID FROM worker_activetask WHERE id = %s", (int(clock.seconds()) - 30,
-                                                               int(clock.seconds()),
-                                                               ARCHIVED + 7))
+        " containerPHID FROM worker_activetask WHERE id = %s",
+        (int(clock.seconds()) - 30, int(clock.seconds()), ARCHIVED + 7),
+    )
     changed_outside("DELETE FROM worker_activetask WHERE id = %s", (ARCHIVED + 7,))
     # ... and the garbage collector removes the oldest archived tasks.
     changed_outside("DELETE FROM worker_archivetask WHERE id <= 2500")

@@ -20,8 +20,10 @@ async def wait_for_blocked_claim(conn, bound: float = 20.0) -> None:
     waited = 0.0
     while waited < bound:
         with conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST"
-                        " WHERE COMMAND = 'Query' AND INFO LIKE 'UPDATE worker_activetask%%'")
+            cur.execute(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                " WHERE COMMAND = 'Query' AND INFO LIKE 'UPDATE worker_activetask%%'"
+            )
             if cur.fetchone()[0]:
                 return
         await deferLater(reactor, 0.01)
@@ -37,8 +39,11 @@ async def test_lease_racing_another_claimer_returns_only_rows_it_won(mariadb, my
     try:
         with other.cursor() as cur:
             cur.execute("BEGIN")
-            cur.execute("UPDATE worker_activetask SET leaseOwner = 'phorge', leaseExpires = %s"
-                        " WHERE id = %s", (T0 + 60, ids[0]))
+            cur.execute(
+                "UPDATE worker_activetask SET leaseOwner = 'phorge', leaseExpires = %s"
+                " WHERE id = %s",
+                (T0 + 60, ids[0]),
+            )
         leasing = Deferred.fromCoroutine(mysql_store.lease("gorge", 2, 60))
         await wait_for_blocked_claim(watcher)
         with other.cursor() as cur:
@@ -56,8 +61,10 @@ async def test_lease_racing_another_claimer_returns_only_rows_it_won(mariadb, my
 
 @pytest_twisted.ensureDeferred
 async def test_uncontended_lease_claims_the_whole_batch_in_queue_order(mysql_store):
-    ids = [(await mysql_store.enqueue(EnqueueRequest("A", priority=p))).id
-           for p in (3000, 1000, 2000, 1000)]
+    ids = [
+        (await mysql_store.enqueue(EnqueueRequest("A", priority=p))).id
+        for p in (3000, 1000, 2000, 1000)
+    ]
     tasks = await mysql_store.lease("gorge", 3, 60)
     assert [t.id for t in tasks] == [ids[1], ids[3], ids[2]]
     assert [t.id for t in await mysql_store.lease("gorge", 3, 60)] == [ids[0]]

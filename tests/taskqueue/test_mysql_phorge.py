@@ -10,7 +10,12 @@ import pytest
 import pytest_twisted
 
 from gorge.taskqueue.model import EnqueueRequest
-from gorge.taskqueue.sqlstore import PHASE1_CLAIM, PHASE2_CLAIM, PHASE1_CANDIDATES, PHASE2_CANDIDATES
+from gorge.taskqueue.sqlstore import (
+    PHASE1_CANDIDATES,
+    PHASE1_CLAIM,
+    PHASE2_CANDIDATES,
+    PHASE2_CLAIM,
+)
 from gorge.taskqueue.store import TaskNotFound
 from tests.support.paths import FIXTURES_DIR
 from tests.taskqueue.helpers import Client
@@ -18,9 +23,20 @@ from tests.taskqueue.helpers import Client
 pytestmark = pytest.mark.integration
 
 GOLDEN = FIXTURES_DIR / "taskqueue"
-ACTIVE_COLUMNS = ("id", "taskClass", "leaseOwner", "leaseExpires", "failureCount", "dataID",
-                  "failureTime", "priority", "objectPHID", "dateCreated", "dateModified",
-                  "containerPHID")
+ACTIVE_COLUMNS = (
+    "id",
+    "taskClass",
+    "leaseOwner",
+    "leaseExpires",
+    "failureCount",
+    "dataID",
+    "failureTime",
+    "priority",
+    "objectPHID",
+    "dateCreated",
+    "dateModified",
+    "containerPHID",
+)
 
 
 def golden(name: str):
@@ -43,13 +59,15 @@ def phorge_enqueue(conn, task_class: str, now: int, data: str = "[]") -> int:
         cur.execute(
             "INSERT INTO lisk_counter (counterName, counterValue) VALUES (%s, LAST_INSERT_ID(1))"
             " ON DUPLICATE KEY UPDATE counterValue = LAST_INSERT_ID(counterValue + 1)",
-            ("worker_activetask",))
+            ("worker_activetask",),
+        )
         task_id = cur.lastrowid
         cur.execute(
             "INSERT INTO worker_activetask (id, taskClass, leaseOwner, leaseExpires, failureCount,"
             " dataID, failureTime, priority, objectPHID, containerPHID, dateCreated, dateModified)"
             " VALUES (%s, %s, NULL, NULL, 0, %s, NULL, 2000, NULL, NULL, %s, %s)",
-            (task_id, task_class, data_id, now, now))
+            (task_id, task_class, data_id, now, now),
+        )
         cur.execute("COMMIT")
     return task_id
 
@@ -57,8 +75,10 @@ def phorge_enqueue(conn, task_class: str, now: int, data: str = "[]") -> int:
 def phorge_lease(conn, task_id: int, owner: str, expires: int) -> None:
     """Phorge's lease is a raw UPDATE of the two lease columns."""
     with conn.cursor() as cur:
-        cur.execute("UPDATE worker_activetask SET leaseOwner = %s, leaseExpires = %s WHERE id = %s",
-                    (owner, expires, task_id))
+        cur.execute(
+            "UPDATE worker_activetask SET leaseOwner = %s, leaseExpires = %s WHERE id = %s",
+            (owner, expires, task_id),
+        )
 
 
 @pytest.fixture
@@ -74,14 +94,19 @@ def golden_requests() -> list[tuple[int, EnqueueRequest]]:
     out = []
     for spec in scheduled.values():
         options = spec.get("options") or {}
-        out.append((spec["scheduled_at"], EnqueueRequest(
-            task_class=spec["class"],
-            data=payloads[spec["result"]["dataID"]],
-            priority=options.get("priority", 2000),
-            object_phid=options.get("objectPHID"),
-            container_phid=options.get("containerPHID"),
-            delay_until=options.get("delayUntil"),
-        )))
+        out.append(
+            (
+                spec["scheduled_at"],
+                EnqueueRequest(
+                    task_class=spec["class"],
+                    data=payloads[spec["result"]["dataID"]],
+                    priority=options.get("priority", 2000),
+                    object_phid=options.get("objectPHID"),
+                    container_phid=options.get("containerPHID"),
+                    delay_until=options.get("delayUntil"),
+                ),
+            )
+        )
     return out
 
 
@@ -99,8 +124,12 @@ async def enqueue_golden_requests(mysql_store, conn, clock) -> None:
 async def test_enqueue_writes_the_rows_phorge_writes(mysql_store, conn, clock):
     steps = golden("steps.json")
     await enqueue_golden_requests(mysql_store, conn, clock)
-    assert rows(conn, "SELECT * FROM worker_activetask ORDER BY id") == steps[1]["worker_activetask"]
-    assert rows(conn, "SELECT * FROM worker_taskdata ORDER BY id") == golden("worker_taskdata_rows.json")
+    assert (
+        rows(conn, "SELECT * FROM worker_activetask ORDER BY id") == steps[1]["worker_activetask"]
+    )
+    assert rows(conn, "SELECT * FROM worker_taskdata ORDER BY id") == golden(
+        "worker_taskdata_rows.json"
+    )
     assert rows(conn, "SELECT * FROM lisk_counter") == steps[1]["lisk_counter"]
 
 
@@ -126,7 +155,8 @@ async def test_archive_rows_equal_phorges(mysql_store, conn, clock):
     # Payload rows stay until Phorge's garbage collection.
     assert len(rows(conn, "SELECT id FROM worker_taskdata")) == 7
     assert rows(conn, "SELECT * FROM lisk_counter") == [
-        {"counterName": "worker_activetask", "counterValue": 43}]
+        {"counterName": "worker_activetask", "counterValue": 43}
+    ]
 
 
 @pytest_twisted.ensureDeferred
@@ -138,12 +168,18 @@ async def test_phorge_and_gorge_enqueues_share_one_id_sequence(mysql_store, conn
         else:
             ids.append((await mysql_store.enqueue(EnqueueRequest("GorgeSide", "{}"))).id)
     assert ids == [1, 2, 3, 4, 5, 6]
-    assert rows(conn, "SELECT counterValue FROM lisk_counter WHERE counterName = %s",
-                ("worker_activetask",)) == [{"counterValue": 6}]
+    assert rows(
+        conn, "SELECT counterValue FROM lisk_counter WHERE counterName = %s", ("worker_activetask",)
+    ) == [{"counterValue": 6}]
     listed = await mysql_store.list_tasks(10, 0)
     assert [(t.id, t.task_class) for t in listed] == [
-        (1, "GorgeSide"), (2, "PhorgeSide"), (3, "GorgeSide"), (4, "PhorgeSide"),
-        (5, "GorgeSide"), (6, "PhorgeSide")]
+        (1, "GorgeSide"),
+        (2, "PhorgeSide"),
+        (3, "GorgeSide"),
+        (4, "PhorgeSide"),
+        (5, "GorgeSide"),
+        (6, "PhorgeSide"),
+    ]
 
 
 @pytest_twisted.ensureDeferred
@@ -151,14 +187,16 @@ async def test_expired_phorge_lease_is_taken_in_phase_two(mysql_store, conn, clo
     now = int(clock.seconds())
     held = phorge_enqueue(conn, "PhabricatorTestWorker", now - 9000, '{"doWork":"succeed"}')
     live = phorge_enqueue(conn, "PhabricatorTestWorker", now - 9000)
-    phorge_lease(conn, held, "22413:1795947021:vm:1", now - 1)   # crashed taskmaster
-    phorge_lease(conn, live, "22414:1795947021:vm:1", now)       # still held this second
+    phorge_lease(conn, held, "22413:1795947021:vm:1", now - 1)  # crashed taskmaster
+    phorge_lease(conn, live, "22414:1795947021:vm:1", now)  # still held this second
     won = await mysql_store.lease("host:1:2:gorge-worker", 5, 7200)
     assert [(t.id, t.lease_owner, t.lease_expires, t.data) for t in won] == [
-        (held, "host:1:2:gorge-worker", now + 7200, '{"doWork":"succeed"}')]
+        (held, "host:1:2:gorge-worker", now + 7200, '{"doWork":"succeed"}')
+    ]
     assert won[0].date_modified == now - 9000
     assert rows(conn, "SELECT leaseOwner FROM worker_activetask WHERE id = %s", (live,)) == [
-        {"leaseOwner": "22414:1795947021:vm:1"}]
+        {"leaseOwner": "22414:1795947021:vm:1"}
+    ]
 
 
 @pytest_twisted.ensureDeferred
@@ -167,9 +205,11 @@ async def test_archive_is_one_transaction(mysql_store, conn):
     # A stale archive row with the same id makes the archive INSERT fail:
     # the active row must survive (rolled back), not vanish.
     with conn.cursor() as cur:
-        cur.execute("INSERT INTO worker_archivetask (id, taskClass, failureCount, dataID, result,"
-                    " duration, dateCreated, dateModified, priority) VALUES (%s,'X',0,1,1,0,1,1,1)",
-                    (task.id,))
+        cur.execute(
+            "INSERT INTO worker_archivetask (id, taskClass, failureCount, dataID, result,"
+            " duration, dateCreated, dateModified, priority) VALUES (%s,'X',0,1,1,0,1,1,1)",
+            (task.id,),
+        )
     with pytest.raises(pymysql.err.IntegrityError):
         await mysql_store.cancel(task.id)
     assert (await mysql_store.get_task(task.id)).id == task.id
@@ -179,12 +219,17 @@ async def test_archive_is_one_transaction(mysql_store, conn):
 
 @pytest_twisted.ensureDeferred
 async def test_phids_come_back_as_text_and_multibyte_owner_fits(mysql_store):
-    await mysql_store.enqueue(EnqueueRequest("X", "ü", object_phid="PHID-TASK-a",
-                                             container_phid="PHID-USER-b"))
+    await mysql_store.enqueue(
+        EnqueueRequest("X", "ü", object_phid="PHID-TASK-a", container_phid="PHID-USER-b")
+    )
     owner = "é" * 64  # 64 characters, 128 bytes: VARCHAR(64) counts characters
     (task,) = await mysql_store.lease(owner, 1, 7200)
     assert (task.object_phid, task.container_phid, task.lease_owner, task.data) == (
-        "PHID-TASK-a", "PHID-USER-b", owner, "ü")
+        "PHID-TASK-a",
+        "PHID-USER-b",
+        owner,
+        "ü",
+    )
     assert (await mysql_store.get_task(task.id)).lease_owner == owner
 
 
@@ -195,7 +240,8 @@ async def test_http_refuses_an_owner_the_column_would_cut(mysql_store, conn, clo
     code, answer = await client.post("lease", {}, headers={"X-Lease-Owner": "w" * 65})
     assert (code, answer["error"]["code"]) == (400, "ERR_BAD_REQUEST")
     assert rows(conn, "SELECT leaseOwner, leaseExpires FROM worker_activetask") == [
-        {"leaseOwner": None, "leaseExpires": None}]
+        {"leaseOwner": None, "leaseExpires": None}
+    ]
     code, answer = await client.get("tasks/1")
     assert answer["data"]["id"] == 1 and "leaseOwner" not in answer["data"]
 

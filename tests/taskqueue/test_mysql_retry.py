@@ -59,11 +59,14 @@ async def test_retries_are_bounded(clock):
     assert 2 <= pool.calls <= 5
 
 
-@pytest.mark.parametrize("error", [
-    pymysql.err.IntegrityError(1062, "Duplicate entry"),
-    pymysql.err.OperationalError(2003, "Can't connect to MySQL server"),
-    pymysql.err.ProgrammingError(1146, "Table doesn't exist"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        pymysql.err.IntegrityError(1062, "Duplicate entry"),
+        pymysql.err.OperationalError(2003, "Can't connect to MySQL server"),
+        pymysql.err.ProgrammingError(1146, "Table doesn't exist"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_other_errors_are_not_retried(clock, error):
     pool = ScriptedPool([error], result=[])

@@ -13,7 +13,6 @@ from tests.taskqueue.conftest import T0
 from tests.taskqueue.helpers import Client
 
 
-
 @pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_delay_holds_an_unleased_task_until_its_time(backend_store, clock):
@@ -22,15 +21,18 @@ async def test_delay_holds_an_unleased_task_until_its_time(backend_store, clock)
     clock.advance(5)
     delayed = await backend_store.delay(a.id, T0 + 100)
     assert (delayed.lease_owner, delayed.lease_expires, delayed.date_modified) == (
-        None, T0 + 100, T0 + 5)
+        None,
+        T0 + 100,
+        T0 + 5,
+    )
     assert [t.id for t in await backend_store.lease("w", 5, 600)] == [b.id]
     with pytest.raises(TaskStateError, match="task is leased; free it first"):
         await backend_store.delay(b.id, T0 + 100)
-    clock.advance(96)                                           # T0+101: past the delay
+    clock.advance(96)  # T0+101: past the delay
     assert [t.id for t in await backend_store.lease("w", 5, 60)] == [a.id]
     await backend_store.yield_(a.id, 60)
     with pytest.raises(TaskStateError, match="task is leased"):
-        await backend_store.delay(a.id, T0)                     # yielded: owner (yield)
+        await backend_store.delay(a.id, T0)  # yielded: owner (yield)
     await backend_store.cancel(b.id)
     with pytest.raises(TaskStateError, match="task is archived, not active"):
         await backend_store.delay(b.id, T0)
@@ -67,23 +69,23 @@ async def test_free_breaks_a_lease_and_fences_out_its_holder(backend_store, cloc
     await backend_store.lease("w", 1, 600)
     clock.advance(3)
     freed = await backend_store.free(task.id)
-    assert (freed.lease_owner, freed.lease_expires, freed.date_modified) == (
-        None, T0 + 3, T0 + 3)
+    assert (freed.lease_owner, freed.lease_expires, freed.date_modified) == (None, T0 + 3, T0 + 3)
     with pytest.raises(LeaseConflict):
         await backend_store.complete(task.id, 1, "w")
-    assert await backend_store.lease("w2", 1, 600) == []        # not before the next second
+    assert await backend_store.lease("w2", 1, 600) == []  # not before the next second
     clock.advance(1)
     assert [t.id for t in await backend_store.lease("w2", 1, 600)] == [task.id]
     await backend_store.yield_(task.id, 600)
-    assert (await backend_store.free(task.id)).lease_owner is None   # a yield is freed too
+    assert (await backend_store.free(task.id)).lease_owner is None  # a yield is freed too
     assert (await backend_store.get_task(task.id)).lease_owner != YIELD_OWNER
 
 
 @pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_retry_unarchives_under_the_same_id(backend_store, clock):
-    failed = await backend_store.enqueue(EnqueueRequest("A", '{"x":"é"}', priority=2500,
-                                                        container_phid="PHID-X-1"))
+    failed = await backend_store.enqueue(
+        EnqueueRequest("A", '{"x":"é"}', priority=2500, container_phid="PHID-X-1")
+    )
     done = await backend_store.enqueue(EnqueueRequest("B", "b"))
     await backend_store.lease("w", 2, 60)
     await backend_store.fail(failed.id, False, 0)
@@ -96,14 +98,23 @@ async def test_retry_unarchives_under_the_same_id(backend_store, clock):
         await backend_store.retry(done.id, False)
     task = await backend_store.retry(failed.id, False)
     assert (task.id, task.data_id, task.task_class, task.priority, task.container_phid) == (
-        failed.id, failed.data_id, "A", 2500, "PHID-X-1")
+        failed.id,
+        failed.data_id,
+        "A",
+        2500,
+        "PHID-X-1",
+    )
     assert (task.lease_owner, task.lease_expires, task.failure_count, task.failure_time) == (
-        None, 0, 0, None)
+        None,
+        0,
+        0,
+        None,
+    )
     assert (task.date_created, task.date_modified) == (T0, T0 + 11)
     assert await backend_store.get_archived(failed.id) is None
     with pytest.raises(TaskStateError, match="task is active, not archived"):
         await backend_store.retry(failed.id, False)
-    (leased,) = await backend_store.lease("w2", 1, 60)          # phase 2, at once
+    (leased,) = await backend_store.lease("w2", 1, 60)  # phase 2, at once
     assert (leased.id, leased.data) == (failed.id, '{"x":"é"}')
     assert (await backend_store.retry(done.id, True)).id == done.id
     stats = await backend_store.stats()
@@ -131,29 +142,36 @@ async def test_verbs_over_http(client, clock):
     code, answer = await client.post("free", {"taskID": 2})
     assert code == 200 and "leaseOwner" not in answer["data"]
     assert await client.post("free", {"taskID": 2}) == (
-        409, {"error": {"code": "ERR_TASK_STATE", "message": "task has no lease"}})
+        409,
+        {"error": {"code": "ERR_TASK_STATE", "message": "task has no lease"}},
+    )
     await client.post("cancel", {"taskID": 2})
     code, answer = await client.post("retry", {"taskID": 2})
     assert (code, answer["data"]["leaseExpires"]) == (200, 0)
     assert (await client.post("retry", {"taskID": 7}))[0] == 404
 
 
-@pytest.mark.parametrize("path, body, message", [
-    ("delay", {"taskID": 1}, "until is required"),
-    ("delay", {"taskID": 1, "until": -1}, "until must be >= 0"),
-    ("delay", {"taskID": 1, "until": 2**32}, "until must be <= 4294967295"),
-    ("delay", {"until": 5}, "taskID is required"),
-    ("priority", {"taskID": 1}, "priority is required"),
-    ("priority", {"taskID": 1, "priority": "1"}, "priority must be an integer"),
-    ("priority", {"taskID": 1, "priority": -1}, "priority must be >= 0"),
-    ("free", {}, "taskID is required"),
-    ("retry", {"taskID": 1, "repeat": "yes"}, "repeat must be a boolean"),
-])
+@pytest.mark.parametrize(
+    "path, body, message",
+    [
+        ("delay", {"taskID": 1}, "until is required"),
+        ("delay", {"taskID": 1, "until": -1}, "until must be >= 0"),
+        ("delay", {"taskID": 1, "until": 2**32}, "until must be <= 4294967295"),
+        ("delay", {"until": 5}, "taskID is required"),
+        ("priority", {"taskID": 1}, "priority is required"),
+        ("priority", {"taskID": 1, "priority": "1"}, "priority must be an integer"),
+        ("priority", {"taskID": 1, "priority": -1}, "priority must be >= 0"),
+        ("free", {}, "taskID is required"),
+        ("retry", {"taskID": 1, "repeat": "yes"}, "repeat must be a boolean"),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_bad_verb_is_400(client, path, body, message):
     await client.post("enqueue", {"taskClass": "A"})
     assert await client.post(path, body) == (
-        400, {"error": {"code": "ERR_BAD_REQUEST", "message": message}})
+        400,
+        {"error": {"code": "ERR_BAD_REQUEST", "message": message}},
+    )
     assert (await client.get("tasks/1"))[1]["data"]["dateModified"] == T0
 
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 import pytest_twisted
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from twisted.internet import defer, task
 
 from gorge.redis import RedisSettings, make_redis
@@ -33,10 +34,14 @@ async def test_four_parallel_leasers_split_a_thousand_tasks_exactly(redis_server
     conns = [make_redis(replace(redis_server.settings(), poolsize=1)) for _ in range(4)]
     stores = [RedisTaskStore(c, clock=clock, key_prefix=redis_prefix) for c in conns]
     try:
-        created = await defer.gatherResults([
-            defer.Deferred.fromCoroutine(stores[i % 4].enqueue(EnqueueRequest("C", priority=i % 7)))
-            for i in range(1000)
-        ])
+        created = await defer.gatherResults(
+            [
+                defer.Deferred.fromCoroutine(
+                    stores[i % 4].enqueue(EnqueueRequest("C", priority=i % 7))
+                )
+                for i in range(1000)
+            ]
+        )
         assert len({t.id for t in created}) == 1000
 
         async def drain(store: RedisTaskStore, owner: str) -> list[int]:
@@ -46,9 +51,9 @@ async def test_four_parallel_leasers_split_a_thousand_tasks_exactly(redis_server
                 won += [t.id for t in batch]
             return won
 
-        results = await defer.gatherResults([
-            defer.Deferred.fromCoroutine(drain(s, f"w{i}")) for i, s in enumerate(stores)
-        ])
+        results = await defer.gatherResults(
+            [defer.Deferred.fromCoroutine(drain(s, f"w{i}")) for i, s in enumerate(stores)]
+        )
     finally:
         await defer.gatherResults([c.disconnect() for c in conns])
     every = [i for won in results for i in won]
@@ -87,9 +92,13 @@ _ops = st.one_of(
         st.sampled_from([None, "past", "soon"]),
         st.sampled_from(["", "{}", "payload ü"]),
     ),
-    st.tuples(st.just("lease"), st.sampled_from(["w1", "w2"]), st.integers(1, 4),
-              st.sampled_from([5, 60, UINT32_MAX]),
-              st.sampled_from([None, (), ("A",), ("B", "Z")])),
+    st.tuples(
+        st.just("lease"),
+        st.sampled_from(["w1", "w2"]),
+        st.integers(1, 4),
+        st.sampled_from([5, 60, UINT32_MAX]),
+        st.sampled_from([None, (), ("A",), ("B", "Z")]),
+    ),
     st.tuples(st.just("complete"), _ids, st.integers(0, 2**64 - 1)),
     st.tuples(st.just("fail"), _ids, st.booleans(), st.sampled_from([0, 3, 30, UINT32_MAX])),
     st.tuples(st.just("yield_"), _ids, st.sampled_from([-1, 0, 5, 20, UINT32_MAX])),
@@ -112,8 +121,9 @@ async def _apply(store, clock: task.Clock, op: tuple):
         task_class, priority, delay, data = args
         now = int(clock.seconds())
         delay_until = {None: None, "past": now - 10, "soon": now + 5}[delay]
-        return await store.enqueue(EnqueueRequest(task_class, data=data, priority=priority,
-                                                  delay_until=delay_until))
+        return await store.enqueue(
+            EnqueueRequest(task_class, data=data, priority=priority, delay_until=delay_until)
+        )
     try:
         return await getattr(store, name)(*args)
     except (TaskNotFound, InvalidArgument) as e:
@@ -121,8 +131,9 @@ async def _apply(store, clock: task.Clock, op: tuple):
 
 
 @pytest.mark.integration
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=st.lists(_ops, min_size=1, max_size=30))
 @pytest_twisted.ensureDeferred
 async def test_behaves_like_the_in_memory_model(redis_server, ops):

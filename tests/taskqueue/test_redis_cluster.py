@@ -4,14 +4,14 @@ with MONITOR and computing the slots here (CRC16/XMODEM mod 16384)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import re
 import socket
+from dataclasses import replace
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet import task
 
 from gorge.config import ConfigError
@@ -72,8 +72,16 @@ def test_every_key_of_one_queue_shares_one_slot(prefix, ids):
         return
     if hash_tag(prefix) is None:
         return  # an untagged prefix is for a single instance
-    names = [keys.active, keys.unleased, keys.leased, keys.archived_idx, keys.next_task_id,
-             keys.next_data_id, keys.counter_archived, keys.counter_failed]
+    names = [
+        keys.active,
+        keys.unleased,
+        keys.leased,
+        keys.archived_idx,
+        keys.next_task_id,
+        keys.next_data_id,
+        keys.counter_archived,
+        keys.counter_failed,
+    ]
     for i in ids:
         names += [keys.task(i), keys.data(i), keys.archived(i)]
     assert all(n.startswith(prefix) for n in names)
@@ -82,15 +90,34 @@ def test_every_key_of_one_queue_shares_one_slot(prefix, ids):
 
 # Commands the store (or its scripts) may send, and which arguments are keys.
 _FIRST_ARG_IS_KEY = {
-    "GET", "SET", "DEL", "EXISTS", "INCR", "DECR", "DECRBY", "HSET", "HGET", "HMGET", "HGETALL",
-    "ZADD", "ZREM", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZCARD", "ZSCORE",
+    "GET",
+    "SET",
+    "DEL",
+    "EXISTS",
+    "INCR",
+    "DECR",
+    "DECRBY",
+    "HSET",
+    "HGET",
+    "HMGET",
+    "HGETALL",
+    "ZADD",
+    "ZREM",
+    "ZRANGE",
+    "ZRANGEBYSCORE",
+    "ZREVRANGE",
+    "ZCARD",
+    "ZSCORE",
 }
 _ARG = re.compile(r'"((?:\\.|[^"\\])*)"')
 
 
 def _unescape(text: str) -> str:
-    return re.sub(r"\\x([0-9a-f]{2})|\\(.)",
-                  lambda m: chr(int(m.group(1), 16)) if m.group(1) else m.group(2), text)
+    return re.sub(
+        r"\\x([0-9a-f]{2})|\\(.)",
+        lambda m: chr(int(m.group(1), 16)) if m.group(1) else m.group(2),
+        text,
+    )
 
 
 def _keys_of(args: list[str]) -> list[str]:
@@ -182,9 +209,12 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
     scripts = [args for source, args in seen if args[0] in ("EVALSHA", "EVAL")]
     assert len(scripts) >= 16  # EVAL retries after NOSCRIPT come on top
     assert all(int(args[2]) >= 1 for args in scripts)  # a Cluster routes by KEYS
-    touched = [key for source, args in seen
-               if source == "lua" or args[0] in ("EVALSHA", "EVAL", "HMGET")
-               for key in _keys_of(args)]
+    touched = [
+        key
+        for source, args in seen
+        if source == "lua" or args[0] in ("EVALSHA", "EVAL", "HMGET")
+        for key in _keys_of(args)
+    ]
     assert any(k.startswith(store.keys.base + "data:") for k in touched)
     assert any(source == "lua" and args[0].upper() == "DECRBY" for source, args in seen)
     assert all(k.startswith(store.keys.base) for k in touched), touched

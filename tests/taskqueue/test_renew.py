@@ -17,8 +17,8 @@ OWNER, OTHER = "host-a:1:100:gorge-worker", "host-b:2:200:gorge-worker"
 @pytest_twisted.ensureDeferred
 async def test_renew_extends_only_leases_the_owner_holds(backend_store, clock):
     ids = [(await backend_store.enqueue(EnqueueRequest("A", str(i)))).id for i in range(4)]
-    await backend_store.lease(OWNER, 2, 60)                    # ids 1, 2 until T0+60
-    await backend_store.lease(OTHER, 1, 60)                    # id 3
+    await backend_store.lease(OWNER, 2, 60)  # ids 1, 2 until T0+60
+    await backend_store.lease(OTHER, 1, 60)  # id 3
     before = await backend_store.get_task(ids[0])
     clock.advance(50)
     answer = await backend_store.renew(OWNER, [ids[1], ids[0], ids[2], ids[3], 99, ids[0]], 120)
@@ -26,13 +26,13 @@ async def test_renew_extends_only_leases_the_owner_holds(backend_store, clock):
     assert list(answer) == [ids[1], ids[0], ids[2], ids[3], 99]
     renewed = await backend_store.get_task(ids[0])
     assert (renewed.lease_owner, renewed.lease_expires) == (OWNER, T0 + 170)
-    assert renewed.date_modified == before.date_modified       # a lease never changes it
+    assert renewed.date_modified == before.date_modified  # a lease never changes it
     assert (await backend_store.get_task(ids[2])).lease_expires == T0 + 60
     assert (await backend_store.get_task(ids[3])).lease_owner is None
     # Never shortened: a smaller extension keeps the later expiry.
     assert await backend_store.renew(OWNER, [ids[0]], 10) == {ids[0]: T0 + 170}
     # The renewed lease holds off phase 2 past the first expiry...
-    clock.advance(100)                                         # T0+150: first lease long gone
+    clock.advance(100)  # T0+150: first lease long gone
     assert [t.id for t in await backend_store.lease(OTHER, 5, 60)] == [ids[2], ids[3]]
     # ...and once it expires unrenewed, a takeover makes the old holder's renewal "lost".
     clock.advance(21)
@@ -40,7 +40,9 @@ async def test_renew_extends_only_leases_the_owner_holds(backend_store, clock):
     assert await backend_store.renew(OWNER, ids[:2], 60) == {ids[0]: None, ids[1]: None}
     await backend_store.complete(ids[0], 1, OTHER)
     assert await backend_store.renew(OTHER, [ids[0], ids[1]], 60) == {
-        ids[0]: None, ids[1]: T0 + 231}
+        ids[0]: None,
+        ids[1]: T0 + 231,
+    }
     with pytest.raises(InvalidArgument):
         await backend_store.renew(OTHER, [ids[1]], 2**32)
     assert (await backend_store.get_task(ids[1])).lease_expires == T0 + 231
@@ -49,10 +51,11 @@ async def test_renew_extends_only_leases_the_owner_holds(backend_store, clock):
 @pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_renewed_task_stays_held_in_stats_and_expired_lease_of_the_owner_renews(
-        backend_store, clock):
+    backend_store, clock
+):
     task = await backend_store.enqueue(EnqueueRequest("A"))
     await backend_store.lease(OWNER, 1, 60)
-    clock.advance(61)                                           # expired, nobody took it
+    clock.advance(61)  # expired, nobody took it
     assert (await backend_store.stats()).leased == 0
     assert await backend_store.renew(OWNER, [task.id], 60) == {task.id: T0 + 121}
     assert (await backend_store.stats()).leased == 1
@@ -70,15 +73,20 @@ async def test_renew_over_http(client, clock):
         await client.post("enqueue", {"taskClass": "A"})
     await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": OWNER})
     clock.advance(100)
-    code, answer = await client.post("renew", {"taskIDs": [1, 2, 2**40, 1]},
-                                     headers={"X-Lease-Owner": OWNER})
-    assert (code, answer) == (200, {"data": [
-        {"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700},
-        {"taskID": 2, "status": "lost"},
-        {"taskID": 2**40, "status": "lost"},
-    ]})
-    code, answer = await client.post("renew", {"taskIDs": [1], "leaseOwner": OWNER,
-                                               "duration": 30})
+    code, answer = await client.post(
+        "renew", {"taskIDs": [1, 2, 2**40, 1]}, headers={"X-Lease-Owner": OWNER}
+    )
+    assert (code, answer) == (
+        200,
+        {
+            "data": [
+                {"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700},
+                {"taskID": 2, "status": "lost"},
+                {"taskID": 2**40, "status": "lost"},
+            ]
+        },
+    )
+    code, answer = await client.post("renew", {"taskIDs": [1], "leaseOwner": OWNER, "duration": 30})
     assert answer["data"] == [{"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700}]
     code, answer = await client.get("/metrics", token=None)
     assert 'gorge_taskqueue_lease_renewals_total{result="renewed"} 2.0' in answer
@@ -90,15 +98,20 @@ BAD_RENEWALS = [
     ({"taskIDs": []}, {"X-Lease-Owner": OWNER}, "taskIDs is required"),
     ({}, {"X-Lease-Owner": OWNER}, "taskIDs is required"),
     ({"taskIDs": [1, "2"]}, {"X-Lease-Owner": OWNER}, "taskIDs must be a list of integers"),
-    ({"taskIDs": list(range(1, 1002))}, {"X-Lease-Owner": OWNER},
-     "taskIDs must have at most 1000 ids"),
+    (
+        {"taskIDs": list(range(1, 1002))},
+        {"X-Lease-Owner": OWNER},
+        "taskIDs must have at most 1000 ids",
+    ),
     ({"taskIDs": [1], "duration": 0}, {"X-Lease-Owner": OWNER}, "duration must be >= 1"),
     ({"taskIDs": [1], "duration": 601}, {"X-Lease-Owner": OWNER}, "duration must be <= 600"),
-    ({"taskIDs": [1], "duration": "60"}, {"X-Lease-Owner": OWNER},
-     "duration must be an integer"),
+    ({"taskIDs": [1], "duration": "60"}, {"X-Lease-Owner": OWNER}, "duration must be an integer"),
     ({"taskIDs": [1]}, {"X-Lease-Owner": "(yield)"}, "leaseOwner (yield) holds no lease"),
-    ({"taskIDs": [1], "leaseOwner": OTHER}, {"X-Lease-Owner": OWNER},
-     "leaseOwner and X-Lease-Owner name different owners"),
+    (
+        {"taskIDs": [1], "leaseOwner": OTHER},
+        {"X-Lease-Owner": OWNER},
+        "leaseOwner and X-Lease-Owner name different owners",
+    ),
 ]
 
 
@@ -108,7 +121,9 @@ async def test_bad_renewal_is_400_and_changes_nothing(client, body, headers, mes
     await client.post("enqueue", {"taskClass": "A"})
     await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": OWNER})
     assert await client.post("renew", body, headers=headers) == (
-        400, {"error": {"code": "ERR_BAD_REQUEST", "message": message}})
+        400,
+        {"error": {"code": "ERR_BAD_REQUEST", "message": message}},
+    )
     assert (await client.get("tasks/1"))[1]["data"]["leaseExpires"] == T0 + 600
 
 

@@ -14,27 +14,35 @@ from gorge.taskqueue.settings import load_settings
 from tests.taskqueue.helpers import Client, make_settings
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("", "mysql"), ("mysql", "mysql"), ("redis", "redis"), ("sqlite", "sqlite")])
+@pytest.mark.parametrize(
+    "value,expected", [("", "mysql"), ("mysql", "mysql"), ("redis", "redis"), ("sqlite", "sqlite")]
+)
 def test_backend_names(value, expected):
     assert load_settings({"GORGE_TASKQUEUE_BACKEND": value}).backend == expected
 
 
-@pytest.mark.parametrize("env,setting", [
-    ({"GORGE_TASKQUEUE_BACKEND": "redsi"}, "GORGE_TASKQUEUE_BACKEND"),
-    ({"GORGE_TASKQUEUE_BACKEND": "MySQL"}, "GORGE_TASKQUEUE_BACKEND"),
-    ({"GORGE_TASKQUEUE_LEASE_DURATION": "0"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
-    ({"GORGE_TASKQUEUE_LEASE_DURATION": "-7"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
-    ({"GORGE_TASKQUEUE_LEASE_DURATION": "2h"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
-    ({"GORGE_TASKQUEUE_RETRY_WAIT": "-1"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
-    ({"GORGE_TASKQUEUE_RETRY_WAIT": "5m"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
-    ({"GORGE_TASKQUEUE_MYSQL_PORT": "x"}, "GORGE_TASKQUEUE_MYSQL_PORT"),
-    ({"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_ADDR": "nohost"},
-     "GORGE_TASKQUEUE_REDIS_ADDR"),
-    ({"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_DB": "one"},
-     "GORGE_TASKQUEUE_REDIS_DB"),
-    ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
-])
+@pytest.mark.parametrize(
+    "env,setting",
+    [
+        ({"GORGE_TASKQUEUE_BACKEND": "redsi"}, "GORGE_TASKQUEUE_BACKEND"),
+        ({"GORGE_TASKQUEUE_BACKEND": "MySQL"}, "GORGE_TASKQUEUE_BACKEND"),
+        ({"GORGE_TASKQUEUE_LEASE_DURATION": "0"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
+        ({"GORGE_TASKQUEUE_LEASE_DURATION": "-7"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
+        ({"GORGE_TASKQUEUE_LEASE_DURATION": "2h"}, "GORGE_TASKQUEUE_LEASE_DURATION"),
+        ({"GORGE_TASKQUEUE_RETRY_WAIT": "-1"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
+        ({"GORGE_TASKQUEUE_RETRY_WAIT": "5m"}, "GORGE_TASKQUEUE_RETRY_WAIT"),
+        ({"GORGE_TASKQUEUE_MYSQL_PORT": "x"}, "GORGE_TASKQUEUE_MYSQL_PORT"),
+        (
+            {"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_ADDR": "nohost"},
+            "GORGE_TASKQUEUE_REDIS_ADDR",
+        ),
+        (
+            {"GORGE_TASKQUEUE_BACKEND": "redis", "GORGE_TASKQUEUE_REDIS_DB": "one"},
+            "GORGE_TASKQUEUE_REDIS_DB",
+        ),
+        ({"GORGE_LISTEN_ADDR": "nonsense"}, "GORGE_LISTEN_ADDR"),
+    ],
+)
 def test_bad_settings_name_the_variable_and_the_value(env, setting):
     """No fallback; the one line names the variable and the bad value."""
     with pytest.raises(ConfigError) as info:
@@ -53,20 +61,40 @@ def test_unknown_backend_names_the_accepted_values():
 def test_defaults():
     s = load_settings({})
     assert (s.backend, s.http.listen_addr, s.lease_duration, s.retry_wait) == (
-        "mysql", ":8090", 7200, 300)
+        "mysql",
+        ":8090",
+        7200,
+        300,
+    )
     assert s.mysql.database == "phorge_worker" and s.mysql.user == "phorge"
     # The database is Phorge's too; the pool stays modest and every wait is bounded.
-    assert (s.mysql.host, s.mysql.port, s.mysql.max_connections, s.mysql.connect_timeout,
-            s.mysql.read_timeout, s.mysql.write_timeout) == ("127.0.0.1", 3306, 25, 5, 30, 30)
+    assert (
+        s.mysql.host,
+        s.mysql.port,
+        s.mysql.max_connections,
+        s.mysql.connect_timeout,
+        s.mysql.read_timeout,
+        s.mysql.write_timeout,
+    ) == ("127.0.0.1", 3306, 25, 5, 30, 30)
     r = load_settings({"GORGE_TASKQUEUE_BACKEND": "redis"})
     assert (r.redis.host, r.redis.port, r.redis.db, r.redis.poolsize, r.redis_key_prefix) == (
-        "127.0.0.1", 6379, 0, 25, "gorge:tq:")
-    s = load_settings({"GORGE_TASKQUEUE_NAMESPACE": "phabricator",
-                       "GORGE_TASKQUEUE_BACKEND": "sqlite",
-                       "GORGE_TASKQUEUE_SQLITE_PATH": "/tmp/q.db"})
+        "127.0.0.1",
+        6379,
+        0,
+        25,
+        "gorge:tq:",
+    )
+    s = load_settings(
+        {
+            "GORGE_TASKQUEUE_NAMESPACE": "phabricator",
+            "GORGE_TASKQUEUE_BACKEND": "sqlite",
+            "GORGE_TASKQUEUE_SQLITE_PATH": "/tmp/q.db",
+        }
+    )
     assert (s.mysql.database, s.sqlite_path) == ("phabricator_worker", "/tmp/q.db")
-    assert "secret" not in repr(load_settings({"GORGE_TASKQUEUE_MYSQL_PASS": "secret",
-                                               "GORGE_SERVICE_TOKEN": "secret"}))
+    assert "secret" not in repr(
+        load_settings({"GORGE_TASKQUEUE_MYSQL_PASS": "secret", "GORGE_SERVICE_TOKEN": "secret"})
+    )
 
 
 def test_make_service_exits_2_with_one_line(monkeypatch, capsys):
@@ -106,13 +134,17 @@ async def test_readyz_is_503_until_the_database_exists_then_200(mariadb):
     try:
         assert await client.get("/healthz", token=None) == (200, {"status": "ok"})
         code, answer = await client.get("/readyz", token=None)
-        assert (code, answer) == (503, {"status": "unavailable",
-                                        "reason": "ping database: unknown database"})
+        assert (code, answer) == (
+            503,
+            {"status": "unavailable", "reason": "ping database: unknown database"},
+        )
         code, answer = await client.get("stats")
-        assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
-                                                  "message": "internal server error"}})
+        assert (code, answer) == (
+            500,
+            {"error": {"code": "ERR_INTERNAL", "message": "internal server error"}},
+        )
         assert name.encode() not in client.last_body
-        mariadb.create_database("worker", name)     # Phorge's storage upgrade, later
+        mariadb.create_database("worker", name)  # Phorge's storage upgrade, later
         assert await client.get("/readyz", token=None) == (200, {"status": "ok"})
         assert (await client.get("stats"))[0] == 200
     finally:
@@ -149,12 +181,17 @@ async def test_service_listens_serves_and_stops_in_order(tmp_path):
     try:
         base = f"http://127.0.0.1:{service.part('listener').listening_port.getHost().port}"
         headers = {"X-Service-Token": "contract-token", "Content-Type": "application/json"}
-        response = await treq.post(base + "/api/queue/enqueue", headers=headers,
-                                   data=json.dumps({"taskClass": "X"}).encode()).addTimeout(10, reactor)
+        response = await treq.post(
+            base + "/api/queue/enqueue",
+            headers=headers,
+            data=json.dumps({"taskClass": "X"}).encode(),
+        ).addTimeout(10, reactor)
         body = json.loads(await response.content())
         assert (response.code, body["data"]["id"]) == (200, 1)
         response = await treq.get(base + "/metrics").addTimeout(10, reactor)
-        assert b'gorge_taskqueue_tasks_enqueued_total{task_class="X"} 1.0' in await response.content()
+        assert (
+            b'gorge_taskqueue_tasks_enqueued_total{task_class="X"} 1.0' in await response.content()
+        )
     finally:
         await service.stopService()
     assert not service.running
@@ -177,16 +214,20 @@ class _Notifier:
 
 @pytest_twisted.ensureDeferred
 async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_down(
-        memory_store, clock):
+    memory_store, clock
+):
     notifier = _Notifier()
-    service = build_taskqueue_service(make_settings(), clock, store=memory_store,
-                                      notifier=notifier)
+    service = build_taskqueue_service(make_settings(), clock, store=memory_store, notifier=notifier)
     client = Client(memory_store, clock)
     await client.post("enqueue", {"taskClass": "X"})
     await service.part("stats").refresh()
     assert notifier.calls == ["ready", "progress"]
-    assert service.part("metrics-registry").get_sample_value("gorge_taskqueue_queue_depth",
-                                             {"state": "active"}) == 1.0
+    assert (
+        service.part("metrics-registry").get_sample_value(
+            "gorge_taskqueue_queue_depth", {"state": "active"}
+        )
+        == 1.0
+    )
     memory_store.unreachable = "down"
 
     async def broken():
@@ -239,8 +280,9 @@ async def test_stop_drains_a_store_call_in_flight_before_closing_the_backend(clo
             clock.advance(10)
             await stopping.addTimeout(10, reactor)
         assert store.closed
-        assert any(str(e.get("log_format", "")).startswith("TASKQUEUE_DRAIN_ABANDONED")
-                   for e in events)
+        assert any(
+            str(e.get("log_format", "")).startswith("TASKQUEUE_DRAIN_ABANDONED") for e in events
+        )
         store.gate.callback(None)
         await answer
         return
@@ -271,8 +313,10 @@ async def test_readyz_does_not_check_the_tables(mariadb, worker_db):
     try:
         assert await client.get("/readyz", token=None) == (200, {"status": "ok"})
         code, answer = await client.post("enqueue", {"taskClass": "X"})
-        assert (code, answer) == (500, {"error": {"code": "ERR_INTERNAL",
-                                                  "message": "internal server error"}})
+        assert (code, answer) == (
+            500,
+            {"error": {"code": "ERR_INTERNAL", "message": "internal server error"}},
+        )
         assert b"worker_" not in client.last_body
     finally:
         await store.close()

@@ -24,8 +24,7 @@ def _xfail(reason: str):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"],
-                         indirect=True)
+@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_list_with_the_largest_offset_is_an_empty_page(backend_store, clock):
     client = Client(backend_store, clock, backend=backend_store.backend)
@@ -35,8 +34,7 @@ async def test_list_with_the_largest_offset_is_an_empty_page(backend_store, cloc
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"],
-                         indirect=True)
+@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"], indirect=True)
 @pytest_twisted.ensureDeferred
 async def test_unknown_task_is_404_whatever_the_wait(backend_store, clock):
     client = Client(backend_store, clock, backend=backend_store.backend)
@@ -50,10 +48,10 @@ async def test_unknown_task_is_404_whatever_the_wait(backend_store, clock):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"],
-                         indirect=True)
-@pytest.mark.parametrize("raw", [b'{"taskClass":"A","data":"\\ud800"}',
-                                 b'{"taskClass":"A\\udc00"}'])
+@pytest.mark.parametrize("backend_store", ["mysql", "sqlite", "redis"], indirect=True)
+@pytest.mark.parametrize(
+    "raw", [b'{"taskClass":"A","data":"\\ud800"}', b'{"taskClass":"A\\udc00"}']
+)
 @pytest_twisted.ensureDeferred
 async def test_a_lone_surrogate_is_a_client_error_not_a_500(backend_store, clock, raw):
     client = Client(backend_store, clock, backend=backend_store.backend)
@@ -64,15 +62,18 @@ async def test_a_lone_surrogate_is_a_client_error_not_a_500(backend_store, clock
         assert code == 200 and "\ufffd" in task["data"]["taskClass"] + task["data"].get("data", "")
 
 
-@pytest.mark.parametrize("method,path", [("GET", "/api/queue//stats"),
-                                         ("GET", "/api/queue//tasks"),
-                                         ("POST", "/api/queue//enqueue")])
+@pytest.mark.parametrize(
+    "method,path",
+    [("GET", "/api/queue//stats"), ("GET", "/api/queue//tasks"), ("POST", "/api/queue//enqueue")],
+)
 @pytest_twisted.ensureDeferred
 async def test_a_doubled_slash_is_no_route(memory_store, clock, method, path):
     client = Client(memory_store, clock)
     body = {"taskClass": "A"} if method == "POST" else None
     assert await client.call(method, path, body) == (
-        404, {"error": {"code": "ERR_NOT_FOUND", "message": "Not Found"}})
+        404,
+        {"error": {"code": "ERR_NOT_FOUND", "message": "Not Found"}},
+    )
     assert (await client.get("stats"))[1]["data"]["activeCount"] == 0
 
 
@@ -89,10 +90,16 @@ async def test_only_plain_decimal_queries_are_parsed(memory_store, clock, query)
 
 @pytest_twisted.ensureDeferred
 async def test_start_up_logs_the_effective_configuration_without_secrets(memory_store, clock):
-    mysql = MySQLSettings(host="db.internal", port=3307, user="gorge-tq", password="s3cr3t-pw",
-                          database="phabricator_worker")
-    service = build_taskqueue_service(make_settings(backend="mysql", mysql=mysql), clock,
-                                      store=memory_store)
+    mysql = MySQLSettings(
+        host="db.internal",
+        port=3307,
+        user="gorge-tq",
+        password="s3cr3t-pw",
+        database="phabricator_worker",
+    )
+    service = build_taskqueue_service(
+        make_settings(backend="mysql", mysql=mysql), clock, store=memory_store
+    )
     with logged_events() as events:
         service.startService()
     try:
@@ -129,6 +136,9 @@ async def test_a_client_hanging_up_is_not_a_backend_failure(memory_store, clock)
         client.service.part("api").resource().render(request)
         request.processingFailed(Failure(ConnectionDone("client went away")))
     assert gate.called  # the store call was cancelled with the request
-    errors = [formatEvent(e) for e in events if getattr(e.get("log_level"), "name", "") in
-              ("error", "critical")]
+    errors = [
+        formatEvent(e)
+        for e in events
+        if getattr(e.get("log_level"), "name", "") in ("error", "critical")
+    ]
     assert errors == []

@@ -13,7 +13,8 @@ from gorge.taskqueue.sqlite import SCHEMA
 from tests.taskqueue.conftest import open_sqlite_store
 
 OLD_SCHEMA = SCHEMA.replace("objectPHID TEXT", "objectPHID VARBINARY(64)").replace(
-    "containerPHID TEXT", "containerPHID VARBINARY(64)")
+    "containerPHID TEXT", "containerPHID VARBINARY(64)"
+)
 
 
 def _indexes(path) -> set[str]:
@@ -28,10 +29,14 @@ async def test_an_old_file_is_rebuilt_once_keeping_its_rows_and_indexes(tmp_path
         conn.executescript(OLD_SCHEMA)
         conn.execute("INSERT INTO worker_taskdata (data) VALUES ('{}')")
         conn.execute("INSERT INTO lisk_counter VALUES ('worker_activetask', 1)")
-        conn.execute("INSERT INTO worker_activetask VALUES"
-                     " (1, 'A', NULL, NULL, 0, 1, NULL, 2000, 'PHID-TASK-x', 5, 5, NULL)")
-        conn.execute("INSERT INTO worker_archivetask VALUES"
-                     " (7, 'A', NULL, NULL, 0, 1, 0, 9, 5, 6, 2000, 'PHID-TASK-y', 6, NULL)")
+        conn.execute(
+            "INSERT INTO worker_activetask VALUES"
+            " (1, 'A', NULL, NULL, 0, 1, NULL, 2000, 'PHID-TASK-x', 5, 5, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO worker_archivetask VALUES"
+            " (7, 'A', NULL, NULL, 0, 1, 0, 9, 5, 6, 2000, 'PHID-TASK-y', 6, NULL)"
+        )
     conn.close()
     before = _indexes(path)
     store = open_sqlite_store(path, clock)

@@ -29,8 +29,9 @@ IDS = st.integers(min_value=1, max_value=10)
 # over; results are reported unfenced (r4, Phorge's PHP) or fenced by either.
 OWNERS = ["w1", "22413:1795947021:vm:1"]
 FENCES = st.sampled_from([None, *OWNERS])
-SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def _model(coro):
@@ -52,8 +53,12 @@ def _outcome(call):
 def _shape(value):
     if isinstance(value, ReportResult):
         error = value.error
-        return (value.task_id, value.task_class, type(error).__name__ if error else None,
-                getattr(error, "message", None))
+        return (
+            value.task_id,
+            value.task_class,
+            type(error).__name__ if error else None,
+            getattr(error, "message", None),
+        )
     if isinstance(value, list):
         return [_shape(v) for v in value]
     if hasattr(value, "to_json"):
@@ -97,8 +102,12 @@ class _Reset:
             from gorge.taskqueue.mysql import MySQLTaskStore
 
             def wipe(txn):
-                for table in ("worker_activetask", "worker_archivetask", "worker_taskdata",
-                              "lisk_counter"):
+                for table in (
+                    "worker_activetask",
+                    "worker_archivetask",
+                    "worker_taskdata",
+                    "lisk_counter",
+                ):
                     txn.execute(f"TRUNCATE TABLE {table}")
 
             _in_reactor(lambda: self._pool.runInteraction(wipe))
@@ -107,16 +116,22 @@ class _Reset:
             from gorge.taskqueue.sqlite import SQLiteTaskStore
 
             def wipe(txn):
-                for table in ("worker_activetask", "worker_archivetask", "worker_taskdata",
-                              "lisk_counter", "sqlite_sequence"):
+                for table in (
+                    "worker_activetask",
+                    "worker_archivetask",
+                    "worker_taskdata",
+                    "lisk_counter",
+                    "sqlite_sequence",
+                ):
                     txn.execute(f"DELETE FROM {table}")
 
             _in_reactor(lambda: self._pool.runInteraction(wipe))
             return SQLiteTaskStore(self._pool, clock, reactor=self._reactor)
         from gorge.taskqueue.redis import RedisTaskStore
 
-        return RedisTaskStore(self._conn, clock=clock,
-                              key_prefix=self._redis_server.unique_prefix("sm"))
+        return RedisTaskStore(
+            self._conn, clock=clock, key_prefix=self._redis_server.unique_prefix("sm")
+        )
 
     async def close(self) -> None:
         if self.backend == "redis":
@@ -136,8 +151,11 @@ def _machine(reset: _Reset):
 
         def both(self, method: str, *args):
             expected = _outcome(lambda: _model(getattr(self.model, method)(*args)))
-            actual = _outcome(lambda: _in_reactor(
-                lambda: Deferred.fromCoroutine(getattr(self.real, method)(*args))))
+            actual = _outcome(
+                lambda: _in_reactor(
+                    lambda: Deferred.fromCoroutine(getattr(self.real, method)(*args))
+                )
+            )
             return _shape(expected[1]), _shape(actual[1]), expected[0], actual[0]
 
         def check(self, method: str, *args, drop_data: bool = False):
@@ -147,19 +165,23 @@ def _machine(reset: _Reset):
                 actual = {k: v for k, v in actual.items() if k != "data"}
             assert (ak, actual) == (ek, expected), f"{reset.backend}: {method}{args}"
 
-        @rule(task_class=st.sampled_from(["A", "B"]),
-              data=st.sampled_from(["{}", '{"t":"é ✓ 😀"}', "[]", ""]),
-              priority=st.sampled_from([1000, 2000, 3000]),
-              delay=st.sampled_from([None, None, 30, 900]),
-              phid=st.sampled_from([None, "PHID-TASK-tzdxqbs3s4qsrzbtcoun"]))
+        @rule(
+            task_class=st.sampled_from(["A", "B"]),
+            data=st.sampled_from(["{}", '{"t":"é ✓ 😀"}', "[]", ""]),
+            priority=st.sampled_from([1000, 2000, 3000]),
+            delay=st.sampled_from([None, None, 30, 900]),
+            phid=st.sampled_from([None, "PHID-TASK-tzdxqbs3s4qsrzbtcoun"]),
+        )
         def enqueue(self, task_class, data, priority, delay, phid):
             delay_until = None if delay is None else int(self.clock.seconds()) + delay
             request = EnqueueRequest(task_class, data, priority, phid, None, delay_until)
             self.check("enqueue", request, drop_data=True)
 
-        @rule(owner=st.sampled_from(OWNERS),
-              limit=st.integers(1, 4),
-              classes=st.sampled_from([None, ["A"], ["B"], ["A", "B"]]))
+        @rule(
+            owner=st.sampled_from(OWNERS),
+            limit=st.integers(1, 4),
+            classes=st.sampled_from([None, ["A"], ["B"], ["A", "B"]]),
+        )
         def lease(self, owner, limit, classes):
             self.check("lease", owner, limit, LEASE, classes)
 
@@ -167,8 +189,12 @@ def _machine(reset: _Reset):
         def complete(self, task_id, duration, owner):
             self.check("complete", task_id, duration, owner)
 
-        @rule(task_id=IDS, permanent=st.booleans(), retry_wait=st.sampled_from([0, 5, 300]),
-              owner=FENCES)
+        @rule(
+            task_id=IDS,
+            permanent=st.booleans(),
+            retry_wait=st.sampled_from([0, 5, 300]),
+            owner=FENCES,
+        )
         def fail(self, task_id, permanent, retry_wait, owner):
             self.check("fail", task_id, permanent, retry_wait, owner)
 
@@ -176,19 +202,33 @@ def _machine(reset: _Reset):
         def yield_(self, task_id, duration, owner):
             self.check("yield_", task_id, duration, owner)
 
-        @rule(reports=st.lists(st.one_of(
-                  st.builds(Report, IDS, st.just("complete"), st.integers(0, 10**7)),
-                  st.builds(Report, IDS, st.just("fail"), permanent=st.booleans(),
-                            retry_wait=st.sampled_from([0, 5, 300, 2**32])),
-                  st.builds(Report, IDS, st.just("yield"),
-                            st.sampled_from([-3, 0, 60, 2**32]))), min_size=1, max_size=6),
-              owner=FENCES)
+        @rule(
+            reports=st.lists(
+                st.one_of(
+                    st.builds(Report, IDS, st.just("complete"), st.integers(0, 10**7)),
+                    st.builds(
+                        Report,
+                        IDS,
+                        st.just("fail"),
+                        permanent=st.booleans(),
+                        retry_wait=st.sampled_from([0, 5, 300, 2**32]),
+                    ),
+                    st.builds(Report, IDS, st.just("yield"), st.sampled_from([-3, 0, 60, 2**32])),
+                ),
+                min_size=1,
+                max_size=6,
+            ),
+            owner=FENCES,
+        )
         def report(self, reports, owner):
             """A batch answers and changes exactly what its single calls would."""
             self.check("report", reports, owner)
 
-        @rule(owner=st.sampled_from(OWNERS), task_ids=st.lists(IDS, min_size=1, max_size=4),
-              duration=st.sampled_from([1, 300, LEASE, 2 * LEASE]))
+        @rule(
+            owner=st.sampled_from(OWNERS),
+            task_ids=st.lists(IDS, min_size=1, max_size=4),
+            duration=st.sampled_from([1, 300, LEASE, 2 * LEASE]),
+        )
         def renew(self, owner, task_ids, duration):
             self.check("renew", owner, task_ids, duration)
 
@@ -216,8 +256,12 @@ def _machine(reset: _Reset):
         def requeue(self, task_id):
             self.check("requeue", task_id)
 
-        @rule(result=st.sampled_from([None, 0, 1, 2]), task_class=st.sampled_from([None, "A"]),
-              limit=st.sampled_from([1, 3, 100]), offset=st.sampled_from([0, 1, 4]))
+        @rule(
+            result=st.sampled_from([None, 0, 1, 2]),
+            task_class=st.sampled_from([None, "A"]),
+            limit=st.sampled_from([1, 3, 100]),
+            offset=st.sampled_from([0, 1, 4]),
+        )
         def list_archived(self, result, task_class, limit, offset):
             self.check("list_archived", result, task_class, limit, offset)
 

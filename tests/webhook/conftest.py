@@ -34,14 +34,16 @@ class Received:
 class _ReceiverResource(resource.Resource):
     isLeaf = True
 
-    def __init__(self, owner: "Receiver") -> None:
+    def __init__(self, owner: Receiver) -> None:
         super().__init__()
         self._owner = owner
 
     def render_POST(self, request):
         path = request.path.decode("latin-1")
-        headers = {k.decode().lower(): [v.decode("latin-1") for v in vs]
-                   for k, vs in request.requestHeaders.getAllRawHeaders()}
+        headers = {
+            k.decode().lower(): [v.decode("latin-1") for v in vs]
+            for k, vs in request.requestHeaders.getAllRawHeaders()
+        }
         self._owner.requests.append(Received(path, headers, request.content.read()))
         status = 200
         if "/status/" in path:
@@ -134,9 +136,16 @@ def receiver():
 def webhook_settings(mysql: MySQLSettings, **overrides: Any) -> WebhookSettings:
     values: dict[str, Any] = dict(
         http=HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1"),
-        mysql=mysql, poll_interval=1.0, delivery_timeout=15, max_concurrent=8,
-        breaker_window=300, breaker_threshold=10, retry_backoff=60, claim_lease=30,
-        outbound_blacklist=())
+        mysql=mysql,
+        poll_interval=1.0,
+        delivery_timeout=15,
+        max_concurrent=8,
+        breaker_window=300,
+        breaker_threshold=10,
+        retry_backoff=60,
+        claim_lease=30,
+        outbound_blacklist=(),
+    )
     values.update(overrides)
     return WebhookSettings(**values)
 
@@ -175,51 +184,97 @@ class HeraldDB:
             cur.execute(sql, params)
             return list(cur.fetchall())
 
-    def insert_hook(self, *, uri: str, phid: str | None = None, status: str = "enabled",
-                    key: str = "k" * 32, name: str = "hook", row: dict | None = None) -> str:
+    def insert_hook(
+        self,
+        *,
+        uri: str,
+        phid: str | None = None,
+        status: str = "enabled",
+        key: str = "k" * 32,
+        name: str = "hook",
+        row: dict | None = None,
+    ) -> str:
         if row is not None:
             values = dict(row, webhookURI=uri)
         else:
             phid = phid or f"PHID-HWBH-{next(_phid_serial):020d}"
-            values = dict(phid=phid, name=name, webhookURI=uri, viewPolicy="users",
-                          editPolicy="users", status=status, hmacKey=key,
-                          dateCreated=T0, dateModified=T0)
+            values = dict(
+                phid=phid,
+                name=name,
+                webhookURI=uri,
+                viewPolicy="users",
+                editPolicy="users",
+                status=status,
+                hmacKey=key,
+                dateCreated=T0,
+                dateModified=T0,
+            )
         values.pop("id", None)
         columns = ", ".join(values)
         marks = ", ".join(["%s"] * len(values))
-        self.execute(f"INSERT INTO herald_webhook ({columns}) VALUES ({marks})",
-                     tuple(values.values()))
+        self.execute(
+            f"INSERT INTO herald_webhook ({columns}) VALUES ({marks})", tuple(values.values())
+        )
         return values["phid"]
 
-    def insert_request(self, *, hook: str | None = None, row: dict | None = None,
-                       properties: Any = None, created: int = T0, modified: int | None = None,
-                       object_phid: str = "PHID-TASK-abcdefghijklmnopqrst",
-                       status: str = "queued", result: str = "none", epoch: int = 0) -> int:
+    def insert_request(
+        self,
+        *,
+        hook: str | None = None,
+        row: dict | None = None,
+        properties: Any = None,
+        created: int = T0,
+        modified: int | None = None,
+        object_phid: str = "PHID-TASK-abcdefghijklmnopqrst",
+        status: str = "queued",
+        result: str = "none",
+        epoch: int = 0,
+    ) -> int:
         if row is not None:
             values = dict(row)
             values.pop("id", None)
         else:
             if properties is None:
-                properties = {"retry": "never", "transactionPHIDs": [], "triggerPHIDs": [],
-                              "silent": False, "secure": False}
-            text = properties if isinstance(properties, str) else json.dumps(
-                properties, separators=(",", ":"))
-            values = dict(phid=f"PHID-HWBR-{next(_phid_serial):020d}", webhookPHID=hook,
-                          objectPHID=object_phid, status=status, properties=text,
-                          lastRequestResult=result, lastRequestEpoch=epoch, dateCreated=created,
-                          dateModified=created if modified is None else modified)
+                properties = {
+                    "retry": "never",
+                    "transactionPHIDs": [],
+                    "triggerPHIDs": [],
+                    "silent": False,
+                    "secure": False,
+                }
+            text = (
+                properties
+                if isinstance(properties, str)
+                else json.dumps(properties, separators=(",", ":"))
+            )
+            values = dict(
+                phid=f"PHID-HWBR-{next(_phid_serial):020d}",
+                webhookPHID=hook,
+                objectPHID=object_phid,
+                status=status,
+                properties=text,
+                lastRequestResult=result,
+                lastRequestEpoch=epoch,
+                dateCreated=created,
+                dateModified=created if modified is None else modified,
+            )
         columns = ", ".join(values)
         marks = ", ".join(["%s"] * len(values))
         with self.conn.cursor() as cur:
-            cur.execute(f"INSERT INTO herald_webhookrequest ({columns}) VALUES ({marks})",
-                        tuple(values.values()))
+            cur.execute(
+                f"INSERT INTO herald_webhookrequest ({columns}) VALUES ({marks})",
+                tuple(values.values()),
+            )
             return cur.lastrowid
 
     def request(self, request_id: int) -> dict:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT id, phid, webhookPHID, objectPHID, status, properties,"
-                        " lastRequestResult, lastRequestEpoch, dateCreated, dateModified"
-                        " FROM herald_webhookrequest WHERE id = %s", (request_id,))
+            cur.execute(
+                "SELECT id, phid, webhookPHID, objectPHID, status, properties,"
+                " lastRequestResult, lastRequestEpoch, dateCreated, dateModified"
+                " FROM herald_webhookrequest WHERE id = %s",
+                (request_id,),
+            )
             row = cur.fetchone()
             names = [d[0] for d in cur.description]
         out = dict(zip(names, row))
@@ -229,8 +284,9 @@ class HeraldDB:
         return out
 
     def status_counts(self) -> dict[str, int]:
-        return dict(self.query(
-            "SELECT status, COUNT(*) FROM herald_webhookrequest GROUP BY status"))
+        return dict(
+            self.query("SELECT status, COUNT(*) FROM herald_webhookrequest GROUP BY status")
+        )
 
     def close(self) -> None:
         self.conn.close()
@@ -278,17 +334,24 @@ class Harness:
 def make_harness(mariadb, herald_db):
     made: list[Harness] = []
 
-    def make(*, clock: task.Clock | None = None, resolver=None, http_client=None,
-             **overrides) -> Harness:
+    def make(
+        *, clock: task.Clock | None = None, resolver=None, http_client=None, **overrides
+    ) -> Harness:
         clock = clock or task.Clock()
         if clock.seconds() == 0:
             clock.advance(T0)
         settings = webhook_settings(mariadb.settings(herald_db), **overrides)
         registry = CollectorRegistry()
         store = WebhookStore.mysql(settings.mysql, reactor, db_clock=clock)
-        service = build_webhook_service(settings, reactor, store=store, clock=clock,
-                                        registry=registry, resolver=resolver,
-                                        http_client=http_client)
+        service = build_webhook_service(
+            settings,
+            reactor,
+            store=store,
+            clock=clock,
+            registry=registry,
+            resolver=resolver,
+            http_client=http_client,
+        )
         harness = Harness(service=service, clock=clock, registry=registry)
         made.append(harness)
         return harness
@@ -325,8 +388,12 @@ class CapturedLog(list):
     def rendered(self) -> str:
         from twisted.logger import formatEvent
 
-        return "\n".join(formatEvent(e) + " " + repr(sorted(
-            (k, v) for k, v in e.items() if not k.startswith("log_"))) for e in self)
+        return "\n".join(
+            formatEvent(e)
+            + " "
+            + repr(sorted((k, v) for k, v in e.items() if not k.startswith("log_")))
+            for e in self
+        )
 
 
 @pytest.fixture

@@ -34,7 +34,9 @@ def load_case(name: str) -> Case:
     path = WEBHOOK_GOLDEN / name
     body_path = path / "body.bin"
     return Case(
-        name=name, path=path, info=_json(path / "case_info.json"),
+        name=name,
+        path=path,
+        info=_json(path / "case_info.json"),
         request_before=_json(path / "request_row_before.json"),
         request_after=_json(path / "request_row_after.json"),
         hook_before=_json(path / "webhook_row_before.json"),

@@ -49,13 +49,21 @@ async def test_stats_and_hooks_with_token(herald, make_harness, listen):
     assert (code, body) == (200, b'{"data":{"total":2}}')
 
 
-@pytest.mark.parametrize("path,headers,status,error", [
-    ("/api/webhook/stats", {}, 401, "ERR_UNAUTHORIZED"),
-    ("/api/webhook/nope", {}, 401, "ERR_UNAUTHORIZED"),
-    (f"/api/webhook/stats?token={TOKEN}", {"X-Service-Token": "wrong"}, 401, "ERR_UNAUTHORIZED"),
-    ("/api/webhook/nope", {"X-Service-Token": TOKEN}, 404, "ERR_NOT_FOUND"),
-    ("/api/webhook/stats/", {"X-Service-Token": TOKEN}, 404, "ERR_NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "path,headers,status,error",
+    [
+        ("/api/webhook/stats", {}, 401, "ERR_UNAUTHORIZED"),
+        ("/api/webhook/nope", {}, 401, "ERR_UNAUTHORIZED"),
+        (
+            f"/api/webhook/stats?token={TOKEN}",
+            {"X-Service-Token": "wrong"},
+            401,
+            "ERR_UNAUTHORIZED",
+        ),
+        ("/api/webhook/nope", {"X-Service-Token": TOKEN}, 404, "ERR_NOT_FOUND"),
+        ("/api/webhook/stats/", {"X-Service-Token": TOKEN}, 404, "ERR_NOT_FOUND"),
+    ],
+)
 async def test_auth_and_routing(herald, make_harness, listen, path, headers, status, error):
     base = listen(make_harness(http=HTTP).service.part("site"))
     code, body, _ = await get(base + path, headers=headers)
@@ -66,8 +74,9 @@ async def test_auth_and_routing(herald, make_harness, listen, path, headers, sta
 
 async def test_wrong_method_under_the_prefix_is_404(herald, make_harness, listen):
     base = listen(make_harness(http=HTTP).service.part("site"))
-    code, body, _ = await get(base + "/api/webhook/stats", method="POST",
-                              headers={"X-Service-Token": TOKEN})
+    code, body, _ = await get(
+        base + "/api/webhook/stats", method="POST", headers={"X-Service-Token": TOKEN}
+    )
     assert code == 404 and json.loads(body)["error"]["code"] == "ERR_NOT_FOUND"
 
 
@@ -84,8 +93,9 @@ async def test_database_failure_is_an_opaque_500(mariadb, make_harness, listen, 
         for path in ("/api/webhook/stats", "/api/webhook/hooks"):
             code, body, _ = await get(base + path, headers={"X-Service-Token": TOKEN})
             assert code == 500
-            assert json.loads(body) == {"error": {"code": "ERR_INTERNAL",
-                                                  "message": "internal server error"}}
+            assert json.loads(body) == {
+                "error": {"code": "ERR_INTERNAL", "message": "internal server error"}
+            }
             for needle in (b"herald", b"127.0.0.1", str(mariadb.port).encode(), b"Unknown"):
                 assert needle not in body
         assert captured_log.named("PANIC_RECOVERED") or captured_log.named("REQUEST_FAILED")
@@ -119,8 +129,9 @@ async def test_readyz_follows_the_database_without_restart(mariadb, listen):
         store.close()
 
 
-async def test_metrics_and_no_uri_or_key_in_logs(herald, receiver, make_harness, listen,
-                                                 captured_log):
+async def test_metrics_and_no_uri_or_key_in_logs(
+    herald, receiver, make_harness, listen, captured_log
+):
     harness = make_harness(http=HTTP)
     uri = f"{receiver.base}/hook?token=hunter2&x=1"
     hook = herald.insert_hook(uri=uri, key=SECRET_KEY)
@@ -152,8 +163,9 @@ async def test_metrics_and_no_uri_or_key_in_logs(herald, receiver, make_harness,
 async def test_head_has_no_body_and_a_wrong_probe_method_is_405(herald, make_harness, listen):
     # HEAD gets the status without a body; only a probe path answers 405.
     base = listen(make_harness(http=HTTP).service.part("site"))
-    code, body, _ = await get(base + "/api/webhook/stats", method="HEAD",
-                              headers={"X-Service-Token": TOKEN})
+    code, body, _ = await get(
+        base + "/api/webhook/stats", method="HEAD", headers={"X-Service-Token": TOKEN}
+    )
     assert (code, body) == (200, b"")
     code, body, _ = await get(base + "/api/webhook/stats", method="HEAD")
     assert (code, body) == (401, b"")

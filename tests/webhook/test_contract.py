@@ -30,18 +30,22 @@ UNAVAILABLE = fixture_files(HERE / "unavailable")
 def seed(path: str) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     for phid, status in (("PHID-HWBH-enabled", "enabled"), ("PHID-HWBH-disabled", "disabled")):
-        conn.execute("INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy,"
-                     " status, hmacKey, dateCreated, dateModified) VALUES"
-                     " (?, 'n', 'http://127.0.0.1:9/x?token=t', 'u', 'u', ?, ?, 1, 1)",
-                     (phid.encode(), status, "k" * 32))
+        conn.execute(
+            "INSERT INTO herald_webhook (phid, name, webhookURI, viewPolicy, editPolicy,"
+            " status, hmacKey, dateCreated, dateModified) VALUES"
+            " (?, 'n', 'http://127.0.0.1:9/x?token=t', 'u', 'u', ?, ?, 1, 1)",
+            (phid.encode(), status, "k" * 32),
+        )
     n = 0
     for status, count in (("queued", 3), ("sent", 2), ("failed", 1)):
         for _ in range(count):
             n += 1
-            conn.execute("INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status,"
-                         " properties, lastRequestResult, lastRequestEpoch, dateCreated,"
-                         " dateModified) VALUES (?, ?, 'PHID-TASK-x', ?, '{}', 'none', 0, 1, 1)",
-                         (f"PHID-HWBR-{n}".encode(), b"PHID-HWBH-enabled", status))
+            conn.execute(
+                "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status,"
+                " properties, lastRequestResult, lastRequestEpoch, dateCreated,"
+                " dateModified) VALUES (?, ?, 'PHID-TASK-x', ?, '{}', 'none', 0, 1, 1)",
+                (f"PHID-HWBR-{n}".encode(), b"PHID-HWBH-enabled", status),
+            )
     conn.close()
 
 
@@ -56,10 +60,17 @@ def contract_site(tmp_path):
         if available:
             assert await store.ping() is None  # creates the tables
             seed(path)
-        settings = webhook_settings(MySQLSettings(database="contract_herald"), http=HttpSettings(
-            listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=CONTRACT_TOKEN))
-        service = build_webhook_service(settings, reactor, store=store,
-                                        registry=CollectorRegistry())
+        settings = webhook_settings(
+            MySQLSettings(database="contract_herald"),
+            http=HttpSettings(
+                listen_addr="127.0.0.1:0",
+                endpoint="tcp:0:interface=127.0.0.1",
+                token=CONTRACT_TOKEN,
+            ),
+        )
+        service = build_webhook_service(
+            settings, reactor, store=store, registry=CollectorRegistry()
+        )
         return stub_client(service.part("site"))
 
     yield make
@@ -69,9 +80,18 @@ def contract_site(tmp_path):
 
 def test_fixture_directories_are_not_empty():
     assert [p.name for p in FIXTURES] == [
-        "hooks-state.json", "hooks.json", "request-retry-queued.json", "request-retry.json",
-        "request-show.json", "request-unknown.json", "requests-bad-filter.json",
-        "requests-list.json", "stats.json", "token-via-query-param.json", "unauthorized.json"]
+        "hooks-state.json",
+        "hooks.json",
+        "request-retry-queued.json",
+        "request-retry.json",
+        "request-show.json",
+        "request-unknown.json",
+        "requests-bad-filter.json",
+        "requests-list.json",
+        "stats.json",
+        "token-via-query-param.json",
+        "unauthorized.json",
+    ]
     assert [p.name for p in UNAVAILABLE] == ["stats-database-unreachable.json"]
 
 

@@ -29,16 +29,19 @@ async def test_per_hook_serialisation_under_the_global_cap(herald, receiver, mak
 
 
 async def test_open_breaker_backlog_does_not_delay_another_hooks_new_row(
-        herald, receiver, make_harness):
+    herald, receiver, make_harness
+):
     harness = make_harness(max_concurrent=2)
     broken = herald.insert_hook(uri=f"{receiver.base}/status/500")
     now = int(harness.clock.seconds())
     for _ in range(10):  # ten recent failures: the hook is open
-        herald.insert_request(hook=broken, status="failed", result="fail", epoch=now,
-                              created=now - 10, modified=now)
+        herald.insert_request(
+            hook=broken, status="failed", result="fail", epoch=now, created=now - 10, modified=now
+        )
     for _ in range(100):  # a backlog deeper than one candidate batch
-        herald.insert_request(hook=broken, created=now - 5,
-                              properties={"retry": "forever", "transactionPHIDs": []})
+        herald.insert_request(
+            hook=broken, created=now - 5, properties={"retry": "forever", "transactionPHIDs": []}
+        )
     healthy = herald.insert_hook(uri=f"{receiver.base}/ok")
     await harness.run_tick()  # finds the breaker open
     new_row = herald.insert_request(hook=healthy, created=now)
@@ -59,22 +62,32 @@ def _props(row: dict) -> dict:
     return json.loads(row["properties"])
 
 
-@pytest.mark.parametrize("properties,kept", [
-    ("{nope", None),
-    ('{"retry":"forever","transactionPHIDs":"PHID-XACT-x","extra":1}',
-     {"retry": "forever", "transactionPHIDs": "PHID-XACT-x", "extra": 1}),
-    ('{"silent":"yes"}', {"silent": "yes"}),
-    ("[1,2]", None),
-])
-async def test_invalid_properties_fail_without_a_request(herald, receiver, make_harness,
-                                                         captured_log, properties, kept):
+@pytest.mark.parametrize(
+    "properties,kept",
+    [
+        ("{nope", None),
+        (
+            '{"retry":"forever","transactionPHIDs":"PHID-XACT-x","extra":1}',
+            {"retry": "forever", "transactionPHIDs": "PHID-XACT-x", "extra": 1},
+        ),
+        ('{"silent":"yes"}', {"silent": "yes"}),
+        ("[1,2]", None),
+    ],
+)
+async def test_invalid_properties_fail_without_a_request(
+    herald, receiver, make_harness, captured_log, properties, kept
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/ok")
     bad = herald.insert_request(hook=hook, properties=properties)
     good = herald.insert_request(hook=hook)
     await harness.run_tick()
     row = herald.request(bad)
-    assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == ("failed", "none", 0)
+    assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == (
+        "failed",
+        "none",
+        0,
+    )
     expected = dict(kept or {}, errorType="hook", errorCode="invalid-properties")
     assert _props(row) == expected and list(_props(row)) == list(expected)
     assert herald.request(good)["status"] == "sent"  # the daemon keeps going
@@ -86,35 +99,51 @@ async def test_invalid_properties_fail_without_a_request(herald, receiver, make_
 @pytest.mark.parametrize("case", ["missing", "disabled", "scheme", "no-host", "refused"])
 async def test_configuration_failures(herald, receiver, make_harness, captured_log, case):
     # "refused": the default blacklist covers the loopback receiver.
-    harness = make_harness(outbound_blacklist=parse_blacklist(None if case == "refused" else "none"))
+    harness = make_harness(
+        outbound_blacklist=parse_blacklist(None if case == "refused" else "none")
+    )
     uri = {"scheme": "ftp://example.com/x", "no-host": "http:///x"}.get(case, f"{receiver.base}/x")
-    hook = "PHID-HWBH-missingmissingmissing" if case == "missing" else herald.insert_hook(
-        uri=uri, status="disabled" if case == "disabled" else "enabled")
+    hook = (
+        "PHID-HWBH-missingmissingmissing"
+        if case == "missing"
+        else herald.insert_hook(uri=uri, status="disabled" if case == "disabled" else "enabled")
+    )
     other_hook = herald.insert_hook(uri=f"{receiver.base}/ok")
-    props = {"retry": "forever", "transactionPHIDs": {"2": "b"}, "triggerPHIDs": [],
-             "silent": False, "keep": [1, "x"]}
+    props = {
+        "retry": "forever",
+        "transactionPHIDs": {"2": "b"},
+        "triggerPHIDs": [],
+        "silent": False,
+        "keep": [1, "x"],
+    }
     bad = herald.insert_request(hook=hook, properties=props)
-    bystander = herald.insert_request(hook=other_hook, status="failed", result="fail",
-                                      epoch=T0 - 5)
+    bystander = herald.insert_request(hook=other_hook, status="failed", result="fail", epoch=T0 - 5)
     before = herald.request(bystander)
     await harness.run_tick()
     row = herald.request(bad)
     code = {"missing": "not-found", "disabled": "disabled"}.get(case, "uri")
-    assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == ("failed", "none", 0)
+    assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == (
+        "failed",
+        "none",
+        0,
+    )
     assert row["properties"] == json.dumps(
-        dict(props, errorType="hook", errorCode=code), separators=(",", ":"))
+        dict(props, errorType="hook", errorCode=code), separators=(",", ":")
+    )
     assert receiver.count() == 0
     assert herald.request(bystander) == before  # nothing else touched
     assert harness.metric("gorge_webhook_breaker_transitions_total", state="open") == 0
     # The reference's event names, which operators grep for.
     event = {"missing": "WEBHOOK_HOOK_MISSING", "disabled": "WEBHOOK_HOOK_DISABLED"}.get(
-        case, "WEBHOOK_URI_REFUSED")
+        case, "WEBHOOK_URI_REFUSED"
+    )
     (line,) = captured_log.named(event)
     assert line["request"] == row["phid"] and line["hook"] == hook
 
 
-async def test_empty_key_is_a_failed_attempt_after_the_claim(herald, receiver, make_harness,
-                                                             captured_log):
+async def test_empty_key_is_a_failed_attempt_after_the_claim(
+    herald, receiver, make_harness, captured_log
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/x", key="")
     bad = herald.insert_request(hook=hook, properties={"retry": "never"})
@@ -122,7 +151,11 @@ async def test_empty_key_is_a_failed_attempt_after_the_claim(herald, receiver, m
     row = herald.request(bad)
     assert (row["status"], row["lastRequestResult"]) == ("failed", "fail")
     assert row["lastRequestEpoch"] == int(harness.clock.seconds())
-    assert _props(row) == {"retry": "never", "errorType": "hook", "errorCode": "request-build-error"}
+    assert _props(row) == {
+        "retry": "never",
+        "errorType": "hook",
+        "errorCode": "request-build-error",
+    }
     assert receiver.count() == 0
     (line,) = captured_log.named("WEBHOOK_REQUEST_BUILD_FAILED")
     assert line["request"] == row["phid"] and line["hook"] == hook
@@ -156,8 +189,9 @@ async def test_receiver_timeout_is_code_28(herald, receiver, make_harness):
     assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
 
 
-async def test_deadline_while_resolving_a_redirect_target_is_code_28(herald, receiver,
-                                                                     make_harness):
+async def test_deadline_while_resolving_a_redirect_target_is_code_28(
+    herald, receiver, make_harness
+):
     # The deadline covers every followed redirect, and a
     # status already received (the 307) does not turn a timeout into it.
     from urllib.parse import quote
@@ -176,11 +210,14 @@ async def test_deadline_while_resolving_a_redirect_target_is_code_28(herald, rec
     assert _props(row)["errorType"] == "timeout" and _props(row)["errorCode"] == 28
 
 
-@pytest.mark.parametrize("answer,code", [
-    (b"HTTP/1.1 200 OK\r\nContent-Le", 0),  # closed inside the headers
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok", 18),  # body cut short
-    (b"", 52),  # closed before any byte
-])
+@pytest.mark.parametrize(
+    "answer,code",
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Le", 0),  # closed inside the headers
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok", 18),  # body cut short
+        (b"", 52),  # closed before any byte
+    ],
+)
 async def test_a_receiver_closing_early_records_curls_code(herald, make_harness, answer, code):
     from twisted.internet.protocol import Factory, Protocol
 
@@ -203,8 +240,7 @@ async def test_a_receiver_closing_early_records_curls_code(herald, make_harness,
     assert _props(row)["errorType"] == "http" and _props(row)["errorCode"] == code
 
 
-async def test_a_redirect_to_a_host_that_does_not_resolve_is_code_6(herald, receiver,
-                                                                    make_harness):
+async def test_a_redirect_to_a_host_that_does_not_resolve_is_code_6(herald, receiver, make_harness):
     # Only a refused target ends at the 3xx; a name with no
     # address is not a refusal but a failed attempt, recorded as cURL's 6.
     from urllib.parse import quote
@@ -261,19 +297,22 @@ async def test_connection_refused_is_code_7(herald, receiver, make_harness):
     receiver.port = reactor.listenTCP(0, receiver.port.factory, interface="127.0.0.1")
 
 
-async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_harness,
-                                                                captured_log):
-    from gorge.webhook.store import WebhookStore
-    from tests.webhook.conftest import webhook_settings
-    from gorge.webhook.service import build_webhook_service
+async def test_database_outage_is_logged_once_and_recovery_once(
+    mariadb, make_harness, captured_log
+):
     from prometheus_client import CollectorRegistry
     from twisted.internet import task
+
+    from gorge.webhook.service import build_webhook_service
+    from gorge.webhook.store import WebhookStore
+    from tests.webhook.conftest import webhook_settings
 
     clock = task.Clock()
     settings = webhook_settings(mariadb.settings("nothere_herald"))
     store = WebhookStore.mysql(settings.mysql, reactor)
-    service = build_webhook_service(settings, reactor, store=store, clock=clock,
-                                    registry=CollectorRegistry())
+    service = build_webhook_service(
+        settings, reactor, store=store, clock=clock, registry=CollectorRegistry()
+    )
     try:
         for _ in range(5):
             await Deferred.fromCoroutine(service.part("dispatcher").tick())
@@ -287,8 +326,9 @@ async def test_database_outage_is_logged_once_and_recovery_once(mariadb, make_ha
         store.close()
 
 
-async def test_a_failing_hook_lookup_is_logged_once_not_every_tick(herald, make_harness,
-                                                                   captured_log):
+async def test_a_failing_hook_lookup_is_logged_once_not_every_tick(
+    herald, make_harness, captured_log
+):
     # The candidate query works but herald_webhook cannot be
     # read (a missing grant or table): still one error line, not two per tick.
     harness = make_harness()
@@ -302,13 +342,16 @@ async def test_a_failing_hook_lookup_is_logged_once_not_every_tick(herald, make_
     assert herald.request(request_id)["status"] == "queued"
 
 
-@pytest.mark.parametrize("code,location,final,landed", [
-    (307, "/landed", 200, True),
-    (308, "/landed", 200, True),
-    (302, "/landed", 302, False),
-    (303, "/landed", 303, False),
-    (307, "http://10.1.2.3/elsewhere", 307, False),  # refused by the policy: not followed
-])
+@pytest.mark.parametrize(
+    "code,location,final,landed",
+    [
+        (307, "/landed", 200, True),
+        (308, "/landed", 200, True),
+        (302, "/landed", 302, False),
+        (303, "/landed", 303, False),
+        (307, "http://10.1.2.3/elsewhere", 307, False),  # refused by the policy: not followed
+    ],
+)
 async def test_redirects(herald, receiver, make_harness, code, location, final, landed):
     from urllib.parse import quote
 
@@ -323,12 +366,15 @@ async def test_redirects(herald, receiver, make_harness, code, location, final, 
     if landed:
         first, second = receiver.requests
         assert first.body == second.body
-        assert (first.headers["x-phabricator-webhook-signature"]
-                == second.headers["x-phabricator-webhook-signature"])
+        assert (
+            first.headers["x-phabricator-webhook-signature"]
+            == second.headers["x-phabricator-webhook-signature"]
+        )
 
 
-async def test_outcome_lines_carry_request_hook_status_and_duration(herald, receiver,
-                                                                    make_harness, captured_log):
+async def test_outcome_lines_carry_request_hook_status_and_duration(
+    herald, receiver, make_harness, captured_log
+):
     # Log fields are request PHID, hook PHID, status code, duration, error class.
     harness = make_harness()
     port = reactor.listenTCP(0, receiver.port.factory, interface="127.0.0.1")
@@ -353,15 +399,15 @@ async def test_outcome_lines_carry_request_hook_status_and_duration(herald, rece
 
 
 async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
-        herald, receiver, make_harness):
+    herald, receiver, make_harness
+):
     # Candidates not started when the next tick arrives are
     # dropped and re-read, with their hook — so a hook disabled
     # while its backlog is being worked stops receiving at the next tick.
     harness = make_harness(max_concurrent=1)
     receiver.delay = 1.0  # room for the test to act while the POST is open
     hook = herald.insert_hook(uri=f"{receiver.base}/backlog")
-    ids = [herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
-           for n in range(5)]
+    ids = [herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}") for n in range(5)]
     first = Deferred.fromCoroutine(harness.dispatcher.tick())
     await first
     waited = 0
@@ -380,7 +426,8 @@ async def test_a_tick_with_every_slot_busy_still_replaces_the_lines_and_hooks(
 
 
 async def test_a_row_deleted_during_its_delivery_is_logged_at_info_and_left_alone(
-        herald, receiver, make_harness, captured_log):
+    herald, receiver, make_harness, captured_log
+):
     # The garbage collector may delete a row we are delivering;
     # the result write then changes nothing: one info line, no retry, no error.
     harness = make_harness()
@@ -432,15 +479,17 @@ async def test_no_cookie_is_kept_or_sent(herald, make_harness):
 
 
 async def test_a_database_failure_mid_line_logs_once_per_hook_not_once_per_row(
-        herald, receiver, make_harness, captured_log):
+    herald, receiver, make_harness, captured_log
+):
     # When the database goes away under a hook's line, the rest
     # of the line would only fail the same way: one error line, not one per row.
     harness = make_harness(max_concurrent=1)
     receiver.delay = 1.0  # room for the test to act while the POST is open
     hook = herald.insert_hook(uri=f"{receiver.base}/status/500")
     for n in range(6):
-        herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}",
-                              properties={"retry": "forever"})
+        herald.insert_request(
+            hook=hook, object_phid=f"PHID-TASK-{n:020d}", properties={"retry": "forever"}
+        )
     await Deferred.fromCoroutine(harness.dispatcher.tick())
     waited = 0
     while receiver.count() == 0:
@@ -457,7 +506,8 @@ async def test_a_database_failure_mid_line_logs_once_per_hook_not_once_per_row(
     finally:
         herald.execute("RENAME TABLE herald_webhookrequest_away TO herald_webhookrequest")
     assert receiver.count() == 1
-    failed = (captured_log.named("WEBHOOK_BACKOFF_CHECK_FAILED")
-              + captured_log.named("WEBHOOK_CLAIM_FAILED"))
+    failed = captured_log.named("WEBHOOK_BACKOFF_CHECK_FAILED") + captured_log.named(
+        "WEBHOOK_CLAIM_FAILED"
+    )
     assert len(failed) == 1
     assert herald.status_counts() == {"queued": 6}

@@ -28,7 +28,9 @@ def _assert_row_like(row: dict, golden: dict) -> None:
 
 
 def _load(herald, receiver, case):
-    herald.insert_hook(row=case.hook_before, uri=_local_uri(receiver, case.hook_before["webhookURI"]))
+    herald.insert_hook(
+        row=case.hook_before, uri=_local_uri(receiver, case.hook_before["webhookURI"])
+    )
     return herald.insert_request(row=case.request_before)
 
 
@@ -50,7 +52,8 @@ async def test_golden_case(case, herald, receiver, make_harness):
     assert got.body == case.body
     key = case.hook_before["hmacKey"].encode()
     assert got.headers["x-phabricator-webhook-signature"] == [
-        hmac.new(key, got.body, hashlib.sha256).hexdigest()]
+        hmac.new(key, got.body, hashlib.sha256).hexdigest()
+    ]
     assert got.headers["content-type"] == ["application/json"]
     assert got.headers["content-length"] == [str(len(case.body))]
     assert "transfer-encoding" not in got.headers and "expect" not in got.headers
@@ -59,11 +62,15 @@ async def test_golden_case(case, herald, receiver, make_harness):
 
 async def test_retry_forever_attempts_send_identical_bytes(herald, receiver, make_harness):
     case = load_case("http500_editor_retry_forever")
-    attempt2 = json.loads((case.path / "attempt2_bin_worker_execute/request_row_after.json").read_text())
+    attempt2 = json.loads(
+        (case.path / "attempt2_bin_worker_execute/request_row_after.json").read_text()
+    )
     attempt3 = json.loads(
-        (case.path / "attempt3_after_receiver_recovers/request_row_after.json").read_text())
+        (case.path / "attempt3_after_receiver_recovers/request_row_after.json").read_text()
+    )
     recovered_hook = json.loads(
-        (case.path / "attempt3_after_receiver_recovers/webhook_row_before.json").read_text())
+        (case.path / "attempt3_after_receiver_recovers/webhook_row_before.json").read_text()
+    )
     harness = make_harness()
     harness.clock.advance(case.request_before["dateCreated"] - harness.clock.seconds())
     request_id = _load(herald, receiver, case)
@@ -80,8 +87,10 @@ async def test_retry_forever_attempts_send_identical_bytes(herald, receiver, mak
     assert len(receiver.requests) == 2
     _assert_row_like(herald.request(request_id), attempt2)
 
-    herald.execute("UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
-                   (_local_uri(receiver, recovered_hook["webhookURI"]), recovered_hook["phid"]))
+    herald.execute(
+        "UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
+        (_local_uri(receiver, recovered_hook["webhookURI"]), recovered_hook["phid"]),
+    )
     harness.clock.advance(60)
     await harness.run_tick()
     assert len(receiver.requests) == 3

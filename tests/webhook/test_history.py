@@ -30,8 +30,12 @@ OLD = T0 - 3 * 86400  # the history is three days old: outside every window
 @pytest.fixture
 def history(herald):
     """50,000 finished rows of two old hooks; returns the highest history id."""
-    fill_history(herald.conn, HISTORY, ["PHID-HWBH-oldoldoldoldoldold01",
-                                        "PHID-HWBH-oldoldoldoldoldold02"], created=OLD)
+    fill_history(
+        herald.conn,
+        HISTORY,
+        ["PHID-HWBH-oldoldoldoldoldold01", "PHID-HWBH-oldoldoldoldoldold02"],
+        created=OLD,
+    )
     (highest,) = herald.query("SELECT MAX(id) FROM herald_webhookrequest")[0]
     assert herald.status_counts() == {"sent": HISTORY * 9 // 10, "failed": HISTORY // 10}
     return highest
@@ -39,8 +43,7 @@ def history(herald):
 
 def rows_read(herald) -> int:
     """Rows handed out by the storage engine so far, all sessions (Handler_read_*)."""
-    return sum(int(value) for _, value in herald.query(
-        "SHOW GLOBAL STATUS LIKE 'Handler_read%%'"))
+    return sum(int(value) for _, value in herald.query("SHOW GLOBAL STATUS LIKE 'Handler_read%%'"))
 
 
 async def tick_reading(herald, harness) -> int:
@@ -51,7 +54,8 @@ async def tick_reading(herald, harness) -> int:
 
 
 async def test_an_idle_poll_reads_no_history_and_a_new_row_goes_out_at_once(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     await harness.run_tick()  # the start-up pass reads the table once
@@ -66,8 +70,7 @@ async def test_an_idle_poll_reads_no_history_and_a_new_row_goes_out_at_once(
     assert read < 100
 
 
-async def test_start_up_finds_every_queued_row_under_the_history(
-        herald, receiver, make_harness):
+async def test_start_up_finds_every_queued_row_under_the_history(herald, receiver, make_harness):
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     old_queued = herald.insert_request(hook=hook, created=OLD)  # first, lowest id
     fill_history(herald.conn, HISTORY, [hook], created=OLD)
@@ -84,22 +87,26 @@ async def test_start_up_finds_every_queued_row_under_the_history(
 
 
 async def test_per_hook_order_and_fairness_with_a_long_history(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     harness = make_harness(max_concurrent=2)
     await harness.run_tick()
     busy = herald.insert_hook(uri=f"{receiver.base}/busy")
     other = herald.insert_hook(uri=f"{receiver.base}/other")
     now = int(harness.clock.seconds())
-    ids = [herald.insert_request(hook=busy, created=now, object_phid=f"PHID-TASK-{n:020d}")
-           for n in range(30)]
+    ids = [
+        herald.insert_request(hook=busy, created=now, object_phid=f"PHID-TASK-{n:020d}")
+        for n in range(30)
+    ]
     late = herald.insert_request(hook=other, created=now)
     receiver.delay = 0.02
     # The busy hook's answers wait for the other hook's request: if the other
     # row were queued behind the backlog, the busy hook would time out.
     receiver.hold_until_arrived["/busy"] = "/other"
     await harness.run_tick()
-    busy_objects = [json.loads(r.body)["object"]["phid"] for r in receiver.requests
-                    if r.path == "/busy"]
+    busy_objects = [
+        json.loads(r.body)["object"]["phid"] for r in receiver.requests if r.path == "/busy"
+    ]
     assert busy_objects == [f"PHID-TASK-{n:020d}" for n in range(30)]
     # One delivery at a time per hook, and the other hook's row went out beside
     # the busy hook's backlog, not behind it.
@@ -108,17 +115,23 @@ async def test_per_hook_order_and_fairness_with_a_long_history(
 
 
 async def test_two_replicas_deliver_each_new_row_exactly_once(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     hooks = [herald.insert_hook(uri=f"{receiver.base}/h{i}") for i in range(3)]
     one = make_harness()
     two = make_harness(clock=one.clock)
     await one.run_tick()
     await two.run_tick()
     for n in range(30):
-        herald.insert_request(hook=hooks[n % 3], object_phid=f"PHID-TASK-{n:020d}",
-                              created=int(one.clock.seconds()))
-    await gatherResults([Deferred.fromCoroutine(one.dispatcher.tick()),
-                         Deferred.fromCoroutine(two.dispatcher.tick())])
+        herald.insert_request(
+            hook=hooks[n % 3], object_phid=f"PHID-TASK-{n:020d}", created=int(one.clock.seconds())
+        )
+    await gatherResults(
+        [
+            Deferred.fromCoroutine(one.dispatcher.tick()),
+            Deferred.fromCoroutine(two.dispatcher.tick()),
+        ]
+    )
     for harness in (one, two):
         assert await harness.dispatcher.wait_idle(20, reactor)
     for _ in range(2):
@@ -134,13 +147,15 @@ async def test_two_replicas_deliver_each_new_row_exactly_once(
 
 
 async def test_a_failed_row_is_retried_after_the_backoff_by_any_replica(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     one = make_harness()
     two = make_harness(clock=one.clock)
     await two.run_tick()  # the second replica is running before the row exists
     hook = herald.insert_hook(uri=f"{receiver.base}/status/500")
-    request_id = herald.insert_request(hook=hook, created=int(one.clock.seconds()),
-                                       properties={"retry": "forever"})
+    request_id = herald.insert_request(
+        hook=hook, created=int(one.clock.seconds()), properties={"retry": "forever"}
+    )
     await one.run_tick()
     assert receiver.count() == 1
     row = herald.request(request_id)
@@ -157,7 +172,8 @@ async def test_a_failed_row_is_retried_after_the_backoff_by_any_replica(
 
 @pytest.mark.parametrize("second_started", ["before", "after"])
 async def test_a_row_claimed_by_a_replica_that_died_goes_out_after_the_lease(
-        herald, history, receiver, make_harness, second_started):
+    herald, history, receiver, make_harness, second_started
+):
     first = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     second = make_harness(clock=first.clock) if second_started == "before" else None
@@ -182,11 +198,13 @@ def insert_with_id(herald, request_id: int, hook: str, created: int) -> None:
         "INSERT INTO herald_webhookrequest (id, phid, webhookPHID, objectPHID, status,"
         " properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
         " VALUES (%s, %s, %s, 'PHID-TASK-late', 'queued', '{}', 'none', 0, %s, %s)",
-        (request_id, f"PHID-HWBR-late{request_id}", hook, created, created))
+        (request_id, f"PHID-HWBR-late{request_id}", hook, created, created),
+    )
 
 
 async def test_a_lower_id_committed_after_a_higher_one_is_picked_up(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     await harness.run_tick()
@@ -221,7 +239,8 @@ async def sweep_until(harness, done) -> None:
 
 
 async def test_a_row_put_back_to_queued_from_outside_is_found_within_one_recount(
-        herald, history, receiver, make_harness, captured_log):
+    herald, history, receiver, make_harness, captured_log
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     request_id = herald.insert_request(hook=hook, created=int(harness.clock.seconds()))
@@ -229,23 +248,27 @@ async def test_a_row_put_back_to_queued_from_outside_is_found_within_one_recount
     assert herald.request(request_id)["status"] == "sent"
     # What a "retry" by an operator does: status back to queued, Lisk's dateModified.
     now = int(harness.clock.seconds())
-    herald.execute("UPDATE herald_webhookrequest SET status = 'queued', dateModified = %s"
-                   " WHERE id = %s", (now, request_id))
+    herald.execute(
+        "UPDATE herald_webhookrequest SET status = 'queued', dateModified = %s WHERE id = %s",
+        (now, request_id),
+    )
     await sweep_until(harness, lambda: receiver.count("/a") == 2)
     assert herald.request(request_id)["status"] == "sent"
     assert captured_log.named("WEBHOOK_QUEUED_ROWS_FOUND")[0]["rows"] == 1
 
 
 async def test_an_open_breaker_backlog_is_not_reread_and_the_count_uses_key_ratelimit(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     harness = make_harness(max_concurrent=2)
     broken = herald.insert_hook(uri=f"{receiver.base}/status/500")
     now = int(harness.clock.seconds())
     # Old failures of the broken hook fill the history's range of key_ratelimit.
     fill_history(herald.conn, 5000, [broken], created=OLD - 1, failed_every=1)
     for _ in range(10):
-        herald.insert_request(hook=broken, status="failed", result="fail", epoch=now,
-                              created=now - 10, modified=now)
+        herald.insert_request(
+            hook=broken, status="failed", result="fail", epoch=now, created=now - 10, modified=now
+        )
     for _ in range(100):
         herald.insert_request(hook=broken, created=now - 5, properties={"retry": "forever"})
     await harness.run_tick()  # finds the breaker open
@@ -259,12 +282,19 @@ async def test_an_open_breaker_backlog_is_not_reread_and_the_count_uses_key_rate
 
 
 async def test_garbage_collected_rows_are_forgotten_and_a_recreated_table_reloaded(
-        herald, history, receiver, make_harness, captured_log):
+    herald, history, receiver, make_harness, captured_log
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     now = int(harness.clock.seconds())
-    herald.insert_request(hook=hook, created=OLD, properties={"retry": "forever"},
-                          result="fail", epoch=now, modified=now)  # waiting for its retry
+    herald.insert_request(
+        hook=hook,
+        created=OLD,
+        properties={"retry": "forever"},
+        result="fail",
+        epoch=now,
+        modified=now,
+    )  # waiting for its retry
     await harness.run_tick()
     assert (await harness.store.stats()).queued == 1
     # Phorge's collector deletes by dateCreated, whatever the status.
@@ -300,7 +330,10 @@ async def test_stats_are_kept_not_counted(herald, history, receiver, make_harnes
     assert rows_read(herald) - before < 20  # the hook table only
     expected = herald.status_counts()
     assert (stats.queued, stats.sent, stats.failed) == (
-        expected["queued"], expected["sent"], expected["failed"])
+        expected["queued"],
+        expected["sent"],
+        expected["failed"],
+    )
     assert stats.queued == 1
 
 
@@ -337,9 +370,12 @@ def full_scans(plan: list[dict]) -> list[dict]:
     any statement may cover; the history is more than twice that.
     """
     assert HISTORY > 2 * store_module.LOAD_CHUNK
-    return [step for step in plan if step["table"] == "herald_webhookrequest" and (
-        step["type"] in ("ALL", "index")
-        or _rows(step) > 1.5 * store_module.LOAD_CHUNK)]
+    return [
+        step
+        for step in plan
+        if step["table"] == "herald_webhookrequest"
+        and (step["type"] in ("ALL", "index") or _rows(step) > 1.5 * store_module.LOAD_CHUNK)
+    ]
 
 
 def _rows(step: dict) -> float:
@@ -348,10 +384,13 @@ def _rows(step: dict) -> float:
 
 
 async def test_every_statement_of_the_store_uses_an_index_range(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     # A history row put back to queued (its hook is long gone): found by the start-up pass.
-    herald.execute("UPDATE herald_webhookrequest SET status = 'queued' WHERE id >= %s"
-                   " ORDER BY id LIMIT 1", (history // 2,))
+    herald.execute(
+        "UPDATE herald_webhookrequest SET status = 'queued' WHERE id >= %s ORDER BY id LIMIT 1",
+        (history // 2,),
+    )
     harness = make_harness(max_concurrent=2)
     recorder = RecordingStore(harness.store)
     ok = herald.insert_hook(uri=f"{receiver.base}/ok")
@@ -362,8 +401,10 @@ async def test_every_statement_of_the_store_uses_an_index_range(
     herald.insert_request(hook="PHID-HWBH-missingmissingmissing", created=now)
     await harness.run_tick()  # start-up pass, candidates, claim, finish, retire, breaker
     herald.insert_request(hook=ok, created=now)
-    herald.execute("DELETE FROM herald_webhookrequest WHERE id = (SELECT MAX(id) FROM"
-                   " (SELECT id FROM herald_webhookrequest) AS t)")
+    herald.execute(
+        "DELETE FROM herald_webhookrequest WHERE id = (SELECT MAX(id) FROM"
+        " (SELECT id FROM herald_webhookrequest) AS t)"
+    )
     herald.insert_request(hook=ok, created=now)  # leaves a hole behind
     harness.clock.advance(61)
     await harness.run_tick()  # holes, the background recount, a retry
@@ -373,10 +414,21 @@ async def test_every_statement_of_the_store_uses_an_index_range(
     await harness.store.hook_total()
 
     issued = {statement for statement, _ in recorder.statements}
-    for name in ("SQL_BOUNDS", "SQL_NEW_ROWS", "SQL_BLOCK_COUNTS", "SQL_RANGE_COUNTS",
-                 "SQL_ROWS_BY_ID", "SQL_QUEUED_IN_RANGE", "SQL_CANDIDATES",
-                 "SQL_CLAIM", "SQL_FINISH", "SQL_RETIRE", "SQL_BREAKER_COUNT",
-                 "SQL_ACTIVE_HOOKS", "SQL_HOOK_TOTAL"):
+    for name in (
+        "SQL_BOUNDS",
+        "SQL_NEW_ROWS",
+        "SQL_BLOCK_COUNTS",
+        "SQL_RANGE_COUNTS",
+        "SQL_ROWS_BY_ID",
+        "SQL_QUEUED_IN_RANGE",
+        "SQL_CANDIDATES",
+        "SQL_CLAIM",
+        "SQL_FINISH",
+        "SQL_RETIRE",
+        "SQL_BREAKER_COUNT",
+        "SQL_ACTIVE_HOOKS",
+        "SQL_HOOK_TOTAL",
+    ):
         template = getattr(store_module, name)
         pattern = re.escape(template).replace(r"\{ids\}", ".*").replace(r"\{marks\}", ".*")
         assert any(re.fullmatch(pattern, s) for s in issued), f"{name} was not exercised"
@@ -394,7 +446,8 @@ async def test_every_statement_of_the_store_uses_an_index_range(
 
 
 async def test_the_delivery_log_statements_read_bounded_ranges(
-        herald, history, receiver, make_harness):
+    herald, history, receiver, make_harness
+):
     # docs/webhook.md, "Delivery log and replay": a listing call reads at most
     # LIST_BUDGET ids, one window per statement, whatever its filters.
     harness = make_harness()
@@ -426,12 +479,18 @@ async def test_the_delivery_log_statements_read_bounded_ranges(
     assert len(await store.hook_states(300)) == 2
 
     issued = {statement for statement, _ in recorder.statements}
-    for name in ("SQL_LIST_WINDOW", "SQL_FIRST_ID_SINCE", "SQL_REQUEST_BY_ID",
-                 "SQL_REQUEST_BY_PHID", "SQL_REPLAY_RANGE", "SQL_REPLAY", "SQL_HOOK_LIST",
-                 "SQL_RENEW_HOLD"):
+    for name in (
+        "SQL_LIST_WINDOW",
+        "SQL_FIRST_ID_SINCE",
+        "SQL_REQUEST_BY_ID",
+        "SQL_REQUEST_BY_PHID",
+        "SQL_REPLAY_RANGE",
+        "SQL_REPLAY",
+        "SQL_HOOK_LIST",
+        "SQL_RENEW_HOLD",
+    ):
         template = getattr(store_module, name)
-        pattern = (re.escape(template).replace(r"\{filters\}", ".*")
-                   .replace(r"\{statuses\}", ".*"))
+        pattern = re.escape(template).replace(r"\{filters\}", ".*").replace(r"\{statuses\}", ".*")
         assert any(re.fullmatch(pattern, s) for s in issued), f"{name} was not exercised"
     checked = set()
     for statement, params in recorder.statements:

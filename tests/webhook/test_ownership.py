@@ -18,11 +18,13 @@ def test_protocol_statements_are_the_specified_ones():
     assert store_module.SQL_CLAIM == (
         "UPDATE herald_webhookrequest"
         " SET dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
-        " WHERE id = %s AND status = 'queued' AND dateModified = %s")
+        " WHERE id = %s AND status = 'queued' AND dateModified = %s"
+    )
     assert " WHERE status = 'queued'" in store_module.SQL_CANDIDATES
     assert "AND (dateModified = dateCreated OR dateModified <= %s)" in store_module.SQL_CANDIDATES
-    assert ("AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s)"
-            in store_module.SQL_CANDIDATES)
+    assert (
+        "AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s)" in store_module.SQL_CANDIDATES
+    )
     assert store_module.SQL_CANDIDATES.endswith(" ORDER BY id ASC LIMIT %s")
     assert "dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())" in store_module.SQL_FINISH
     assert "AND dateModified = %s" in store_module.SQL_RETIRE
@@ -55,16 +57,17 @@ async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, her
         b = await second.candidates(limit=50, lease=30, backoff=60)
         assert [c.id for c in a] == [c.id for c in b] == ids
         results = await gatherResults(
-            [Deferred.fromCoroutine(s.claim(c)) for c in a for s in (first.store, second)])
+            [Deferred.fromCoroutine(s.claim(c)) for c in a for s in (first.store, second)]
+        )
     finally:
         second.close()
     won = [results[i] + results[i + 1] for i in range(0, len(results), 2)]
     assert won == [1] * len(ids)
 
 
-async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald, receiver,
-                                                                         make_harness,
-                                                                         captured_log):
+async def test_two_dispatchers_holding_the_same_candidates_post_each_once(
+    herald, receiver, make_harness, captured_log
+):
     hook = herald.insert_hook(uri=f"{receiver.base}/h")
     for n in range(5):
         herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
@@ -89,13 +92,18 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald
 
     gated(one.store)
     gated(two.store)
-    await gatherResults([Deferred.fromCoroutine(one.dispatcher.tick()),
-                         Deferred.fromCoroutine(two.dispatcher.tick())])
+    await gatherResults(
+        [
+            Deferred.fromCoroutine(one.dispatcher.tick()),
+            Deferred.fromCoroutine(two.dispatcher.tick()),
+        ]
+    )
     for harness in (one, two):
         assert await harness.dispatcher.wait_idle(20, reactor)
 
-    assert sorted(arrivals) == sorted(int(r[0]) for r in herald.query(
-        "SELECT id FROM herald_webhookrequest")) and all(len(v) == 2 for v in arrivals.values())
+    assert sorted(arrivals) == sorted(
+        int(r[0]) for r in herald.query("SELECT id FROM herald_webhookrequest")
+    ) and all(len(v) == 2 for v in arrivals.values())
     assert receiver.count() == 5
     assert len({r.body for r in receiver.requests}) == 5
     assert herald.status_counts() == {"sent": 5}
@@ -107,15 +115,18 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(herald
     assert len(lost_lines) == 5 and {e["log_level"].name for e in lost_lines} == {"debug"}
 
 
-async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiver,
-                                                                   make_harness):
+async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiver, make_harness):
     hooks = [herald.insert_hook(uri=f"{receiver.base}/h{i}") for i in range(3)]
     for n in range(30):
         herald.insert_request(hook=hooks[n % 3], object_phid=f"PHID-TASK-{n:020d}")
     one = make_harness()
     two = make_harness(clock=one.clock)
-    await gatherResults([Deferred.fromCoroutine(one.dispatcher.tick()),
-                         Deferred.fromCoroutine(two.dispatcher.tick())])
+    await gatherResults(
+        [
+            Deferred.fromCoroutine(one.dispatcher.tick()),
+            Deferred.fromCoroutine(two.dispatcher.tick()),
+        ]
+    )
     for harness in (one, two):
         assert await harness.dispatcher.wait_idle(20, reactor)
     for _ in range(3):  # whatever either left over
@@ -129,8 +140,7 @@ async def test_two_dispatchers_on_one_database_post_each_row_once(herald, receiv
     assert won == 30
 
 
-async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(
-        herald, make_harness):
+async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(herald, make_harness):
     # The retire write is conditional on the version read, so a
     # process holding an old candidate cannot overwrite another's attempt — here
     # a failed retry=forever attempt, which leaves the row queued.
@@ -141,8 +151,12 @@ async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(
     (stale,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
     (fresh,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
     assert await harness.store.claim(fresh)
-    assert await harness.store.finish(
-        fresh, "queued", "fail", '{"retry":"forever","errorType":"http","errorCode":500}') == 1
+    assert (
+        await harness.store.finish(
+            fresh, "queued", "fail", '{"retry":"forever","errorType":"http","errorCode":500}'
+        )
+        == 1
+    )
     delivered = herald.request(request_id)
     assert await harness.store.retire(stale, '{"errorType":"hook","errorCode":"disabled"}') == 0
     assert herald.request(request_id) == delivered

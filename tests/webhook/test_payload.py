@@ -7,7 +7,8 @@ import hmac
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gorge.webhook import payload
 from tests.webhook.golden import delivered_cases, load_case
@@ -16,6 +17,7 @@ PHID_ALPHABET = st.characters(codec="utf-8", exclude_categories=("Cs",))
 
 
 # -- an independent PhutilJSON::encodeFormatted() to compare against ---------
+
 
 def _php_scalar(value) -> str:
     if value is True:
@@ -43,7 +45,7 @@ def _php_scalar(value) -> str:
             out.append("\\t")
         elif code < 0x20:
             out.append(f"\\u{code:04x}")
-        elif code <= 0x7f:  # "/" unescaped (JSON_UNESCAPED_SLASHES), DEL literal as in PHP
+        elif code <= 0x7F:  # "/" unescaped (JSON_UNESCAPED_SLASHES), DEL literal as in PHP
             out.append(ch)
         elif code <= 0xFFFF:
             out.append(f"\\u{code:04x}")
@@ -59,8 +61,9 @@ def _phutil(value, indent: int = 0) -> str:
     if isinstance(value, dict):
         if not value:
             return "[]"  # any empty PHP array prints as []
-        inner = ",\n".join(f"{pad}{_php_scalar(k)}: {_phutil(v, indent + 1)}"
-                           for k, v in value.items())
+        inner = ",\n".join(
+            f"{pad}{_php_scalar(k)}: {_phutil(v, indent + 1)}" for k, v in value.items()
+        )
         return "{\n" + inner + "\n" + "  " * indent + "}"
     if isinstance(value, list):
         if not value:
@@ -71,6 +74,7 @@ def _phutil(value, indent: int = 0) -> str:
 
 
 # -- golden ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("case", delivered_cases(), ids=lambda c: c.name)
 def test_golden_body_signature_and_write_back(case):
@@ -91,29 +95,55 @@ def test_golden_disabled_hook_write_back():
 
 
 def test_spec_example_signature():
-    props = payload.parse_properties(json.dumps({
-        "retry": "forever",
-        "transactionPHIDs": ["PHID-XACT-TASK-aaaaaaaaaaaaaaa", "PHID-XACT-TASK-bbbbbbbbbbbbbbb"],
-        "triggerPHIDs": ["PHID-HRUL-cccccccccccccccccccc"], "silent": False, "secure": False}))
+    props = payload.parse_properties(
+        json.dumps(
+            {
+                "retry": "forever",
+                "transactionPHIDs": [
+                    "PHID-XACT-TASK-aaaaaaaaaaaaaaa",
+                    "PHID-XACT-TASK-bbbbbbbbbbbbbbb",
+                ],
+                "triggerPHIDs": ["PHID-HRUL-cccccccccccccccccccc"],
+                "silent": False,
+                "secure": False,
+            }
+        )
+    )
     body = payload.build_body("PHID-TASK-abcdefghijklmnopqrst", 1700000000, props)
     assert payload.sign("abcdefghijklmnopqrstuvwxyz012345", body) == (
-        "d504cec8079af32f5c6cb2a5a027c13f0df0741537310386d5c3cc223793d2f0")
+        "d504cec8079af32f5c6cb2a5a027c13f0df0741537310386d5c3cc223793d2f0"
+    )
 
 
 # -- read rules --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("text", ["[]", "null", "{}"])
 def test_empty_documents_read_as_empty_object(text):
     props = payload.parse_properties(text)
     assert (props.retry_forever, props.triggers, props.test) == (False, (), False)
-    assert payload.with_outcome(props.document, "http", 200) == '{"errorType":"http","errorCode":200}'
+    assert (
+        payload.with_outcome(props.document, "http", 200) == '{"errorType":"http","errorCode":200}'
+    )
 
 
-@pytest.mark.parametrize("text", [
-    "", "{", "[1]", '"x"', "3", "true",
-    '{"transactionPHIDs":"PHID-X"}', '{"transactionPHIDs":[1]}', '{"triggerPHIDs":{"a":2}}',
-    '{"silent":"yes"}', '{"test":1}', '{"secure":[]}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{",
+        "[1]",
+        '"x"',
+        "3",
+        "true",
+        '{"transactionPHIDs":"PHID-X"}',
+        '{"transactionPHIDs":[1]}',
+        '{"triggerPHIDs":{"a":2}}',
+        '{"silent":"yes"}',
+        '{"test":1}',
+        '{"secure":[]}',
+    ],
+)
 def test_invalid_properties(text):
     with pytest.raises(payload.InvalidProperties):
         payload.parse_properties(text)
@@ -123,8 +153,10 @@ def test_type_failure_keeps_the_parsed_object():
     with pytest.raises(payload.InvalidProperties) as info:
         payload.parse_properties('{"retry":"forever","silent":"yes","x":[1,2]}')
     written = payload.with_outcome(info.value.document, "hook", payload.CODE_INVALID_PROPERTIES)
-    assert written == ('{"retry":"forever","silent":"yes","x":[1,2],'
-                       '"errorType":"hook","errorCode":"invalid-properties"}')
+    assert written == (
+        '{"retry":"forever","silent":"yes","x":[1,2],'
+        '"errorType":"hook","errorCode":"invalid-properties"}'
+    )
 
 
 def test_unparseable_properties_are_replaced():
@@ -134,15 +166,24 @@ def test_unparseable_properties_are_replaced():
     assert written == '{"errorType":"hook","errorCode":"invalid-properties"}'
 
 
-@pytest.mark.parametrize("retry,expected", [
-    ("forever", True), ("Forever", False), ("never", False), (None, False), (1, False)])
+@pytest.mark.parametrize(
+    "retry,expected",
+    [("forever", True), ("Forever", False), ("never", False), (None, False), (1, False)],
+)
 def test_retry_only_for_exact_forever(retry, expected):
     assert payload.parse_properties(json.dumps({"retry": retry})).retry_forever is expected
 
 
-@pytest.mark.parametrize("phid,kind", [
-    ("PHID-TASK-abc", "TASK"), ("PHID-CMIT-a-b-c", "CMIT"), ("nonsense", ""), ("", ""),
-    ("PHID-", "")])
+@pytest.mark.parametrize(
+    "phid,kind",
+    [
+        ("PHID-TASK-abc", "TASK"),
+        ("PHID-CMIT-a-b-c", "CMIT"),
+        ("nonsense", ""),
+        ("", ""),
+        ("PHID-", ""),
+    ],
+)
 def test_object_type(phid, kind):
     assert payload.phid_type(phid) == kind
 
@@ -182,17 +223,36 @@ phids = st.text(PHID_ALPHABET, max_size=40)
 phid_lists = st.lists(phids, max_size=6)
 id_maps = st.dictionaries(st.integers(0, 10**6).map(str), phids, max_size=6)
 phid_maps = st.dictionaries(phids, phids, max_size=6)
-json_scalars = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(PHID_ALPHABET, max_size=10)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(PHID_ALPHABET, max_size=10)
+)
 unknown_values = st.recursive(
-    json_scalars, lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(PHID_ALPHABET, max_size=5), inner, max_size=3), max_leaves=8)
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(PHID_ALPHABET, max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 
 @st.composite
 def documents(draw):
     doc = {}
-    keys = draw(st.permutations(["retry", "transactionPHIDs", "triggerPHIDs", "silent",
-                                 "secure", "test", "extra", "errorCode"]))
+    keys = draw(
+        st.permutations(
+            [
+                "retry",
+                "transactionPHIDs",
+                "triggerPHIDs",
+                "silent",
+                "secure",
+                "test",
+                "extra",
+                "errorCode",
+            ]
+        )
+    )
     for key in keys[: draw(st.integers(0, len(keys)))]:
         if key == "retry":
             doc[key] = draw(st.sampled_from(["never", "forever", None]))
@@ -205,10 +265,25 @@ def documents(draw):
         elif key == "errorCode":
             doc[key] = draw(st.integers(0, 600) | st.sampled_from(["500", "uri"]))
         else:
-            doc[draw(st.text(PHID_ALPHABET, min_size=1, max_size=8).filter(
-                lambda k: k not in ("retry", "transactionPHIDs", "triggerPHIDs", "silent",
-                                    "secure", "test", "errorType", "errorCode")))] = draw(
-                unknown_values)
+            doc[
+                draw(
+                    st.text(PHID_ALPHABET, min_size=1, max_size=8).filter(
+                        lambda k: (
+                            k
+                            not in (
+                                "retry",
+                                "transactionPHIDs",
+                                "triggerPHIDs",
+                                "silent",
+                                "secure",
+                                "test",
+                                "errorType",
+                                "errorCode",
+                            )
+                        )
+                    )
+                )
+            ] = draw(unknown_values)
     return doc
 
 
@@ -216,16 +291,21 @@ def _expected_transactions(value) -> list[str]:
     if value is None:
         return []
     if isinstance(value, dict):
-        if value and all(k.isascii() and k.isdigit() and (k == "0" or not k.startswith("0"))
-                         for k in value):
+        if value and all(
+            k.isascii() and k.isdigit() and (k == "0" or not k.startswith("0")) for k in value
+        ):
             return [value[k] for k in sorted(value, key=int, reverse=True)]
         return list(value.values())[::-1]
     return value[::-1]
 
 
 @settings(max_examples=300, deadline=None)
-@given(doc=documents(), object_phid=phids, epoch=st.integers(0, 2**32 - 1),
-       key=st.text(PHID_ALPHABET, min_size=1, max_size=32))
+@given(
+    doc=documents(),
+    object_phid=phids,
+    epoch=st.integers(0, 2**32 - 1),
+    key=st.text(PHID_ALPHABET, min_size=1, max_size=32),
+)
 def test_body_for_all_inputs(doc, object_phid, epoch, key):
     props = payload.parse_properties(json.dumps(doc))
     body = payload.build_body(object_phid, epoch, props)
@@ -235,8 +315,12 @@ def test_body_for_all_inputs(doc, object_phid, epoch, key):
     expected = {
         "object": {"type": payload.phid_type(object_phid), "phid": object_phid},
         "triggers": [{"phid": p} for p in triggers],
-        "action": {"test": bool(doc.get("test")), "silent": bool(doc.get("silent")),
-                   "secure": bool(doc.get("secure")), "epoch": epoch},
+        "action": {
+            "test": bool(doc.get("test")),
+            "silent": bool(doc.get("silent")),
+            "secure": bool(doc.get("secure")),
+            "epoch": epoch,
+        },
         "transactions": [{"phid": p} for p in _expected_transactions(doc.get("transactionPHIDs"))],
     }
     assert decoded == expected
@@ -245,7 +329,8 @@ def test_body_for_all_inputs(doc, object_phid, epoch, key):
     assert body == (_phutil(expected) + "\n").encode("ascii")
     signature = payload.sign(key, body)
     assert hmac.compare_digest(
-        signature, hmac.new(key.encode("utf-8"), body, hashlib.sha256).hexdigest())
+        signature, hmac.new(key.encode("utf-8"), body, hashlib.sha256).hexdigest()
+    )
     assert len(signature) == 64 and signature == signature.lower()
 
 

@@ -24,12 +24,14 @@ class Daemon(TwistdDaemon):
     """One gorge-webhook process; waits are asynchronous so the in-test receiver keeps serving."""
 
     def __init__(self, mariadb, namespace: str, log_path: Path, **env: str) -> None:
-        environ = daemon_environ({
-            **daemon_env(mariadb, namespace),
-            "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
-            "GORGE_LOG_LEVEL": "info",
-            **env,
-        })
+        environ = daemon_environ(
+            {
+                **daemon_env(mariadb, namespace),
+                "GORGE_WEBHOOK_OUTBOUND_BLACKLIST": "none",
+                "GORGE_LOG_LEVEL": "info",
+                **env,
+            }
+        )
         super().__init__("gorge-webhook", environ, log_path)
 
     async def terminate(self, timeout: float = 40.0) -> int:
@@ -67,11 +69,14 @@ def namespace_db(mariadb):
 
 
 def _object_of(body: bytes) -> str:
-    return re.search(rb'"object": \{\s+"type": "[^"]*",\s+"phid": "([^"]+)"', body).group(1).decode()
+    return (
+        re.search(rb'"object": \{\s+"type": "[^"]*",\s+"phid": "([^"]+)"', body).group(1).decode()
+    )
 
 
 async def test_three_daemons_deliver_each_of_300_rows_exactly_once(
-        mariadb, namespace_db, receiver, tmp_path):
+    mariadb, namespace_db, receiver, tmp_path
+):
     namespace, herald = namespace_db
     receiver.delay = 0.15  # slower than the 100 ms poll interval
     hooks = [herald.insert_hook(uri=f"{receiver.base}/hook{i}") for i in range(10)]
@@ -96,7 +101,8 @@ async def test_three_daemons_deliver_each_of_300_rows_exactly_once(
 
 
 async def test_sigterm_mid_delivery_finishes_and_writes_then_restart_sends_nothing(
-        mariadb, namespace_db, receiver, tmp_path):
+    mariadb, namespace_db, receiver, tmp_path
+):
     namespace, herald = namespace_db
     receiver.delay = 2.0
     hook = herald.insert_hook(uri=f"{receiver.base}/slow")
@@ -127,7 +133,8 @@ async def test_sigterm_mid_delivery_finishes_and_writes_then_restart_sends_nothi
 
 
 async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
-        mariadb, namespace_db, receiver, tmp_path):
+    mariadb, namespace_db, receiver, tmp_path
+):
     import json
 
     import treq
@@ -141,14 +148,24 @@ async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
     for n in range(30):
         herald.insert_request(hook=hooks[n % 3], object_phid=f"PHID-TASK-{n:020d}")
     ports = [free_port() for _ in range(3)]
-    daemons = [Daemon(mariadb, namespace, tmp_path / f"d{i}.log",
-                      GORGE_LISTEN_ADDR=f"127.0.0.1:{port}", GORGE_SERVICE_TOKEN=token)
-               for i, port in enumerate(ports)]
+    daemons = [
+        Daemon(
+            mariadb,
+            namespace,
+            tmp_path / f"d{i}.log",
+            GORGE_LISTEN_ADDR=f"127.0.0.1:{port}",
+            GORGE_SERVICE_TOKEN=token,
+        )
+        for i, port in enumerate(ports)
+    ]
 
     async def post(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
-        response = await treq.post(f"http://127.0.0.1:{port}/api/webhook/{path}",
-                                   data=None if body is None else json.dumps(body).encode(),
-                                   headers={"X-Service-Token": token}, persistent=False)
+        response = await treq.post(
+            f"http://127.0.0.1:{port}/api/webhook/{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"X-Service-Token": token},
+            persistent=False,
+        )
         return response.code, json.loads(await response.content())
 
     async def listening(port: int, bound: float = 60.0) -> None:
@@ -170,18 +187,24 @@ async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
         for port in ports:
             await listening(port)
         # Each replica is asked for a part: a range for one hook, single requests too.
-        code, answer = await post(ports[0], "requests/retry",
-                                  {"hookPHID": hooks[0], "since": 0, "status": "sent"})
+        code, answer = await post(
+            ports[0], "requests/retry", {"hookPHID": hooks[0], "since": 0, "status": "sent"}
+        )
         assert code == 200 and len(answer["data"]["retried"]) == 10
-        code, answer = await post(ports[1], "requests/retry",
-                                  {"hookPHID": hooks[1], "since": 0, "status": "any"})
+        code, answer = await post(
+            ports[1], "requests/retry", {"hookPHID": hooks[1], "since": 0, "status": "any"}
+        )
         assert code == 200 and len(answer["data"]["retried"]) == 10
-        for (request_id,) in herald.query("SELECT id FROM herald_webhookrequest"
-                                          " WHERE webhookPHID = %s", (hooks[2],)):
+        for (request_id,) in herald.query(
+            "SELECT id FROM herald_webhookrequest WHERE webhookPHID = %s", (hooks[2],)
+        ):
             code, _ = await post(ports[2], f"requests/{request_id}/retry")
             assert code == 200
-        await wait_for(lambda: receiver.count() >= 60
-                       and herald.status_counts() == {"sent": 30}, 120, daemons=daemons)
+        await wait_for(
+            lambda: receiver.count() >= 60 and herald.status_counts() == {"sent": 30},
+            120,
+            daemons=daemons,
+        )
         await deferLater(reactor, 1.0)  # ten more polls on every replica: nothing more
         codes = [await daemon.terminate() for daemon in daemons]
     finally:
@@ -192,8 +215,10 @@ async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
     for got in receiver.requests[30:]:
         original = first[_object_of(got.body)]
         assert got.body == original.body
-        assert got.headers["x-phabricator-webhook-signature"] == \
-            original.headers["x-phabricator-webhook-signature"]
+        assert (
+            got.headers["x-phabricator-webhook-signature"]
+            == original.headers["x-phabricator-webhook-signature"]
+        )
     assert all(code in (0, -signal.SIGTERM) for code in codes), codes
     replayed = sum(daemon.log_text().count("WEBHOOK_REQUEST_REPLAYED") for daemon in daemons)
     assert replayed == 30

@@ -24,10 +24,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from twisted.internet import task
 from twisted.internet.defer import Deferred, fail, succeed
 
+from gorge.sql import Database, SQLiteEngine
 from gorge.webhook import queueview
 from gorge.webhook import store as store_module
 from gorge.webhook.queueview import QueueView, Seen
-from gorge.sql import Database, SQLiteEngine
 from gorge.webhook.store import DATABASE_NAME, SQLITE_SCHEMA, WebhookStore
 from tests.webhook.conftest import T0
 
@@ -89,8 +89,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.store = self.new_store()
 
     def new_store(self) -> WebhookStore:
-        return WebhookStore(Database(self.engine, ImmediatePool(self.conn), self.clock,
-                                     name=DATABASE_NAME))
+        return WebhookStore(
+            Database(self.engine, ImmediatePool(self.conn), self.clock, name=DATABASE_NAME)
+        )
 
     @property
     def now(self) -> int:
@@ -99,13 +100,19 @@ class QueueMachine(RuleBasedStateMachine):
     def rows(self, where: str = "1", params: tuple = ()) -> list[tuple]:
         return self.conn.execute(
             "SELECT id, status, lastRequestResult, lastRequestEpoch, dateCreated, dateModified"
-            f" FROM herald_webhookrequest WHERE {where} ORDER BY id", params).fetchall()
+            f" FROM herald_webhookrequest WHERE {where} ORDER BY id",
+            params,
+        ).fetchall()
 
     def due_in_table(self) -> set[int]:
-        return {r[0] for r in self.rows(
-            "status = 'queued' AND (dateModified = dateCreated OR dateModified <= ?)"
-            " AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= ?)",
-            (self.now - LEASE, self.now - BACKOFF))}
+        return {
+            r[0]
+            for r in self.rows(
+                "status = 'queued' AND (dateModified = dateCreated OR dateModified <= ?)"
+                " AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= ?)",
+                (self.now - LEASE, self.now - BACKOFF),
+            )
+        }
 
     def insert(self, request_id: int, hook: str, status: str) -> None:
         result = {"queued": "none", "sent": "okay", "failed": "fail"}[status]
@@ -113,13 +120,24 @@ class QueueMachine(RuleBasedStateMachine):
             "INSERT INTO herald_webhookrequest (id, phid, webhookPHID, objectPHID, status,"
             " properties, lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
             " VALUES (?, ?, ?, 'PHID-TASK-x', ?, '{}', ?, ?, ?, ?)",
-            (request_id, f"PHID-HWBR-{request_id}".encode(), hook.encode(), status, result,
-             self.now if status != "queued" else 0, self.now, self.now))
+            (
+                request_id,
+                f"PHID-HWBR-{request_id}".encode(),
+                hook.encode(),
+                status,
+                result,
+                self.now if status != "queued" else 0,
+                self.now,
+                self.now,
+            ),
+        )
 
     # -- Phorge and the other replicas --------------------------------------
 
-    @rule(hook=st.sampled_from(HOOKS),
-          status=st.sampled_from(["queued", "queued", "queued", "sent", "failed"]))
+    @rule(
+        hook=st.sampled_from(HOOKS),
+        status=st.sampled_from(["queued", "queued", "queued", "sent", "failed"]),
+    )
     def phorge_inserts(self, hook, status) -> None:
         self.insert(self.next_id, hook, status)
         self.next_id += 1
@@ -137,7 +155,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.insert(late.id, hook, "queued")
         view = self.store.view
         if self.now - late.at >= queueview.HOLE_SECONDS or (
-                view.loaded and late.id <= view.loaded_upto):
+            view.loaded and late.id <= view.loaded_upto
+        ):
             # Later than the hole window, or below the ids a (re)start watches.
             self.surprises.add(late.id)
 
@@ -145,17 +164,22 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def put_back_to_queued(self, data) -> None:
         request_id = data.draw(st.sampled_from([r[0] for r in self.rows("status <> 'queued'")]))
-        self.conn.execute("UPDATE herald_webhookrequest SET status = 'queued', dateModified = ?"
-                          " WHERE id = ?", (self.now, request_id))
+        self.conn.execute(
+            "UPDATE herald_webhookrequest SET status = 'queued', dateModified = ? WHERE id = ?",
+            (self.now, request_id),
+        )
         self.surprises.add(request_id)
 
     @precondition(lambda self: self.rows("status <> 'queued'"))
     @rule(data=st.data())
     def another_replica_replays(self, data) -> None:
         request_id = data.draw(st.sampled_from([r[0] for r in self.rows("status <> 'queued'")]))
-        self.conn.execute("UPDATE herald_webhookrequest SET status = 'queued',"
-                          " lastRequestResult = 'none', lastRequestEpoch = 0,"
-                          " dateModified = dateCreated WHERE id = ?", (request_id,))
+        self.conn.execute(
+            "UPDATE herald_webhookrequest SET status = 'queued',"
+            " lastRequestResult = 'none', lastRequestEpoch = 0,"
+            " dateModified = dateCreated WHERE id = ?",
+            (request_id,),
+        )
         self.surprises.add(request_id)  # this store learns of it at its recount
 
     @precondition(lambda self: self.due_in_table())
@@ -165,21 +189,30 @@ class QueueMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(sorted(self.due_in_table())))
         bump = "dateModified = MAX(dateModified + 1, ?)"
         if outcome == "claim":
-            self.conn.execute(f"UPDATE herald_webhookrequest SET {bump} WHERE id = ?",
-                              (self.now, request_id))
+            self.conn.execute(
+                f"UPDATE herald_webhookrequest SET {bump} WHERE id = ?", (self.now, request_id)
+            )
             return
-        status, result = {"sent": ("sent", "okay"), "failed": ("failed", "fail"),
-                          "retry": ("queued", "fail")}[outcome]
+        status, result = {
+            "sent": ("sent", "okay"),
+            "failed": ("failed", "fail"),
+            "retry": ("queued", "fail"),
+        }[outcome]
         self.conn.execute(
             f"UPDATE herald_webhookrequest SET {bump}, status = ?, lastRequestResult = ?,"
-            " lastRequestEpoch = ? WHERE id = ?", (self.now, status, result, self.now, request_id))
+            " lastRequestEpoch = ? WHERE id = ?",
+            (self.now, status, result, self.now, request_id),
+        )
 
     @precondition(lambda self: self.rows())
     @rule(count=st.integers(1, 5))
     def garbage_collector(self, count) -> None:
         oldest = [r[0] for r in self.rows()][:count]
-        self.conn.execute("DELETE FROM herald_webhookrequest WHERE id IN (SELECT id FROM"
-                          " herald_webhookrequest ORDER BY id LIMIT ?)", (count,))
+        self.conn.execute(
+            "DELETE FROM herald_webhookrequest WHERE id IN (SELECT id FROM"
+            " herald_webhookrequest ORDER BY id LIMIT ?)",
+            (count,),
+        )
         self.deleted.update(oldest)
 
     @rule(seconds=st.sampled_from([0, 1, 5, 29, 31, 61, 90]))
@@ -218,8 +251,12 @@ class QueueMachine(RuleBasedStateMachine):
         assert self.store.view.knows(request_id)
 
     @precondition(lambda self: self.candidates)
-    @rule(data=st.data(), outcome=st.sampled_from(["sent", "failed", "retry", "retire",
-                                                    "claim-and-die", "retry-after"]))
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(
+            ["sent", "failed", "retry", "retire", "claim-and-die", "retry-after"]
+        ),
+    )
     def deliver(self, data, outcome) -> None:
         candidate = data.draw(st.sampled_from(self.candidates))
         self.candidates = [c for c in self.candidates if c.id != candidate.id]
@@ -231,8 +268,12 @@ class QueueMachine(RuleBasedStateMachine):
         if outcome == "claim-and-die":
             self.store = self.new_store()
             return
-        status, result = {"sent": ("sent", "okay"), "failed": ("failed", "fail"),
-                          "retry": ("queued", "fail"), "retry-after": ("queued", "fail")}[outcome]
+        status, result = {
+            "sent": ("sent", "okay"),
+            "failed": ("failed", "fail"),
+            "retry": ("queued", "fail"),
+            "retry-after": ("queued", "fail"),
+        }[outcome]
         if done(self.store.finish(candidate, status, result, "{}")) and outcome == "retry-after":
             delay = data.draw(st.sampled_from([5, 100, 300]))
             until = done(self.store.hold(candidate, delay))
@@ -253,19 +294,27 @@ class QueueMachine(RuleBasedStateMachine):
         self.surprises = set()
         self.deleted = set()
         self.poll()
-        counts = {status: n for status, n in self.conn.execute(
-            "SELECT status, COUNT(*) FROM herald_webhookrequest GROUP BY status")}
-        assert tuple(view.counts()) == (counts.get("queued", 0), counts.get("sent", 0),
-                                        counts.get("failed", 0))
+        counts = {
+            status: n
+            for status, n in self.conn.execute(
+                "SELECT status, COUNT(*) FROM herald_webhookrequest GROUP BY status"
+            )
+        }
+        assert tuple(view.counts()) == (
+            counts.get("queued", 0),
+            counts.get("sent", 0),
+            counts.get("failed", 0),
+        )
         for hook in HOOKS:
             (queued,) = self.conn.execute(
                 "SELECT COUNT(*) FROM herald_webhookrequest WHERE status = 'queued'"
-                " AND webhookPHID = ?", (hook.encode(),)).fetchone()
+                " AND webhookPHID = ?",
+                (hook.encode(),),
+            ).fetchone()
             assert view.queued_for_hook(hook) == queued
 
 
-QueueMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40,
-                                          deadline=None)
+QueueMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 
 
 @pytest.fixture
@@ -281,10 +330,19 @@ def test_the_view_follows_the_table(small_start_up):
 # -- the view alone --------------------------------------------------------------
 
 
-def seen(request_id: int, *, status: str = "queued", hook: str = "h", created: int = 100,
-         modified: int | None = None, result: str = "none", epoch: int = 0) -> Seen:
-    return Seen(request_id, hook, status, result, epoch, created,
-                created if modified is None else modified)
+def seen(
+    request_id: int,
+    *,
+    status: str = "queued",
+    hook: str = "h",
+    created: int = 100,
+    modified: int | None = None,
+    result: str = "none",
+    epoch: int = 0,
+) -> Seen:
+    return Seen(
+        request_id, hook, status, result, epoch, created, created if modified is None else modified
+    )
 
 
 def loaded_view() -> QueueView:
@@ -296,8 +354,12 @@ def loaded_view() -> QueueView:
 
 def test_take_is_oldest_first_across_hooks_and_skips_excluded_hooks():
     view = loaded_view()
-    view.scanned([seen(1, hook="b"), seen(2, hook="a"), seen(3, hook="b"), seen(5, hook="c")],
-                 5, view.stamp(), 0.0)
+    view.scanned(
+        [seen(1, hook="b"), seen(2, hook="a"), seen(3, hook="b"), seen(5, hook="c")],
+        5,
+        view.stamp(),
+        0.0,
+    )
     assert view.take(100, 10) == [1, 2, 3, 5]
     assert view.take(100, 2) == [1, 2]
     assert view.take(100, 10, exclude=["b"]) == [2, 5]
@@ -306,8 +368,12 @@ def test_take_is_oldest_first_across_hooks_and_skips_excluded_hooks():
 
 def test_a_row_becomes_due_at_the_later_of_lease_and_backoff():
     view = loaded_view()
-    view.scanned([seen(1, modified=110), seen(2, modified=110, result="fail", epoch=110)], 2,
-                 view.stamp(), 0.0)
+    view.scanned(
+        [seen(1, modified=110), seen(2, modified=110, result="fail", epoch=110)],
+        2,
+        view.stamp(),
+        0.0,
+    )
     assert view.take(139, 10) == []
     assert view.take(140, 10) == [1]
     assert view.take(169, 10) == [1]

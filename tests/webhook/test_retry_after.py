@@ -9,7 +9,8 @@ from __future__ import annotations
 from urllib.parse import quote
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.web.http import datetimeToString
 
 from gorge.webhook.queueview import QUEUED, QueueView, Seen
@@ -54,8 +55,7 @@ def test_unreadable_values(value):
 
 
 @given(lease=st.integers(1, 600), wait=st.integers(0, 20_000), data=st.data())
-def test_a_held_row_stays_leased_against_every_replica_until_the_time_asked_for(
-        lease, wait, data):
+def test_a_held_row_stays_leased_against_every_replica_until_the_time_asked_for(lease, wait, data):
     """Renewing as the view says, on ticks no further apart than a third of the
     lease, the row's lease never runs out before ``not_before`` and runs out
     at most one tick after it."""
@@ -64,8 +64,9 @@ def test_a_held_row_stays_leased_against_every_replica_until_the_time_asked_for(
     view = QueueView()
     view.configure(lease, backoff)
     epoch = 10_000
-    seen = Seen(id=1, hook="H", status=QUEUED, result="fail", epoch=epoch, created=1,
-                modified=epoch)
+    seen = Seen(
+        id=1, hook="H", status=QUEUED, result="fail", epoch=epoch, created=1, modified=epoch
+    )
     view.saw(seen, view.stamp())
     not_before = epoch + wait
     held = view.hold(seen, not_before, view.stamp())
@@ -126,7 +127,8 @@ async def _tick_until(harnesses, receiver, until: int, step: int = 5) -> dict[in
 @pytest.mark.integration
 @pytest.mark.parametrize("status", [429, 503])
 async def test_retry_after_seconds_delays_the_next_attempt_on_every_replica(
-        status, herald, receiver, make_harness, captured_log):
+    status, herald, receiver, make_harness, captured_log
+):
     one = make_harness()
     two = make_harness(clock=one.clock)
     hook = herald.insert_hook(uri=f"{receiver.base}/status/{status}/after/600")
@@ -136,7 +138,10 @@ async def test_retry_after_seconds_delays_the_next_attempt_on_every_replica(
     assert receiver.count() == 1
     row = herald.request(request_id)
     assert (row["status"], row["lastRequestResult"], row["lastRequestEpoch"]) == (
-        "queued", "fail", start)
+        "queued",
+        "fail",
+        start,
+    )
     (rejected,) = captured_log.named("WEBHOOK_DELIVERY_REJECTED")
     assert rejected["not_before"] == start + 600
     assert one.store.held_until(request_id) == start + 600
@@ -156,8 +161,10 @@ async def test_retry_after_seconds_delays_the_next_attempt_on_every_replica(
 async def test_an_http_date_is_waited_for_and_the_wait_is_bounded(herald, receiver, make_harness):
     harness = make_harness(retry_after_max=120)
     start = int(harness.clock.seconds())
-    dated = herald.insert_hook(uri=f"{receiver.base}/dated/status/503/after/"
-                                   + quote(datetimeToString(start + 300).decode()))
+    dated = herald.insert_hook(
+        uri=f"{receiver.base}/dated/status/503/after/"
+        + quote(datetimeToString(start + 300).decode())
+    )
     capped = herald.insert_hook(uri=f"{receiver.base}/capped/status/429/after/86400")
     herald.insert_request(hook=dated, created=start, properties=FOREVER)
     herald.insert_request(hook=capped, created=start, properties=FOREVER)
@@ -174,8 +181,10 @@ async def test_an_http_date_is_waited_for_and_the_wait_is_bounded(herald, receiv
     # Capped at 120 s, and every new answer holds again. The date is a fixed
     # moment: 300 s ahead at first (bounded to 120), then 180 s (bounded to 120),
     # then 60 s, no later than the fixed retry.
-    assert posts == {"dated": [start + 120, start + 240, start + 300],
-                     "capped": [start + 120, start + 240]}
+    assert posts == {
+        "dated": [start + 120, start + 240, start + 300],
+        "capped": [start + 120, start + 240],
+    }
     # held: capped at 0, 120, 240; dated at 0, 120. Not later: dated at 240 and 300.
     assert harness.metric("gorge_webhook_retry_after_total", result="held") == 5
     assert harness.metric("gorge_webhook_retry_after_total", result="not_later") == 2
@@ -183,7 +192,8 @@ async def test_an_http_date_is_waited_for_and_the_wait_is_bounded(herald, receiv
 
 @pytest.mark.integration
 async def test_a_shorter_or_unreadable_retry_after_leaves_the_fixed_retry(
-        herald, receiver, make_harness):
+    herald, receiver, make_harness
+):
     harness = make_harness()
     start = int(harness.clock.seconds())
     short = herald.insert_hook(uri=f"{receiver.base}/short/status/429/after/5")
@@ -201,19 +211,22 @@ async def test_a_shorter_or_unreadable_retry_after_leaves_the_fixed_retry(
 
 @pytest.mark.integration
 async def test_a_retry_never_request_fails_whatever_retry_after_says(
-        herald, receiver, make_harness):
+    herald, receiver, make_harness
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/status/429/after/600")
-    request_id = herald.insert_request(hook=hook, created=int(harness.clock.seconds()),
-                                       properties=NEVER)
+    request_id = herald.insert_request(
+        hook=hook, created=int(harness.clock.seconds()), properties=NEVER
+    )
     await harness.run_tick()
     assert herald.request(request_id)["status"] == "failed"
     assert harness.store.held_until(request_id) is None
 
 
 @pytest.mark.integration
-async def test_a_hold_changed_by_another_writer_is_dropped(herald, receiver, make_harness,
-                                                           captured_log):
+async def test_a_hold_changed_by_another_writer_is_dropped(
+    herald, receiver, make_harness, captured_log
+):
     harness = make_harness()
     hook = herald.insert_hook(uri=f"{receiver.base}/status/429/after/3600")
     start = int(harness.clock.seconds())
@@ -221,8 +234,10 @@ async def test_a_hold_changed_by_another_writer_is_dropped(herald, receiver, mak
     await harness.run_tick()
     assert harness.store.held_until(request_id) == start + 3600
     # Someone else writes the row (an operator's UPDATE, another tool) before a renewal.
-    herald.execute("UPDATE herald_webhookrequest SET dateModified = dateModified + 1"
-                   " WHERE id = %s", (request_id,))
+    herald.execute(
+        "UPDATE herald_webhookrequest SET dateModified = dateModified + 1 WHERE id = %s",
+        (request_id,),
+    )
     harness.clock.advance(25)  # the renewal is due two thirds into the lease
     await harness.run_tick()
     assert [e["request_id"] for e in captured_log.named("WEBHOOK_HOLD_LOST")] == [request_id]
@@ -248,7 +263,8 @@ async def test_a_replica_that_restarts_forgets_its_holds(herald, receiver, make_
 
 @pytest.mark.integration
 async def test_410_is_logged_once_per_hook_counted_and_follows_the_retry_mode(
-        herald, receiver, make_harness, captured_log):
+    herald, receiver, make_harness, captured_log
+):
     harness = make_harness()
     gone = herald.insert_hook(uri=f"{receiver.base}/status/410")
     other = herald.insert_hook(uri=f"{receiver.base}/other/status/410")
@@ -271,13 +287,16 @@ async def test_410_is_logged_once_per_hook_counted_and_follows_the_retry_mode(
     assert len(captured_log.named("WEBHOOK_RECEIVER_GONE")) == 2
 
     # The receiver comes back, then goes again: logged again.
-    herald.execute("UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
-                   (f"{receiver.base}/ok", gone))
+    herald.execute(
+        "UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s", (f"{receiver.base}/ok", gone)
+    )
     harness.clock.advance(60)
     await harness.run_tick()
     assert herald.request(forever)["status"] == "sent"
-    herald.execute("UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
-                   (f"{receiver.base}/status/410", gone))
+    herald.execute(
+        "UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
+        (f"{receiver.base}/status/410", gone),
+    )
     herald.insert_request(hook=gone, created=int(harness.clock.seconds()), properties=NEVER)
     await harness.run_tick()
     assert len(captured_log.named("WEBHOOK_RECEIVER_GONE")) == 3

@@ -8,19 +8,24 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from OpenSSL import SSL
 from twisted.internet import task
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ConnectionRefusedError, TimeoutError as ConnectTimeout
-from OpenSSL import SSL
-from twisted.web.client import ResponseFailed, ResponseNeverReceived
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
+from twisted.internet.error import TimeoutError as ConnectTimeout
 from twisted.python.failure import Failure
-from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from gorge.config import ConfigError, Env
+from gorge.webhook.settings import (
+    DEFAULT_OUTBOUND_BLACKLIST,
+    load_webhook_settings,
+    parse_blacklist,
+)
 from gorge.webhook.transport import BodyCutShort, transport_code
 from gorge.webhook.uripolicy import Unresolvable, UriPolicy, UriRefused
-from gorge.webhook.settings import DEFAULT_OUTBOUND_BLACKLIST, load_webhook_settings, parse_blacklist
 from tests.support.paths import REPO_ROOT
 
 
@@ -29,35 +34,58 @@ def test_defaults():
     assert s.http.listen_addr == ":8160" and s.http.endpoint == "tcp:8160"
     assert s.mysql.database == "phorge_herald" and s.mysql.host == "127.0.0.1"
     assert (s.poll_interval, s.delivery_timeout, s.max_concurrent) == (1.0, 15, 8)
-    assert (s.breaker_window, s.breaker_threshold, s.retry_backoff, s.claim_lease) == (300, 10, 60, 30)
+    assert (s.breaker_window, s.breaker_threshold, s.retry_backoff, s.claim_lease) == (
+        300,
+        10,
+        60,
+        30,
+    )
     assert len(s.outbound_blacklist) == 29
     assert s.effective_lease == 30 and s.effective_retry == 60
     assert s.startup_warnings() == []
 
 
 def test_canonical_names_win_and_legacy_names_warn():
-    env = Env({"GORGE_WEBHOOK_POLL_INTERVAL_MS": "250", "POLL_INTERVAL_MS": "9",
-               "MAX_CONCURRENT": "3", "STORAGE_NAMESPACE": "phabricator", "MYSQL_PASS": "pw"},
-              "gorge-webhook")
+    env = Env(
+        {
+            "GORGE_WEBHOOK_POLL_INTERVAL_MS": "250",
+            "POLL_INTERVAL_MS": "9",
+            "MAX_CONCURRENT": "3",
+            "STORAGE_NAMESPACE": "phabricator",
+            "MYSQL_PASS": "pw",
+        },
+        "gorge-webhook",
+    )
     s = load_webhook_settings({}, env=env)
     assert s.poll_interval == 0.25 and s.max_concurrent == 3
     assert s.mysql.database == "phabricator_herald" and s.mysql.password == "pw"
     assert "pw" not in repr(s)
-    assert sorted(env.warnings) == sorted([
-        "MAX_CONCURRENT is deprecated, use GORGE_WEBHOOK_MAX_CONCURRENT",
-        "STORAGE_NAMESPACE is deprecated, use GORGE_WEBHOOK_NAMESPACE",
-        "MYSQL_PASS is deprecated, use GORGE_WEBHOOK_MYSQL_PASS"])
+    assert sorted(env.warnings) == sorted(
+        [
+            "MAX_CONCURRENT is deprecated, use GORGE_WEBHOOK_MAX_CONCURRENT",
+            "STORAGE_NAMESPACE is deprecated, use GORGE_WEBHOOK_NAMESPACE",
+            "MYSQL_PASS is deprecated, use GORGE_WEBHOOK_MYSQL_PASS",
+        ]
+    )
 
 
-@pytest.mark.parametrize("name,value", [
-    ("GORGE_WEBHOOK_POLL_INTERVAL_MS", "x"), ("GORGE_WEBHOOK_POLL_INTERVAL_MS", "0"),
-    ("GORGE_WEBHOOK_MAX_CONCURRENT", "0"), ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "0"),
-    ("GORGE_WEBHOOK_ERROR_THRESHOLD", "0"), ("GORGE_WEBHOOK_ERROR_BACKOFF_SEC", "-1"),
-    ("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "-1"), ("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "1.5"),
-    ("GORGE_WEBHOOK_MYSQL_PORT", "0"), ("GORGE_WEBHOOK_MYSQL_PORT", "65536"),
-    ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "10.0.0.0/8, nonsense"),
-    ("GORGE_LISTEN_ADDR", "nope"),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("GORGE_WEBHOOK_POLL_INTERVAL_MS", "x"),
+        ("GORGE_WEBHOOK_POLL_INTERVAL_MS", "0"),
+        ("GORGE_WEBHOOK_MAX_CONCURRENT", "0"),
+        ("GORGE_WEBHOOK_DELIVERY_TIMEOUT", "0"),
+        ("GORGE_WEBHOOK_ERROR_THRESHOLD", "0"),
+        ("GORGE_WEBHOOK_ERROR_BACKOFF_SEC", "-1"),
+        ("GORGE_WEBHOOK_RETRY_BACKOFF_SEC", "-1"),
+        ("GORGE_WEBHOOK_CLAIM_LEASE_SEC", "1.5"),
+        ("GORGE_WEBHOOK_MYSQL_PORT", "0"),
+        ("GORGE_WEBHOOK_MYSQL_PORT", "65536"),
+        ("GORGE_WEBHOOK_OUTBOUND_BLACKLIST", "10.0.0.0/8, nonsense"),
+        ("GORGE_LISTEN_ADDR", "nope"),
+    ],
+)
 def test_bad_values_name_the_setting(name, value):
     with pytest.raises(ConfigError) as info:
         load_webhook_settings({name: value})
@@ -65,12 +93,19 @@ def test_bad_values_name_the_setting(name, value):
 
 
 def test_blacklist_parsing():
-    assert parse_blacklist(None) == tuple(ipaddress.ip_network(n) for n in DEFAULT_OUTBOUND_BLACKLIST)
+    assert parse_blacklist(None) == tuple(
+        ipaddress.ip_network(n) for n in DEFAULT_OUTBOUND_BLACKLIST
+    )
     assert parse_blacklist("none") == () and parse_blacklist(" NONE ") == ()
     assert parse_blacklist(" 10.1.2.3/8 ,, fd00::/8 ") == (
-        ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("fd00::/8"))
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("fd00::/8"),
+    )
     # Empty counts as unset: a blank value never switches the guard off.
-    assert len(load_webhook_settings({"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": ""}).outbound_blacklist) == 29
+    assert (
+        len(load_webhook_settings({"GORGE_WEBHOOK_OUTBOUND_BLACKLIST": ""}).outbound_blacklist)
+        == 29
+    )
 
 
 @pytest.mark.parametrize("value", [" ", "  \t", ",", " , ,"])  # "," is "${A},${B}" with both unset
@@ -92,15 +127,28 @@ def test_warnings_for_a_lease_raised_to_the_timeout():
 def test_twistd_exits_2_with_one_line_on_bad_configuration():
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), GORGE_WEBHOOK_POLL_INTERVAL_MS="x")
     result = subprocess.run(
-        [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "--nodaemon",
-         "--pidfile=", "gorge-webhook"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-c",
+            "from twisted.scripts.twistd import run; run()",
+            "--nodaemon",
+            "--pidfile=",
+            "gorge-webhook",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "gorge-webhook: GORGE_WEBHOOK_POLL_INTERVAL_MS: not an integer: 'x'"]
+        "gorge-webhook: GORGE_WEBHOOK_POLL_INTERVAL_MS: not an integer: 'x'"
+    ]
 
 
 # -- URI policy ----------------------------------------------------------------
+
 
 def policy(blacklist=None, addresses=None, fail=False):
     async def resolve(host, port):
@@ -121,12 +169,21 @@ def check(p: UriPolicy, uri: str):
     return results[0]
 
 
-@pytest.mark.parametrize("uri,failed", [
-    ("ftp://example.com/x", "scheme"), ("HTTP://example.com/", "scheme"), ("example.com", "scheme"),
-    ("http:///x", "host"), ("https://", "host"), ("http://[::1/x", "host"),
-    ("http://127.0.0.1:8080/x", "blacklisted address"), ("http://[::1]/", "blacklisted address"),
-    ("http://[::ffff:10.1.2.3]/", "blacklisted address"), ("http://169.254.169.254/", "blacklisted address"),
-])
+@pytest.mark.parametrize(
+    "uri,failed",
+    [
+        ("ftp://example.com/x", "scheme"),
+        ("HTTP://example.com/", "scheme"),
+        ("example.com", "scheme"),
+        ("http:///x", "host"),
+        ("https://", "host"),
+        ("http://[::1/x", "host"),
+        ("http://127.0.0.1:8080/x", "blacklisted address"),
+        ("http://[::1]/", "blacklisted address"),
+        ("http://[::ffff:10.1.2.3]/", "blacklisted address"),
+        ("http://169.254.169.254/", "blacklisted address"),
+    ],
+)
 def test_refused_uris(uri, failed):
     with pytest.raises(UriRefused) as info:
         check(policy(), uri)
@@ -136,8 +193,10 @@ def test_refused_uris(uri, failed):
 def test_every_resolved_address_is_checked():
     with pytest.raises(UriRefused):
         check(policy(addresses=["93.184.216.34", "10.0.0.7"]), "https://hook.example/x")
-    target = check(policy(addresses=["93.184.216.34", "2606:2800:220:1::1"]),
-                   "https://hook.example:8443/x?token=t")
+    target = check(
+        policy(addresses=["93.184.216.34", "2606:2800:220:1::1"]),
+        "https://hook.example:8443/x?token=t",
+    )
     assert (target.host, target.port, target.scheme) == ("hook.example", 8443, "https")
     assert target.addresses == ("93.184.216.34", "2606:2800:220:1::1")
 
@@ -166,31 +225,42 @@ def test_any_address_in_a_default_range_is_refused(cidr, offset, mapped):
 @given(st.integers(0, 2**32 - 1))
 def test_public_ipv4_is_allowed_exactly_when_outside_every_range(value):
     address = ipaddress.IPv4Address(value)
-    inside = any(address in ipaddress.ip_network(c) for c in DEFAULT_OUTBOUND_BLACKLIST
-                 if ipaddress.ip_network(c).version == 4)
+    inside = any(
+        address in ipaddress.ip_network(c)
+        for c in DEFAULT_OUTBOUND_BLACKLIST
+        if ipaddress.ip_network(c).version == 4
+    )
     assert policy().blocked(str(address)) is inside
 
 
 # -- transport error codes ---------------------------------------
 
-@pytest.mark.parametrize("exc,code", [
-    (ConnectionRefusedError(), 7),
-    (ConnectTimeout(), 28),
-    (ResponseNeverReceived([Failure(ConnectionDone())]), 52),
-    (ResponseNeverReceived([Failure(ConnectionLost())]), 56),
-    # The connection failed while the body was read: cut short, however it ended...
-    (BodyCutShort(Failure(ResponseFailed([Failure(ConnectionDone())]))), 18),
-    (BodyCutShort(Failure(ResponseFailed([Failure(ConnectionLost())]))), 18),
-    # ...unless TLS broke underneath.
-    (BodyCutShort(Failure(ResponseFailed([Failure(SSL.Error([("", "", "bad record mac")]))]))),
-     35),
-    # Closed part-way through the status line or headers: not a body cut short,
-    # so "anything else", whatever the close looked like.
-    (ResponseFailed([Failure(ConnectionDone())]), 0),
-    (ResponseFailed([Failure(ConnectionLost())]), 0),
-    (ResponseNeverReceived([Failure(ConnectionRefusedError())]), 7),
-    (ValueError("?"), 0),
-])
+
+@pytest.mark.parametrize(
+    "exc,code",
+    [
+        (ConnectionRefusedError(), 7),
+        (ConnectTimeout(), 28),
+        (ResponseNeverReceived([Failure(ConnectionDone())]), 52),
+        (ResponseNeverReceived([Failure(ConnectionLost())]), 56),
+        # The connection failed while the body was read: cut short, however it ended...
+        (BodyCutShort(Failure(ResponseFailed([Failure(ConnectionDone())]))), 18),
+        (BodyCutShort(Failure(ResponseFailed([Failure(ConnectionLost())]))), 18),
+        # ...unless TLS broke underneath.
+        (
+            BodyCutShort(
+                Failure(ResponseFailed([Failure(SSL.Error([("", "", "bad record mac")]))]))
+            ),
+            35,
+        ),
+        # Closed part-way through the status line or headers: not a body cut short,
+        # so "anything else", whatever the close looked like.
+        (ResponseFailed([Failure(ConnectionDone())]), 0),
+        (ResponseFailed([Failure(ConnectionLost())]), 0),
+        (ResponseNeverReceived([Failure(ConnectionRefusedError())]), 7),
+        (ValueError("?"), 0),
+    ],
+)
 def test_transport_codes(exc, code):
     assert transport_code(exc) == code
 
@@ -203,12 +273,29 @@ def test_a_listener_that_cannot_bind_exits_1_before_polling():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), GORGE_LISTEN_ADDR=f"127.0.0.1:{port}",
-                   GORGE_WEBHOOK_MYSQL_PORT="1", GORGE_LOG_LEVEL="debug")
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(REPO_ROOT),
+            GORGE_LISTEN_ADDR=f"127.0.0.1:{port}",
+            GORGE_WEBHOOK_MYSQL_PORT="1",
+            GORGE_LOG_LEVEL="debug",
+        )
         result = subprocess.run(
-            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "--nodaemon",
-             "--pidfile=", "--logger=gorge.logging.observer_from_env", "gorge-webhook"],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "from twisted.scripts.twistd import run; run()",
+                "--nodaemon",
+                "--pidfile=",
+                "--logger=gorge.logging.observer_from_env",
+                "gorge-webhook",
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     output = result.stdout + result.stderr
     assert result.returncode == 1
     assert "CannotListenError" in output
@@ -221,17 +308,26 @@ def test_the_example_env_file_holds_the_defaults():
 
     lines = (REPO_ROOT / "conf" / "webhook.env.example").read_text().splitlines()
     env = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
-    assert {"GORGE_WEBHOOK_STANDARD_HEADERS", "GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC",
-            "GORGE_WEBHOOK_URL"} <= set(env)
+    assert {
+        "GORGE_WEBHOOK_STANDARD_HEADERS",
+        "GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC",
+        "GORGE_WEBHOOK_URL",
+    } <= set(env)
     assert load_webhook_settings(env) == load_webhook_settings({})
-    settings = load_webhook_settings({"GORGE_WEBHOOK_STANDARD_HEADERS": "1",
-                                      "GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC": "0"})
+    settings = load_webhook_settings(
+        {"GORGE_WEBHOOK_STANDARD_HEADERS": "1", "GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC": "0"}
+    )
     assert (settings.standard_headers, settings.retry_after_max) == (True, 0)
 
 
-@pytest.mark.parametrize("name,value", [("GORGE_WEBHOOK_STANDARD_HEADERS", "maybe"),
-                                        ("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", "-1"),
-                                        ("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", "1h")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("GORGE_WEBHOOK_STANDARD_HEADERS", "maybe"),
+        ("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", "-1"),
+        ("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", "1h"),
+    ],
+)
 def test_bad_new_settings_name_themselves(name, value):
     from gorge.config import ConfigError
     from gorge.webhook.settings import load_webhook_settings

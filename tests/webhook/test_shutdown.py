@@ -33,7 +33,8 @@ def started_service(mariadb, herald_db, **overrides):
 
 
 async def test_stop_lets_the_delivery_finish_and_write_then_closes_the_pool(
-        mariadb, herald_db, herald, receiver, captured_log):
+    mariadb, herald_db, herald, receiver, captured_log
+):
     hook = herald.insert_hook(uri=f"{receiver.base}/slow")
     first = herald.insert_request(hook=hook, properties={"retry": "forever"})
     receiver.delay = 1.0
@@ -68,8 +69,9 @@ async def test_stop_lets_the_delivery_finish_and_write_then_closes_the_pool(
     assert herald.request(first)["lastRequestEpoch"] == row["lastRequestEpoch"]
 
 
-async def test_budget_exhausted_aborts_and_writes_nothing(mariadb, herald_db, herald, receiver,
-                                                          captured_log):
+async def test_budget_exhausted_aborts_and_writes_nothing(
+    mariadb, herald_db, herald, receiver, captured_log
+):
     hook = herald.insert_hook(uri=f"{receiver.base}/stuck")
     request_id = herald.insert_request(hook=hook)
     receiver.delay = 60.0
@@ -86,7 +88,8 @@ async def test_budget_exhausted_aborts_and_writes_nothing(mariadb, herald_db, he
 
 
 async def test_budget_exhausted_while_resolving_a_redirect_writes_nothing(
-        mariadb, herald_db, herald, receiver, captured_log):
+    mariadb, herald_db, herald, receiver, captured_log
+):
     # An exchange cut by the shutdown writes nothing, even when the
     # cut lands on the redirect target's lookup after a 307 was received.
     from urllib.parse import quote
@@ -103,11 +106,16 @@ async def test_budget_exhausted_while_resolving_a_redirect_writes_nothing(
     location = quote("http://hang.example/x", safe="")
     hook = herald.insert_hook(uri=f"{receiver.base}/redirect/307/{location}")
     request_id = herald.insert_request(hook=hook)
-    settings = webhook_settings(mariadb.settings(herald_db), poll_interval=0.05,
-                                delivery_timeout=30)
-    service = build_webhook_service(settings, reactor,
-                                    store=WebhookStore.mysql(settings.mysql, reactor),
-                                    registry=CollectorRegistry(), resolver=hanging)
+    settings = webhook_settings(
+        mariadb.settings(herald_db), poll_interval=0.05, delivery_timeout=30
+    )
+    service = build_webhook_service(
+        settings,
+        reactor,
+        store=WebhookStore.mysql(settings.mysql, reactor),
+        registry=CollectorRegistry(),
+        resolver=hanging,
+    )
     service.startService()
     await wait_for(lambda: asked == ["hang.example"])
     claimed = herald.request(request_id)

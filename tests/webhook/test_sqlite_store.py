@@ -22,17 +22,27 @@ class SQLiteHerald:
         self.conn = sqlite3.connect(path, isolation_level=None)
 
     def insert(self, table: str, row: dict) -> int:
-        values = {k: (v.encode() if k in ("phid", "webhookPHID", "objectPHID", "viewPolicy",
-                                            "editPolicy") else v) for k, v in row.items() if k != "id"}
+        values = {
+            k: (
+                v.encode()
+                if k in ("phid", "webhookPHID", "objectPHID", "viewPolicy", "editPolicy")
+                else v
+            )
+            for k, v in row.items()
+            if k != "id"
+        }
         marks = ", ".join("?" * len(values))
-        cur = self.conn.execute(f"INSERT INTO {table} ({', '.join(values)}) VALUES ({marks})",
-                                tuple(values.values()))
+        cur = self.conn.execute(
+            f"INSERT INTO {table} ({', '.join(values)}) VALUES ({marks})", tuple(values.values())
+        )
         return cur.lastrowid
 
     def request(self, request_id: int) -> dict:
         cur = self.conn.execute(
             "SELECT status, properties, lastRequestResult, lastRequestEpoch, dateCreated,"
-            " dateModified FROM herald_webhookrequest WHERE id = ?", (request_id,))
+            " dateModified FROM herald_webhookrequest WHERE id = ?",
+            (request_id,),
+        )
         return dict(zip([d[0] for d in cur.description], cur.fetchone()))
 
 
@@ -42,8 +52,13 @@ def sqlite_service(tmp_path):
     clock = task.Clock()
     clock.advance(T0)
     store = WebhookStore.sqlite(path, reactor, db_clock=clock)
-    service = build_webhook_service(webhook_settings(MySQLSettings(database="demo_herald")),
-                                    reactor, store=store, clock=clock, registry=CollectorRegistry())
+    service = build_webhook_service(
+        webhook_settings(MySQLSettings(database="demo_herald")),
+        reactor,
+        store=store,
+        clock=clock,
+        registry=CollectorRegistry(),
+    )
     # The pool creates the schema on its first connection.
     yield service, clock, path
     store.close()
@@ -60,10 +75,13 @@ async def test_golden_cases_on_sqlite(sqlite_service, receiver):
     db = SQLiteHerald(path)
     expected = {}
     for case in all_cases():
-        hook = dict(case.hook_before, webhookURI=receiver.base + case.hook_before["webhookURI"].split(
-            "8765", 1)[1])
-        if not db.conn.execute("SELECT 1 FROM herald_webhook WHERE phid = ?",
-                               (hook["phid"].encode(),)).fetchone():
+        hook = dict(
+            case.hook_before,
+            webhookURI=receiver.base + case.hook_before["webhookURI"].split("8765", 1)[1],
+        )
+        if not db.conn.execute(
+            "SELECT 1 FROM herald_webhook WHERE phid = ?", (hook["phid"].encode(),)
+        ).fetchone():
             db.insert("herald_webhook", hook)
         expected[db.insert("herald_webhookrequest", case.request_before)] = case
     clock.advance(max(c.request_before["dateCreated"] for c in all_cases()) - clock.seconds())
@@ -75,20 +93,42 @@ async def test_golden_cases_on_sqlite(sqlite_service, receiver):
         assert row["properties"] == case.request_after["properties"], case.name
         assert row["dateModified"] > row["dateCreated"]
     assert sorted(r.body for r in receiver.requests) == sorted(
-        c.body for c in all_cases() if c.made_request)
+        c.body for c in all_cases() if c.made_request
+    )
 
 
 async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
     service, clock, path = sqlite_service
     assert await service.part("store").ping() is None
     db = SQLiteHerald(path)
-    db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
-                                     viewPolicy="u", editPolicy="u", status="enabled",
-                                     hmacKey="k" * 32, dateCreated=T0, dateModified=T0))
-    request_id = db.insert("herald_webhookrequest", dict(
-        phid="PHID-HWBR-a", webhookPHID="PHID-HWBH-a", objectPHID="PHID-TASK-a", status="queued",
-        properties=json.dumps({"retry": "forever"}), lastRequestResult="none", lastRequestEpoch=0,
-        dateCreated=T0, dateModified=T0))
+    db.insert(
+        "herald_webhook",
+        dict(
+            phid="PHID-HWBH-a",
+            name="a",
+            webhookURI=f"{receiver.base}/a",
+            viewPolicy="u",
+            editPolicy="u",
+            status="enabled",
+            hmacKey="k" * 32,
+            dateCreated=T0,
+            dateModified=T0,
+        ),
+    )
+    request_id = db.insert(
+        "herald_webhookrequest",
+        dict(
+            phid="PHID-HWBR-a",
+            webhookPHID="PHID-HWBH-a",
+            objectPHID="PHID-TASK-a",
+            status="queued",
+            properties=json.dumps({"retry": "forever"}),
+            lastRequestResult="none",
+            lastRequestEpoch=0,
+            dateCreated=T0,
+            dateModified=T0,
+        ),
+    )
     (candidate,) = await service.part("store").candidates(limit=5, lease=30, backoff=60)
     assert await service.part("store").claim(candidate) is True
     assert await service.part("store").claim(candidate) is False  # same second, version moved
@@ -104,25 +144,55 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
     service, clock, path = sqlite_service
     assert await service.part("store").ping() is None
     db = SQLiteHerald(path)
-    db.insert("herald_webhook", dict(phid="PHID-HWBH-a", name="a", webhookURI=f"{receiver.base}/a",
-                                     viewPolicy="u", editPolicy="u", status="enabled",
-                                     hmacKey="k" * 32, dateCreated=T0, dateModified=T0))
-    old = db.insert("herald_webhookrequest", dict(
-        phid="PHID-HWBR-old", webhookPHID="PHID-HWBH-a", objectPHID="PHID-TASK-a",
-        status="queued", properties="{}", lastRequestResult="none", lastRequestEpoch=0,
-        dateCreated=T0 - 10, dateModified=T0 - 10))
+    db.insert(
+        "herald_webhook",
+        dict(
+            phid="PHID-HWBH-a",
+            name="a",
+            webhookURI=f"{receiver.base}/a",
+            viewPolicy="u",
+            editPolicy="u",
+            status="enabled",
+            hmacKey="k" * 32,
+            dateCreated=T0,
+            dateModified=T0,
+        ),
+    )
+    old = db.insert(
+        "herald_webhookrequest",
+        dict(
+            phid="PHID-HWBR-old",
+            webhookPHID="PHID-HWBH-a",
+            objectPHID="PHID-TASK-a",
+            status="queued",
+            properties="{}",
+            lastRequestResult="none",
+            lastRequestEpoch=0,
+            dateCreated=T0 - 10,
+            dateModified=T0 - 10,
+        ),
+    )
     db.conn.executemany(
         "INSERT INTO herald_webhookrequest (phid, webhookPHID, objectPHID, status, properties,"
         " lastRequestResult, lastRequestEpoch, dateCreated, dateModified)"
         " VALUES (?, 'PHID-HWBH-a', 'PHID-TASK-a', ?, '{}', ?, 1, 1, 2)",
-        [(f"PHID-HWBR-h{n}".encode(), "failed" if n % 4 == 0 else "sent",
-          "fail" if n % 4 == 0 else "okay") for n in range(3000)])
+        [
+            (
+                f"PHID-HWBR-h{n}".encode(),
+                "failed" if n % 4 == 0 else "sent",
+                "fail" if n % 4 == 0 else "okay",
+            )
+            for n in range(3000)
+        ],
+    )
     stats = await service.part("store").stats()
     assert (stats.queued, stats.sent, stats.failed) == (1, 2250, 750)
     await run_tick(service)
     assert db.request(old)["status"] == "sent" and receiver.count("/a") == 1
-    db.conn.execute("UPDATE herald_webhookrequest SET status = 'queued', dateModified = ?"
-                    " WHERE id = 1000", (T0,))
+    db.conn.execute(
+        "UPDATE herald_webhookrequest SET status = 'queued', dateModified = ? WHERE id = 1000",
+        (T0,),
+    )
     # dateModified now differs from dateCreated: the row counts as leased for one lease.
     clock.advance(30)
     for _ in range(3):  # 2,000 ids a second: the whole table within two seconds

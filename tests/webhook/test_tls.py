@@ -30,23 +30,30 @@ def _name(common: str) -> x509.Name:
 
 
 def _certificate(subject: str, issuer: str, key, signing_key, *, ca: bool, san: str | None):
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(days=1))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(san)]),
-                                        critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(san)]), critical=False
+        )
     return builder.sign(signing_key, hashes.SHA256())
 
 
 def _pem(obj) -> bytes:
     if isinstance(obj, x509.Certificate):
         return obj.public_bytes(serialization.Encoding.PEM)
-    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return obj.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +93,14 @@ def _transport(trusted_ca):
     return resolve, Transport(reactor, policy, 5, trust_root=trust)
 
 
-@pytest.mark.parametrize("served_name,trusted,code", [
-    ("hook.example", True, 200),
-    ("other.example", True, 60),   # certificate for another name
-    ("hook.example", False, 60),   # certificate from an unknown CA
-])
+@pytest.mark.parametrize(
+    "served_name,trusted,code",
+    [
+        ("hook.example", True, 200),
+        ("other.example", True, 60),  # certificate for another name
+        ("hook.example", False, 60),  # certificate from an unknown CA
+    ],
+)
 async def test_https_delivery(herald, make_harness, tls_receiver, ca, served_name, trusted, code):
     receiver = tls_receiver(served_name)
     resolve, transport = _transport(ca if trusted else None)

@@ -16,10 +16,21 @@ from gorge.worker.queueclient import QueueError
 from gorge.worker.registry import LeasePlan, Registry
 
 
-def make_task(task_id: int, task_class: str = "NoopWorker", *, expires: int | None = 7200,
-              data: str | None = "{}", failure_count: int = 0) -> dict:
-    task = {"id": task_id, "taskClass": task_class, "failureCount": failure_count,
-            "dataID": task_id, "priority": 2000}
+def make_task(
+    task_id: int,
+    task_class: str = "NoopWorker",
+    *,
+    expires: int | None = 7200,
+    data: str | None = "{}",
+    failure_count: int = 0,
+) -> dict:
+    task = {
+        "id": task_id,
+        "taskClass": task_class,
+        "failureCount": failure_count,
+        "dataID": task_id,
+        "priority": 2000,
+    }
     if expires is not None:
         task["leaseExpires"] = expires
     if data is not None:
@@ -140,36 +151,53 @@ class FakeQueue:
         return d
 
     async def complete(self, task_id, duration_us, *, timeout):
-        await self._report(Report("complete", task_id, {"duration": duration_us,
-                                                        "timeout": timeout}))
+        await self._report(
+            Report("complete", task_id, {"duration": duration_us, "timeout": timeout})
+        )
 
     async def fail(self, task_id, permanent, *, retry_wait=None, message="", timeout):
-        await self._report(Report("fail", task_id, {"permanent": permanent,
-                                                    "retryWait": retry_wait,
-                                                    "message": message, "timeout": timeout}))
+        await self._report(
+            Report(
+                "fail",
+                task_id,
+                {
+                    "permanent": permanent,
+                    "retryWait": retry_wait,
+                    "message": message,
+                    "timeout": timeout,
+                },
+            )
+        )
 
     async def yield_task(self, task_id, seconds, *, timeout):
         await self._report(Report("yield", task_id, {"duration": seconds, "timeout": timeout}))
 
 
 def server_error() -> QueueError:
-    return QueueError("api error [ERR_INTERNAL]: internal server error", status=500,
-                      code="ERR_INTERNAL")
+    return QueueError(
+        "api error [ERR_INTERNAL]: internal server error", status=500, code="ERR_INTERNAL"
+    )
 
 
-def make_consumer(queue: FakeQueue, registry: Registry, clock, *, class_filter=(),
-                  **loop) -> tuple[Consumer, CollectorRegistry]:
+def make_consumer(
+    queue: FakeQueue, registry: Registry, clock, *, class_filter=(), **loop
+) -> tuple[Consumer, CollectorRegistry]:
     metrics_registry = CollectorRegistry()
-    consumer = Consumer(queue=queue, registry=registry, plan=LeasePlan(registry, class_filter),
-                        clock=clock, settings=LoopSettings(**loop),
-                        metrics=WorkerMetrics(metrics_registry))
+    consumer = Consumer(
+        queue=queue,
+        registry=registry,
+        plan=LeasePlan(registry, class_filter),
+        clock=clock,
+        settings=LoopSettings(**loop),
+        metrics=WorkerMetrics(metrics_registry),
+    )
     return consumer, metrics_registry
 
 
 class CapturedEvents:
     """Log events emitted while the context is open (names and fields)."""
 
-    def __enter__(self) -> "CapturedEvents":
+    def __enter__(self) -> CapturedEvents:
         self.events: list[dict] = []
         globalLogPublisher.addObserver(self.events.append)
         return self
@@ -181,19 +209,24 @@ class CapturedEvents:
         return [e for e in self.events if (e.get("log_format") or "").startswith(name)]
 
     def failures(self) -> list[dict]:
-        return [e for e in self.events
-                if "log_failure" in e or (e.get("log_format") or "").startswith("PANIC")]
+        return [
+            e
+            for e in self.events
+            if "log_failure" in e or (e.get("log_format") or "").startswith("PANIC")
+        ]
 
 
-async def run_through_consumer(reactor, registry: Registry, task: dict, *,
-                               class_filter=()) -> tuple[Report, Consumer]:
+async def run_through_consumer(
+    reactor, registry: Registry, task: dict, *, class_filter=()
+) -> tuple[Report, Consumer]:
     """Lease ``task`` from a fake queue on the real reactor and return the
     report the worker sent for it."""
     queue = FakeQueue()
     task.setdefault("leaseExpires", int(reactor.seconds()) + 3600)
     queue.waiting = [task]
-    consumer, _ = make_consumer(queue, registry, reactor, poll_interval=0.01,
-                                class_filter=class_filter)
+    consumer, _ = make_consumer(
+        queue, registry, reactor, poll_interval=0.01, class_filter=class_filter
+    )
     consumer.start()
     try:
         await queue.reported(1).addTimeout(10, reactor)

@@ -4,8 +4,8 @@ matter (twisted.web would normalise both)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
@@ -23,8 +23,9 @@ class RawRequest:
     @property
     def headers(self) -> list[tuple[str, str]]:
         lines = self.head.split(b"\r\n")[1:]
-        return [tuple(part.strip() for part in line.decode().split(":", 1))
-                for line in lines if line]
+        return [
+            tuple(part.strip() for part in line.decode().split(":", 1)) for line in lines if line
+        ]
 
     def header(self, name: str) -> str | None:
         for key, value in self.headers:
@@ -42,7 +43,7 @@ class Answer:
 
 
 class _RawProtocol(Protocol):
-    def __init__(self, server: "RawServer") -> None:
+    def __init__(self, server: RawServer) -> None:
         self._server = server
         self._buffer = b""
 
@@ -68,8 +69,7 @@ class _RawProtocol(Protocol):
         self.transport.write(
             b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
             b"Connection: close\r\n\r\n%s"
-            % (answer.status, reason, answer.content_type.encode(), len(answer.body),
-               answer.body)
+            % (answer.status, reason, answer.content_type.encode(), len(answer.body), answer.body)
         )
         self.transport.loseConnection()
 

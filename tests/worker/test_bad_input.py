@@ -130,7 +130,11 @@ def test_bad_task_data_and_class_names_fail_permanently_with_the_task_id():
         lines = {e["task_id"]: e["message"] for e in captured.named("TASK_OUTCOME")}
         assert captured.failures() == []
     reports = {r.task_id: (r.kind, r.args.get("permanent")) for r in queue.reports}
-    assert reports == {31: ("fail", True), 32: ("fail", True), 33: ("fail", True),
-                       34: ("complete", None)}
+    assert reports == {
+        31: ("fail", True),
+        32: ("fail", True),
+        33: ("fail", True),
+        34: ("complete", None),
+    }
     assert "invalid task data" in lines[31] and "invalid task data" in lines[32]
     assert lines[33] == "invalid task class"

@@ -8,7 +8,8 @@ from urllib.parse import parse_qsl
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 
 from gorge.worker.conduit import ConduitClient, ConduitError, parse_conduit_answer, snippet
@@ -26,8 +27,7 @@ def envelope(result=None, code=None, info=None) -> bytes:
     return json.dumps({"result": result, "error_code": code, "error_info": info}).encode()
 
 
-def assert_wire_format(request, *, task_id=12, task_class="PhabricatorSearchWorker",
-                       data=DATA):
+def assert_wire_format(request, *, task_id=12, task_class="PhabricatorSearchWorker", data=DATA):
     assert request.request_line == "POST /api/worker.execute HTTP/1.1"
     assert request.header("Content-Type") == "application/x-www-form-urlencoded"
     assert request.header("Accept") == "application/json"
@@ -45,34 +45,89 @@ def assert_wire_format(request, *, task_id=12, task_class="PhabricatorSearchWork
 
 
 CASES = [
-    ("success", Answer(body=envelope({"result": "success", "duration": 99})),
-     "complete", {}),
-    ("yield", Answer(body=envelope({"result": "yield", "duration": 3, "retry": 120})),
-     "yield", {"duration": 120}),
-    ("yield-floor", Answer(body=envelope({"result": "yield", "retry": 1})), "yield",
-     {"duration": 5}),
-    ("yield-no-retry", Answer(body=envelope({"result": "yield", "duration": 700})), "yield",
-     {"duration": 5}),
-    ("permanent", Answer(body=envelope({"result": "permanent-failure",
-                                        "failureType": "permanent",
-                                        "failureReason": "no such object"})),
-     "fail", {"permanent": True, "retryWait": None,
-              "message": "PhabricatorSearchWorker permanently failed: no such object"}),
-    ("failure", Answer(body=envelope({"result": "failure", "failureReason": "db down"})),
-     "fail", {"permanent": False, "retryWait": None,
-              "message": "PhabricatorSearchWorker failed: db down"}),
-    ("failure-retry", Answer(body=envelope({"result": "failure", "retry": 30})),
-     "fail", {"permanent": False, "retryWait": 30}),
-    ("conduit-error-200", Answer(body=envelope(code="ERR-CONDUIT-CORE", info="boom")),
-     "fail", {"permanent": False, "retryWait": None,
-              "message": "conduit worker.execute for PhabricatorSearchWorker (id=12): "
-                         "conduit error [ERR-CONDUIT-CORE]: boom"}),
-    ("gateway-401", Answer(status=401, body=envelope(
-        code="ERR-CONDUIT-AUTH", info="Missing or invalid service token.")),
-     "fail", {"permanent": False}),
-    ("unexpected", Answer(body=envelope({"result": "maybe"})), "fail",
-     {"permanent": False, "message": 'worker.execute for PhabricatorSearchWorker (id=12) '
-                                     'returned unexpected result "maybe"'}),
+    ("success", Answer(body=envelope({"result": "success", "duration": 99})), "complete", {}),
+    (
+        "yield",
+        Answer(body=envelope({"result": "yield", "duration": 3, "retry": 120})),
+        "yield",
+        {"duration": 120},
+    ),
+    (
+        "yield-floor",
+        Answer(body=envelope({"result": "yield", "retry": 1})),
+        "yield",
+        {"duration": 5},
+    ),
+    (
+        "yield-no-retry",
+        Answer(body=envelope({"result": "yield", "duration": 700})),
+        "yield",
+        {"duration": 5},
+    ),
+    (
+        "permanent",
+        Answer(
+            body=envelope(
+                {
+                    "result": "permanent-failure",
+                    "failureType": "permanent",
+                    "failureReason": "no such object",
+                }
+            )
+        ),
+        "fail",
+        {
+            "permanent": True,
+            "retryWait": None,
+            "message": "PhabricatorSearchWorker permanently failed: no such object",
+        },
+    ),
+    (
+        "failure",
+        Answer(body=envelope({"result": "failure", "failureReason": "db down"})),
+        "fail",
+        {
+            "permanent": False,
+            "retryWait": None,
+            "message": "PhabricatorSearchWorker failed: db down",
+        },
+    ),
+    (
+        "failure-retry",
+        Answer(body=envelope({"result": "failure", "retry": 30})),
+        "fail",
+        {"permanent": False, "retryWait": 30},
+    ),
+    (
+        "conduit-error-200",
+        Answer(body=envelope(code="ERR-CONDUIT-CORE", info="boom")),
+        "fail",
+        {
+            "permanent": False,
+            "retryWait": None,
+            "message": "conduit worker.execute for PhabricatorSearchWorker (id=12): "
+            "conduit error [ERR-CONDUIT-CORE]: boom",
+        },
+    ),
+    (
+        "gateway-401",
+        Answer(
+            status=401,
+            body=envelope(code="ERR-CONDUIT-AUTH", info="Missing or invalid service token."),
+        ),
+        "fail",
+        {"permanent": False},
+    ),
+    (
+        "unexpected",
+        Answer(body=envelope({"result": "maybe"})),
+        "fail",
+        {
+            "permanent": False,
+            "message": "worker.execute for PhabricatorSearchWorker (id=12) "
+            'returned unexpected result "maybe"',
+        },
+    ),
     ("null-result", Answer(body=envelope(None)), "fail", {"permanent": False}),
     ("not-an-object", Answer(body=envelope("done")), "fail", {"permanent": False}),
 ]
@@ -80,12 +135,14 @@ CASES = [
 
 @pytest.mark.parametrize("name, answer, kind, args", CASES, ids=[c[0] for c in CASES])
 @pytest_twisted.ensureDeferred
-async def test_each_answer_maps_to_the_right_report(name, answer, kind, args, reactor,
-                                                   http_client, raw_server):
+async def test_each_answer_maps_to_the_right_report(
+    name, answer, kind, args, reactor, http_client, raw_server
+):
     server, base = raw_server(answer)
     registry = Registry()
-    registry.register("PhabricatorSearchWorker",
-                      ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN)))
+    registry.register(
+        "PhabricatorSearchWorker", ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN))
+    )
     task = {"id": 12, "taskClass": "PhabricatorSearchWorker", "failureCount": 0, "data": DATA}
     report, consumer = await run_through_consumer(reactor, registry, task)
     (request,) = server.requests
@@ -95,12 +152,14 @@ async def test_each_answer_maps_to_the_right_report(name, answer, kind, args, re
         assert report.args[key] == value
     if name == "not-an-object":
         assert report.args["message"].startswith(
-            "decode worker.execute result for PhabricatorSearchWorker (id=12)")
+            "decode worker.execute result for PhabricatorSearchWorker (id=12)"
+        )
 
 
 @pytest_twisted.ensureDeferred
 async def test_html_answer_fails_temporarily_with_status_and_snippet_in_the_log(
-        reactor, http_client, raw_server):
+    reactor, http_client, raw_server
+):
     page = b"<html>\r\n<head><title>Site Not Found</title></head>\n" + b"x" * 400 + b"</html>"
     server, base = raw_server(Answer(status=502, body=page, content_type="text/html"))
     registry = Registry()
@@ -111,16 +170,19 @@ async def test_html_answer_fails_temporarily_with_status_and_snippet_in_the_log(
         (line,) = [e for e in captured.named("TASK_OUTCOME") if e["task_id"] == 77]
     assert_wire_format(server.requests[0], task_id=77, task_class="SomeWorker", data="")
     assert report.kind == "fail" and report.args["permanent"] is False
-    expected = ("conduit worker.execute for SomeWorker (id=77): conduit worker.execute "
-                "returned non-JSON (HTTP 502): " + snippet(page))
+    expected = (
+        "conduit worker.execute for SomeWorker (id=77): conduit worker.execute "
+        "returned non-JSON (HTTP 502): " + snippet(page)
+    )
     assert line["message"] == expected
     assert "<html> <head><title>Site Not Found</title></head> xxx" in line["message"]
     assert line["message"].endswith("\u2026")
 
 
 @pytest_twisted.ensureDeferred
-async def test_invalid_class_name_fails_permanently_without_a_call(reactor, http_client,
-                                                                   raw_server):
+async def test_invalid_class_name_fails_permanently_without_a_call(
+    reactor, http_client, raw_server
+):
     server, base = raw_server(Answer(body=envelope({"result": "success"})))
     registry = Registry()
     registry.set_fallback(ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN)))
@@ -131,15 +193,24 @@ async def test_invalid_class_name_fails_permanently_without_a_call(reactor, http
     assert server.requests == []
 
 
-@pytest.mark.parametrize("answer, reason", [
-    (Answer(body=envelope(code="ERR-NO-TASK-CLASS", info="No task class")), None),
-    (Answer(body=envelope(code="ERR-WORKER-AUTH", info="nope")),
-     "conduit error [ERR-WORKER-AUTH]: nope"),
-    (Answer(status=200, body=b"<html>Site Not Found</html>", content_type="text/html"),
-     "conduit worker.execute returned non-JSON (HTTP 200): <html>Site Not Found</html>"),
-    (Answer(body=envelope({"result": "success"})),
-     "conduit worker.execute ran a task without a class"),
-])
+@pytest.mark.parametrize(
+    "answer, reason",
+    [
+        (Answer(body=envelope(code="ERR-NO-TASK-CLASS", info="No task class")), None),
+        (
+            Answer(body=envelope(code="ERR-WORKER-AUTH", info="nope")),
+            "conduit error [ERR-WORKER-AUTH]: nope",
+        ),
+        (
+            Answer(status=200, body=b"<html>Site Not Found</html>", content_type="text/html"),
+            "conduit worker.execute returned non-JSON (HTTP 200): <html>Site Not Found</html>",
+        ),
+        (
+            Answer(body=envelope({"result": "success"})),
+            "conduit worker.execute ran a task without a class",
+        ),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_probe(answer, reason, reactor, http_client, raw_server):
     server, base = raw_server(answer)
@@ -157,8 +228,7 @@ async def test_probe_is_bounded(reactor, http_client, raw_server):
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_answer_over_the_cap_fails_the_call_temporarily(reactor, http_client,
-                                                                 raw_server):
+async def test_an_answer_over_the_cap_fails_the_call_temporarily(reactor, http_client, raw_server):
     from gorge.worker import conduit
 
     server, base = raw_server(Answer(body=b" " * (conduit.ANSWER_LIMIT + 1)))
@@ -189,12 +259,14 @@ def test_deeply_nested_body_is_a_non_json_answer_not_a_decoder_crash():
     with pytest.raises(ConduitError) as info:
         parse_conduit_answer(200, DEEP)
     assert str(info.value) == (
-        "conduit worker.execute returned non-JSON (HTTP 200): " + snippet(DEEP))
+        "conduit worker.execute returned non-JSON (HTTP 200): " + snippet(DEEP)
+    )
 
 
 @pytest_twisted.ensureDeferred
-async def test_probe_with_a_deeply_nested_answer_fails_with_a_reason(reactor, http_client,
-                                                                    raw_server):
+async def test_probe_with_a_deeply_nested_answer_fails_with_a_reason(
+    reactor, http_client, raw_server
+):
     server, base = raw_server(Answer(body=DEEP))
     client = ConduitClient(http_client, reactor, base, TOKEN)
     reason = await Deferred.fromCoroutine(client.probe())
@@ -204,16 +276,24 @@ async def test_probe_with_a_deeply_nested_answer_fails_with_a_reason(reactor, ht
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-    max_leaves=8)
+    max_leaves=8,
+)
 
 
-@given(st.one_of(
-    JSON_VALUES,
-    st.fixed_dictionaries(
-        {"result": st.sampled_from(["success", "yield", "permanent-failure", "failure", "",
-                                    "other"]) | JSON_VALUES},
-        optional={"retry": JSON_VALUES, "failureReason": JSON_VALUES,
-                  "duration": JSON_VALUES})))
+@given(
+    st.one_of(
+        JSON_VALUES,
+        st.fixed_dictionaries(
+            {
+                "result": st.sampled_from(
+                    ["success", "yield", "permanent-failure", "failure", "", "other"]
+                )
+                | JSON_VALUES
+            },
+            optional={"retry": JSON_VALUES, "failureReason": JSON_VALUES, "duration": JSON_VALUES},
+        ),
+    )
+)
 def test_every_worker_execute_result_becomes_exactly_one_outcome(result):
     from gorge.worker.handlers.conduit import interpret_result
     from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
@@ -226,8 +306,10 @@ def test_every_worker_execute_result_becomes_exactly_one_outcome(result):
     except PermanentFailure:
         assert isinstance(result, dict) and result["result"] == "permanent-failure"
     except RetryLater as exc:
-        assert not (isinstance(result, dict) and result.get("result") in (
-            "success", "yield", "permanent-failure"))
+        assert not (
+            isinstance(result, dict)
+            and result.get("result") in ("success", "yield", "permanent-failure")
+        )
         assert exc.retry_wait is None or (isinstance(exc.retry_wait, int) and exc.retry_wait >= 0)
     else:
         assert isinstance(result, dict) and result["result"] == "success"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
-
-from prometheus_client import CollectorRegistry
 
 from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.metrics import WorkerMetrics
@@ -56,8 +56,9 @@ def succeed_handler(task, data):
 def test_first_lease_after_one_poll_interval_and_batches_within_free_capacity():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(i) for i in range(1, 11)]
-    consumer, _ = make_consumer(queue, registry_with(gate), clock, lease_limit=10,
-                                max_workers=3, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue, registry_with(gate), clock, lease_limit=10, max_workers=3, poll_interval=1.0
+    )
     consumer.start()
     clock.advance(0.5)
     assert queue.leases == []
@@ -85,8 +86,14 @@ def test_first_lease_after_one_poll_interval_and_batches_within_free_capacity():
 def test_lease_never_exceeds_free_capacity_and_cap_holds(max_workers, lease_limit, tasks, steps):
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(i) for i in range(1, tasks + 1)]
-    consumer, _ = make_consumer(queue, registry_with(gate), clock, lease_limit=lease_limit,
-                                max_workers=max_workers, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue,
+        registry_with(gate),
+        clock,
+        lease_limit=lease_limit,
+        max_workers=max_workers,
+        poll_interval=1.0,
+    )
     original = queue.lease
 
     async def checked_lease(limit, classes):
@@ -132,8 +139,9 @@ def test_fallback_without_filter_omits_task_classes():
 
 def test_idle_worker_keeps_polling_and_picks_up_new_work_within_one_interval():
     clock, queue = Clock(), FakeQueue()
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
-                                idle_timeout=180, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue, registry_with(succeed_handler), clock, idle_timeout=180, poll_interval=1.0
+    )
     with CapturedEvents() as captured:
         consumer.start()
         clock.pump([1.0] * 400)
@@ -150,8 +158,14 @@ def test_idle_worker_keeps_polling_and_picks_up_new_work_within_one_interval():
 
 def test_hibernation_when_configured_makes_no_lease_calls_for_its_window():
     clock, queue = Clock(), FakeQueue()
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
-                                idle_timeout=10, hibernate=100, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue,
+        registry_with(succeed_handler),
+        clock,
+        idle_timeout=10,
+        hibernate=100,
+        poll_interval=1.0,
+    )
     consumer.start()
     clock.pump([1.0] * 12)  # idle clock starts at t=1, passes 10 s at t=12
     assert consumer.idle is True
@@ -166,8 +180,9 @@ def test_lease_errors_set_readiness_and_log_by_state_change():
     clock, queue = Clock(), FakeQueue()
     consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
     assert consumer.readiness_reason() == "no lease attempt has completed yet"
-    queue.lease_errors = [QueueError("lease: http: POST /api/queue/lease: ConnectionRefusedError")
-                          for _ in range(150)]
+    queue.lease_errors = [
+        QueueError("lease: http: POST /api/queue/lease: ConnectionRefusedError") for _ in range(150)
+    ]
     with CapturedEvents() as captured:
         consumer.start()
         clock.pump([1.0] * 150)
@@ -189,8 +204,10 @@ def test_report_retries_five_times_with_growing_waits_then_keeps_the_lease():
         consumer.start()
         clock.advance(1.0)
         clock.pump([0.05] * 60)
-        gaps = [b.args["timeout"] - a.args["timeout"] for a, b in
-                zip(queue.attempts, queue.attempts[1:])]
+        gaps = [
+            b.args["timeout"] - a.args["timeout"]
+            for a, b in zip(queue.attempts, queue.attempts[1:])
+        ]
         # the per-attempt timeout is the time left until the lease deadline
         assert gaps == pytest.approx([-0.2, -0.4, -0.6, -0.8], abs=0.051)
         assert len(queue.attempts) == 5
@@ -219,8 +236,9 @@ def test_report_retries_stop_at_the_lease_deadline():
 def test_a_refused_report_is_not_retried():
     clock, queue = Clock(), FakeQueue()
     queue.waiting = [make_task(9)]
-    queue.report_errors = [QueueError("api error [ERR_NOT_FOUND]: task not found", status=404,
-                                      code="ERR_NOT_FOUND")]
+    queue.report_errors = [
+        QueueError("api error [ERR_NOT_FOUND]: task not found", status=404, code="ERR_NOT_FOUND")
+    ]
     consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
     with CapturedEvents() as captured:
         consumer.start()
@@ -232,9 +250,13 @@ def test_a_refused_report_is_not_retried():
 def test_a_report_refused_for_a_lost_lease_says_so_and_is_not_retried():
     clock, queue = Clock(), FakeQueue()
     queue.waiting = [make_task(9)]
-    queue.report_errors = [QueueError("api error [ERR_LEASE_CONFLICT]: task lease no longer "
-                                      "belongs to this owner", status=409,
-                                      code="ERR_LEASE_CONFLICT")]
+    queue.report_errors = [
+        QueueError(
+            "api error [ERR_LEASE_CONFLICT]: task lease no longer belongs to this owner",
+            status=409,
+            code="ERR_LEASE_CONFLICT",
+        )
+    ]
     consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
     with CapturedEvents() as captured:
         consumer.start()
@@ -309,8 +331,12 @@ def test_unsupported_class_is_failed_temporarily_without_counting():
     (report,) = queue.reports
     assert (report.kind, report.args["permanent"], report.args["retryWait"]) == ("fail", False, 60)
     assert consumer.counters.failed == 0 and consumer.counters.processed == 0
-    assert metrics.get_sample_value(
-        "gorge_worker_tasks_total", {"task_class": "SomethingElse", "outcome": "skipped"}) == 1
+    assert (
+        metrics.get_sample_value(
+            "gorge_worker_tasks_total", {"task_class": "SomethingElse", "outcome": "skipped"}
+        )
+        == 1
+    )
 
 
 def test_a_task_already_running_is_neither_run_nor_reported_again():
@@ -374,7 +400,9 @@ def test_shutdown_hands_back_tasks_of_a_lease_in_flight():
     assert stopped.called
     assert gate.started == []
     assert [(r.kind, r.task_id, r.args["duration"]) for r in queue.reports] == [
-        ("yield", 1, 5), ("yield", 2, 5)]
+        ("yield", 1, 5),
+        ("yield", 2, 5),
+    ]
     assert consumer.counters.yielded == 0
 
 
@@ -429,8 +457,12 @@ def test_hand_backs_cut_by_the_drain_budget_move_no_counter():
     assert stopped.called
     assert gate.started == []
     assert consumer.counters.unreported == 0
-    assert metrics.get_sample_value(
-        "gorge_worker_tasks_total", {"task_class": "NoopWorker", "outcome": "unreported"}) is None
+    assert (
+        metrics.get_sample_value(
+            "gorge_worker_tasks_total", {"task_class": "NoopWorker", "outcome": "unreported"}
+        )
+        is None
+    )
 
 
 def test_ids_of_a_rejected_lease_answer_are_logged_even_while_leasing_fails():
@@ -446,14 +478,17 @@ def test_ids_of_a_rejected_lease_answer_are_logged_even_while_leasing_fails():
         assert len(captured.named("LEASE_FAILED")) == 1
         clock.advance(1.0)
         assert len(queue.leases) == 2
-        assert any("[5, 6]" in str(e.get("error", "")) or e.get("task_ids") == [5, 6]
-                   for e in captured.events)
+        assert any(
+            "[5, 6]" in str(e.get("error", "")) or e.get("task_ids") == [5, 6]
+            for e in captured.events
+        )
 
 
 def test_lease_errors_neither_reset_nor_start_the_idle_clock():
     clock, queue = Clock(), FakeQueue()
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
-                                idle_timeout=10, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue, registry_with(succeed_handler), clock, idle_timeout=10, poll_interval=1.0
+    )
     consumer.start()
     clock.advance(1.0)  # t=1: empty answer starts the idle clock
     queue.lease_errors = [server_error() for _ in range(5)]
@@ -469,8 +504,9 @@ def test_lease_errors_neither_reset_nor_start_the_idle_clock():
 def test_at_most_one_lease_call_in_flight_even_when_slots_free():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(i) for i in range(1, 5)]
-    consumer, _ = make_consumer(queue, registry_with(gate), clock, lease_limit=4,
-                                max_workers=4, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue, registry_with(gate), clock, lease_limit=4, max_workers=4, poll_interval=1.0
+    )
     consumer.start()
     clock.advance(1.0)
     assert len(queue.leases) == 1 and len(gate.started) == 4
@@ -487,8 +523,14 @@ def test_at_most_one_lease_call_in_flight_even_when_slots_free():
 
 def test_shutdown_ends_hibernation_at_once():
     clock, queue = Clock(), FakeQueue()
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock,
-                                idle_timeout=2, hibernate=1000, poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue,
+        registry_with(succeed_handler),
+        clock,
+        idle_timeout=2,
+        hibernate=1000,
+        poll_interval=1.0,
+    )
     consumer.start()
     clock.pump([1.0] * 5)
     assert consumer.idle is True and clock.getDelayedCalls()
@@ -504,10 +546,15 @@ def test_hibernating_worker_still_reports_progress_every_poll_interval():
     clock, queue = Clock(), FakeQueue()
     progress = []
     registry = registry_with(succeed_handler)
-    consumer = Consumer(queue=queue, registry=registry, plan=LeasePlan(registry, ()),
-                        clock=clock, metrics=WorkerMetrics(CollectorRegistry()),
-                        settings=LoopSettings(idle_timeout=2, hibernate=100, poll_interval=1.0),
-                        on_progress=lambda: progress.append(clock.seconds()))
+    consumer = Consumer(
+        queue=queue,
+        registry=registry,
+        plan=LeasePlan(registry, ()),
+        clock=clock,
+        metrics=WorkerMetrics(CollectorRegistry()),
+        settings=LoopSettings(idle_timeout=2, hibernate=100, poll_interval=1.0),
+        on_progress=lambda: progress.append(clock.seconds()),
+    )
     consumer.start()
     clock.pump([1.0] * 5)
     assert consumer.idle is True

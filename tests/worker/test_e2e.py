@@ -47,13 +47,15 @@ class Stack:
             "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
             **(worker_env or {}),
         }
-        return build_worker_service(load_worker_settings(env), self.reactor,
-                                    extra_handlers=extra_handlers)
+        return build_worker_service(
+            load_worker_settings(env), self.reactor, extra_handlers=extra_handlers
+        )
 
     async def start_queue(self, **overrides):
         settings = TaskQueueSettings(
-            http=HttpSettings(listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1",
-                              token=QUEUE_TOKEN),
+            http=HttpSettings(
+                listen_addr="127.0.0.1:0", endpoint="tcp:0:interface=127.0.0.1", token=QUEUE_TOKEN
+            ),
             mysql=self.mariadb.settings(self.database),
             **overrides,
         )
@@ -73,7 +75,8 @@ class Stack:
             self.queue_url + "/api/queue/enqueue",
             json.dumps({"taskClass": task_class, "data": data}).encode(),
             headers={"X-Service-Token": QUEUE_TOKEN, "Content-Type": "application/json"},
-            reactor=self.reactor)
+            reactor=self.reactor,
+        )
         body = json.loads(await response.content())
         assert response.code == 200, body
         return body["data"]["id"]
@@ -142,9 +145,11 @@ async def test_temporary_failure_is_retried_after_its_wait(stack):
     await stack.start()
     task_id = await stack.enqueue(
         "PhabricatorTestWorker",
-        '{"doWork":"fail-temporary","getWaitBeforeRetry":1,"getMaximumRetryCount":1}')
-    row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
-                            and r["failureCount"] == 1 and r)
+        '{"doWork":"fail-temporary","getWaitBeforeRetry":1,"getMaximumRetryCount":1}',
+    )
+    row = await stack.until(
+        lambda: (r := stack.row("worker_activetask", task_id)) and r["failureCount"] == 1 and r
+    )
     assert row["leaseOwner"] is None and row["leaseExpires"] <= row["failureTime"] + 1
     # second run fails again (count 2), third run is over the cap -> permanent
     archived = await stack.until(stack.archived(task_id))
@@ -162,8 +167,11 @@ async def test_yielded_task_comes_back_after_its_window(stack):
 
     await stack.start(extra_handlers={"YieldOnceWorker": yield_once})
     task_id = await stack.enqueue("YieldOnceWorker")
-    row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
-                            and r["leaseOwner"] == "(yield)" and r)
+    row = await stack.until(
+        lambda: (
+            (r := stack.row("worker_activetask", task_id)) and r["leaseOwner"] == "(yield)" and r
+        )
+    )
     assert row["failureCount"] == 0
     archived = await stack.until(stack.archived(task_id))
     assert archived["result"] == 0 and len(runs) == 2
@@ -181,8 +189,9 @@ async def test_unsupported_class_is_not_leased_or_is_failed_temporarily(stack):
     assert untouched["leaseOwner"] is None and untouched["failureCount"] == 0
     # A queue that ignored the class filter would hand it out anyway.
     stack.worker.part("plan").task_classes = None
-    row = await stack.until(lambda: (r := stack.row("worker_activetask", task_id))
-                            and r["failureCount"] == 1 and r)
+    row = await stack.until(
+        lambda: (r := stack.row("worker_activetask", task_id)) and r["failureCount"] == 1 and r
+    )
     assert row["leaseOwner"] is None
     assert row["leaseExpires"] - row["failureTime"] == 60
     assert stack.worker.part("consumer").counters.failed == 0
@@ -194,7 +203,9 @@ async def test_stop_lets_the_running_task_finish_and_report(stack):
     task_id = await stack.enqueue("PhabricatorTestWorker", '{"duration":1}')
     await stack.until(lambda: stack.worker.part("consumer").active == 1)
     leases_seen = []
-    stack.worker.part("consumer")._queue.lease = lambda *a: leases_seen.append(a)  # must not be called
+    stack.worker.part("consumer")._queue.lease = lambda *a: leases_seen.append(
+        a
+    )  # must not be called
     stopping = stack.worker.stopService()
     assert stack.worker.part("consumer").readiness_reason() == "shutting down"
     await stopping
@@ -215,22 +226,33 @@ def _conduit_answer(request):
 
 
 def _classes_sent(server) -> list[str]:
-    return [json.loads(dict(parse_qsl(r.body.decode("ascii")))["params"])["taskClass"]
-            for r in server.requests]
+    return [
+        json.loads(dict(parse_qsl(r.body.decode("ascii")))["params"])["taskClass"]
+        for r in server.requests
+    ]
 
 
-@pytest.mark.parametrize("owner, sent", [
-    ("gorge-webhook", ["PhabricatorSearchWorker"]),
-    ("phorge", ["HeraldWebhookWorker", "PhabricatorSearchWorker"]),
-])
+@pytest.mark.parametrize(
+    "owner, sent",
+    [
+        ("gorge-webhook", ["PhabricatorSearchWorker"]),
+        ("phorge", ["HeraldWebhookWorker", "PhabricatorSearchWorker"]),
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_webhook_task_follows_its_owner(owner, sent, stack, raw_server):
     server, conduit_url = raw_server(_conduit_answer)
-    await stack.start(worker_env={
-        "GORGE_WORKER_CONDUIT_URL": conduit_url, "GORGE_WORKER_CONDUIT_TOKEN": "api-token",
-        "GORGE_WORKER_CONDUIT_PROBE_SEC": "0", "GORGE_WORKER_WEBHOOK_OWNER": owner})
-    webhook = await stack.enqueue("HeraldWebhookWorker",
-                                  '{"webhookRequestPHID":"PHID-HWBR-abcdefghijklmnopqrst"}')
+    await stack.start(
+        worker_env={
+            "GORGE_WORKER_CONDUIT_URL": conduit_url,
+            "GORGE_WORKER_CONDUIT_TOKEN": "api-token",
+            "GORGE_WORKER_CONDUIT_PROBE_SEC": "0",
+            "GORGE_WORKER_WEBHOOK_OWNER": owner,
+        }
+    )
+    webhook = await stack.enqueue(
+        "HeraldWebhookWorker", '{"webhookRequestPHID":"PHID-HWBR-abcdefghijklmnopqrst"}'
+    )
     archived = await stack.until(stack.archived(webhook))
     assert archived["result"] == 0
     # A later task of another class reaches the same Conduit receiver, so an
@@ -251,6 +273,7 @@ async def test_a_long_task_keeps_its_lease_and_runs_once_with_two_workers(stack)
         def handler(task, data):
             runs.append((name, task["id"]))
             return release
+
         return handler
 
     await stack.start(lease_duration=3, extra_handlers={"LongWorker": long_task("first")})
@@ -263,7 +286,7 @@ async def test_a_long_task_keeps_its_lease_and_runs_once_with_two_workers(stack)
         # Two full leases past the first one, with the second worker polling.
         await stack.until(lambda: stack.reactor.seconds() > first_expiry + 6, bound=30)
         row = stack.row("worker_activetask", task_id)
-        assert row["leaseExpires"] > stack.reactor.seconds()   # renewed, still held
+        assert row["leaseExpires"] > stack.reactor.seconds()  # renewed, still held
         assert runs == [("first", task_id)]
         release.callback(None)
         archived = await stack.until(stack.archived(task_id))

@@ -8,12 +8,16 @@ from urllib.parse import parse_qsl, unquote_plus
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from gorge.worker.handlers.feed_http import (
-    FeedHttpHandler, FeedPolicy, http_build_query, php_urlencode,
+    FeedHttpHandler,
+    FeedPolicy,
+    http_build_query,
+    php_urlencode,
 )
 from gorge.worker.outcome import PermanentFailure, RetryLater
 from gorge.worker.registry import Registry
@@ -43,15 +47,17 @@ def golden(case: str) -> dict:
 def story_task_data(g: dict, uri: str) -> str:
     """What a story-field task carries: the story as Phorge has it, PHP-encoded."""
     row = g["row"]
-    return json.dumps({
-        "storyID": row["id"],
-        "storyType": row["storyType"],
-        "storyData": json.loads(row["storyData"]),
-        "storyAuthorPHID": row["authorPHID"],
-        "storyText": g["story_text"],
-        "epoch": row["dateCreated"],
-        "uri": uri,
-    })
+    return json.dumps(
+        {
+            "storyID": row["id"],
+            "storyType": row["storyType"],
+            "storyData": json.loads(row["storyData"]),
+            "storyAuthorPHID": row["authorPHID"],
+            "storyText": g["story_text"],
+            "epoch": row["dateCreated"],
+            "uri": uri,
+        }
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -62,8 +68,11 @@ async def test_request_matches_what_phorge_sends(case, reactor, http_client, raw
     server, base = raw_server(Answer(status=status, body=b"ignored", content_type="text/plain"))
     path = g["headers"]["request_line"].split()[1]
     handler = FeedHttpHandler(http_client, reactor)
-    task = {"id": g["task"]["worker_activetask"]["id"], "taskClass": "FeedPublisherHTTPWorker",
-            "failureCount": 0}
+    task = {
+        "id": g["task"]["worker_activetask"]["id"],
+        "taskClass": "FeedPublisherHTTPWorker",
+        "failureCount": 0,
+    }
     try:
         await handler(task, story_task_data(g, base + path))
         outcome = None
@@ -93,8 +102,12 @@ async def test_receiver_500_is_reported_as_a_temporary_failure(reactor, http_cli
     _, base = raw_server(Answer(status=500, body=b"oops", content_type="text/plain"))
     registry = Registry()
     registry.register("FeedPublisherHTTPWorker", FeedHttpHandler(http_client, reactor))
-    task = {"id": 36, "taskClass": "FeedPublisherHTTPWorker", "failureCount": 2,
-            "data": story_task_data(g, base + "/feed/status/500")}
+    task = {
+        "id": 36,
+        "taskClass": "FeedPublisherHTTPWorker",
+        "failureCount": 2,
+        "data": story_task_data(g, base + "/feed/status/500"),
+    }
     report, consumer = await run_through_consumer(reactor, registry, task)
     assert (report.kind, report.task_id) == ("fail", 36)
     assert report.args["permanent"] is False and report.args["retryWait"] == 180
@@ -106,8 +119,10 @@ async def test_snapshot_body_is_posted_verbatim(reactor, http_client, raw_server
     server, base = raw_server(Answer(status=204))
     body = "storyID=9&storyText=a+b%7E"
     handler = FeedHttpHandler(http_client, reactor)
-    await handler({"id": 1, "failureCount": 0},
-                  json.dumps({"deliveryVersion": 1, "uri": base + "/h", "body": body}))
+    await handler(
+        {"id": 1, "failureCount": 0},
+        json.dumps({"deliveryVersion": 1, "uri": base + "/h", "body": body}),
+    )
     assert server.requests[0].body == body.encode()
 
 
@@ -116,8 +131,7 @@ async def test_redirect_is_not_followed(reactor, http_client, raw_server):
     server, base = raw_server(Answer(status=302))
     handler = FeedHttpHandler(http_client, reactor)
     with pytest.raises(RetryLater, match="returned status 302"):
-        await handler({"id": 1, "failureCount": 0},
-                      json.dumps({"storyID": 3, "uri": base + "/h"}))
+        await handler({"id": 1, "failureCount": 0}, json.dumps({"storyID": 3, "uri": base + "/h"}))
     assert len(server.requests) == 1
 
 
@@ -134,10 +148,20 @@ class RecordingClient:
         raise AssertionError("must not send")
 
 
-@pytest.mark.parametrize("data", [None, "", "not json", "[1,2]", "42", '"text"',
-                                  # too deep to decode: as undeliverable as bad syntax,
-                                  # and retrying it would never end
-                                  '{"storyID":1,"uri":"http://h/x","storyData":' + "[" * 100_000])
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        "",
+        "not json",
+        "[1,2]",
+        "42",
+        '"text"',
+        # too deep to decode: as undeliverable as bad syntax,
+        # and retrying it would never end
+        '{"storyID":1,"uri":"http://h/x","storyData":' + "[" * 100_000,
+    ],
+)
 def test_task_data_that_is_not_a_json_object_fails_permanently(data):
     client = RecordingClient()
     d = _call(FeedHttpHandler(client, Clock()), data)
@@ -147,17 +171,20 @@ def test_task_data_that_is_not_a_json_object_fails_permanently(data):
     assert client.calls == []
 
 
-@pytest.mark.parametrize("doc", [
-    {"uri": "http://h/x"},
-    {"storyID": 0, "uri": "http://h/x"},
-    {"storyID": 3, "uri": ""},
-    {"deliveryVersion": 2, "uri": "http://h/x", "body": "a=b"},
-    {"deliveryVersion": 1, "uri": "http://h/x", "body": ""},
-    # JSON true is not the number 1, however Python compares them
-    {"deliveryVersion": True, "uri": "http://h/x", "body": "a=b"},
-    {"storyID": True, "uri": "http://h/x"},
-    {"key": "1", "uri": "http://h/x", "storyID": 0},
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"uri": "http://h/x"},
+        {"storyID": 0, "uri": "http://h/x"},
+        {"storyID": 3, "uri": ""},
+        {"deliveryVersion": 2, "uri": "http://h/x", "body": "a=b"},
+        {"deliveryVersion": 1, "uri": "http://h/x", "body": ""},
+        # JSON true is not the number 1, however Python compares them
+        {"deliveryVersion": True, "uri": "http://h/x", "body": "a=b"},
+        {"storyID": True, "uri": "http://h/x"},
+        {"key": "1", "uri": "http://h/x", "storyID": 0},
+    ],
+)
 def test_undeliverable_shapes_fail_permanently(doc):
     client = RecordingClient()
     errors = []
@@ -169,8 +196,9 @@ def test_undeliverable_shapes_fail_permanently(doc):
 def test_legacy_key_without_conduit_is_retried_later_and_never_sent():
     client = RecordingClient()
     errors = []
-    data = (FEED_DIR / "story_1_PhabricatorApplicationTransactionFeedStory"
-            / "worker_task_before.json")
+    data = (
+        FEED_DIR / "story_1_PhabricatorApplicationTransactionFeedStory" / "worker_task_before.json"
+    )
     raw = json.loads(data.read_text())["worker_taskdata"]["data"]
     _call(FeedHttpHandler(client, Clock()), raw, failure_count=1).addErrback(errors.append)
     assert errors and errors[0].check(RetryLater)
@@ -236,27 +264,51 @@ def test_policy_file_is_read_once_not_per_task(tmp_path):
 
 
 def test_http_build_query_follows_php_rules():
-    body = http_build_query([
-        ("storyID", 5), ("storyType", "T y~pe"),
-        ("storyData", {"a": True, "b": False, "c": None, "d": [], "e": {}, "f": ["x", 2],
-                       "g": "", "h": 1.5}),
-        ("storyText", "ü&=/"),
-    ])
-    assert body == (b"storyID=5&storyType=T+y%7Epe&storyData%5Ba%5D=1&storyData%5Bb%5D=0"
-                    b"&storyData%5Bf%5D%5B0%5D=x&storyData%5Bf%5D%5B1%5D=2&storyData%5Bg%5D="
-                    b"&storyData%5Bh%5D=1.5&storyText=%C3%BC%26%3D%2F")
+    body = http_build_query(
+        [
+            ("storyID", 5),
+            ("storyType", "T y~pe"),
+            (
+                "storyData",
+                {
+                    "a": True,
+                    "b": False,
+                    "c": None,
+                    "d": [],
+                    "e": {},
+                    "f": ["x", 2],
+                    "g": "",
+                    "h": 1.5,
+                },
+            ),
+            ("storyText", "ü&=/"),
+        ]
+    )
+    assert body == (
+        b"storyID=5&storyType=T+y%7Epe&storyData%5Ba%5D=1&storyData%5Bb%5D=0"
+        b"&storyData%5Bf%5D%5B0%5D=x&storyData%5Bf%5D%5B1%5D=2&storyData%5Bg%5D="
+        b"&storyData%5Bh%5D=1.5&storyText=%C3%BC%26%3D%2F"
+    )
 
 
 @given(st.text())
 def test_php_urlencode_leaves_only_php_safe_bytes_and_round_trips(text):
     encoded = php_urlencode(text)
-    assert set(encoded) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                               "0123456789_.-+%")
+    assert set(encoded) <= set(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-+%"
+    )
     assert unquote_plus(encoded) == text
 
 
-@given(st.lists(st.tuples(st.sampled_from(["storyID", "storyType", "storyText", "epoch"]),
-                          st.one_of(st.text(), st.integers())), max_size=6))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["storyID", "storyType", "storyText", "epoch"]),
+            st.one_of(st.text(), st.integers()),
+        ),
+        max_size=6,
+    )
+)
 def test_http_build_query_keeps_order_and_values(fields):
     decoded = parse_qsl(http_build_query(fields).decode(), keep_blank_values=True)
     assert decoded == [(name, str(value)) for name, value in fields]

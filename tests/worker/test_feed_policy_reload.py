@@ -44,9 +44,13 @@ async def test_sighup_makes_the_running_worker_read_the_policy_again(tmp_path, h
     policy = tmp_path / "policy.json"
     policy.write_text('{"silent": true, "uris": []}')
     stub = RequestTraversalAgent(EmptyQueue())
-    settings = load_worker_settings({
-        "GORGE_WORKER_TASK_QUEUE_URL": "http://queue:8090", "GORGE_LISTEN_ADDR": "127.0.0.1:0",
-        "GORGE_WORKER_FEED_POLICY_FILE": str(policy)})
+    settings = load_worker_settings(
+        {
+            "GORGE_WORKER_TASK_QUEUE_URL": "http://queue:8090",
+            "GORGE_LISTEN_ADDR": "127.0.0.1:0",
+            "GORGE_WORKER_FEED_POLICY_FILE": str(policy),
+        }
+    )
     svc = build_worker_service(settings, reactor, http_client=stub)
     handler = svc.part("registry").get(FEED)
 

@@ -23,7 +23,7 @@ def started(queue, gate, *, expires, **loop):
     queue.waiting = [make_task(4, expires=expires)]
     consumer, metrics = make_consumer(queue, registry_with(gate), clock, **loop)
     consumer.start()
-    clock.advance(1.0)                       # leased and started at t=1
+    clock.advance(1.0)  # leased and started at t=1
     assert gate.started == [4]
     return clock, consumer, metrics
 
@@ -34,13 +34,13 @@ def test_a_long_task_renews_at_a_third_of_its_lease_and_outlives_the_first_one()
     queue.renew_answers = [4801, 6001]
     clock.advance(1199.9)
     assert queue.renewals == []
-    clock.advance(0.1)                       # t=1201: a third of 3600 s left
+    clock.advance(0.1)  # t=1201: a third of 3600 s left
     assert queue.renewals == [([4], 30.0)]
     clock.advance(1199.9)
     assert len(queue.renewals) == 1
-    clock.advance(0.1)                       # t=2401: a third of the renewed 3600 s
+    clock.advance(0.1)  # t=2401: a third of the renewed 3600 s
     assert len(queue.renewals) == 2
-    clock.advance(3601 - 2401 + 500)         # past the first lease: still running
+    clock.advance(3601 - 2401 + 500)  # past the first lease: still running
     assert gate.cancelled == [] and consumer.active == 1
     gate.finish(4)
     clock.advance(0)
@@ -48,8 +48,7 @@ def test_a_long_task_renews_at_a_third_of_its_lease_and_outlives_the_first_one()
     assert report.kind == "complete"
     assert report.args["timeout"] == 6001 - clock.seconds()  # cut at the renewed deadline
     assert consumer.counters.processed == 1
-    assert metrics.get_sample_value("gorge_worker_lease_renewals_total",
-                                    {"result": "renewed"}) >= 2
+    assert metrics.get_sample_value("gorge_worker_lease_renewals_total", {"result": "renewed"}) >= 2
     assert all(timeout <= 30.0 for _, timeout in queue.renewals)
 
 
@@ -58,7 +57,7 @@ def test_a_lost_lease_cancels_the_handler_and_reports_nothing():
     clock, consumer, metrics = started(queue, gate, expires=301)
     queue.renew_answers = ["lost"]
     with CapturedEvents() as captured:
-        clock.advance(100)                   # t=101: renewal answers "lost"
+        clock.advance(100)  # t=101: renewal answers "lost"
         assert gate.cancelled == [4]
         clock.advance(1000)
         assert len(captured.named("TASK_LEASE_LOST")) == 1
@@ -67,10 +66,13 @@ def test_a_lost_lease_cancels_the_handler_and_reports_nothing():
     assert queue.attempts == []
     assert consumer.active == 0
     assert consumer.counters.unreported == 1 and consumer.counters.failed == 0
-    assert metrics.get_sample_value("gorge_worker_tasks_total",
-                                    {"task_class": "NoopWorker", "outcome": "lease_lost"}) == 1
-    assert metrics.get_sample_value("gorge_worker_lease_renewals_total",
-                                    {"result": "lost"}) == 1
+    assert (
+        metrics.get_sample_value(
+            "gorge_worker_tasks_total", {"task_class": "NoopWorker", "outcome": "lease_lost"}
+        )
+        == 1
+    )
+    assert metrics.get_sample_value("gorge_worker_lease_renewals_total", {"result": "lost"}) == 1
 
 
 def test_a_failed_renewal_is_tried_again_before_the_deadline():
@@ -78,9 +80,9 @@ def test_a_failed_renewal_is_tried_again_before_the_deadline():
     clock, consumer, _ = started(queue, gate, expires=901)
     queue.renew_answers = [server_error(), 1801]
     with CapturedEvents() as captured:
-        clock.advance(300)                   # t=301: fails; 600 s left
+        clock.advance(300)  # t=301: fails; 600 s left
         assert len(queue.renewals) == 1
-        clock.advance(200)                   # t=501: a third of what was left
+        clock.advance(200)  # t=501: a third of what was left
         assert len(queue.renewals) == 2
         assert len(captured.named("LEASE_RENEW_FAILED")) == 1
         assert len(captured.named("LEASE_RENEW_RECOVERED")) == 1
@@ -94,25 +96,26 @@ def test_a_failed_renewal_is_tried_again_before_the_deadline():
 def test_a_queue_without_renewal_keeps_the_lease_deadline_and_is_asked_no_more():
     queue, gate = FakeQueue(), Gate()
     clock, consumer, _ = started(queue, gate, expires=301, max_workers=2)
-    queue.renew_answers = [QueueError("api error [ERR_NOT_FOUND]: Not Found", status=404,
-                                      code="ERR_NOT_FOUND")]
+    queue.renew_answers = [
+        QueueError("api error [ERR_NOT_FOUND]: Not Found", status=404, code="ERR_NOT_FOUND")
+    ]
     with CapturedEvents() as captured:
         clock.advance(100)
         assert len(captured.named("LEASE_RENEWAL_DISABLED")) == 1
-    clock.advance(200)                       # the original deadline cuts the handler
+    clock.advance(200)  # the original deadline cuts the handler
     assert gate.cancelled == [4]
     queue.waiting = [make_task(5, expires=int(clock.seconds()) + 300)]
     clock.advance(1.0)
     assert gate.started == [4, 5]
     clock.advance(200)
-    assert len(queue.renewals) == 1          # none for the second task
+    assert len(queue.renewals) == 1  # none for the second task
 
 
 def test_renewal_stops_when_the_handler_ends():
     queue, gate = FakeQueue(), Gate()
     clock, consumer, _ = started(queue, gate, expires=3601)
     queue.renew_answers = ["hang"]
-    clock.advance(1200)                      # a renewal in flight
+    clock.advance(1200)  # a renewal in flight
     gate.finish(4)
     clock.advance(0)
     assert [r.kind for r in queue.reports] == ["complete"]
@@ -148,8 +151,9 @@ async def test_a_lost_lease_aborts_the_delegated_call_in_flight(reactor, http_cl
     server = _HangingServer()
     port = reactor.listenTCP(0, server, interface="127.0.0.1")
     try:
-        conduit = ConduitClient(http_client, reactor,
-                                f"http://127.0.0.1:{port.getHost().port}", "token")
+        conduit = ConduitClient(
+            http_client, reactor, f"http://127.0.0.1:{port.getHost().port}", "token"
+        )
         registry = Registry()
         registry.set_fallback(ConduitDelegate(conduit))
         queue = FakeQueue()

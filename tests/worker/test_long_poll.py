@@ -3,10 +3,9 @@ call held by the queue instead of one call per poll interval."""
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-
-from prometheus_client import CollectorRegistry
 
 from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.metrics import WorkerMetrics
@@ -62,7 +61,7 @@ def test_a_task_arriving_during_the_wait_runs_at_once():
 
 
 def test_a_queue_that_does_not_hold_is_asked_once_per_poll_interval():
-    clock, queue = Clock(), FakeQueue()            # answers at once, whatever the wait
+    clock, queue = Clock(), FakeQueue()  # answers at once, whatever the wait
     consumer, _ = _consumer(queue, clock)
     consumer.start()
     clock.pump([1.0] * 10)
@@ -77,7 +76,7 @@ def test_after_a_failure_the_first_call_answers_at_once():
     consumer.start()
     clock.pump([1.0, 1.0])
     queue.lease_errors = [server_error()]
-    clock.advance(WAIT)                             # the held call ends in a failure
+    clock.advance(WAIT)  # the held call ends in a failure
     assert queue.lease_waits == [0, WAIT]
     assert consumer.lease_error is not None
     clock.pump([1.0, 1.0])
@@ -92,10 +91,15 @@ def test_the_watchdog_is_fed_while_a_call_is_held():
     registry = Registry()
     registry.register("NoopWorker", lambda task, data: None)
     pings: list[float] = []
-    consumer = Consumer(queue=queue, registry=registry, plan=LeasePlan(registry, ()),
-                        clock=clock, settings=LoopSettings(poll_interval=1.0, lease_wait=WAIT),
-                        metrics=WorkerMetrics(CollectorRegistry()),
-                        on_progress=lambda: pings.append(clock.seconds()))
+    consumer = Consumer(
+        queue=queue,
+        registry=registry,
+        plan=LeasePlan(registry, ()),
+        clock=clock,
+        settings=LoopSettings(poll_interval=1.0, lease_wait=WAIT),
+        metrics=WorkerMetrics(CollectorRegistry()),
+        on_progress=lambda: pings.append(clock.seconds()),
+    )
     consumer.start()
     clock.pump([1.0] * 12)
     assert queue.lease_waits == [0, WAIT]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -14,7 +15,12 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from gorge.worker.queueclient import (
-    QueueClient, QueueEndpoint, QueueError, lease_owner, truncate_host, validate_lease_answer,
+    QueueClient,
+    QueueEndpoint,
+    QueueError,
+    lease_owner,
+    truncate_host,
+    validate_lease_answer,
 )
 
 
@@ -28,11 +34,14 @@ class ScriptedQueue(Resource):
         self.requests = []
 
     def render(self, request):
-        self.requests.append({
-            "method": request.method, "path": request.path,
-            "headers": {k.lower(): v[0] for k, v in request.requestHeaders.getAllRawHeaders()},
-            "body": request.content.read(),
-        })
+        self.requests.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "headers": {k.lower(): v[0] for k, v in request.requestHeaders.getAllRawHeaders()},
+                "body": request.content.read(),
+            }
+        )
         if self.hang:
             return NOT_DONE_YET
         request.setResponseCode(self.status)
@@ -44,8 +53,13 @@ class ScriptedQueue(Resource):
 def client_for(resource, token="queue-token", clock=None):
     clock = clock or Clock()
     stub = RequestTraversalAgent(resource)
-    return QueueClient(stub, clock, QueueEndpoint("http://queue:8090", token),
-                       "host:1:2:gorge-worker"), stub, clock
+    return (
+        QueueClient(
+            stub, clock, QueueEndpoint("http://queue:8090", token), "host:1:2:gorge-worker"
+        ),
+        stub,
+        clock,
+    )
 
 
 def result_of(coro):
@@ -56,8 +70,9 @@ def result_of(coro):
 
 
 def test_lease_request_shape():
-    resource = ScriptedQueue(body=json.dumps({"data": [
-        {"id": 3, "taskClass": "A", "data": "{}"}]}).encode())
+    resource = ScriptedQueue(
+        body=json.dumps({"data": [{"id": 3, "taskClass": "A", "data": "{}"}]}).encode()
+    )
     client, _, _ = client_for(resource)
     tasks = result_of(client.lease(2, ["B", "A"]))
     assert tasks == [{"id": 3, "taskClass": "A", "data": "{}"}]
@@ -88,31 +103,48 @@ def test_report_bodies():
     result_of(client.yield_task(8, 2, timeout=10))
     bodies = [(r["path"], json.loads(r["body"])) for r in resource.requests]
     # Every report names the owner, so a fencing queue refuses a stale one.
-    assert {r["headers"][b"x-lease-owner"] for r in resource.requests} == {
-        b"host:1:2:gorge-worker"}
+    assert {r["headers"][b"x-lease-owner"] for r in resource.requests} == {b"host:1:2:gorge-worker"}
     assert bodies == [
         (b"/api/queue/complete", {"taskID": 5, "duration": 1234}),
         (b"/api/queue/fail", {"taskID": 6, "permanent": True}),
-        (b"/api/queue/fail", {"taskID": 7, "permanent": False, "retryWait": 60,
-                              "message": "m" * 1000}),
+        (
+            b"/api/queue/fail",
+            {"taskID": 7, "permanent": False, "retryWait": 60, "message": "m" * 1000},
+        ),
         (b"/api/queue/yield", {"taskID": 8, "duration": 5}),
     ]
 
 
-@pytest.mark.parametrize("status, body, fragment, retryable", [
-    (200, b"<html>oops</html>", "unmarshal (status 200)", True),
-    (500, b'{"error":{"code":"ERR_INTERNAL","message":"internal server error"}}',
-     "api error [ERR_INTERNAL]: internal server error", True),
-    (200, b'{"error":{"code":"ERR_X","message":"m"}}', "api error [ERR_X]: m", True),
-    (404, b'{"error":{"code":"ERR_NOT_FOUND","message":"task not found"}}',
-     "api error [ERR_NOT_FOUND]: task not found", False),
-    (401, b'{"error":{"code":"ERR_UNAUTHORIZED","message":"x"}}', "ERR_UNAUTHORIZED", False),
-    (409, b'{"error":{"code":"ERR_LEASE_CONFLICT","message":"task lease no longer belongs '
-          b'to this owner"}}', "api error [ERR_LEASE_CONFLICT]", False),
-    (429, b'{"error":{"code":"ERR_BAD_REQUEST","message":"slow"}}', "slow", True),
-    (503, b'{"status":"unavailable"}', "unexpected status 503", True),
-    (303, b'{"data":[]}', "unexpected status 303", True),
-])
+@pytest.mark.parametrize(
+    "status, body, fragment, retryable",
+    [
+        (200, b"<html>oops</html>", "unmarshal (status 200)", True),
+        (
+            500,
+            b'{"error":{"code":"ERR_INTERNAL","message":"internal server error"}}',
+            "api error [ERR_INTERNAL]: internal server error",
+            True,
+        ),
+        (200, b'{"error":{"code":"ERR_X","message":"m"}}', "api error [ERR_X]: m", True),
+        (
+            404,
+            b'{"error":{"code":"ERR_NOT_FOUND","message":"task not found"}}',
+            "api error [ERR_NOT_FOUND]: task not found",
+            False,
+        ),
+        (401, b'{"error":{"code":"ERR_UNAUTHORIZED","message":"x"}}', "ERR_UNAUTHORIZED", False),
+        (
+            409,
+            b'{"error":{"code":"ERR_LEASE_CONFLICT","message":"task lease no longer belongs '
+            b'to this owner"}}',
+            "api error [ERR_LEASE_CONFLICT]",
+            False,
+        ),
+        (429, b'{"error":{"code":"ERR_BAD_REQUEST","message":"slow"}}', "slow", True),
+        (503, b'{"status":"unavailable"}', "unexpected status 503", True),
+        (303, b'{"data":[]}', "unexpected status 303", True),
+    ],
+)
 def test_failures_are_described_and_classified(status, body, fragment, retryable):
     resource = ScriptedQueue(status=status, body=body, headers={b"location": b"/elsewhere"})
     client, _, _ = client_for(resource)
@@ -136,7 +168,8 @@ def test_a_hanging_queue_is_cut_at_the_timeout():
     failure = []
     d.addErrback(failure.append)
     assert failure and "http: POST /api/queue/complete: timed out after 2.5s" in str(
-        failure[0].value)
+        failure[0].value
+    )
     assert failure[0].value.retryable
 
 
@@ -144,6 +177,7 @@ def test_transport_error_is_an_http_error():
     class Broken:
         def request(self, *args, **kwargs):
             from twisted.internet.error import ConnectionRefusedError
+
             raise ConnectionRefusedError()
 
     client = QueueClient(Broken(), Clock(), QueueEndpoint("http://q"), "o")
@@ -151,16 +185,19 @@ def test_transport_error_is_an_http_error():
     assert str(failure.value).startswith("lease: http: POST /api/queue/lease")
 
 
-@pytest.mark.parametrize("data", [
-    {"x": 1},
-    [{"id": 1, "taskClass": "A"}, {"id": 2, "taskClass": "A"}, {"id": 3, "taskClass": "A"}],
-    [{"id": 0, "taskClass": "A"}],
-    [{"id": True, "taskClass": "A"}],
-    [{"id": "1", "taskClass": "A"}],
-    [{"id": 1, "taskClass": ""}],
-    [{"id": 1}],
-    ["task"],
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"x": 1},
+        [{"id": 1, "taskClass": "A"}, {"id": 2, "taskClass": "A"}, {"id": 3, "taskClass": "A"}],
+        [{"id": 0, "taskClass": "A"}],
+        [{"id": True, "taskClass": "A"}],
+        [{"id": "1", "taskClass": "A"}],
+        [{"id": 1, "taskClass": ""}],
+        [{"id": 1}],
+        ["task"],
+    ],
+)
 def test_malformed_lease_answers_are_rejected_whole(data):
     with pytest.raises(QueueError, match="^lease: "):
         validate_lease_answer(data, 2)
@@ -207,14 +244,16 @@ def _agent_client(resource, clock=None):
 
     clock = clock or Clock()
     agent = RequestTraversalAgent(resource)
-    client = QueueClient(agent, clock, QueueEndpoint("http://queue:8090", "queue-token"),
-                         "host:1:2:gorge-worker")
+    client = QueueClient(
+        agent, clock, QueueEndpoint("http://queue:8090", "queue-token"), "host:1:2:gorge-worker"
+    )
     return client, agent, clock
 
 
 def test_agent_path_sends_the_same_request_and_reads_the_answer():
-    resource = ScriptedQueue(body=json.dumps({"data": [
-        {"id": 3, "taskClass": "A", "data": "{}"}]}).encode())
+    resource = ScriptedQueue(
+        body=json.dumps({"data": [{"id": 3, "taskClass": "A", "data": "{}"}]}).encode()
+    )
     client, agent, _ = _agent_client(resource)
     d = Deferred.fromCoroutine(client.lease(2, ["B", "A"], wait=5))
     agent.flush()
@@ -228,8 +267,9 @@ def test_agent_path_sends_the_same_request_and_reads_the_answer():
 
 
 def test_agent_path_errors_and_timeouts_are_queue_errors():
-    refused = ScriptedQueue(status=409, body=b'{"error":{"code":"ERR_LEASE_CONFLICT",'
-                                             b'"message":"gone"}}')
+    refused = ScriptedQueue(
+        status=409, body=b'{"error":{"code":"ERR_LEASE_CONFLICT","message":"gone"}}'
+    )
     client, agent, _ = _agent_client(refused)
     d = Deferred.fromCoroutine(client.complete(4, 10, timeout=5))
     agent.flush()
@@ -257,7 +297,8 @@ def test_an_answer_over_the_cap_is_an_http_error():
     failure = result_of(client.complete(1, 0, timeout=10))
     assert failure.check(QueueError)
     assert str(failure.value) == (
-        "http: POST /api/queue/complete: response body over the limit of 1048576 bytes")
+        "http: POST /api/queue/complete: response body over the limit of 1048576 bytes"
+    )
     assert failure.value.retryable
 
 
@@ -272,4 +313,5 @@ def test_a_lease_answer_has_its_own_larger_cap(monkeypatch):
     client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
     failure = result_of(client.lease(1, None))
     assert str(failure.value).startswith(
-        "lease: http: POST /api/queue/lease: response body over the limit of")
+        "lease: http: POST /api/queue/lease: response body over the limit of"
+    )

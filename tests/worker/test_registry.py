@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 

@@ -13,12 +13,13 @@ from .fakes import FakeQueue, make_consumer, make_task
 def test_reports_in_flight_do_not_hold_slots_but_are_bounded():
     clock, queue = Clock(), FakeQueue()
     queue.waiting = [make_task(i) for i in range(1, 11)]
-    queue.report_errors = ["hang"] * 10            # the queue never answers a report
+    queue.report_errors = ["hang"] * 10  # the queue never answers a report
     ran: list[int] = []
     registry = Registry()
     registry.register("NoopWorker", lambda task, data: ran.append(task["id"]))
-    consumer, _ = make_consumer(queue, registry, clock, lease_limit=2, max_workers=2,
-                                poll_interval=1.0)
+    consumer, _ = make_consumer(
+        queue, registry, clock, lease_limit=2, max_workers=2, poll_interval=1.0
+    )
     consumer.start()
     clock.advance(1.0)
     clock.pump([0.0] * 5)

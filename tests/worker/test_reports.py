@@ -53,8 +53,14 @@ class ReportingQueue(Resource):
                 if refusal is None:
                     data.append({"taskID": entry["taskID"], "status": "reported"})
                 else:
-                    data.append({"taskID": entry["taskID"], "status": "refused",
-                                 "code": refusal, "message": "no"})
+                    data.append(
+                        {
+                            "taskID": entry["taskID"],
+                            "status": "refused",
+                            "code": refusal,
+                            "message": "no",
+                        }
+                    )
             return json.dumps({"data": data}).encode()
         return b'{"data":{"status":"ok"}}'
 
@@ -64,8 +70,14 @@ class ReportingQueue(Resource):
 
 def _client(resource, clock, *, batch=100, delay=0.002):
     stub = RequestTraversalAgent(resource)
-    client = QueueClient(stub, clock, QueueEndpoint("http://queue:8090", "t"), OWNER,
-                         report_batch=batch, report_delay=delay)
+    client = QueueClient(
+        stub,
+        clock,
+        QueueEndpoint("http://queue:8090", "t"),
+        OWNER,
+        report_batch=batch,
+        report_delay=delay,
+    )
     return client, stub
 
 
@@ -81,20 +93,36 @@ def _outcomes(ds: list[Deferred]) -> list:
 def test_reports_within_the_delay_go_out_as_one_call():
     clock, queue = Clock(), ReportingQueue()
     client, stub = _client(queue, clock)
-    ds = [Deferred.fromCoroutine(client.complete(1, 1500, timeout=30)),
-          Deferred.fromCoroutine(client.fail(2, False, retry_wait=60, message="m", timeout=30)),
-          Deferred.fromCoroutine(client.yield_task(3, 2, timeout=30)),
-          Deferred.fromCoroutine(client.fail(4, True, timeout=30))]
+    ds = [
+        Deferred.fromCoroutine(client.complete(1, 1500, timeout=30)),
+        Deferred.fromCoroutine(client.fail(2, False, retry_wait=60, message="m", timeout=30)),
+        Deferred.fromCoroutine(client.yield_task(3, 2, timeout=30)),
+        Deferred.fromCoroutine(client.fail(4, True, timeout=30)),
+    ]
     stub.flush()
     assert queue.requests == []
     clock.advance(0.002)
     stub.flush()
-    assert queue.requests == [(b"/api/queue/report", {"reports": [
-        {"taskID": 1, "duration": 1500, "outcome": "complete"},
-        {"taskID": 2, "permanent": False, "retryWait": 60, "message": "m", "outcome": "fail"},
-        {"taskID": 3, "duration": 5, "outcome": "yield"},
-        {"taskID": 4, "permanent": True, "outcome": "fail"},
-    ]}, OWNER.encode())]
+    assert queue.requests == [
+        (
+            b"/api/queue/report",
+            {
+                "reports": [
+                    {"taskID": 1, "duration": 1500, "outcome": "complete"},
+                    {
+                        "taskID": 2,
+                        "permanent": False,
+                        "retryWait": 60,
+                        "message": "m",
+                        "outcome": "fail",
+                    },
+                    {"taskID": 3, "duration": 5, "outcome": "yield"},
+                    {"taskID": 4, "permanent": True, "outcome": "fail"},
+                ]
+            },
+            OWNER.encode(),
+        )
+    ]
     assert _outcomes(ds) == [None] * 4
     assert client.batching_reports
 
@@ -152,8 +180,10 @@ def test_an_older_queue_gets_single_calls_from_then_on():
     clock, queue = Clock(), ReportingQueue(batch_route=False)
     client, stub = _client(queue, clock)
     with CapturedEvents() as events:
-        ds = [Deferred.fromCoroutine(client.complete(1, 7, timeout=30)),
-              Deferred.fromCoroutine(client.yield_task(2, 9, timeout=30))]
+        ds = [
+            Deferred.fromCoroutine(client.complete(1, 7, timeout=30)),
+            Deferred.fromCoroutine(client.yield_task(2, 9, timeout=30)),
+        ]
         clock.advance(0.002)
         stub.flush()
         assert _outcomes(ds) == [None, None]
@@ -161,9 +191,16 @@ def test_an_older_queue_gets_single_calls_from_then_on():
         stub.flush()
         assert _outcomes([later]) == [None]
     assert queue.requests == [
-        (b"/api/queue/report", {"reports": [
-            {"taskID": 1, "duration": 7, "outcome": "complete"},
-            {"taskID": 2, "duration": 9, "outcome": "yield"}]}, OWNER.encode()),
+        (
+            b"/api/queue/report",
+            {
+                "reports": [
+                    {"taskID": 1, "duration": 7, "outcome": "complete"},
+                    {"taskID": 2, "duration": 9, "outcome": "yield"},
+                ]
+            },
+            OWNER.encode(),
+        ),
         (b"/api/queue/complete", {"taskID": 1, "duration": 7}, OWNER.encode()),
         (b"/api/queue/yield", {"taskID": 2, "duration": 9}, OWNER.encode()),
         (b"/api/queue/fail", {"taskID": 3, "permanent": True}, OWNER.encode()),

@@ -11,11 +11,11 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
 from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import deferLater
 
-from tests.support.paths import REPO_ROOT
 from gorge.testing.procs import free_port
+from tests.support.paths import REPO_ROOT
 
 from .test_e2e import Stack
 
@@ -68,11 +68,16 @@ async def test_sigterm_drains_and_reports_then_exits(reactor, mariadb, worker_db
             "GORGE_WORKER_NATIVE_TEST_WORKER": "1",
             "GORGE_LOG_LEVEL": "info",
         }
-        argv = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-                "--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env",
-                "gorge-worker"]
-        process = reactor.spawnProcess(watch, sys.executable, argv, env=env,
-                                       path=str(REPO_ROOT))
+        argv = [
+            sys.executable,
+            "-c",
+            "from twisted.scripts.twistd import run; run()",
+            "--nodaemon",
+            "--pidfile=",
+            "--logger=gorge.logging.observer_from_env",
+            "gorge-worker",
+        ]
+        process = reactor.spawnProcess(watch, sys.executable, argv, env=env, path=str(REPO_ROOT))
         # The row is leased before the worker has the answer; a SIGTERM in
         # that window rightly hands the task back. Wait until the
         # worker itself says the task runs.

@@ -9,7 +9,8 @@ from urllib.parse import parse_qsl
 
 import pytest
 import pytest_twisted
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from twisted.internet.task import Clock
 
@@ -40,25 +41,38 @@ def build(**env):
 @pytest.mark.parametrize("value", ["gorge-webhook", "phorge"])
 def test_owner_values_are_read(value):
     assert settings_of(GORGE_WORKER_WEBHOOK_OWNER=value, **CONDUIT).webhook_owner == value
-    assert settings_of(GORGE_WORKER_WEBHOOK_OWNER=value,
-                       **CONDUIT).describe()["webhook_owner"] == value
+    assert (
+        settings_of(GORGE_WORKER_WEBHOOK_OWNER=value, **CONDUIT).describe()["webhook_owner"]
+        == value
+    )
 
 
 def test_unset_owner_is_empty():
     assert settings_of().webhook_owner == ""
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"GORGE_WORKER_WEBHOOK_OWNER": "both"}, ["unknown value 'both'", "gorge-webhook",
-                                              "phorge"]),
-    ({"GORGE_WORKER_WEBHOOK_OWNER": "Phorge", **CONDUIT}, ["unknown value 'Phorge'"]),
-    ({"GORGE_WORKER_WEBHOOK_OWNER": "phorge"},
-     ["GORGE_WORKER_CONDUIT_URL", "GORGE_WORKER_CONDUIT_TOKEN", "worker.execute"]),
-    ({"GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
-      "GORGE_WORKER_DELEGATE_CLASSES": "PhabricatorSearchWorker,HeraldWebhookWorker",
-      **CONDUIT},
-     ["contradicts GORGE_WORKER_DELEGATE_CLASSES", "remove HeraldWebhookWorker"]),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        (
+            {"GORGE_WORKER_WEBHOOK_OWNER": "both"},
+            ["unknown value 'both'", "gorge-webhook", "phorge"],
+        ),
+        ({"GORGE_WORKER_WEBHOOK_OWNER": "Phorge", **CONDUIT}, ["unknown value 'Phorge'"]),
+        (
+            {"GORGE_WORKER_WEBHOOK_OWNER": "phorge"},
+            ["GORGE_WORKER_CONDUIT_URL", "GORGE_WORKER_CONDUIT_TOKEN", "worker.execute"],
+        ),
+        (
+            {
+                "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
+                "GORGE_WORKER_DELEGATE_CLASSES": "PhabricatorSearchWorker,HeraldWebhookWorker",
+                **CONDUIT,
+            },
+            ["contradicts GORGE_WORKER_DELEGATE_CLASSES", "remove HeraldWebhookWorker"],
+        ),
+    ],
+)
 def test_contradictory_settings_are_refused_naming_the_owner(env, words):
     with pytest.raises(ConfigError) as info:
         settings_of(**env)
@@ -68,8 +82,11 @@ def test_contradictory_settings_are_refused_naming_the_owner(env, words):
 
 
 def test_unset_owner_is_refused_when_the_worker_would_delegate_webhook_tasks():
-    for env in ({}, {"GORGE_WORKER_DELEGATE_CLASSES": "HeraldWebhookWorker"},
-                {"GORGE_WORKER_TASK_CLASS_FILTER": "HeraldWebhookWorker,Other"}):
+    for env in (
+        {},
+        {"GORGE_WORKER_DELEGATE_CLASSES": "HeraldWebhookWorker"},
+        {"GORGE_WORKER_TASK_CLASS_FILTER": "HeraldWebhookWorker,Other"},
+    ):
         with pytest.raises(ConfigError) as info:
             build(**CONDUIT, **env)
         assert info.value.setting == SETTING
@@ -79,11 +96,14 @@ def test_unset_owner_is_refused_when_the_worker_would_delegate_webhook_tasks():
         assert "\n" not in message
 
 
-@pytest.mark.parametrize("env", [
-    {},  # no Conduit: the class cannot run here at all
-    {**CONDUIT, "GORGE_WORKER_DELEGATE_CLASSES": "PhabricatorSearchWorker"},
-    {**CONDUIT, "GORGE_WORKER_TASK_CLASS_FILTER": "PhabricatorSearchWorker"},
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},  # no Conduit: the class cannot run here at all
+        {**CONDUIT, "GORGE_WORKER_DELEGATE_CLASSES": "PhabricatorSearchWorker"},
+        {**CONDUIT, "GORGE_WORKER_TASK_CLASS_FILTER": "PhabricatorSearchWorker"},
+    ],
+)
 def test_unset_owner_is_fine_when_the_worker_never_leases_webhook_tasks(env):
     svc = build(**env)
     assert not svc.part("plan").runnable(WEBHOOK)
@@ -102,28 +122,48 @@ def test_owner_gorge_webhook_without_conduit_leases_the_class():
 
 
 def test_owner_phorge_delegates_the_class_even_when_the_allow_list_omits_it():
-    svc = build(GORGE_WORKER_WEBHOOK_OWNER="phorge",
-                GORGE_WORKER_DELEGATE_CLASSES="PhabricatorSearchWorker", **CONDUIT)
+    svc = build(
+        GORGE_WORKER_WEBHOOK_OWNER="phorge",
+        GORGE_WORKER_DELEGATE_CLASSES="PhabricatorSearchWorker",
+        **CONDUIT,
+    )
     assert isinstance(svc.part("registry").get(WEBHOOK), ConduitDelegate)
-    assert svc.part("plan").task_classes == ["FeedPublisherHTTPWorker", WEBHOOK,
-                                     "PhabricatorSearchWorker"]
+    assert svc.part("plan").task_classes == [
+        "FeedPublisherHTTPWorker",
+        WEBHOOK,
+        "PhabricatorSearchWorker",
+    ]
 
 
-CLASSES = st.lists(st.sampled_from([WEBHOOK, "PhabricatorSearchWorker", "Custom",
-                                    "FeedPublisherHTTPWorker"]), unique=True, max_size=3)
+CLASSES = st.lists(
+    st.sampled_from([WEBHOOK, "PhabricatorSearchWorker", "Custom", "FeedPublisherHTTPWorker"]),
+    unique=True,
+    max_size=3,
+)
 
 
-@given(owner=st.sampled_from(["", "gorge-webhook", "phorge"]), conduit=st.booleans(),
-       delegate=CLASSES, class_filter=CLASSES, native_test=st.booleans())
-def test_no_setup_leaves_webhook_delivery_to_a_default(owner, conduit, delegate,
-                                                       class_filter, native_test):
-    env = {"GORGE_WORKER_WEBHOOK_OWNER": owner,
-           "GORGE_WORKER_DELEGATE_CLASSES": ",".join(delegate),
-           "GORGE_WORKER_TASK_CLASS_FILTER": ",".join(class_filter),
-           "GORGE_WORKER_NATIVE_TEST_WORKER": "1" if native_test else "0",
-           **(CONDUIT if conduit else {})}
-    would_delegate = (conduit and (not delegate or WEBHOOK in delegate)
-                      and (not class_filter or WEBHOOK in class_filter))
+@given(
+    owner=st.sampled_from(["", "gorge-webhook", "phorge"]),
+    conduit=st.booleans(),
+    delegate=CLASSES,
+    class_filter=CLASSES,
+    native_test=st.booleans(),
+)
+def test_no_setup_leaves_webhook_delivery_to_a_default(
+    owner, conduit, delegate, class_filter, native_test
+):
+    env = {
+        "GORGE_WORKER_WEBHOOK_OWNER": owner,
+        "GORGE_WORKER_DELEGATE_CLASSES": ",".join(delegate),
+        "GORGE_WORKER_TASK_CLASS_FILTER": ",".join(class_filter),
+        "GORGE_WORKER_NATIVE_TEST_WORKER": "1" if native_test else "0",
+        **(CONDUIT if conduit else {}),
+    }
+    would_delegate = (
+        conduit
+        and (not delegate or WEBHOOK in delegate)
+        and (not class_filter or WEBHOOK in class_filter)
+    )
     refused_on_owner = (
         (owner == "gorge-webhook" and WEBHOOK in delegate)
         or (owner == "phorge" and not conduit)
@@ -155,14 +195,19 @@ def conduit_answers(request) -> Answer:
     """Success for any task, and the answer the readiness probe expects."""
     params = json.loads(dict(parse_qsl(request.body.decode("ascii")))["params"])
     if params["taskClass"] == "":
-        return Answer(body=json.dumps({"result": None, "error_code": "ERR-NO-TASK-CLASS",
-                                       "error_info": "no class"}).encode())
+        return Answer(
+            body=json.dumps(
+                {"result": None, "error_code": "ERR-NO-TASK-CLASS", "error_info": "no class"}
+            ).encode()
+        )
     return Answer(body=json.dumps({"result": {"result": "success"}}).encode())
 
 
 def delegated_classes(server) -> list[str]:
-    return [json.loads(dict(parse_qsl(r.body.decode("ascii")))["params"])["taskClass"]
-            for r in server.requests]
+    return [
+        json.loads(dict(parse_qsl(r.body.decode("ascii")))["params"])["taskClass"]
+        for r in server.requests
+    ]
 
 
 def registry_for(http_client, reactor, base, **env):
@@ -173,21 +218,29 @@ def registry_for(http_client, reactor, base, **env):
 
 
 def webhook_task(task_id: int) -> dict:
-    return {"id": task_id, "taskClass": WEBHOOK, "failureCount": 0,
-            "data": json.dumps({"webhookRequestPHID": REQUEST_PHID})}
+    return {
+        "id": task_id,
+        "taskClass": WEBHOOK,
+        "failureCount": 0,
+        "data": json.dumps({"webhookRequestPHID": REQUEST_PHID}),
+    }
 
 
 @pytest_twisted.ensureDeferred
 async def test_owner_gorge_webhook_completes_the_task_and_never_calls_conduit(
-        reactor, http_client, raw_server):
+    reactor, http_client, raw_server
+):
     server, base = raw_server(conduit_answers)
-    registry, metrics = registry_for(http_client, reactor, base,
-                                     GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook")
+    registry, metrics = registry_for(
+        http_client, reactor, base, GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook"
+    )
     with CapturedEvents() as captured:
         report, _ = await run_through_consumer(reactor, registry, webhook_task(41))
         other, _ = await run_through_consumer(
-            reactor, registry, {"id": 42, "taskClass": "PhabricatorSearchWorker",
-                                "failureCount": 0, "data": "{}"})
+            reactor,
+            registry,
+            {"id": 42, "taskClass": "PhabricatorSearchWorker", "failureCount": 0, "data": "{}"},
+        )
     assert (report.kind, report.task_id) == ("complete", 41)
     assert (other.kind, other.task_id) == ("complete", 42)
     # The same Conduit receiver got the other class, and nothing for webhooks.
@@ -195,16 +248,17 @@ async def test_owner_gorge_webhook_completes_the_task_and_never_calls_conduit(
     (line,) = captured.named("WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK")
     assert (line["task_id"], line["request_phid"]) == (41, REQUEST_PHID)
     assert line["log_level"].name == "debug"
-    assert metrics.get_sample_value(
-        "gorge_worker_webhook_tasks_left_to_gorge_webhook_total") == 1.0
+    assert metrics.get_sample_value("gorge_worker_webhook_tasks_left_to_gorge_webhook_total") == 1.0
 
 
 @pytest_twisted.ensureDeferred
 async def test_owner_gorge_webhook_completes_a_task_whose_data_is_unreadable(
-        reactor, http_client, raw_server):
+    reactor, http_client, raw_server
+):
     server, base = raw_server(conduit_answers)
-    registry, _ = registry_for(http_client, reactor, base,
-                               GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook")
+    registry, _ = registry_for(
+        http_client, reactor, base, GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook"
+    )
     task = {**webhook_task(43), "data": "{broken"}
     report, _ = await run_through_consumer(reactor, registry, task)
     assert report.kind == "complete"
@@ -214,14 +268,17 @@ async def test_owner_gorge_webhook_completes_a_task_whose_data_is_unreadable(
 @pytest_twisted.ensureDeferred
 async def test_owner_phorge_sends_the_task_to_conduit(reactor, http_client, raw_server):
     server, base = raw_server(conduit_answers)
-    registry, metrics = registry_for(http_client, reactor, base,
-                                     GORGE_WORKER_WEBHOOK_OWNER="phorge",
-                                     GORGE_WORKER_DELEGATE_CLASSES="PhabricatorSearchWorker")
+    registry, metrics = registry_for(
+        http_client,
+        reactor,
+        base,
+        GORGE_WORKER_WEBHOOK_OWNER="phorge",
+        GORGE_WORKER_DELEGATE_CLASSES="PhabricatorSearchWorker",
+    )
     report, _ = await run_through_consumer(reactor, registry, webhook_task(44))
     assert (report.kind, report.task_id) == ("complete", 44)
     (request,) = server.requests
     params = json.loads(dict(parse_qsl(request.body.decode("ascii")))["params"])
     assert (params["taskID"], params["taskClass"]) == (44, WEBHOOK)
     assert json.loads(params["data"]) == {"webhookRequestPHID": REQUEST_PHID}
-    assert metrics.get_sample_value(
-        "gorge_worker_webhook_tasks_left_to_gorge_webhook_total") == 0.0
+    assert metrics.get_sample_value("gorge_worker_webhook_tasks_left_to_gorge_webhook_total") == 0.0

@@ -10,7 +10,8 @@ SMTP never imports the provider code. Every builder has the signature
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from twisted.logger import Logger
 
@@ -49,8 +50,11 @@ def build_backend(entry: BackendEntry, *, reactor: Any, http_client: Any) -> Bac
     known = getattr(importlib.import_module(module_name), "OPTIONS", None)
     if known is not None:
         for name in sorted(set(entry.options) - set(known)):
-            log.debug("MAILER_OPTION_IGNORED mailer={mailer} option={option}",
-                      mailer=entry.key, option=name[:40])
+            log.debug(
+                "MAILER_OPTION_IGNORED mailer={mailer} option={option}",
+                mailer=entry.key,
+                option=name[:40],
+            )
     return backend
 
 

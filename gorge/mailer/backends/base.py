@@ -54,8 +54,9 @@ The returned object satisfies :class:`Backend`. Its ``send`` contract:
 from __future__ import annotations
 
 import builtins
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from gorge.config import ConfigError
 

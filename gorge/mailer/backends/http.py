@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.internet.interfaces import IReactorTime
@@ -128,8 +129,9 @@ def _post_failed(failure: TransportFailure) -> PostFailed:
 
 def transport_failure(exc: BaseException, *, handed_over: bool, deadline_fired: bool) -> PostFailed:
     """Classify an exception from the request phase (no status line yet)."""
-    return _post_failed(TransportFailure.from_error(exc, submitted=handed_over,
-                                                    deadline=deadline_fired))
+    return _post_failed(
+        TransportFailure.from_error(exc, submitted=handed_over, deadline=deadline_fired)
+    )
 
 
 async def post(
@@ -157,9 +159,17 @@ async def post(
     if budget <= 0:
         raise PostFailed(False, "deadline reached before start")
     try:
-        return await exchange(agent, clock, "POST", url, headers=headers, body=body,
-                              deadline=started + budget,
-                              headers_deadline=started + HEADERS_TIMEOUT, body_limit=limit)
+        return await exchange(
+            agent,
+            clock,
+            "POST",
+            url,
+            headers=headers,
+            body=body,
+            deadline=started + budget,
+            headers_deadline=started + HEADERS_TIMEOUT,
+            body_limit=limit,
+        )
     except TransportFailure as failure:
         raise _post_failed(failure) from None
 
@@ -196,7 +206,9 @@ def classify_status(
     if status in (401, 403, 404, 407):
         return Outcome.rejected_backend(cause)
     if status in (408, 425, 429, 503):
-        return Outcome.transient(cause, retry_after=parse_retry_after(reply.header("retry-after"), now))
+        return Outcome.transient(
+            cause, retry_after=parse_retry_after(reply.header("retry-after"), now)
+        )
     if 400 <= status < 500:
         return Outcome.rejected_unscoped(cause)
     # 1xx leftovers, 3xx (never followed) and the other 5xx: the request
@@ -272,8 +284,14 @@ class HttpBackend:
             return Outcome.transient(f"{self.type}: deadline reached before start")
         request = self.build_request(message)
         try:
-            reply = await post(self._client, self._clock, request.url, body=request.body,
-                               headers=request.headers, deadline=deadline)
+            reply = await post(
+                self._client,
+                self._clock,
+                request.url,
+                body=request.body,
+                headers=request.headers,
+                deadline=deadline,
+            )
         except PostFailed as failed:
             return failure_outcome(self.type, failed)
         return self.classify(reply, self._clock.seconds())

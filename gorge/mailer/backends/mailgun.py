@@ -5,13 +5,21 @@ from __future__ import annotations
 import base64
 import re
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 from ..message import Message, format_address
 from ..outcome import Outcome
 from .base import BackendEntry
-from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url, json_object
+from .http import (
+    HttpBackend,
+    HttpReply,
+    ProviderRequest,
+    classify_status,
+    endpoint_url,
+    json_object,
+)
 
 DEFAULT_API_HOSTNAME = "api.mailgun.net"
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?$")
@@ -53,7 +61,9 @@ def _quoted(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _part(boundary: bytes, name: str, value: bytes, filename: str | None, ctype: str | None) -> bytes:
+def _part(
+    boundary: bytes, name: str, value: bytes, filename: str | None, ctype: str | None
+) -> bytes:
     disposition = f'Content-Disposition: form-data; name="{_quoted(name)}"'
     if filename is not None:
         disposition += f'; filename="{_quoted(filename)}"'
@@ -111,7 +121,7 @@ class MailgunBackend(HttpBackend):
 
     def build_request(self, message: Message) -> ProviderRequest:
         body, boundary = multipart_body(form_fields(message), self._token_hex)
-        basic = base64.b64encode(f"api:{self._api_key}".encode("utf-8")).decode("ascii")
+        basic = base64.b64encode(f"api:{self._api_key}".encode()).decode("ascii")
         return ProviderRequest(
             url=self.url,
             body=body,
@@ -128,7 +138,9 @@ class MailgunBackend(HttpBackend):
         ident = _receipt_id(reply.body)
         if ident is None:
             # Queued or not: a 2xx without its receipt cannot be told apart.
-            return Outcome.unknown(f"{self.type}: HTTP {reply.status} without a readable receipt id")
+            return Outcome.unknown(
+                f"{self.type}: HTTP {reply.status} without a readable receipt id"
+            )
         return Outcome.accepted(ident)
 
 

@@ -65,7 +65,9 @@ def _error_code(doc: dict[str, Any] | None) -> int | None:
     return code
 
 
-def classify_error_code(code: int, cause: str, *, on_2xx: bool, retry_after: float | None) -> Outcome:
+def classify_error_code(
+    code: int, cause: str, *, on_2xx: bool, retry_after: float | None
+) -> Outcome:
     """The ErrorCode table (for a 2xx with a non-zero code, or a 422)."""
     if code in _MESSAGE_CODES:
         return Outcome.rejected_message(cause)

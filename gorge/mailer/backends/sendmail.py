@@ -134,11 +134,13 @@ class SendmailBackend:
         else:
             self._unusable = f"sendmail: {self.path} is missing or not executable"
         if self._unusable is not None and self._unusable != was:
-            log.warn("MAILER_SENDMAIL_UNUSABLE mailer={key} path={path}", key=self.key,
-                     path=self.path)
+            log.warn(
+                "MAILER_SENDMAIL_UNUSABLE mailer={key} path={path}", key=self.key, path=self.path
+            )
         elif self._unusable is None and was is not None:
-            log.info("MAILER_SENDMAIL_USABLE mailer={key} path={path}", key=self.key,
-                     path=self.path)
+            log.info(
+                "MAILER_SENDMAIL_USABLE mailer={key} path={path}", key=self.key, path=self.path
+            )
 
     def argv(self, message: Message) -> list[str]:
         return [self.path, "-oi", "-f", message.from_.address, "--", *message.recipients()]
@@ -154,8 +156,7 @@ class SendmailBackend:
         try:
             # The child inherits the service's environment; an explicit
             # copy because Twisted's fork path does not accept env=None.
-            self._reactor.spawnProcess(child, self.path, self.argv(message),
-                                       env=dict(os.environ))
+            self._reactor.spawnProcess(child, self.path, self.argv(message), env=dict(os.environ))
         except OSError as e:
             return Outcome.rejected_backend(f"sendmail: cannot start {self.path}: {e.strerror}")
         timer = clock.callLater(deadline - now, child.kill, "deadline")
@@ -171,5 +172,6 @@ OPTIONS = frozenset(("path",))
 
 
 def build(entry: BackendEntry, *, reactor: Any, http_client: Any = None) -> SendmailBackend:
-    return SendmailBackend(entry.key, entry.priority, entry.str("path", DEFAULT_PATH),
-                           reactor=reactor)
+    return SendmailBackend(
+        entry.key, entry.priority, entry.str("path", DEFAULT_PATH), reactor=reactor
+    )

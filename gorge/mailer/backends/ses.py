@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import re
 import secrets
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote_plus, urlsplit
 from xml.etree import ElementTree
 
@@ -47,7 +48,9 @@ BACKEND_CODES = frozenset(
         "MissingAction",
     }
 )
-UNSCOPED_CODES = frozenset({"MessageRejected", "InvalidParameterValue", "InvalidParameterCombination"})
+UNSCOPED_CODES = frozenset(
+    {"MessageRejected", "InvalidParameterValue", "InvalidParameterCombination"}
+)
 
 
 def form_body(message: Message, raw_message: bytes) -> bytes:
@@ -56,7 +59,9 @@ def form_body(message: Message, raw_message: bytes) -> bytes:
     for n, address in enumerate(message.recipients(), start=1):
         params[f"Destinations.member.{n}"] = address
     params["RawMessage.Data"] = base64.b64encode(raw_message).decode("ascii")
-    pairs = (f"{quote_plus(k, safe='')}={quote_plus(v, safe='')}" for k, v in sorted(params.items()))
+    pairs = (
+        f"{quote_plus(k, safe='')}={quote_plus(v, safe='')}" for k, v in sorted(params.items())
+    )
     return "&".join(pairs).encode("ascii")
 
 
@@ -74,8 +79,14 @@ def signed_headers(
     ``content-type;host;x-amz-date`` and the body bytes."""
     headers = {"Content-Type": CONTENT_TYPE, "Host": host, "X-Amz-Date": stamp}
     headers["Authorization"] = sigv4.authorization(
-        credentials, method="POST", path=path or "/", headers=headers, body=body,
-        region=region, service=service, stamp=stamp,
+        credentials,
+        method="POST",
+        path=path or "/",
+        headers=headers,
+        body=body,
+        region=region,
+        service=service,
+        stamp=stamp,
     )
     return headers
 
@@ -120,7 +131,11 @@ def error_code(body: bytes | None) -> tuple[str, str] | None:
     root = _parse_xml(body)
     if root is None:
         return None
-    errors = [root] if _local(root.tag) == "Error" else [e for e in root.iter() if _local(e.tag) == "Error"]
+    errors = (
+        [root]
+        if _local(root.tag) == "Error"
+        else [e for e in root.iter() if _local(e.tag) == "Error"]
+    )
     for err in errors:
         code = _child(err, "Code")
         if code is not None and (code.text or "").strip():
@@ -169,8 +184,14 @@ class SesBackend(HttpBackend):
         raw = build_mime(message, now=now, token_hex=self._token_hex)
         body = form_body(message, raw)
         stamp, _ = sigv4.amz_date_from_posix(now)
-        headers = signed_headers(self._credentials, region=self.region, host=self.host,
-                                 path=self.path, body=body, stamp=stamp)
+        headers = signed_headers(
+            self._credentials,
+            region=self.region,
+            host=self.host,
+            path=self.path,
+            body=body,
+            stamp=stamp,
+        )
         return ProviderRequest(url=self.url, body=body, headers=headers)
 
     def classify(self, reply: HttpReply, now: float) -> Outcome:
@@ -185,7 +206,9 @@ class SesBackend(HttpBackend):
             if detail:
                 cause += f": {detail}"
             if code in TRANSIENT_CODES:
-                return Outcome.transient(cause, retry_after=parse_retry_after(reply.header("retry-after"), now))
+                return Outcome.transient(
+                    cause, retry_after=parse_retry_after(reply.header("retry-after"), now)
+                )
             if code in BACKEND_CODES:
                 return Outcome.rejected_backend(cause)
             if code in UNSCOPED_CODES and 400 <= reply.status < 500:

@@ -57,15 +57,29 @@ CHUNK_SIZE = 256 * 1024
 _ENHANCED = re.compile(r"^([245])\.(\d{1,3})\.(\d{1,3})(?:\s|$)")
 _BACKEND_ENHANCED = {(1, 7), (1, 8), (7, 4), (7, 8), (7, 9), (7, 10), (7, 11)}
 _STAGE_NAMES = {
-    "greeting": "greeting", "ehlo": "EHLO", "helo": "HELO", "starttls": "STARTTLS",
-    "tls-ehlo": "EHLO after STARTTLS", "auth": "AUTH", "mail": "MAIL FROM",
-    "rcpt": "RCPT TO", "data": "DATA", "content": "message content",
+    "greeting": "greeting",
+    "ehlo": "EHLO",
+    "helo": "HELO",
+    "starttls": "STARTTLS",
+    "tls-ehlo": "EHLO after STARTTLS",
+    "auth": "AUTH",
+    "mail": "MAIL FROM",
+    "rcpt": "RCPT TO",
+    "data": "DATA",
+    "content": "message content",
     "dot": "end of DATA",
 }
 #: The stage a command's reply belongs to, by the first four bytes of the
 #: command as the stock client writes it (STARTTLS included).
-_COMMAND_STAGES = {b"EHLO": "ehlo", b"HELO": "helo", b"STAR": "starttls",
-                   b"AUTH": "auth", b"MAIL": "mail", b"RCPT": "rcpt", b"DATA": "data"}
+_COMMAND_STAGES = {
+    b"EHLO": "ehlo",
+    b"HELO": "helo",
+    b"STAR": "starttls",
+    b"AUTH": "auth",
+    b"MAIL": "mail",
+    b"RCPT": "rcpt",
+    b"DATA": "data",
+}
 #: LOGIN asks for the user name, then the password; a third challenge is a failure.
 _LOGIN_CHALLENGES = 2
 
@@ -95,7 +109,8 @@ def _is_tls_failure(reason: Failure) -> bool:
     """An OpenSSL error, or a certificate that verified but names another
     host: Twisted reports the latter with service_identity's exceptions."""
     return bool(reason.check(SSL.Error)) or type(reason.value).__module__.startswith(
-        "service_identity")
+        "service_identity"
+    )
 
 
 def enhanced_code(text: str) -> tuple[int, int, int] | None:
@@ -114,7 +129,8 @@ def classify_reply(stage: str, code: int, text: str) -> Outcome:
     after_dot = stage == "dot"
     if not 400 <= code < 600:
         return (Outcome.unknown if after_dot else Outcome.transient)(
-            f"smtp: {where}: unexpected reply {code}")
+            f"smtp: {where}: unexpected reply {code}"
+        )
     if code < 500:
         return Outcome.transient(cause)
     if code == 530:
@@ -185,7 +201,7 @@ class _Content:
         self.terminate = terminate
 
     def read(self, size: int = -1) -> bytes:
-        piece = self._data[self._offset:self._offset + CHUNK_SIZE]
+        piece = self._data[self._offset : self._offset + CHUNK_SIZE]
         self._offset += len(piece)
         return piece
 
@@ -255,12 +271,15 @@ class _Session(ESMTPClient):
     # ``tlsMode``, a name this client never uses.
     __setattr__ = object.__setattr__
 
-    def __init__(self, cfg: SmtpConfig, tls: Any, sender: str, recipients: list[str],
-                 content: bytes) -> None:
-        credentials = (_Credentials(cfg.user.encode("utf-8"), cfg.password.encode("utf-8"))
-                       if cfg.user else None)
-        super().__init__(credentials, None if cfg.mode == "ssl" else tls,
-                         cfg.helo.encode("utf-8"))
+    def __init__(
+        self, cfg: SmtpConfig, tls: Any, sender: str, recipients: list[str], content: bytes
+    ) -> None:
+        credentials = (
+            _Credentials(cfg.user.encode("utf-8"), cfg.password.encode("utf-8"))
+            if cfg.user
+            else None
+        )
+        super().__init__(credentials, None if cfg.mode == "ssl" else tls, cfg.helo.encode("utf-8"))
         self.registerAuthenticator(_Plain())  # tried in this order
         self.registerAuthenticator(_Login())
         self.heloFallback = not cfg.user and cfg.mode == "plain"
@@ -323,8 +342,11 @@ class _Session(ESMTPClient):
 
     def connectFailed(self, reason: Failure) -> None:
         assert reason.type is not None  # a Failure always carries its exception type
-        self.finish(Outcome.transient(f"smtp: cannot connect to {self.cfg.host}:{self.cfg.port}"
-                                      f" ({reason.type.__name__})"))
+        self.finish(
+            Outcome.transient(
+                f"smtp: cannot connect to {self.cfg.host}:{self.cfg.port} ({reason.type.__name__})"
+            )
+        )
 
     # --- connection -------------------------------------------------------
     def connectionMade(self) -> None:
@@ -383,8 +405,7 @@ class _Session(ESMTPClient):
             # client still walks its lock-step states as the replies come
             # back in order; its writes of RCPT and DATA are dropped above.
             self.pipelined = True
-            self._ahead.extend([*(b"RCPT TO:" + quoteaddr(r) for r in self.recipients),
-                                b"DATA"])
+            self._ahead.extend([*(b"RCPT TO:" + quoteaddr(r) for r in self.recipients), b"DATA"])
             assert self.transport is not None
             self.transport.write(b"".join(c + b"\r\n" for c in [line, *self._ahead]))
             return
@@ -432,8 +453,9 @@ class _Session(ESMTPClient):
         super().tryTLS(code, resp, self.extensions)
 
     def esmtpTLSRequired(self, code: int = -1, resp: bytes | None = None) -> None:
-        self.finish(Outcome.rejected_backend(
-            "smtp: STARTTLS required but not offered by the server"))
+        self.finish(
+            Outcome.rejected_backend("smtp: STARTTLS required but not offered by the server")
+        )
 
     def esmtpTLSFailed(self, code: int = -1, resp: bytes | None = None) -> None:
         self.fail_reply(code, resp)
@@ -446,14 +468,18 @@ class _Session(ESMTPClient):
         if not self.cfg.user:
             return super().authenticate(code, resp, items)
         if not self.secure and not _is_loopback(self.cfg.host):
-            return self.finish(Outcome.rejected_backend(
-                "smtp: refusing to send credentials over an unencrypted connection"))
+            return self.finish(
+                Outcome.rejected_backend(
+                    "smtp: refusing to send credentials over an unencrypted connection"
+                )
+            )
         if b"AUTH" not in items:
             return self.finish(Outcome.rejected_backend("smtp: server does not offer AUTH"))
         offered = (items[b"AUTH"] or b"").upper().split()
         if not any(a.getName() in offered for a in self.authenticators):
-            return self.finish(Outcome.rejected_backend(
-                "smtp: no supported AUTH mechanism (PLAIN, LOGIN) offered"))
+            return self.finish(
+                Outcome.rejected_backend("smtp: no supported AUTH mechanism (PLAIN, LOGIN) offered")
+            )
         super().authenticate(code, resp, items)
 
     def smtpState_toOrData(self, code: int, resp: bytes) -> None:
@@ -534,20 +560,22 @@ class _Factory(ClientFactory):
 class SmtpBackend:
     type = "smtp"
 
-    def __init__(self, key: str, priority: int, cfg: SmtpConfig, *, reactor: Any,
-                 trust_root: Any = None) -> None:
+    def __init__(
+        self, key: str, priority: int, cfg: SmtpConfig, *, reactor: Any, trust_root: Any = None
+    ) -> None:
         self.key = key
         self.priority = priority
         self.cfg = cfg
         self._reactor = reactor
         if cfg.insecure:
             self._tls: ssl.CertificateOptions | IOpenSSLClientConnectionCreator
-            self._tls = ssl.CertificateOptions(verify=False,
-                                               raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
+            self._tls = ssl.CertificateOptions(verify=False, raiseMinimumTo=ssl.TLSVersion.TLSv1_2)
         else:
             self._tls = ssl.optionsForClientTLS(
-                cfg.host, trustRoot=trust_root,
-                extraCertificateOptions={"raiseMinimumTo": ssl.TLSVersion.TLSv1_2})
+                cfg.host,
+                trustRoot=trust_root,
+                extraCertificateOptions={"raiseMinimumTo": ssl.TLSVersion.TLSv1_2},
+            )
 
     async def send(self, message: Message, *, deadline: float) -> Outcome:
         clock = self._reactor
@@ -558,18 +586,21 @@ class SmtpBackend:
         recipients = message.recipients()
         if not all(a.isascii() for a in [message.from_.address, *recipients]):
             return Outcome.rejected_backend(
-                "smtp: non-ASCII address needs SMTPUTF8, which this backend does not speak")
+                "smtp: non-ASCII address needs SMTPUTF8, which this backend does not speak"
+            )
         content = build_mime(message, now=now)
         session = _Session(self.cfg, self._tls, message.from_.address, recipients, content)
         factory = _Factory(session)
         cfg = self.cfg
         connect_timeout = max(1, int(min(CONNECT_CAP, budget)))
         if cfg.mode == "ssl":
-            session.connector = self._reactor.connectSSL(cfg.host, cfg.port, factory, self._tls,
-                                                         timeout=connect_timeout)
+            session.connector = self._reactor.connectSSL(
+                cfg.host, cfg.port, factory, self._tls, timeout=connect_timeout
+            )
         else:
-            session.connector = self._reactor.connectTCP(cfg.host, cfg.port, factory,
-                                                         timeout=connect_timeout)
+            session.connector = self._reactor.connectTCP(
+                cfg.host, cfg.port, factory, timeout=connect_timeout
+            )
         timer = clock.callLater(budget, session.abort, "timeout")
         try:
             return await session.done

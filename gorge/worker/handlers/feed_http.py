@@ -9,7 +9,8 @@ that only names the story key needs PHP to load the story, so it is delegated
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, TypeGuard
+from collections.abc import Callable
+from typing import Any, TypeGuard
 from urllib.parse import quote_plus
 
 from twisted.internet.defer import CancelledError
@@ -91,8 +92,10 @@ def read_policy(path: str) -> tuple[bool, list[str]]:
             doc = json.loads(handle.read())
     except (OSError, ValueError) as exc:
         raise RetryLater(f"feed policy file unusable: {type(exc).__name__}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("silent"), bool) or not (
-        isinstance(doc.get("uris"), list) and all(isinstance(u, str) for u in doc["uris"])
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("silent"), bool)
+        or not (isinstance(doc.get("uris"), list) and all(isinstance(u, str) for u in doc["uris"]))
     ):
         raise RetryLater("feed policy file unusable: needs boolean silent and list uris")
     return doc["silent"], doc["uris"]
@@ -117,12 +120,19 @@ class FeedPolicy:
             silent, uris = read_policy(self.path)
         except RetryLater as problem:
             self._policy, self._problem = None, str(problem)
-            log.warn("FEED_POLICY_UNUSABLE path={path} reason={reason}", path=self.path,
-                     reason=self._problem)
+            log.warn(
+                "FEED_POLICY_UNUSABLE path={path} reason={reason}",
+                path=self.path,
+                reason=self._problem,
+            )
             return
         self._policy, self._problem = (silent, frozenset(uris)), ""
-        log.info("FEED_POLICY_LOADED path={path} silent={silent} uris={uris}", path=self.path,
-                 silent=silent, uris=len(uris))
+        log.info(
+            "FEED_POLICY_LOADED path={path} silent={silent} uris={uris}",
+            path=self.path,
+            silent=silent,
+            uris=len(uris),
+        )
 
     def current(self) -> tuple[bool, frozenset[str]]:
         """``(silent, uris)``; raises :class:`RetryLater` while the file is unusable."""
@@ -166,11 +176,7 @@ class FeedHttpHandler:
             and _non_empty_str(doc.get("body"))
         ):
             body = doc["body"].encode("utf-8")
-        elif (
-            _is_int(story_id)
-            and story_id > 0
-            and _non_empty_str(uri)
-        ):
+        elif _is_int(story_id) and story_id > 0 and _non_empty_str(uri):
             body = http_build_query([(name, doc[name]) for name in STORY_FIELDS if name in doc])
         elif "key" in doc and "storyID" not in doc and "deliveryVersion" not in doc:
             if self._delegate is not None:
@@ -195,13 +201,18 @@ class FeedHttpHandler:
             # The answer's body says nothing Phorge looks at: it is read to its
             # end (for the connection's sake) and dropped.
             reply = await exchange(
-                self._http, self._clock, "POST", uri,
+                self._http,
+                self._clock,
+                "POST",
+                uri,
                 headers={
                     b"Content-Type": b"application/x-www-form-urlencoded",
                     b"Accept": b"*/*",
                     b"Accept-Encoding": b"gzip",  # as Phorge's cURL asks
                 },
-                body=body, deadline=self._clock.seconds() + self._timeout, keep_body=False,
+                body=body,
+                deadline=self._clock.seconds() + self._timeout,
+                keep_body=False,
             )
             reply.require_body()
         except CancelledError:
@@ -213,7 +224,8 @@ class FeedHttpHandler:
                     retry_wait=_retry_wait(task),
                 ) from None
             raise RetryLater(
-                f"http request to {shown} failed: {failure}", retry_wait=_retry_wait(task),
+                f"http request to {shown} failed: {failure}",
+                retry_wait=_retry_wait(task),
             ) from None
         if not 200 <= reply.status < 300:
             raise RetryLater(

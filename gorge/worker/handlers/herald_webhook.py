@@ -49,8 +49,10 @@ class LeftToGorgeWebhook:
         self._metrics = metrics
 
     async def __call__(self, task: dict, data: str | None) -> None:
-        log.debug("WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK task_id={task_id} "
-                  "request_phid={request_phid}", task_id=task["id"],
-                  request_phid=request_phid(data))
+        log.debug(
+            "WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK task_id={task_id} request_phid={request_phid}",
+            task_id=task["id"],
+            request_phid=request_phid(data),
+        )
         if self._metrics is not None:
             self._metrics.webhook_tasks_left.inc()

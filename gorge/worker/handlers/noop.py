@@ -16,7 +16,10 @@ def noop(task_class: str):
     """A handler that logs one line (class, id) and succeeds."""
 
     async def handle(task: dict, data: str | None) -> None:
-        log.info("NOOP_TASK task_class={task_class} task_id={task_id}",
-                 task_class=task_class, task_id=task["id"])
+        log.info(
+            "NOOP_TASK task_class={task_class} task_id={task_id}",
+            task_class=task_class,
+            task_id=task["id"],
+        )
 
     return handle

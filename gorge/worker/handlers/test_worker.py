@@ -63,7 +63,8 @@ class TestWorker:
             await deferLater(self._clock, duration)
         action = payload.get("doWork")
         if action == "fail-temporary":
-            raise RetryLater("temporary failure requested",
-                             retry_wait=_int(payload.get("getWaitBeforeRetry")))
+            raise RetryLater(
+                "temporary failure requested", retry_wait=_int(payload.get("getWaitBeforeRetry"))
+            )
         if action == "fail-permanent":
             raise PermanentFailure("permanent failure requested")
