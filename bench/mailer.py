@@ -283,7 +283,7 @@ async def bench(reactor, args) -> None:
                 for b in bodies[: min(count, 64)]
             ]
 
-            async def direct(i, nodelay=True):
+            async def direct(i, nodelay=True, mimes=mimes):
                 done: Deferred = Deferred()
                 factory = ESMTPSenderFactory(
                     None,
@@ -303,7 +303,7 @@ async def bench(reactor, args) -> None:
                 reactor.connectTCP("127.0.0.1", sink_port, factory)
                 await done.addTimeout(60, reactor)
 
-            async def via_gorge(i):
+            async def via_gorge(i, bodies=bodies):
                 response = await client.post(
                     url,
                     data=OneShotBody(bodies[i]),

@@ -640,10 +640,11 @@ def report(bench: Bench, args) -> list[str]:
         return text
 
     lines.append(
-        f"{'median of ' + str(args.rounds) + ' round(s)':32s} {'Phorge':>15s} {'gorge':>15s}  gorge/Phorge"
+        f"{'median of ' + str(args.rounds) + ' round(s)':32s} "
+        f"{'Phorge':>15s} {'gorge':>15s}  gorge/Phorge"
     )
     ratios = {}
-    for workload, unit in (("tasks", "tasks"), ("webhooks", "hooks")):
+    for workload in ("tasks", "webhooks"):
         p, g = figures(workload, "Phorge"), figures(workload, "gorge")
         bulk_p, bulk_g = median([r.bulk_rate for r in p]), median([r.bulk_rate for r in g])
         ratios[workload] = bulk_g / bulk_p if bulk_p else float("nan")
@@ -728,6 +729,10 @@ def report(bench: Bench, args) -> list[str]:
     return lines
 
 
+def _milliseconds(seconds: list[float]) -> str:
+    return ", ".join(f"{1000 * v:.0f}" for v in seconds)
+
+
 def plot(bench: Bench, path: Path) -> None:
     try:
         import matplotlib
@@ -738,7 +743,7 @@ def plot(bench: Bench, path: Path) -> None:
 
     colours = {"Phorge": "#b5651d", "gorge": "#1f6fb4"}
     figure, panels = plt.subplots(1, 2, figsize=(12, 4.8))
-    for panel, workload in zip(panels, ("tasks", "webhooks")):
+    for panel, workload in zip(panels, ("tasks", "webhooks"), strict=True):
         labelled = set()
         for run in bench.runs:
             if run.workload != workload or not run.curve:
@@ -811,7 +816,7 @@ async def benchmark(
                 print(
                     f"round {round_no} pickup   "
                     + "  ".join(
-                        f"{side} {', '.join(f'{1000 * v:.0f}' for v in bench.pickups[side][-args.pickup_samples :])} ms"
+                        f"{side} {_milliseconds(bench.pickups[side][-args.pickup_samples :])} ms"
                         for side in order
                     ),
                     flush=True,

@@ -76,7 +76,7 @@ async def drive(clients: int, tasks: int, batch: int, enqueue, lease, complete) 
 
 async def direct(store, clients: int, tasks: int, batch: int) -> float:
     async def enqueue(i: int) -> None:
-        await store.enqueue(EnqueueRequest("BenchWorker", '{"i":%d}' % i))
+        await store.enqueue(EnqueueRequest("BenchWorker", f'{{"i":{i}}}'))
 
     async def lease(owner: str, n: int) -> list[int]:
         return [t.id for t in await store.lease(owner, n, LEASE_DURATION)]
@@ -102,7 +102,8 @@ class KeepAliveClient(Protocol):
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self._waiting = Deferred()
         self.transport.write(
-            f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode()
+            f"POST {path} HTTP/1.1\r\nHost: bench\r\n"
+            f"Content-Length: {len(body)}\r\n{head}\r\n".encode()
             + body
         )
         return self._waiting
@@ -163,7 +164,7 @@ async def over_http(reactor, daemon: Daemon, clients: int, tasks: int, batch: in
         return answer["data"]
 
     async def enqueue(i: int) -> None:
-        await post("enqueue", {"taskClass": "BenchWorker", "data": '{"i":%d}' % i})
+        await post("enqueue", {"taskClass": "BenchWorker", "data": f'{{"i":{i}}}'})
 
     async def lease(owner: str, n: int) -> list[int]:
         return [t["id"] for t in await post("lease", {"limit": n}, {"X-Lease-Owner": owner})]

@@ -488,7 +488,7 @@ def run_make_service(
     except ConfigError as e:
         sys.stderr.write(f"{service_name}: {e}\n")
         sys.stderr.flush()
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     if isinstance(service, DaemonRoot) and _twistd_prints_to_stdout(
         getattr(options, "parent", None)
     ):

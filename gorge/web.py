@@ -241,7 +241,7 @@ class RequestIds:
         self._counter = itertools.count(1)
 
     def next(self) -> str:
-        return "%s%016x" % (self._prefix, next(self._counter) & 0xFFFFFFFFFFFFFFFF)
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 class LimitedRequest(server.Request):
@@ -353,7 +353,7 @@ class LimitedRequest(server.Request):
 
 def _request_factory(limit: int, access_log: bool = True) -> type[LimitedRequest]:
     return type(
-        "LimitedRequest%d" % limit,
+        f"LimitedRequest{limit}",
         (LimitedRequest,),
         {"limit": limit, "request_ids": RequestIds(), "access_log": access_log},
     )

@@ -17,16 +17,16 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gorge.testing.mariadb_server import MariaDBServer
+from gorge.testing.procs import ServerUnavailable
+from gorge.testing.redis_server import RedisServer
+
 # Property tests assert rules, not speed: a loaded CI machine must not turn a
 # slow example into a failure (speed is measured under bench/).
 settings.register_profile(
     "gorge", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("gorge")
-
-from gorge.testing.mariadb_server import MariaDBServer
-from gorge.testing.procs import ServerUnavailable
-from gorge.testing.redis_server import RedisServer
 
 # A test that waits forever would otherwise hold a CI run until it is killed
 # from outside, with no word on which test it was.
@@ -66,7 +66,7 @@ def _report_hung_test(config, nodeid: str, limit: float) -> None:
         except Exception:  # noqa: BLE001 - reporting must go on regardless
             pass
     stream = sys.__stderr__
-    for name, text in zip(("stdout", "stderr"), captured):
+    for name, text in zip(("stdout", "stderr"), captured, strict=True):
         if text:
             stream.write(f"\n--- captured {name} of {nodeid} ---\n{text[-20000:]}\n")
     stream.write(

@@ -257,6 +257,6 @@ def test_worker_keeps_pinging_while_its_slots_are_busy(tmp_path, notify, start):
     # The task occupies the only slot for 4 s; watch 3 s of it.
     notify.wait_until(lambda: False, 3.0)
     pings = [at for at, m in notify.messages if m == "WATCHDOG=1" and at >= ready_at]
-    gaps = [b - a for a, b in zip(pings, pings[1:] + [time.monotonic()])]
+    gaps = [b - a for a, b in zip(pings, pings[1:] + [time.monotonic()], strict=True)]
     assert max(gaps) < 2 * WATCHDOG_USEC / 1e6, (gaps, daemon.log_tail())
     daemon.terminate()

@@ -4,7 +4,8 @@
 bytes with CRLF line endings, not dot-stuffed (the SMTP client stuffs,
 sendmail runs with ``-oi``). Written by hand rather than with
 ``email.message`` so header order, folding and the verbatim Message-ID are
-exactly what docs/mailer.md says about the raw message; only RFC 2047 encoding is borrowed from the stdlib.
+exactly what docs/mailer.md says about the raw message; only RFC 2047
+encoding is borrowed from the stdlib.
 """
 
 from __future__ import annotations

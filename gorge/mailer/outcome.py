@@ -65,7 +65,8 @@ class Outcome:
       ``max(retry_wait, retry_after)`` and fails over instead when that
       would overrun the dispatch deadline.
 
-    Build instances through the class methods; they read like the classification tables in docs/mailer.md.
+    Build instances through the class methods; they read like the
+    classification tables in docs/mailer.md.
     """
 
     kind: Kind

@@ -473,7 +473,7 @@ class TaskQueueApi:
                 continue
             positions.append(position)
         results = await self._call("report", self._store.report(reports, owner)) if reports else []
-        for position, report, result in zip(positions, reports, results):
+        for position, report, result in zip(positions, reports, results, strict=True):
             if result.error is not None:
                 answer[position] = _refused(report.task_id, _api_error(result.error))
                 continue

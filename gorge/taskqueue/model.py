@@ -298,7 +298,8 @@ class Report:
 @dataclass(frozen=True)
 class ReportResult:
     """The answer to one :class:`Report`: the task's class when it was
-    recorded (empty for a yield, which reads no row), else the error the single call would have raised
+    recorded (empty for a yield, which reads no row), else the error the
+    single call would have raised
     (``TaskNotFound``, ``LeaseConflict`` or ``InvalidArgument``)."""
 
     task_id: int

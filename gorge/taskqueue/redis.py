@@ -1143,7 +1143,9 @@ class RedisTaskStore:
                 _pack(entries),
             )
         )
-        return [_report_result(report, answer) for report, answer in zip(reports, answers)]
+        return [
+            _report_result(report, answer) for report, answer in zip(reports, answers, strict=True)
+        ]
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ids = list(dict.fromkeys(task_ids))
@@ -1172,7 +1174,8 @@ class RedisTaskStore:
             [owner, exp, *(member(i) for i in ids)],
         )
         return {
-            task_id: (int(a) if a not in (None, "") else None) for task_id, a in zip(ids, answers)
+            task_id: (int(a) if a not in (None, "") else None)
+            for task_id, a in zip(ids, answers, strict=True)
         }
 
     async def stats(self) -> Stats:
@@ -1201,7 +1204,7 @@ class RedisTaskStore:
         # Named fields only: the record also holds the payload copy.
         key = self.keys.archived(task_id)
         values = await self._bounded(self._conn.hmget(key, list(ARCHIVE_COLUMNS)))
-        cols: Mapping[str, Any] = dict(zip(ARCHIVE_COLUMNS, values))
+        cols: Mapping[str, Any] = dict(zip(ARCHIVE_COLUMNS, values, strict=True))
         if cols.get("id") in (None, ""):
             return None
         return archived_from_columns(cols)

@@ -140,7 +140,8 @@ def build_taskqueue_service(
 
     Stops in reverse: stats loop, held lease calls (answered empty at once),
     listener (which answers the requests already received), store calls still
-    running, backend; one drain budget for the whole stop. Parts: ``store``, ``api``, ``site``, ``listener``,
+    running, backend; one drain budget for the whole stop. Parts: ``store``,
+    ``api``, ``site``, ``listener``,
     ``stats``, ``metrics-registry``, ``settings``.
     """
     if store is None:

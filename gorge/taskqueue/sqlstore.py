@@ -555,7 +555,8 @@ class SqlTaskStore:
 
     def _check_expiry(self, txn, task_id: int, field: str, expires: int, owner: str | None) -> int:
         """An unknown id is not-found, and a fenced call on a task held by
-        another owner a conflict, before any range check of a computed expiry, as in the model and Redis stores."""
+        another owner a conflict, before any range check of a computed expiry,
+        as in the model and Redis stores."""
         try:
             return check_u32(field, expires)
         except InvalidArgument:
@@ -622,7 +623,7 @@ class SqlTaskStore:
             )
         return [
             result if result is not None else self._report_one(txn, report, owner, now)
-            for report, result in zip(reports, results)
+            for report, result in zip(reports, results, strict=True)
         ]
 
     def _report_one(self, txn, report: Report, owner: str | None, now: int) -> ReportResult:
@@ -667,7 +668,7 @@ class SqlTaskStore:
             previous = {
                 row.id: row
                 for row in (
-                    archived_from_columns(dict(zip(ARCHIVE_COLUMNS, values)))
+                    archived_from_columns(dict(zip(ARCHIVE_COLUMNS, values, strict=True)))
                     for values in txn.fetchall()
                 )
             }
@@ -783,7 +784,8 @@ class SqlTaskStore:
         def read(txn) -> list[ArchivedTask]:
             self._exec(txn, statement, (*args, limit, offset))
             return [
-                archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row))) for row in txn.fetchall()
+                archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row, strict=True)))
+                for row in txn.fetchall()
             ]
 
         return await self.db.run("list_archived", read)
@@ -1015,11 +1017,15 @@ class SqlTaskStore:
     def _archived_txn(self, txn, task_id: int, lock: str = "") -> ArchivedTask | None:
         self._exec(txn, SELECT_ARCHIVED.format(lock=lock), (task_id,))
         row = txn.fetchone()
-        return None if row is None else archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row)))
+        return (
+            None
+            if row is None
+            else archived_from_columns(dict(zip(ARCHIVE_COLUMNS, row, strict=True)))
+        )
 
     @staticmethod
     def _task_row(row: Sequence[Any], with_data: bool = False) -> Task:
-        cols = dict(zip(TASK_COLUMNS, row))
+        cols = dict(zip(TASK_COLUMNS, row[: len(TASK_COLUMNS)], strict=True))
         data = row[len(TASK_COLUMNS)] if with_data else None
         if with_data and data is None:
             data = ""

@@ -192,13 +192,14 @@ def tables(schema: str) -> tuple[Table, ...]:
     try:
         return SCHEMAS[schema]
     except KeyError:
-        raise ValueError(f"unknown schema {schema!r}; expected one of {sorted(SCHEMAS)}")
+        raise ValueError(f"unknown schema {schema!r}; expected one of {sorted(SCHEMAS)}") from None
 
 
 def create_statements(schema: str, database: str) -> list[str]:
     """Statements that create ``database`` holding the tables of ``schema``."""
     return [
-        f"CREATE DATABASE IF NOT EXISTS `{database}` DEFAULT CHARACTER SET {CHARSET} COLLATE {COLLATION}",
+        f"CREATE DATABASE IF NOT EXISTS `{database}` "
+        f"DEFAULT CHARACTER SET {CHARSET} COLLATE {COLLATION}",
         f"USE `{database}`",
         *(table.create_statement() for table in tables(schema)),
     ]

@@ -110,7 +110,8 @@ def wait_until_ready(
     while True:
         if proc.exited() is not None:
             raise ServerUnavailable(
-                f"{proc.name} exited with status {proc.exited()} before it was ready:\n{proc.log_tail()}"
+                f"{proc.name} exited with status {proc.exited()} before it was ready:\n"
+                f"{proc.log_tail()}"
             )
         if probe():
             return

@@ -113,7 +113,7 @@ class UriPolicy:
             except Exception as e:
                 raise Unresolvable(host, type(e).__name__) from None
             if not addresses:
-                raise Unresolvable(host, "no address")
+                raise Unresolvable(host, "no address") from None
         for address in addresses:
             if self.blocked(address):
                 raise UriRefused("blacklisted address", host)

@@ -110,7 +110,7 @@ class ReportBatcher:
                 _settle(item, Failure(exc))
             return
         answers = _answers(data, batch)
-        for item, answer in zip(batch, answers):
+        for item, answer in zip(batch, answers, strict=True):
             _settle(item, answer)
 
     def _fall_back(self, error: str) -> None:
@@ -143,7 +143,7 @@ def _answers(data: Any, batch: list[_Pending]) -> list[Any]:
         )
         return [Failure(error)] * len(batch)
     out: list[Any] = []
-    for item, answer in zip(batch, data):
+    for item, answer in zip(batch, data, strict=True):
         if not isinstance(answer, dict) or answer.get("taskID") != item.entry["taskID"]:
             out.append(
                 Failure(

@@ -170,7 +170,7 @@ class ScriptedSMTP(LineReceiver):
         if line == b".":
             self.in_data = False
             self.state.dot_received = True
-            data = b"".join(l + b"\r\n" for l in self.lines)
+            data = b"".join(line + b"\r\n" for line in self.lines)
             if self.state.script.get("dot") == "drop":
                 self.transport.loseConnection()
                 return

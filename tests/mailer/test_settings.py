@@ -313,9 +313,11 @@ def test_every_backend_type_is_registered():
 def test_property_effective_priorities(items):
     docs = [{"key": d["key"], "type": "test", "priority": d["priority"]} for d in items]
     got = parse_backend_list(json.dumps(docs), "GORGE_MAILER_CONFIG")
-    autos = [e.priority for e, d in zip(got, items) if d["priority"] == 0]
+    autos = [e.priority for e, d in zip(got, items, strict=True) if d["priority"] == 0]
     assert autos == list(range(-1, -len(autos) - 1, -1))
-    assert all(e.priority == d["priority"] for e, d in zip(got, items) if d["priority"])
+    assert all(
+        e.priority == d["priority"] for e, d in zip(got, items, strict=True) if d["priority"]
+    )
 
 
 def test_parse_list_null_is_unset():
@@ -326,7 +328,6 @@ def test_parse_list_null_is_unset():
 
 def test_unknown_options_are_ignored_and_named_at_debug(events):
     from twisted.internet import task
-
 
     settings = load_mailer_settings(
         {

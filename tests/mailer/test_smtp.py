@@ -314,7 +314,7 @@ async def test_drop_during_content_is_transient(reactor, cert, server):
 
 @pytest_twisted.ensureDeferred
 async def test_connection_refused_is_transient(reactor, cert, server):
-    port = server(ServerState())
+    server(ServerState())
     # Find a closed port: start and stop a listener.
     from twisted.internet.protocol import Factory
 

@@ -87,7 +87,7 @@ async def test_php_only_permanent_failures_through_worker_execute(switched):
     no_class = await switched.site.helper("schedule", taskClass="GorgeNoSuchWorker", data={})
 
     rows = [
-        await switched.until(lambda: switched.archived(t["taskID"]), f"task {t} archived")
+        await switched.until(lambda t=t: switched.archived(t["taskID"]), f"task {t} archived")
         for t in (no_mail, no_class)
     ]
 

@@ -72,7 +72,7 @@ def loosely_equal(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return float(a) == float(b)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(loosely_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(loosely_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(loosely_equal(a[k], b[k]) for k in a)
     return a == b

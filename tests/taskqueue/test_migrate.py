@@ -277,7 +277,7 @@ async def test_a_batch_is_cut_by_payload_size_too(monkeypatch):
     clock = ttask.Clock()
     clock.advance(T0)
     source, target = MemoryTaskStore(clock), MemoryTaskStore(clock)
-    for i in range(6):
+    for _ in range(6):
         await source.enqueue(EnqueueRequest("A", "x" * 400))
     monkeypatch.setattr(migrate, "MAX_BATCH_BYTES", 1000)
     imports = []

@@ -140,13 +140,14 @@ async def exercise(store, clock) -> None:
 
 
 def plan(conn, how: str, statement: str, args: tuple) -> list[dict]:
-    """EXPLAIN, or ANALYZE (run it, report the rows really read) inside a rolled-back transaction."""
+    """EXPLAIN, or ANALYZE (run it, report the rows really read) inside a
+    rolled-back transaction."""
     with conn.cursor() as cur:
         cur.execute("BEGIN")
         try:
             cur.execute(f"{how} " + cur.mogrify(statement, args))
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, row)) for row in cur.fetchall()]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         finally:
             cur.execute("ROLLBACK")
 

@@ -1,5 +1,6 @@
-"""MySQL backend against Phorge's own layout and rows (tests/fixtures/taskqueue): same id sequence, same columns and values, one-transaction
-archive, Phorge-leased rows taken over after expiry."""
+"""MySQL backend against Phorge's own layout and rows (tests/fixtures/taskqueue):
+same id sequence, same columns and values, one-transaction archive,
+Phorge-leased rows taken over after expiry."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ async def test_enqueue_writes_hash_payload_and_indexes(store, sync):
     assert t.date_created == t.date_modified == T0
     k = store.keys
     raw = sync.execute("HGETALL", k.task(1))
-    fields = dict(zip(raw[::2], raw[1::2]))
+    fields = dict(zip(raw[::2], raw[1::2], strict=True))
     assert fields[b"leaseOwner"] == b"" and fields[b"failureTime"] == b""
     assert fields[b"containerPHID"] == b"" and fields[b"objectPHID"] == b"PHID-X"
     assert sync.execute("GET", k.data(1)) == b'{"x":1}'

@@ -277,7 +277,7 @@ class HeraldDB:
             )
             row = cur.fetchone()
             names = [d[0] for d in cur.description]
-        out = dict(zip(names, row))
+        out = dict(zip(names, row, strict=True))
         for key in ("phid", "webhookPHID", "objectPHID"):
             if isinstance(out[key], bytes):
                 out[key] = out[key].decode()
@@ -383,7 +383,7 @@ class CapturedLog(list):
         return [(e.get("log_format") or "").split(" ", 1)[0] for e in self]
 
     def named(self, name: str) -> list[dict]:
-        return [e for e, n in zip(self, self.names()) if n == name]
+        return [e for e, n in zip(self, self.names(), strict=True) if n == name]
 
     def rendered(self) -> str:
         from twisted.logger import formatEvent

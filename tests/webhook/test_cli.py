@@ -56,8 +56,8 @@ async def test_every_verb_has_help(verb):
 
 async def test_the_verbs_against_a_running_daemon(
     mariadb,
-    namespace_db,
-    receiver,  # noqa: F811
+    namespace_db,  # noqa: F811
+    receiver,
     tmp_path,
 ):
     namespace, herald = namespace_db

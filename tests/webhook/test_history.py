@@ -358,7 +358,7 @@ def explain(herald, statement: str, params: tuple, how: str = "EXPLAIN") -> list
         try:
             cur.execute(f"{how} " + cur.mogrify(statement, params))
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, row)) for row in cur.fetchall()]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         finally:
             cur.execute("ROLLBACK")
 

@@ -43,7 +43,7 @@ class SQLiteHerald:
             " dateModified FROM herald_webhookrequest WHERE id = ?",
             (request_id,),
         )
-        return dict(zip([d[0] for d in cur.description], cur.fetchone()))
+        return dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
 
 
 @pytest.fixture

@@ -75,8 +75,8 @@ class _RawProtocol(Protocol):
 
 
 class RawServer(Factory):
-    def __init__(self, answer: Callable[[RawRequest], Answer] | Answer = Answer()) -> None:
-        self._answer = answer
+    def __init__(self, answer: Callable[[RawRequest], Answer] | Answer | None = None) -> None:
+        self._answer = Answer() if answer is None else answer
         self.requests: list[RawRequest] = []
         self._waiters: list[tuple[int, Deferred]] = []
         self.port = None

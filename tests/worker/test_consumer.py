@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -205,8 +207,7 @@ def test_report_retries_five_times_with_growing_waits_then_keeps_the_lease():
         clock.advance(1.0)
         clock.pump([0.05] * 60)
         gaps = [
-            b.args["timeout"] - a.args["timeout"]
-            for a, b in zip(queue.attempts, queue.attempts[1:])
+            b.args["timeout"] - a.args["timeout"] for a, b in itertools.pairwise(queue.attempts)
         ]
         # the per-attempt timeout is the time left until the lease deadline
         assert gaps == pytest.approx([-0.2, -0.4, -0.6, -0.8], abs=0.051)
@@ -431,7 +432,7 @@ def test_abandoned_handler_that_turns_cancellation_into_a_failure_is_still_not_r
             try:
                 await Deferred()
             except CancelledError:
-                raise RetryLater("request aborted")  # what an HTTP client may do
+                raise RetryLater("request aborted") from None  # what an HTTP client may do
 
         return Deferred.fromCoroutine(run())
 

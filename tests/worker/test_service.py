@@ -150,7 +150,9 @@ def test_filter_that_leaves_nothing_refuses_to_start():
             {
                 "GORGE_WORKER_CONDUIT_URL": "http://gw:8150",
                 "GORGE_WORKER_CONDUIT_TOKEN": "t",
-                "GORGE_WORKER_DELEGATE_CLASSES": "PhabricatorSearchWorker, FeedPublisherHTTPWorker,X",
+                "GORGE_WORKER_DELEGATE_CLASSES": (
+                    "PhabricatorSearchWorker, FeedPublisherHTTPWorker,X"
+                ),
             },
             ["FeedPublisherHTTPWorker", "PhabricatorSearchWorker", "X"],
             ["FeedPublisherHTTPWorker", "PhabricatorSearchWorker", "X"],

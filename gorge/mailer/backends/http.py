@@ -102,7 +102,7 @@ def endpoint_url(
     if parts.query or parts.fragment:
         raise entry.error(name, "must not contain a query or fragment")
     try:
-        parts.port
+        _ = parts.port  # urlsplit checks the port only when asked for it
     except ValueError:
         raise entry.error(name, "has an invalid port") from None
     if scheme == "http" and not _is_loopback(parts.hostname):

@@ -61,6 +61,8 @@ class ConduitDelegate:
             result = await self._client.execute(task_id, task_class, data)
         except ConduitError as exc:
             self._count("error")
-            raise RetryLater(f"conduit worker.execute for {task_class} (id={task_id}): {exc}")
+            raise RetryLater(
+                f"conduit worker.execute for {task_class} (id={task_id}): {exc}"
+            ) from exc
         self._count("success")
         interpret_result(task_id, task_class, result)
