@@ -11,7 +11,8 @@ below have no per-backend branches. Every transaction runs through
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from twisted.enterprise import adbapi
@@ -239,6 +240,42 @@ def _marks(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
+@dataclass(frozen=True)
+class _Claimant:
+    """Who leases, until when, and which task classes it takes (none: all)."""
+
+    owner: str
+    expires: int
+    classes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _LeasePhase:
+    """One source of leasable rows: the query that finds candidates and the
+    two claims that take them, with the parameters both bind after the ids."""
+
+    candidates: str
+    claim_one: str
+    claim_all: str
+    bound: tuple[int, ...]
+
+
+def _lease_phases(classes: tuple[str, ...], now: int) -> tuple[_LeasePhase, ...]:
+    """Never-leased rows first, then rows whose lease has expired."""
+    class_sql = f" AND taskClass IN ({_marks(len(classes))})" if classes else ""
+    return (
+        _LeasePhase(
+            PHASE1_CANDIDATES.format(classes=class_sql), PHASE1_CLAIM, PHASE1_CLAIM_ALL, ()
+        ),
+        _LeasePhase(
+            PHASE2_CANDIDATES.format(classes=class_sql), PHASE2_CLAIM, PHASE2_CLAIM_ALL, (now,)
+        ),
+    )
+
+
+_Take = Callable[[Any, _LeasePhase, _Claimant, list[int]], list[int]]
+
+
 class _Contended(Exception):
     """A one-statement claim lost some candidates to a concurrent claimer."""
 
@@ -354,15 +391,17 @@ class SqlTaskStore:
     def _lease_txn(
         self, txn, owner: str, limit: int, exp: int, now: int, classes: tuple[str, ...]
     ) -> list[Task]:
+        claimant = _Claimant(owner, exp, classes)
+        phases = _lease_phases(classes, now)
         self._engine.begin_write(txn, read_committed=True)
         try:
-            won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=True)
+            won = self._claim_phases(txn, phases, claimant, limit, self._take_all)
         except _Contended:
             # Which rows the statement took is unknowable: undo it and claim
             # row by row, which tells each row's winner.
             txn.execute("ROLLBACK")
             self._engine.begin_write(txn, read_committed=True)
-            won = self._claim_phases(txn, owner, limit, exp, now, classes, at_once=False)
+            won = self._claim_phases(txn, phases, claimant, limit, self._take_each)
         if not won:
             return []
         self._exec(txn, FETCH_WON.format(ids=_marks(len(won))), (*won, owner))
@@ -371,77 +410,57 @@ class SqlTaskStore:
     def _claim_phases(
         self,
         txn,
-        owner: str,
+        phases: tuple[_LeasePhase, ...],
+        claimant: _Claimant,
         limit: int,
-        exp: int,
-        now: int,
-        classes: tuple[str, ...],
-        *,
-        at_once: bool,
+        take: _Take,
     ) -> list[int]:
-        class_sql = f" AND taskClass IN ({_marks(len(classes))})" if classes else ""
-        won = self._claim(
-            txn,
-            PHASE1_CANDIDATES.format(classes=class_sql),
-            (),
-            classes,
-            PHASE1_CLAIM_ALL if at_once else PHASE1_CLAIM,
-            (),
-            owner,
-            exp,
-            limit,
-            at_once,
-        )
-        if len(won) < limit:
-            won += self._claim(
-                txn,
-                PHASE2_CANDIDATES.format(classes=class_sql),
-                (now,),
-                classes,
-                PHASE2_CLAIM_ALL if at_once else PHASE2_CLAIM,
-                (now,),
-                owner,
-                exp,
-                limit - len(won),
-                at_once,
-            )
+        """Fill the lease from each phase in turn until ``limit`` rows are won."""
+        won: list[int] = []
+        for phase in phases:
+            if len(won) >= limit:
+                break
+            won += self._claim_rounds(txn, phase, claimant, limit - len(won), take)
         return won
 
-    def _claim(
-        self,
-        txn,
-        candidates_sql: str,
-        pre: tuple,
-        classes: tuple,
-        claim_sql: str,
-        claim_extra: tuple,
-        owner: str,
-        exp: int,
-        want: int,
-        at_once: bool,
+    def _claim_rounds(
+        self, txn, phase: _LeasePhase, claimant: _Claimant, want: int, take: _Take
     ) -> list[int]:
+        """Read candidates and take them, again while others took some of
+        them first, for at most a few rounds."""
         won: list[int] = []
         for _ in range(_CLAIM_ROUNDS):
             need = want - len(won)
-            self._exec(txn, candidates_sql, (*pre, *classes, need))
+            self._exec(txn, phase.candidates, (*phase.bound, *claimant.classes, need))
             ids = [int(r[0]) for r in txn.fetchall()]
-            if at_once:
-                if ids:
-                    self._exec(
-                        txn,
-                        claim_sql.format(ids=_marks(len(ids))),
-                        (owner, exp, *ids, *claim_extra),
-                    )
-                    if txn.rowcount != len(ids):
-                        raise _Contended()
-                    won += ids
-            else:
-                for task_id in ids:
-                    self._exec(txn, claim_sql, (owner, exp, task_id, *claim_extra))
-                    if txn.rowcount == 1:
-                        won.append(task_id)
+            won += take(txn, phase, claimant, ids)
             if len(won) >= want or len(ids) < need:
                 break
+        return won
+
+    def _take_all(self, txn, phase: _LeasePhase, claimant: _Claimant, ids: list[int]) -> list[int]:
+        """One statement for every candidate; a row that another claimer got
+        first makes the count fall short and fails the whole attempt."""
+        if not ids:
+            return []
+        self._exec(
+            txn,
+            phase.claim_all.format(ids=_marks(len(ids))),
+            (claimant.owner, claimant.expires, *ids, *phase.bound),
+        )
+        if txn.rowcount != len(ids):
+            raise _Contended()
+        return ids
+
+    def _take_each(self, txn, phase: _LeasePhase, claimant: _Claimant, ids: list[int]) -> list[int]:
+        """One compare-and-set per candidate: each row's count says who won it."""
+        won: list[int] = []
+        for task_id in ids:
+            self._exec(
+                txn, phase.claim_one, (claimant.owner, claimant.expires, task_id, *phase.bound)
+            )
+            if txn.rowcount == 1:
+                won.append(task_id)
         return won
 
     # -- archive -------------------------------------------------------------

@@ -10,6 +10,7 @@ poll interval when it is empty, sleep for the hibernation window if asked to.
 
 from __future__ import annotations
 
+import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,35 @@ HANDBACK_YIELD = 5
 DEFAULT_LEASE_SECONDS = 7200
 FAILING_SUMMARY_INTERVAL = 60.0
 LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
+
+
+class _NotOurs(enum.Enum):
+    """A handler's end whose outcome this worker must not report."""
+
+    NOT_OURS = "not ours"
+
+
+_NOT_OURS = _NotOurs.NOT_OURS
+
+
+class _ReportGaveUp(Exception):
+    def __init__(self, reason: str, error: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+class _RunAbandoned(Exception):
+    """Shutdown gave up on the run while its report was on the way."""
+
+
+def _refusal_reason(exc: QueueError) -> str:
+    if exc.code == LEASE_CONFLICT:
+        return "lease lost: another holder has the task"
+    reason = f"queue refused the report (HTTP {exc.status})"
+    if exc.status == 404:
+        reason += "; outcome may already be recorded"
+    return reason
 
 
 @dataclass(frozen=True)
@@ -413,49 +443,71 @@ class Consumer:
         return True
 
     async def _process(self, run: _Run, hand_back: bool) -> None:
-        task = run.task
-        now = self._clock.seconds()
-        expires = task.get("leaseExpires")
+        """One leased task, from its lease to its report: hand it back at
+        shutdown, skip a class this worker does not run, or run it."""
+        self._take_deadline(run)
+        if hand_back:
+            await self._hand_back(run)
+        elif not self._plan.runnable(run.task_class):
+            await self._skip(run)
+        else:
+            await self._execute(run)
+
+    def _take_deadline(self, run: _Run) -> None:
+        expires = run.task.get("leaseExpires")
         if isinstance(expires, int) and not isinstance(expires, bool):
             run.deadline = float(expires)
-        else:
-            run.deadline = now + DEFAULT_LEASE_SECONDS
-            log.warn(
-                "TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
-                task_id=run.id,
-                task_class=run.task_class,
-            )
-        if hand_back:
-            await self._report(
-                run,
-                Outcome("yield", "worker shutting down", yield_seconds=HANDBACK_YIELD),
-                counted=False,
-            )
             return
-        if not self._plan.runnable(run.task_class):
-            run.counted = False
-            run.intended = "temporary"
-            log.info(
-                "TASK_SKIPPED task_id={task_id} task_class={task_class}",
-                task_id=run.id,
-                task_class=run.task_class,
-            )
-            skipped = Outcome(
-                "temporary", "task class not runnable by this worker", retry_wait=SKIP_RETRY_WAIT
-            )
-            if await self._report(run, skipped, counted=False):
-                self._metrics.tasks.labels(task_class=run.task_class, outcome="skipped").inc()
-            return
-        handler = self._registry.get(run.task_class)
-        assert handler is not None  # the plan's runnable() asked this registry
-        data = task.get("data")
-        payload = data if isinstance(data, str) and data != "" else None
-        remaining = run.deadline - now
-        if remaining <= 0:
+        run.deadline = self._clock.seconds() + DEFAULT_LEASE_SECONDS
+        log.warn(
+            "TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
+            task_id=run.id,
+            task_class=run.task_class,
+        )
+
+    async def _hand_back(self, run: _Run) -> None:
+        handback = Outcome("yield", "worker shutting down", yield_seconds=HANDBACK_YIELD)
+        await self._report(run, handback, counted=False)
+
+    async def _skip(self, run: _Run) -> None:
+        run.counted = False
+        run.intended = "temporary"
+        log.info(
+            "TASK_SKIPPED task_id={task_id} task_class={task_class}",
+            task_id=run.id,
+            task_class=run.task_class,
+        )
+        skipped = Outcome(
+            "temporary", "task class not runnable by this worker", retry_wait=SKIP_RETRY_WAIT
+        )
+        if await self._report(run, skipped, counted=False):
+            self._metrics.tasks.labels(task_class=run.task_class, outcome="skipped").inc()
+
+    async def _execute(self, run: _Run) -> None:
+        """Run the handler within the lease, then report what it came to."""
+        started = self._clock.seconds()
+        if run.deadline <= started:
             self._unreported(run, "lease expired before the task started", "none")
             return
-        started = self._clock.seconds()
-        handler_d = _call_handler(handler, task, payload)
+        ended = await self._run_handler(run)
+        if ended is _NOT_OURS:
+            return
+        elapsed = self._clock.seconds() - started
+        self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
+        outcome = classify(ended)
+        self._log_outcome(run, outcome)
+        self._release_slot(run)
+        await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
+
+    async def _run_handler(self, run: _Run) -> BaseException | None | _NotOurs:
+        """The handler's error (None for success), or ``_NOT_OURS`` when its
+        outcome must not be reported: shutdown abandoned the run, the lease
+        went to another holder, or the handler outlived the lease."""
+        handler = self._registry.get(run.task_class)
+        assert handler is not None  # the plan's runnable() asked this registry
+        data = run.task.get("data")
+        payload = data if isinstance(data, str) and data != "" else None
+        handler_d = _call_handler(handler, run.task, payload)
         guard = LeaseGuard(handler_d, run.deadline, self._clock)
         keeper = self._keep_lease(run, guard)
         run.current = handler_d
@@ -463,7 +515,7 @@ class Consumer:
         try:
             await handler_d
         except LeaseLost:
-            pass  # logged by the keeper; reported below as nothing
+            pass  # logged by the keeper; guard.lost says the rest
         except TimeoutError as exc:
             if not guard.expired:
                 error = exc  # the handler's own timeout, not our deadline
@@ -475,7 +527,7 @@ class Consumer:
                     reason="handler outlived its lease",
                 )
                 self._unreported(run, "handler outlived its lease", "none", logged=True)
-                return
+                return _NOT_OURS
         except Exception as exc:
             error = exc
         finally:
@@ -484,7 +536,7 @@ class Consumer:
                 keeper.stop()
             run.deadline = guard.deadline
         if run.abandoned:
-            return  # shutdown gave up on it; its outcome must not be reported
+            return _NOT_OURS
         if guard.lost:
             # Another holder has the task: whatever the handler got to, its
             # outcome is not ours to report.
@@ -495,27 +547,25 @@ class Consumer:
                 logged=True,
                 metric="lease_lost",
             )
-            return
-        elapsed = self._clock.seconds() - started
-        self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
-        outcome = classify(error)
+            return _NOT_OURS
+        return error
+
+    def _log_outcome(self, run: _Run, outcome: Outcome) -> None:
         if outcome.kind == "complete":
             log.debug(
                 "TASK_SUCCEEDED task_id={task_id} task_class={task_class}",
                 task_id=run.id,
                 task_class=run.task_class,
             )
-        else:
-            log.info(
-                "TASK_OUTCOME task_id={task_id} task_class={task_class} "
-                "outcome={outcome} message={message}",
-                task_id=run.id,
-                task_class=run.task_class,
-                outcome=outcome.kind,
-                message=outcome.message,
-            )
-        self._release_slot(run)
-        await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
+            return
+        log.info(
+            "TASK_OUTCOME task_id={task_id} task_class={task_class} "
+            "outcome={outcome} message={message}",
+            task_id=run.id,
+            task_class=run.task_class,
+            outcome=outcome.kind,
+            message=outcome.message,
+        )
 
     def _keep_lease(self, run: _Run, guard: LeaseGuard) -> LeaseKeeper | None:
         """Renew the lease of a running task until its handler ends."""
@@ -602,70 +652,72 @@ class Consumer:
     async def _report(
         self, run: _Run, outcome: Outcome, *, counted: bool, duration_us: int = 0
     ) -> bool:
-        """Up to five attempts, never past the lease deadline."""
+        """Report the outcome; True once the queue recorded it."""
+        try:
+            await self._send_with_retries(run, outcome, duration_us)
+        except _RunAbandoned:
+            return False  # shutdown gave up on the run and logged it
+        except _ReportGaveUp as gave_up:
+            if counted:
+                self._unreported(run, gave_up.reason, outcome.kind, error=gave_up.error)
+            else:
+                self._handback_unreported(run, outcome.kind, gave_up.reason, gave_up.error)
+            return False
+        if counted:
+            self._confirmed(run, outcome)
+        return True
+
+    async def _send_with_retries(self, run: _Run, outcome: Outcome, duration_us: int) -> None:
+        """Up to five attempts with a growing pause, never past the lease
+        deadline; raises :class:`_ReportGaveUp` with the reason it stopped."""
         last_error = ""
-        reason = "retries exhausted"
         for attempt in range(1, REPORT_ATTEMPTS + 1):
             remaining = run.deadline - self._clock.seconds()
             if remaining <= 0:
-                reason = "lease deadline reached"
-                break
+                raise _ReportGaveUp("lease deadline reached", last_error)
             if attempt > 1:
                 self._metrics.report_retries.inc()
             try:
-                run.current = self._send(run, outcome, duration_us, remaining)
-                await run.current
+                await self._as_current(run, self._send(run, outcome, duration_us, remaining))
             except QueueError as exc:
-                if run.abandoned:
-                    return False
-                last_error = str(exc)
                 self._metrics.report_attempts.labels(result="error").inc()
+                last_error = str(exc)
                 if not exc.retryable:
-                    reason = f"queue refused the report (HTTP {exc.status})"
-                    if exc.status == 404:
-                        reason += "; outcome may already be recorded"
-                    elif exc.code == LEASE_CONFLICT:
-                        reason = "lease lost: another holder has the task"
-                    break
-            except CancelledError:
-                if run.abandoned:
-                    return False
-                raise
+                    raise _ReportGaveUp(_refusal_reason(exc), last_error) from None
             else:
                 self._metrics.report_attempts.labels(result="ok").inc()
-                if counted:
-                    self._confirmed(run, outcome)
-                return True
-            finally:
-                run.current = None
+                return
             if attempt == REPORT_ATTEMPTS:
                 break
-            wait = REPORT_BACKOFF * attempt
-            if self._clock.seconds() + wait >= run.deadline:
-                reason = "lease deadline reached"
-                break
-            try:
-                run.current = deferLater(self._clock, wait)
-                await run.current
-            except CancelledError:
-                if run.abandoned:
-                    return False
-                raise
-            finally:
-                run.current = None
-        if counted:
-            self._unreported(run, reason, outcome.kind, error=last_error)
-        else:
-            log.warn(
-                "TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
-                "outcome={outcome} reason={reason} error={error}",
-                task_id=run.id,
-                task_class=run.task_class,
-                outcome=outcome.kind,
-                reason=reason,
-                error=last_error,
-            )
-        return False
+            pause = REPORT_BACKOFF * attempt
+            if self._clock.seconds() + pause >= run.deadline:
+                raise _ReportGaveUp("lease deadline reached", last_error)
+            await self._as_current(run, deferLater(self._clock, pause))
+        raise _ReportGaveUp("retries exhausted", last_error)
+
+    async def _as_current(self, run: _Run, step: Deferred) -> None:
+        """Await one step of the run where shutdown can cancel it; once
+        shutdown has abandoned the run, its failure only means that."""
+        run.current = step
+        try:
+            await step
+        except (QueueError, CancelledError):
+            if run.abandoned:
+                raise _RunAbandoned() from None
+            raise
+        finally:
+            run.current = None
+
+    def _handback_unreported(self, run: _Run, outcome: str, reason: str, error: str) -> None:
+        log.warn(
+            "TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
+            "outcome={outcome} reason={reason} error={error}",
+            task_id=run.id,
+            task_class=run.task_class,
+            outcome=outcome,
+            reason=reason,
+            error=error,
+        )
 
     # -- shutdown ------------------------------------------------------------
     async def stop(self) -> None:
@@ -705,15 +757,7 @@ class Consumer:
                 )
                 self._unreported(run, "drain budget expired", "none", logged=True)
             else:
-                log.warn(
-                    "TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
-                    "outcome={outcome} reason={reason} error={error}",
-                    task_id=run.id,
-                    task_class=run.task_class,
-                    outcome=run.intended,
-                    reason="drain budget expired at shutdown",
-                    error="",
-                )
+                self._handback_unreported(run, run.intended, "drain budget expired at shutdown", "")
             if run.current is not None and not run.current.called:
                 run.current.cancel()
         await self._inflight.drain(1.0, self._clock)
