@@ -4,11 +4,17 @@ errors, argument types, times, tables and the common options."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
+import sys
 import textwrap
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import Any, ClassVar, TextIO
+
+from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -106,3 +112,71 @@ def common_options(
         help="give up on a request after this long (default 30)",
     )
     return common
+
+
+def standard_streams(
+    env: Mapping[str, str] | None,
+    out: TextIO | None,
+    err: TextIO | None,
+    clock: Callable[[], float] | None,
+) -> tuple[Mapping[str, str], TextIO, TextIO, Callable[[], float]]:
+    """A sub-command's ``main`` takes these for tests; the process's own by default."""
+    return (
+        os.environ if env is None else env,
+        sys.stdout if out is None else out,
+        sys.stderr if err is None else err,
+        time.time if clock is None else clock,
+    )
+
+
+class Command:
+    """One run of a ``gorge`` sub-command that talks to a daemon: the parsed
+    arguments, the daemon's client, the streams and the exit status so far.
+
+    Each verb is a method of the same name (``dead ls`` is ``dead_ls``).
+    """
+
+    prog: ClassVar[str]
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        http: ApiClient,
+        out: TextIO,
+        err: TextIO,
+        clock: Callable[[], float],
+    ) -> None:
+        self.args = args
+        self.http = http
+        self.out = out
+        self.err = err
+        self.clock = clock
+        self.status = EXIT_OK
+
+    @property
+    def verb(self) -> str:
+        return str(self.args.verb)
+
+    def emit(self, data: Any, human: Callable[[], object]) -> None:
+        """``data`` as JSON with ``--json``, else what ``human`` writes."""
+        if self.args.json:
+            self.out.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+        else:
+            human()
+
+    def refused(self, what: str, message: str) -> None:
+        """One item the daemon refused: say so and exit 1, but go on with the rest."""
+        self.err.write(f"{self.prog} {self.verb}: {what}: {message}\n")
+        self.status = EXIT_REFUSED
+
+    def run(self) -> int:
+        """Run the verb; the exit status: 0 done, 1 refused, 3 unreachable."""
+        try:
+            getattr(self, self.verb.replace(" ", "_"))()
+        except ServiceUnavailable as e:
+            self.err.write(f"{self.prog}: {e}\n")
+            return EXIT_UNAVAILABLE
+        except Refused as e:
+            self.err.write(f"{self.prog} {self.verb}: {e.message}\n")
+            return EXIT_REFUSED
+        return self.status

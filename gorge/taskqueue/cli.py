@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
+from gorge.apiclient import ApiClient, Refused
 from gorge.cmdline import (
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     OneLineParser,
     common_options,
     parse_when,
+    standard_streams,
 )
+from gorge.cmdline import Command as BaseCommand
 from gorge.cmdline import (
     non_negative as _non_negative,
 )
@@ -101,39 +99,16 @@ def task_state(task: Mapping[str, Any], now: float) -> str:
 RESULTS = {0: "success", 1: "failure", 2: "cancelled"}
 
 
-class Command:
-    """One run of ``gorge queue``: the parsed arguments, the client and the streams."""
+class Command(BaseCommand):
+    """One run of ``gorge queue``."""
 
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        http: ApiClient,
-        out: TextIO,
-        err: TextIO,
-        clock: Callable[[], float],
-    ) -> None:
-        self.args = args
-        self.http = http
-        self.out = out
-        self.err = err
-        self.clock = clock
-        self.status = EXIT_OK
-
-    def emit(self, data: Any, human: Callable[[], object]) -> None:
-        if self.args.json:
-            self.out.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-        else:
-            human()
+    prog = PROG
 
     @property
     def verb(self) -> str:
         if self.args.verb == "dead":
             return f"dead {self.args.dead_verb}"
-        return self.args.verb
-
-    def refused(self, what: str, e: Refused) -> None:
-        self.err.write(f"{PROG} {self.verb}: {what}: {e.message}\n")
-        self.status = EXIT_REFUSED
+        return str(self.args.verb)
 
     # -- reads --------------------------------------------------------------------
 
@@ -186,7 +161,7 @@ class Command:
             try:
                 task = self.http.get(f"archived/{self.args.id}")
             except Refused as e:
-                self.refused(f"task {self.args.id}", e)
+                self.refused(f"task {self.args.id}", e.message)
                 return
         now = self.clock()
 
@@ -219,7 +194,7 @@ class Command:
             try:
                 task = self.http.post(path, body(tid))
             except Refused as e:
-                self.refused(f"task {tid}", e)
+                self.refused(f"task {tid}", e.message)
                 results.append({"taskID": tid, "ok": False, "code": e.code, "message": e.message})
                 continue
             results.append({"taskID": tid, "ok": True, "task": task})
@@ -311,10 +286,7 @@ class Command:
                         f"requeued as task {task['id']}\n"
                     )
             else:
-                self.refused(
-                    f"task {answer['taskID']}",
-                    Refused(409, answer.get("code", ""), answer.get("message", "")),
-                )
+                self.refused(f"task {answer['taskID']}", answer.get("message", ""))
         if self.args.json:
             self.emit(answers, lambda: None)
 
@@ -539,14 +511,6 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _dispatch(command: Command) -> None:
-    verb = command.args.verb
-    if verb == "dead":
-        getattr(command, "dead_" + command.args.dead_verb)()
-    else:
-        getattr(command, verb)()
-
-
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -555,12 +519,7 @@ def main(
     err: TextIO | None = None,
     clock: Callable[[], float] | None = None,
 ) -> int:
-    env = os.environ if env is None else env
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    import time
-
-    clock = time.time if clock is None else clock
+    env, out, err, clock = standard_streams(env, out, err, clock)
     args = build_parser(env).parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.verb == "migrate":
         from gorge.taskqueue.migrate import run_migrate
@@ -585,13 +544,4 @@ def main(
         token=args.token,
         timeout=args.timeout,
     )
-    command = Command(args, http, out, err, clock)
-    try:
-        _dispatch(command)
-    except ServiceUnavailable as e:
-        err.write(f"{PROG}: {e}\n")
-        return EXIT_UNAVAILABLE
-    except Refused as e:
-        err.write(f"{PROG} {command.verb}: {e.message}\n")
-        return EXIT_REFUSED
-    return command.status
+    return Command(args, http, out, err, clock).run()

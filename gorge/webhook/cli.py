@@ -12,27 +12,24 @@ line per request on stderr, the others are still handled); 2 bad usage;
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
+from gorge.apiclient import ApiClient, Refused
 from gorge.cmdline import (
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     OneLineParser,
     common_options,
     non_negative,
     parse_when,
     print_table,
+    standard_streams,
     utc_time,
     wrap,
 )
+from gorge.cmdline import Command as BaseCommand
 
 PROG = "gorge webhook"
 DEFAULT_URL = "http://127.0.0.1:8160"
@@ -73,33 +70,10 @@ def _attempt(item: Mapping[str, Any]) -> str:
     return utc_time(item["lastRequestEpoch"]) if item["lastRequestEpoch"] else "-"
 
 
-class Command:
-    """One run of ``gorge webhook``: the parsed arguments, the client and the streams."""
+class Command(BaseCommand):
+    """One run of ``gorge webhook``."""
 
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        http: ApiClient,
-        out: TextIO,
-        err: TextIO,
-        clock: Callable[[], float],
-    ) -> None:
-        self.args = args
-        self.http = http
-        self.out = out
-        self.err = err
-        self.clock = clock
-        self.status = EXIT_OK
-
-    def emit(self, data: Any, human: Callable[[], object]) -> None:
-        if self.args.json:
-            self.out.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-        else:
-            human()
-
-    def refused(self, what: str, message: str) -> None:
-        self.err.write(f"{PROG} {self.args.verb}: {what}: {message}\n")
-        self.status = EXIT_REFUSED
+    prog = PROG
 
     def stats(self) -> None:
         data = self.http.get("stats")
@@ -408,12 +382,7 @@ def main(
     err: TextIO | None = None,
     clock: Callable[[], float] | None = None,
 ) -> int:
-    env = os.environ if env is None else env
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    import time
-
-    clock = time.time if clock is None else clock
+    env, out, err, clock = standard_streams(env, out, err, clock)
     args = build_parser(env).parse_args(sys.argv[1:] if argv is None else list(argv))
     problem = _check(args, clock())
     if problem is not None:
@@ -427,13 +396,4 @@ def main(
         token=args.token,
         timeout=args.timeout,
     )
-    command = Command(args, http, out, err, clock)
-    try:
-        getattr(command, args.verb)()
-    except ServiceUnavailable as e:
-        err.write(f"{PROG}: {e}\n")
-        return EXIT_UNAVAILABLE
-    except Refused as e:
-        err.write(f"{PROG} {args.verb}: {e.message}\n")
-        return EXIT_REFUSED
-    return command.status
+    return Command(args, http, out, err, clock).run()
