@@ -58,20 +58,7 @@ class MemoryTaskStore:
         data_id, self._next_data_id = self._next_data_id, self._next_data_id + 1
         task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
         self._payloads[data_id] = request.data
-        task = Task(
-            id=task_id,
-            task_class=request.task_class,
-            lease_owner=None,
-            lease_expires=request.delay_until,
-            failure_count=0,
-            data_id=data_id,
-            failure_time=None,
-            priority=request.priority,
-            object_phid=request.object_phid or None,
-            container_phid=request.container_phid or None,
-            date_created=now,
-            date_modified=now,
-        )
+        task = request.new_task(task_id, data_id, now)
         self._active[task_id] = task
         return task
 

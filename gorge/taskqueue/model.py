@@ -118,6 +118,23 @@ class EnqueueRequest:
     container_phid: str | None = None
     delay_until: int | None = None
 
+    def new_task(self, task_id: int, data_id: int, now: int) -> Task:
+        """The row this request becomes when stored as ``task_id`` at ``now``."""
+        return Task(
+            id=task_id,
+            task_class=self.task_class,
+            lease_owner=None,
+            lease_expires=self.delay_until,
+            failure_count=0,
+            data_id=data_id,
+            failure_time=None,
+            priority=self.priority,
+            object_phid=self.object_phid or None,
+            container_phid=self.container_phid or None,
+            date_created=now,
+            date_modified=now,
+        )
+
 
 @dataclass(frozen=True)
 class Task:

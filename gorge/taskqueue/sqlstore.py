@@ -343,20 +343,7 @@ class SqlTaskStore:
                 now,
             ),
         )
-        return Task(
-            id=task_id,
-            task_class=request.task_class,
-            lease_owner=None,
-            lease_expires=request.delay_until,
-            failure_count=0,
-            data_id=data_id,
-            failure_time=None,
-            priority=request.priority,
-            object_phid=request.object_phid or None,
-            container_phid=request.container_phid or None,
-            date_created=now,
-            date_modified=now,
-        )
+        return request.new_task(task_id, data_id, now)
 
     # -- lease ---------------------------------------------------------------
 
