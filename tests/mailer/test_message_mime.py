@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
+import email.utils
 from email.header import decode_header, make_header
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gorge.mailer.message import Address, format_address, truncate_utf8
@@ -201,6 +202,9 @@ def test_long_attachment_names_stay_within_the_line_limit(name):
     # percent-encoded three times over) filename included; the name must
     # still read back exactly.
     name = name.replace("\r", "").replace("\n", "").replace("\x00", "") or "x"
+    # The stdlib reader unquotes a filename twice, so a name that is itself
+    # wrapped in quotes or angle brackets cannot be read back through it.
+    assume(email.utils.unquote(name.strip()) == name.strip())
     raw = build(attachments=[{"filename": name, "mimeType": "text/plain", "data": "eA=="}])
     assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
