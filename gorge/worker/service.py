@@ -98,7 +98,13 @@ def build_registry(
     conduit = None
     delegate = None
     if settings.conduit_url:
-        conduit = ConduitClient(http_client, clock, settings.conduit_url, settings.conduit_token)
+        conduit = ConduitClient(
+            http_client,
+            clock,
+            settings.conduit_url,
+            settings.conduit_token,
+            concurrency=settings.delegate_concurrency,
+        )
         delegate = ConduitDelegate(conduit, metrics)
     allow = settings.delegate_classes
     feed_delegate = (

@@ -8,8 +8,17 @@ from klein import Klein
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet import task
 from twisted.internet.defer import Deferred
+from twisted.logger import LogLevel
 
-from gorge.web import ApiError, add_error_handlers, build_site, ok, read_json_object, stub_client
+from gorge.web import (
+    ApiError,
+    add_error_handlers,
+    build_site,
+    fail,
+    ok,
+    read_json_object,
+    stub_client,
+)
 from tests.support.logcapture import logged_events
 
 LIMIT = 1024
@@ -322,3 +331,48 @@ async def test_without_access_log_only_failures_are_logged():
     names = [e.get("log_format", "").split(" ")[0] for e in observer]
     assert (fine.code, failed.code) == (200, 500)
     assert "REQUEST" not in names and "REQUEST_FAILED" in names
+
+
+def _quiet_site(*, debug_log: bool):
+    from twisted.web.resource import Resource
+
+    class Api(Resource):
+        isLeaf = True
+
+        def render(self, request):
+            if request.path == b"/api/example/refused":
+                return fail(request, 409, "ERR_LEASE_CONFLICT", "not yours")
+            return ok(request, {"fine": True})
+
+    async def ready():
+        return None
+
+    site = build_site(
+        api_resource=Api(),
+        prefix="/api/example/",
+        token="",
+        body_limit=1024,
+        readiness=ready,
+        registry=CollectorRegistry(),
+        clock=task.Clock(),
+        quiet_paths=frozenset({b"/api/example/lease", b"/api/example/refused"}),
+        debug_log=debug_log,
+    )
+    return stub_client(site)
+
+
+@pytest.mark.parametrize("debug_log", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_routine_calls_to_quiet_paths_are_logged_at_debug_only(debug_log):
+    client = _quiet_site(debug_log=debug_log)
+    with logged_events() as observer:
+        for path in ("lease", "list", "refused"):
+            response = await client.post(f"http://x/api/example/{path}")
+            await response.content()
+    lines = {
+        e["uri"]: e["log_level"] for e in observer if e.get("log_format", "").startswith("REQUEST ")
+    }
+    expected = {"/api/example/list": LogLevel.info, "/api/example/refused": LogLevel.info}
+    if debug_log:
+        expected["/api/example/lease"] = LogLevel.debug
+    assert lines == expected
