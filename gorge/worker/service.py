@@ -214,6 +214,7 @@ def build_worker_service(
             hibernate=float(settings.hibernate_sec),
             drain_timeout=float(settings.drain_timeout_sec),
             lease_wait=float(settings.lease_wait_sec),
+            log_debug=settings.http.debug_log,
         ),
         on_progress=notifier.progress if notifier is not None else None,
     )
