@@ -176,7 +176,12 @@ def read_json_object(request) -> dict:
     if not raw.strip():
         raise ApiError(400, "ERR_BAD_REQUEST", "request body must be a JSON object")
     try:
-        body = json.loads(raw)
+        if _PLAIN_UTF8.match(raw) and not raw.startswith(_UTF8_BOM):
+            # What json.loads would detect for these bytes, without the
+            # detection (a noticeable share of a small request).
+            body = json.loads(raw.decode("utf-8", "surrogatepass"))
+        else:
+            body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, "ERR_BAD_REQUEST", f"request body is not valid JSON: {e}") from None
     except RecursionError:
@@ -197,6 +202,7 @@ def read_json_object(request) -> dict:
 # keeps the walk off the common path; UTF-16/32 bodies are always walked.
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _PLAIN_UTF8 = re.compile(rb"(?!\xff\xfe|\xfe\xff)[^\x00]{2}")
+_UTF8_BOM = b"\xef\xbb\xbf"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

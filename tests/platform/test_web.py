@@ -4,6 +4,8 @@ import json
 
 import pytest
 import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from klein import Klein
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet import task
@@ -376,3 +378,70 @@ async def test_routine_calls_to_quiet_paths_are_logged_at_debug_only(debug_log):
     if debug_log:
         expected["/api/example/lease"] = LogLevel.debug
     assert lines == expected
+
+
+class _Body:
+    def __init__(self, raw: bytes) -> None:
+        import io
+
+        self.content = io.BytesIO(raw)
+
+
+def _json_reference(raw: bytes):
+    """What the body means to json.loads, which detects the encoding itself."""
+    try:
+        return "ok", json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        return "400", f"request body is not valid JSON: {e}"
+    except RecursionError:
+        return "400", "request body is nested too deeply"
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400)
+@given(
+    st.one_of(
+        st.binary(max_size=24),
+        st.builds(
+            lambda value, encoding, bom: bom + json.dumps(value).encode(encoding),
+            st.dictionaries(st.text(max_size=4), _json_values, max_size=3),
+            st.sampled_from(["utf-8", "utf-16", "utf-16-le", "utf-32-be"]),
+            st.sampled_from([b"", b"\xef\xbb\xbf"]),
+        ),
+        # Raw bytes inside a string: broken UTF-8, lone surrogates.
+        st.builds(
+            lambda inside: b'{"k":"' + inside + b'"}',
+            st.lists(
+                st.sampled_from([b"a", b"\xed\xa0\x80", b"\xff", b"\xc3\xa9", b"\\ud800"]),
+                max_size=4,
+            ).map(b"".join),
+        ),
+    )
+)
+def test_a_body_means_what_json_says_it_means_whatever_its_encoding(raw):
+    kind, expected = _json_reference(raw)
+    try:
+        body = read_json_object(_Body(raw))
+    except ApiError as e:
+        assert e.status == 400
+        if kind == "400" and raw.strip():
+            assert e.message == expected
+        else:
+            assert not (kind == "ok" and isinstance(expected, dict) and raw.strip())
+        return
+    assert kind == "ok" and isinstance(expected, dict)
+    assert json.dumps(body, sort_keys=True) == json.dumps(
+        _replace_lone_surrogates(expected), sort_keys=True
+    )
+
+
+def _replace_lone_surrogates(value):
+    from gorge.web import _replace_surrogates
+
+    return _replace_surrogates(value)
