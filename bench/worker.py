@@ -20,7 +20,7 @@ Every phase prints the load average; the daemons' peak memory is printed at
 the end.
 
 Usage: python bench/worker.py [--backend mysql] [--tasks 5000] [--rounds 3]
-       [--lease-limit 4] [--max-workers 4] [--latency-samples 40] [--backlog 0]
+       [--lease-limit 32] [--max-workers 32] [--latency-samples 40] [--backlog 0]
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ try:
     )
 except ImportError:  # a tree from before long-poll and batched reports
     DEFAULT_LEASE_WAIT_SEC, DEFAULT_REPORT_BATCH, DEFAULT_REPORT_DELAY_MS = 0, 1, 0
+try:
+    from gorge.worker.settings import DEFAULT_LEASE_LIMIT, DEFAULT_MAX_WORKERS  # noqa: E402
+except ImportError:  # a tree from before batches of 32
+    DEFAULT_LEASE_LIMIT, DEFAULT_MAX_WORKERS = 4, 4
 
 NOOP_CLASS = "BenchNoopWorker"
 BOUND_CLASS = "BenchBoundWorker"
@@ -183,6 +187,8 @@ class Bench:
                 {"X-Lease-Owner": owner},
             )
             if not tasks and not running:
+                if done >= count:
+                    break  # the last report finished while this lease was out
                 raise RuntimeError(f"queue ran dry after {done} tasks")
             if tasks:
                 d = Deferred.fromCoroutine(self.report(tasks, owner))
@@ -422,14 +428,14 @@ def main() -> None:
     parser.add_argument(
         "--lease-limit",
         type=int,
-        default=4,
-        help="GORGE_WORKER_LEASE_LIMIT (default: the worker's, 4)",
+        default=DEFAULT_LEASE_LIMIT,
+        help=f"GORGE_WORKER_LEASE_LIMIT (default: the worker's, {DEFAULT_LEASE_LIMIT})",
     )
     parser.add_argument(
         "--max-workers",
         type=int,
-        default=4,
-        help="GORGE_WORKER_MAX_WORKERS (default: the worker's, 4)",
+        default=DEFAULT_MAX_WORKERS,
+        help=f"GORGE_WORKER_MAX_WORKERS (default: the worker's, {DEFAULT_MAX_WORKERS})",
     )
     parser.add_argument("--lease-wait", type=int, default=DEFAULT_LEASE_WAIT_SEC)
     parser.add_argument("--report-batch", type=int, default=DEFAULT_REPORT_BATCH)

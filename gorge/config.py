@@ -195,6 +195,9 @@ class HttpSettings:
     # it does not, the line is not even built (a hot API answers thousands
     # of requests a second).
     access_log: bool = True
+    # Whether it lets debug lines through: the REQUEST line of routine worker
+    # traffic (gorge.web, build_site's ``quiet_paths``) is one of them.
+    debug_log: bool = False
 
 
 def load_http_settings(
@@ -230,19 +233,21 @@ def load_http_settings(
         endpoint=endpoint,
         token=env.str(token_names, ""),
         body_limit=limit,
-        access_log=_logs_info(env.str("GORGE_LOG_LEVEL", "info")),
+        access_log=_logs_at(env.str("GORGE_LOG_LEVEL", "info"), "info"),
+        debug_log=_logs_at(env.str("GORGE_LOG_LEVEL", "info"), "debug"),
     )
 
 
-def _logs_info(level_text: str) -> bool:
-    """Whether ``GORGE_LOG_LEVEL`` prints info lines; a bad value counts as
-    yes (the log observer refuses it at start-up with its own message)."""
+def _logs_at(level_text: str, wanted: str) -> bool:
+    """Whether ``GORGE_LOG_LEVEL`` prints lines of level ``wanted``; a bad
+    value counts as yes (the log observer refuses it at start-up with its own
+    message)."""
     from twisted.logger import LogLevel
 
     from gorge.logging import parse_level  # imported here: gorge.logging imports this module
 
     try:
-        return parse_level(level_text) <= LogLevel.info
+        return parse_level(level_text) <= LogLevel.levelWithName(wanted)
     except ValueError:
         return True
 

@@ -64,6 +64,19 @@ def _not_found() -> ApiError:
 
 
 LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
+
+#: A worker's routine calls, several per second per worker: their successful
+#: answers are logged at debug, not info (docs/taskqueue.md, Logs).
+WORKER_PATHS = frozenset(
+    {
+        b"/api/queue/lease",
+        b"/api/queue/renew",
+        b"/api/queue/report",
+        b"/api/queue/complete",
+        b"/api/queue/fail",
+        b"/api/queue/yield",
+    }
+)
 TASK_STATE = "ERR_TASK_STATE"
 
 

@@ -961,21 +961,24 @@ class RedisTaskStore:
     def _now(self) -> int:
         return int(self._clock.seconds())
 
-    async def _bounded(self, d: Any) -> Any:
-        """Await a Deferred or coroutine for at most ``op_timeout`` seconds."""
+    # Plain functions answering Deferreds, not coroutines: every queue call
+    # goes through them, and each coroutine layer costs a Deferred of its own.
+
+    def _bounded(self, d: Any) -> Deferred:
+        """A Deferred or coroutine, bounded to ``op_timeout`` seconds."""
         if not isinstance(d, Deferred):
             d = Deferred.fromCoroutine(d)
-        return await d.addTimeout(self._op_timeout, self._clock)
+        return d.addTimeout(self._op_timeout, self._clock)
 
-    async def _run(self, script: gredis.LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._bounded(script.run(self._conn, keys=keys, args=[self.keys.base, *args]))
+    def _run(self, script: gredis.LuaScript, keys: Sequence[str], args: Sequence[Any]) -> Deferred:
+        return self._bounded(script.run(self._conn, keys=keys, args=[self.keys.base, *args]))
 
-    async def _run_packed(
+    def _run_packed(
         self, script: gredis.LuaScript, key: str, fields: Sequence[Any], *extra: str
-    ) -> Any:
+    ) -> Deferred:
         """Run a script that reads its small arguments from one JSON array."""
         packed = _pack([self.keys.base, *(f if isinstance(f, str) else str(f) for f in fields)])
-        return await self._bounded(script.run(self._conn, keys=[key], args=[packed, *extra]))
+        return self._bounded(script.run(self._conn, keys=[key], args=[packed, *extra]))
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
         now = self._now()
@@ -1022,9 +1025,7 @@ class RedisTaskStore:
         # Unfiltered, the first `limit` unleased ids are all claimable: one page.
         batch = SCAN_BATCH if classes else max(limit, 1)
         k = self.keys
-        claim = Deferred.fromCoroutine(
-            self._run_packed(self._lease, k.unleased, [limit, owner, exp, now, batch, *classes])
-        )
+        claim = self._run_packed(self._lease, k.unleased, [limit, owner, exp, now, batch, *classes])
         rows = await outliving_caller(claim, lambda won: self._give_back(owner, exp, won))
         return sorted((_row(doc) for doc in json.loads(rows)), key=sort_key)
 
@@ -1034,12 +1035,10 @@ class RedisTaskStore:
             return
         log_handed_back(owner, ids)
         d = self._giving_back.track(
-            Deferred.fromCoroutine(
-                self._run(
-                    self._give_back_script,
-                    [self.keys.leased],
-                    [owner, exp, self._now(), *(member(i) for i in ids)],
-                )
+            self._run(
+                self._give_back_script,
+                [self.keys.leased],
+                [owner, exp, self._now(), *(member(i) for i in ids)],
             )
         )
         d.addErrback(

@@ -20,7 +20,7 @@ from gorge.service import (
     run_make_service,
 )
 from gorge.sql.metrics import TransactionMetrics
-from gorge.taskqueue.api import TaskQueueApi
+from gorge.taskqueue.api import WORKER_PATHS, TaskQueueApi
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.settings import TaskQueueSettings, load_settings
 from gorge.taskqueue.sqlstore import SqlTaskStore
@@ -163,6 +163,8 @@ def build_taskqueue_service(
         registry=registry,
         clock=reactor,
         access_log=settings.http.access_log,
+        quiet_paths=WORKER_PATHS,
+        debug_log=settings.http.debug_log,
     )
     depth = QueueDepth(store, metrics, notifier, settings.stats_interval, reactor)
 

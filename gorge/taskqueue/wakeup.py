@@ -60,6 +60,7 @@ class LeaseWaiters:
         self._since: int | None = None
         self._timer: IDelayedCall | None = None
         self._checking = False
+        self._check_started: float | None = None
         self._failing = False
         self._closed = False
 
@@ -123,11 +124,20 @@ class LeaseWaiters:
             or (self._timer is not None and self._timer.active())
         ):
             return
-        self._timer = self._clock.callLater(self._interval, self._run_check)
+        delay = self._interval
+        if self._check_started is not None:
+            # Checks start one period apart, not a period after the last one
+            # ended: the time a check takes would otherwise add to every
+            # pickup. A check slower than a period is followed by a full one.
+            elapsed = self._clock.seconds() - self._check_started
+            if 0 <= elapsed < delay:
+                delay -= elapsed
+        self._timer = self._clock.callLater(delay, self._run_check)
 
     def _run_check(self) -> None:
         self._timer = None
         self._checking = True
+        self._check_started = self._clock.seconds()
         d = Deferred.fromCoroutine(self._check_once())
         d.addErrback(lambda f: log.failure("WAKE_CHECK_CRASHED", f, level=LogLevel.error))
         d.addBoth(self._checked)

@@ -12,7 +12,7 @@ import re
 from typing import Any
 from urllib.parse import urlencode
 
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, DeferredSemaphore
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -21,6 +21,9 @@ from gorge.httpclient import Cause, TransportFailure, exchange
 log = Logger()
 
 PROBE_TIMEOUT = 10.0
+#: worker.execute calls at once unless told otherwise: each holds one PHP
+#: request of Phorge's web server (docs/worker.md, Delegation to PHP).
+DEFAULT_CONCURRENCY = 4
 #: Bytes of a worker.execute answer read (a small JSON envelope); one more
 #: makes the call fail temporarily (docs/worker.md, Limits).
 ANSWER_LIMIT = 1024 * 1024
@@ -77,11 +80,23 @@ def parse_conduit_answer(status: int, raw: bytes) -> Any:
 
 
 class ConduitClient:
-    def __init__(self, http_client: Any, clock: IReactorTime, base_url: str, token: str):
+    def __init__(
+        self,
+        http_client: Any,
+        clock: IReactorTime,
+        base_url: str,
+        token: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ):
         self._http = http_client
         self._clock = clock
         self._url = base_url + "/api/worker.execute"
         self._token = token
+        # The worker's slots are cheap; Phorge's PHP requests are not. A task
+        # waiting here holds its slot, and a cancel (its lease deadline) takes
+        # it out of the line.
+        self._running = DeferredSemaphore(concurrency)
 
     def _headers(self) -> dict[bytes, bytes]:
         headers = {
@@ -112,12 +127,15 @@ class ConduitClient:
         as its lease, and the consumer cancels this call at the lease deadline.
         """
         body = build_execute_body(self._token, task_id, task_class, data)
+        await self._running.acquire()
         try:
             status, raw = await self._post(body, None)
         except CancelledError:
             raise
         except TransportFailure as failure:
             raise ConduitError(f"http: {failure}") from None
+        finally:
+            self._running.release()
         return parse_conduit_answer(status, raw)
 
     async def probe(self, timeout: float = PROBE_TIMEOUT) -> str | None:

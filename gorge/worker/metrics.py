@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from gorge.metric import Counter, Gauge, Histogram
 
 
 class WorkerMetrics:

@@ -98,7 +98,13 @@ def build_registry(
     conduit = None
     delegate = None
     if settings.conduit_url:
-        conduit = ConduitClient(http_client, clock, settings.conduit_url, settings.conduit_token)
+        conduit = ConduitClient(
+            http_client,
+            clock,
+            settings.conduit_url,
+            settings.conduit_token,
+            concurrency=settings.delegate_concurrency,
+        )
         delegate = ConduitDelegate(conduit, metrics)
     allow = settings.delegate_classes
     feed_delegate = (
@@ -208,6 +214,7 @@ def build_worker_service(
             hibernate=float(settings.hibernate_sec),
             drain_timeout=float(settings.drain_timeout_sec),
             lease_wait=float(settings.lease_wait_sec),
+            log_debug=settings.http.debug_log,
         ),
         on_progress=notifier.progress if notifier is not None else None,
     )

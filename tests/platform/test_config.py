@@ -178,3 +178,12 @@ def test_http_settings_body_limit():
 def test_http_settings_access_log_follows_the_log_level(level, expected):
     environ = {} if level is None else {"GORGE_LOG_LEVEL": level}
     assert load_http_settings(Env(environ), default_listen=":1").access_log is expected
+
+
+@pytest.mark.parametrize(
+    "level,expected",
+    [(None, False), ("info", False), ("debug", True), ("DEBUG", True), ("loud", True)],
+)
+def test_http_settings_debug_log_follows_the_log_level(level, expected):
+    environ = {} if level is None else {"GORGE_LOG_LEVEL": level}
+    assert load_http_settings(Env(environ), default_listen=":1").debug_log is expected

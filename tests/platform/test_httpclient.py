@@ -417,3 +417,23 @@ def test_our_deadline_is_told_from_any_other_cancel():
     )
     assert isinstance(TransportFailure.from_error(cancelled, submitted=True), ExchangeCancelled)
     assert str(TransportFailure.from_error(ValueError("x"), submitted=False)) == "ValueError"
+
+
+def test_the_agent_builds_one_endpoint_per_origin():
+    from twisted.web.client import URI
+
+    from gorge.httpclient import ENDPOINT_CACHE_SIZE, _Endpoints
+
+    endpoints = _Endpoints(MemoryReactorClock(), 5)
+
+    def endpoint(url: bytes):
+        return endpoints.endpointForURI(URI.fromBytes(url))
+
+    first = endpoint(b"http://127.0.0.1:8090/api/queue/lease")
+    assert endpoint(b"http://127.0.0.1:8090/api/queue/report?x=1") is first
+    assert endpoint(b"http://127.0.0.1:8091/api/queue/lease") is not first
+    assert endpoint(b"https://127.0.0.1:8090/api/queue/lease") is not first
+    # Past the bound the cache starts over rather than growing.
+    for port in range(1, ENDPOINT_CACHE_SIZE + 1):
+        endpoint(b"http://127.0.0.1:%d/" % port)
+    assert endpoint(b"http://127.0.0.1:8090/api/queue/lease") is not first

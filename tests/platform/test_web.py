@@ -4,12 +4,23 @@ import json
 
 import pytest
 import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from klein import Klein
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet import task
 from twisted.internet.defer import Deferred
+from twisted.logger import LogLevel
 
-from gorge.web import ApiError, add_error_handlers, build_site, ok, read_json_object, stub_client
+from gorge.web import (
+    ApiError,
+    add_error_handlers,
+    build_site,
+    fail,
+    ok,
+    read_json_object,
+    stub_client,
+)
 from tests.support.logcapture import logged_events
 
 LIMIT = 1024
@@ -322,3 +333,115 @@ async def test_without_access_log_only_failures_are_logged():
     names = [e.get("log_format", "").split(" ")[0] for e in observer]
     assert (fine.code, failed.code) == (200, 500)
     assert "REQUEST" not in names and "REQUEST_FAILED" in names
+
+
+def _quiet_site(*, debug_log: bool):
+    from twisted.web.resource import Resource
+
+    class Api(Resource):
+        isLeaf = True
+
+        def render(self, request):
+            if request.path == b"/api/example/refused":
+                return fail(request, 409, "ERR_LEASE_CONFLICT", "not yours")
+            return ok(request, {"fine": True})
+
+    async def ready():
+        return None
+
+    site = build_site(
+        api_resource=Api(),
+        prefix="/api/example/",
+        token="",
+        body_limit=1024,
+        readiness=ready,
+        registry=CollectorRegistry(),
+        clock=task.Clock(),
+        quiet_paths=frozenset({b"/api/example/lease", b"/api/example/refused"}),
+        debug_log=debug_log,
+    )
+    return stub_client(site)
+
+
+@pytest.mark.parametrize("debug_log", [False, True])
+@pytest_twisted.ensureDeferred
+async def test_routine_calls_to_quiet_paths_are_logged_at_debug_only(debug_log):
+    client = _quiet_site(debug_log=debug_log)
+    with logged_events() as observer:
+        for path in ("lease", "list", "refused"):
+            response = await client.post(f"http://x/api/example/{path}")
+            await response.content()
+    lines = {
+        e["uri"]: e["log_level"] for e in observer if e.get("log_format", "").startswith("REQUEST ")
+    }
+    expected = {"/api/example/list": LogLevel.info, "/api/example/refused": LogLevel.info}
+    if debug_log:
+        expected["/api/example/lease"] = LogLevel.debug
+    assert lines == expected
+
+
+class _Body:
+    def __init__(self, raw: bytes) -> None:
+        import io
+
+        self.content = io.BytesIO(raw)
+
+
+def _json_reference(raw: bytes):
+    """What the body means to json.loads, which detects the encoding itself."""
+    try:
+        return "ok", json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        return "400", f"request body is not valid JSON: {e}"
+    except RecursionError:
+        return "400", "request body is nested too deeply"
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400)
+@given(
+    st.one_of(
+        st.binary(max_size=24),
+        st.builds(
+            lambda value, encoding, bom: bom + json.dumps(value).encode(encoding),
+            st.dictionaries(st.text(max_size=4), _json_values, max_size=3),
+            st.sampled_from(["utf-8", "utf-16", "utf-16-le", "utf-32-be"]),
+            st.sampled_from([b"", b"\xef\xbb\xbf"]),
+        ),
+        # Raw bytes inside a string: broken UTF-8, lone surrogates.
+        st.builds(
+            lambda inside: b'{"k":"' + inside + b'"}',
+            st.lists(
+                st.sampled_from([b"a", b"\xed\xa0\x80", b"\xff", b"\xc3\xa9", b"\\ud800"]),
+                max_size=4,
+            ).map(b"".join),
+        ),
+    )
+)
+def test_a_body_means_what_json_says_it_means_whatever_its_encoding(raw):
+    kind, expected = _json_reference(raw)
+    try:
+        body = read_json_object(_Body(raw))
+    except ApiError as e:
+        assert e.status == 400
+        if kind == "400" and raw.strip():
+            assert e.message == expected
+        else:
+            assert not (kind == "ok" and isinstance(expected, dict) and raw.strip())
+        return
+    assert kind == "ok" and isinstance(expected, dict)
+    assert json.dumps(body, sort_keys=True) == json.dumps(
+        _replace_lone_surrogates(expected), sort_keys=True
+    )
+
+
+def _replace_lone_surrogates(value):
+    from gorge.web import _replace_surrogates
+
+    return _replace_surrogates(value)

@@ -277,3 +277,36 @@ async def test_a_replica_sees_an_enqueue_made_through_another(backend, request, 
     finally:
         for store in stores:
             await store.close()
+
+
+def test_checks_start_one_period_apart_whatever_each_one_takes():
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    started: list[float] = []
+    answers: list[Deferred] = []
+
+    def check(since, now):
+        started.append(clock.seconds())
+        answers.append(Deferred())
+        return answers[-1]
+
+    waiters = LeaseWaiters(check, clock, 1.0)
+    waiters.wait(None, 100, waiters.generation)
+    clock.advance(1.0)
+    assert started == [1.0]
+    clock.advance(0.25)  # the check takes a quarter of the period
+    answers[0].callback((0, False))  # the first check wakes everyone: wait again
+    held = waiters.wait(None, 100, waiters.generation)
+    assert not held.called
+    clock.advance(0.5)
+    assert started == [1.0]
+    clock.advance(0.25)
+    assert started == [1.0, 2.0]
+    clock.advance(1.5)  # slower than a period: a full period follows it
+    answers[1].callback((0, False))
+    clock.advance(0.75)
+    assert started == [1.0, 2.0]
+    clock.advance(0.25)
+    assert started == [1.0, 2.0, 4.5]
+    waiters.close()

@@ -10,7 +10,7 @@ import pytest
 import pytest_twisted
 from hypothesis import given
 from hypothesis import strategies as st
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 
 from gorge.worker.conduit import ConduitClient, ConduitError, parse_conduit_answer, snippet
 from gorge.worker.handlers.conduit import ConduitDelegate
@@ -313,3 +313,42 @@ def test_every_worker_execute_result_becomes_exactly_one_outcome(result):
         assert exc.retry_wait is None or (isinstance(exc.retry_wait, int) and exc.retry_wait >= 0)
     else:
         assert isinstance(result, dict) and result["result"] == "success"
+
+
+class _CountingAgent:
+    """The test's own agent, counting the requests handed to it."""
+
+    def __init__(self, agent) -> None:
+        self._agent = agent
+        self.sent = 0
+
+    def request(self, *args, **kwargs):
+        self.sent += 1
+        return self._agent.request(*args, **kwargs)
+
+
+@pytest_twisted.ensureDeferred
+async def test_delegated_calls_beyond_the_concurrency_wait_their_turn(
+    reactor, http_client, raw_server
+):
+    def answer(request):
+        # The first two calls run until cancelled; later ones answer at once.
+        return Answer(hang=True) if len(server.requests) < 2 else Answer(body=envelope("done"))
+
+    server, base = raw_server(answer)
+    agent = _CountingAgent(http_client)
+    client = ConduitClient(agent, reactor, base, TOKEN, concurrency=2)
+    calls = [
+        Deferred.fromCoroutine(client.execute(task_id, "PhabricatorSearchWorker", DATA))
+        for task_id in (1, 2, 3)
+    ]
+    await server.received(2)
+    assert agent.sent == 2 and not calls[2].called
+    calls[0].cancel()  # the lease deadline of a running call frees its place
+    assert await calls[2] == "done"
+    assert agent.sent == 3
+    assert json.loads(dict(parse_qsl(server.requests[2].body.decode()))["params"])["taskID"] == 3
+    calls[1].cancel()
+    for call in calls[:2]:
+        with pytest.raises(CancelledError):
+            await call

@@ -564,3 +564,18 @@ def test_hibernating_worker_still_reports_progress_every_poll_interval():
     clock.pump([1.0] * 50)
     assert len(queue.leases) == leases  # still hibernating: no lease call
     assert len(progress) - before >= 45
+
+
+@pytest.mark.parametrize("log_debug", [True, False])
+def test_the_success_line_is_built_only_when_debug_lines_are_wanted(log_debug):
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(1, expires=10_000), make_task(2, expires=10_000)]
+    consumer, _ = make_consumer(
+        queue, registry_with(succeed_handler), clock, poll_interval=1.0, log_debug=log_debug
+    )
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+    assert [r.task_id for r in queue.reports] == [1, 2]
+    expected = [1, 2] if log_debug else []
+    assert [e["task_id"] for e in captured.named("TASK_SUCCEEDED")] == expected

@@ -30,10 +30,11 @@ def test_defaults():
     s = load_worker_settings({})
     assert (s.queue_url, s.lease_limit, s.poll_interval_ms, s.max_workers) == (
         "http://gorge-taskqueue:8090",
-        4,
+        32,
         1000,
-        4,
+        32,
     )
+    assert s.delegate_concurrency == 4
     assert (s.idle_timeout_sec, s.hibernate_sec, s.drain_timeout_sec) == (180, 0, 30)
     assert s.http.listen_addr == ":8170" and s.conduit_url == "" and s.class_filter == ()
     assert s.conduit_probe_sec == 60 and s.native_test_worker is False
@@ -60,6 +61,7 @@ def test_legacy_names_are_read_and_warned_about():
         ({"GORGE_WORKER_LEASE_LIMIT": "x"}, "GORGE_WORKER_LEASE_LIMIT"),
         ({"GORGE_WORKER_POLL_INTERVAL_MS": "0"}, "GORGE_WORKER_POLL_INTERVAL_MS"),
         ({"GORGE_WORKER_MAX_WORKERS": "0"}, "GORGE_WORKER_MAX_WORKERS"),
+        ({"GORGE_WORKER_DELEGATE_CONCURRENCY": "0"}, "GORGE_WORKER_DELEGATE_CONCURRENCY"),
         ({"GORGE_WORKER_IDLE_TIMEOUT_SEC": "-1"}, "GORGE_WORKER_IDLE_TIMEOUT_SEC"),
         ({"GORGE_WORKER_DRAIN_TIMEOUT_SEC": "3601"}, "GORGE_WORKER_DRAIN_TIMEOUT_SEC"),
         ({"GORGE_WORKER_TASK_QUEUE_URL": "ftp://queue"}, "GORGE_WORKER_TASK_QUEUE_URL"),
