@@ -105,6 +105,17 @@ SQL_CLAIM = (
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
 
+# A batch claim (docs/webhook.md, "Claiming and writing back") first locks the
+# candidates' rows, so the versions it reads are the ones it wins, then moves
+# every row it won in one statement, still over the version each was read at.
+SQL_LOCK_ROWS = "SELECT id, status, dateModified FROM herald_webhookrequest WHERE id IN ({marks})"
+
+SQL_CLAIM_ROWS = (
+    "UPDATE herald_webhookrequest"
+    " SET dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
+    " WHERE id IN ({marks}) AND status = 'queued' AND dateModified = CASE id{versions} END"
+)
+
 # A delivery result follows a won claim.
 SQL_FINISH = (
     "UPDATE herald_webhookrequest"
@@ -261,6 +272,20 @@ def _chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
 
 def _marks(n: int) -> str:
     return ", ".join(["%s"] * n)
+
+
+class ClaimConflict(Exception):
+    """A batch claim changed other rows than the ones it had locked (rolled back)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A delivery result to write over a row this process claimed."""
+
+    candidate: Candidate
+    status: str
+    result: str
+    properties: str
 
 
 @dataclass(frozen=True)
@@ -673,20 +698,111 @@ class WebhookStore:
             self._view.changed_elsewhere(candidate.id, stamp)
         return won
 
+    async def claim_many(self, candidates: Sequence[Candidate]) -> list[bool]:
+        """Claim several candidates at once; for each, True iff this process now owns it.
+
+        One transaction: the rows are locked and read, those still at the
+        version their candidate was read at are won, and they are moved in
+        one compare-and-set statement. Whoever locks a row second reads the
+        version the first one wrote, so every row has at most one winner.
+        """
+        if len(candidates) == 1:
+            return [await self.claim(candidates[0])]
+        try:
+            won = await self.db.run("claim_batch", self._claim_rows, list(candidates))
+        except Exception:
+            stamp = self._view.stamp()
+            for candidate in candidates:
+                self._view.changed_elsewhere(candidate.id, stamp)
+            raise
+        stamp = self._view.stamp()
+        for candidate in candidates:
+            if candidate.id in won:
+                self._view.claimed(candidate.id, candidate.version, stamp)
+            else:
+                self._view.changed_elsewhere(candidate.id, stamp)
+        return [candidate.id in won for candidate in candidates]
+
+    def _claim_rows(self, txn, candidates: list[Candidate]) -> set[int]:
+        self._engine.begin_atomic(txn)
+        current = self._lock_rows(txn, [candidate.id for candidate in candidates])
+        winners = [c for c in candidates if current.get(c.id) == (QUEUED, c.version)]
+        self._move_versions(txn, winners)
+        self._engine.commit_atomic(txn)
+        return {candidate.id for candidate in winners}
+
+    def _lock_rows(self, txn, ids: list[int]) -> dict[int, tuple[str, int]]:
+        """Status and version of each row, locked until the transaction ends."""
+        statement = SQL_LOCK_ROWS.format(marks=_marks(len(ids))) + self._engine.for_update
+        self._execute(txn, statement, ids)
+        return {int(row[0]): (_text(row[1]), int(row[2])) for row in txn.fetchall()}
+
+    def _move_versions(self, txn, winners: list[Candidate]) -> None:
+        """The claim's write for every row won: each still over the version it was read at."""
+        if not winners:
+            return
+        statement = SQL_CLAIM_ROWS.format(
+            marks=_marks(len(winners)), versions=" WHEN %s THEN %s" * len(winners)
+        )
+        versions = [value for c in winners for value in (c.id, c.version)]
+        self._execute(txn, statement, [c.id for c in winners] + versions)
+        if txn.rowcount != len(winners):
+            raise ClaimConflict(f"{txn.rowcount} of {len(winners)} locked rows changed")
+
     async def finish(self, candidate: Candidate, status: str, result: str, properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
-        try:
-            changed = await self._rowcount(
-                SQL_FINISH, (status, result, properties, candidate.id), description="finish"
-            )
-        except Exception:
-            self._view.changed_elsewhere(candidate.id, self._view.stamp())
-            raise
-        if changed:
-            self._view.finished(candidate.id, candidate.version, status, result, self._view.stamp())
-        else:
-            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+        (changed,) = await self.finish_many([Outcome(candidate, status, result, properties)])
         return changed
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> list[int]:
+        """Write several delivery outcomes in one transaction; the rows changed for
+        each (0: row gone). A failure writes none of them."""
+        try:
+            changed = await self._write_outcomes(list(outcomes))
+        except Exception:
+            stamp = self._view.stamp()
+            for outcome in outcomes:
+                self._view.changed_elsewhere(outcome.candidate.id, stamp)
+            raise
+        stamp = self._view.stamp()
+        for outcome, count in zip(outcomes, changed, strict=True):
+            self._note_finished(outcome, count, stamp)
+        return changed
+
+    async def _write_outcomes(self, outcomes: list[Outcome]) -> list[int]:
+        if len(outcomes) == 1:
+            statement, values = self._finish_statement(outcomes[0])
+            return [await self._rowcount(statement, values, description="finish")]
+        # Rows in id order: the order a batch claim locks them in.
+        ordered = sorted(outcomes, key=lambda outcome: outcome.candidate.id)
+        changed = await self.db.run("finish_batch", self._write_in_order, ordered)
+        by_id = {
+            outcome.candidate.id: count for outcome, count in zip(ordered, changed, strict=True)
+        }
+        return [by_id[outcome.candidate.id] for outcome in outcomes]
+
+    def _write_in_order(self, txn, outcomes: list[Outcome]) -> list[int]:
+        self._engine.begin_atomic(txn)
+        changed = []
+        for outcome in outcomes:
+            self._execute(txn, *self._finish_statement(outcome))
+            changed.append(txn.rowcount)
+        self._engine.commit_atomic(txn)
+        return changed
+
+    @staticmethod
+    def _finish_statement(outcome: Outcome) -> tuple[str, tuple[Any, ...]]:
+        values = (outcome.status, outcome.result, outcome.properties, outcome.candidate.id)
+        return SQL_FINISH, values
+
+    def _note_finished(self, outcome: Outcome, changed: int, stamp: int) -> None:
+        candidate = outcome.candidate
+        if changed:
+            self._view.finished(
+                candidate.id, candidate.version, outcome.status, outcome.result, stamp
+            )
+        else:
+            self._view.changed_elsewhere(candidate.id, stamp)
 
     async def retire(self, candidate: Candidate, properties: str) -> int:
         """Configuration failure: failed / none / 0, only over the version read."""
