@@ -706,6 +706,8 @@ class WebhookStore:
         one compare-and-set statement. Whoever locks a row second reads the
         version the first one wrote, so every row has at most one winner.
         """
+        if not candidates:
+            return []
         if len(candidates) == 1:
             return [await self.claim(candidates[0])]
         try:
@@ -770,6 +772,8 @@ class WebhookStore:
         return changed
 
     async def _write_outcomes(self, outcomes: list[Outcome]) -> list[int]:
+        if not outcomes:
+            return []
         if len(outcomes) == 1:
             statement, values = self._finish_statement(outcomes[0])
             return [await self._rowcount(statement, values, description="finish")]
