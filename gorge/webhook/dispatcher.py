@@ -1,17 +1,18 @@
 """The delivery loop: candidates -> per-hook lines -> slots -> claim -> POST -> write-back.
 
-Scheduling: a slot only starts a candidate whose hook is idle,
-so a slow or broken hook never holds more than one slot; when a delivery
-ends its slot goes on with the next row of the same hook, else with the
-oldest row of any idle hook. Each tick replaces the lines with fresh
-candidates; rows not started by then are simply read again.
+Scheduling: a slot only starts a candidate whose hook is idle, so a slow
+or broken hook never holds more than one slot. A hook stays busy until its
+row's result is written, so its rows go out one at a time and in order.
+While a slot posts a row it already checks and claims the oldest row of
+another idle hook, and goes on with that one; a row dealt with before its
+POST (retired, skipped, lost) lets the slot go on with the next row of the
+same hook. Each tick replaces the lines with fresh candidates; rows not
+started by then are simply read again.
 
 Claims and result writes go through coalescers (gorge/webhook/batching.py):
-the claims the slots ask for together are one statement, and the results
-that arrive within a few milliseconds are one transaction. A slot hands its
-result to the writer and goes on with another hook at once; the hook stays
-busy until its result is written, so its rows still go out one at a time
-and in order (docs/webhook.md, "Claiming and writing back").
+the claims asked for together are one transaction, and the results that
+arrive within a few milliseconds are another (docs/webhook.md, "Claiming
+and writing back").
 """
 
 from __future__ import annotations

@@ -124,6 +124,16 @@ SQL_FINISH = (
     " WHERE id = %s AND status = 'queued'"
 )
 
+# The same for several rows at once (a batch write, docs/webhook.md, "Claiming and
+# writing back"): each row gets exactly the values SQL_FINISH would give it.
+SQL_FINISH_ROWS = (
+    "UPDATE herald_webhookrequest"
+    " SET status = CASE id{statuses} END, lastRequestResult = CASE id{results} END,"
+    " lastRequestEpoch = UNIX_TIMESTAMP(), properties = CASE id{documents} END,"
+    " dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
+    " WHERE id IN ({marks}) AND status = 'queued'"
+)
+
 # Configuration failures are written without a claim, so only over the version we read.
 SQL_RETIRE = (
     "UPDATE herald_webhookrequest"
@@ -274,8 +284,8 @@ def _marks(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
-class ClaimConflict(Exception):
-    """A batch claim changed other rows than the ones it had locked (rolled back)."""
+class BatchConflict(Exception):
+    """A batch statement changed other rows than the ones it had locked (rolled back)."""
 
 
 @dataclass(frozen=True)
@@ -749,7 +759,7 @@ class WebhookStore:
         versions = [value for c in winners for value in (c.id, c.version)]
         self._execute(txn, statement, [c.id for c in winners] + versions)
         if txn.rowcount != len(winners):
-            raise ClaimConflict(f"{txn.rowcount} of {len(winners)} locked rows changed")
+            raise BatchConflict(f"{txn.rowcount} of {len(winners)} locked rows claimed")
 
     async def finish(self, candidate: Candidate, status: str, result: str, properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
@@ -786,13 +796,29 @@ class WebhookStore:
         return [by_id[outcome.candidate.id] for outcome in outcomes]
 
     def _write_in_order(self, txn, outcomes: list[Outcome]) -> list[int]:
+        """Lock the rows, then write every row still queued in one statement."""
         self._engine.begin_atomic(txn)
-        changed = []
-        for outcome in outcomes:
-            self._execute(txn, *self._finish_statement(outcome))
-            changed.append(txn.rowcount)
+        current = self._lock_rows(txn, [outcome.candidate.id for outcome in outcomes])
+        queued = [o for o in outcomes if current.get(o.candidate.id, ("", 0))[0] == QUEUED]
+        self._write_rows(txn, queued)
         self._engine.commit_atomic(txn)
-        return changed
+        written = {outcome.candidate.id for outcome in queued}
+        return [int(outcome.candidate.id in written) for outcome in outcomes]
+
+    def _write_rows(self, txn, outcomes: list[Outcome]) -> None:
+        if not outcomes:
+            return
+        cases = " WHEN %s THEN %s" * len(outcomes)
+        statement = SQL_FINISH_ROWS.format(
+            statuses=cases, results=cases, documents=cases, marks=_marks(len(outcomes))
+        )
+        values: list[Any] = []
+        for column in ("status", "result", "properties"):
+            values += [v for o in outcomes for v in (o.candidate.id, getattr(o, column))]
+        values += [outcome.candidate.id for outcome in outcomes]
+        self._execute(txn, statement, values)
+        if txn.rowcount != len(outcomes):
+            raise BatchConflict(f"{txn.rowcount} of {len(outcomes)} locked rows written")
 
     @staticmethod
     def _finish_statement(outcome: Outcome) -> tuple[str, tuple[Any, ...]]:
