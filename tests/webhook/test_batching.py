@@ -276,3 +276,36 @@ async def test_a_batch_write_rolled_back_by_a_deadlock_is_written_once_in_full(
         assert row["properties"] == outcome.properties
         # Written once: one write moves the version by exactly one in the pinned second.
         assert row["dateModified"] == before["dateModified"] + 1
+
+
+# -- claiming the next row during the current POST ----------------------------------
+
+
+async def test_a_row_claimed_ahead_is_posted_only_while_its_lease_covers_an_attempt(
+    herald, receiver, make_harness, captured_log
+):
+    harness = make_harness(max_concurrent=1, claim_lease=30, delivery_timeout=15)
+    first = herald.insert_request(hook=herald.insert_hook(uri=f"{receiver.base}/first"))
+    second = herald.insert_request(hook=herald.insert_hook(uri=f"{receiver.base}/second"))
+    receiver.delay = 2.0  # the first POST stays open while the test acts
+    await Deferred.fromCoroutine(harness.dispatcher.tick())
+    await wait_until(lambda: receiver.count() == 1, "the first POST")
+    await wait_until(
+        lambda: herald.request(second)["dateModified"] != herald.request(second)["dateCreated"],
+        "the second row claimed during the first POST",
+    )
+    # The first POST ran 15 s on the service's clock: the second row's lease (30 s)
+    # no longer covers a whole attempt (15 s) and the 1 s margin.
+    harness.clock.advance(15)
+    assert await harness.dispatcher.wait_idle(20, reactor)
+
+    assert [r.path for r in receiver.requests] == ["/first"]
+    assert herald.request(first)["status"] == "sent"
+    row = herald.request(second)
+    assert (row["status"], row["lastRequestResult"], row["dateModified"]) == (
+        "queued",
+        "none",
+        T0 + 1,
+    )
+    (expired,) = captured_log.named("WEBHOOK_CLAIM_EXPIRED")
+    assert expired["request"] == row["phid"] and expired["waited"] == 15
