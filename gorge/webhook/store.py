@@ -45,6 +45,9 @@ START_OVERLAP = 1000  # the newest ids at start-up are read as new ones (holes t
 LOAD_CHUNK = 40 * BLOCK  # ids counted per statement by the start-up pass
 SWEEP_RATE = 2000.0  # ids recounted per second by the background pass
 SWEEP_MAX_STEPS = 4  # blocks per poll at most, however long since the last one
+# A batch write of this many rows or fewer runs the one-row statement per row
+# (begin, n writes, commit: no more round trips than lock, write, begin, commit).
+PER_ROW_WRITES = 2
 IDS_PER_STATEMENT = 500  # SQLite's old limit is 999 bound parameters
 LIST_WINDOW = 2000  # ids per statement of the delivery log's listing
 LIST_BUDGET = 10_000  # ids one listing call reads at most
@@ -796,8 +799,16 @@ class WebhookStore:
         return [by_id[outcome.candidate.id] for outcome in outcomes]
 
     def _write_in_order(self, txn, outcomes: list[Outcome]) -> list[int]:
-        """Lock the rows, then write every row still queued in one statement."""
+        """Lock the rows, then write every row still queued in one statement; up to
+        PER_ROW_WRITES rows, one statement per row costs no more round trips."""
         self._engine.begin_atomic(txn)
+        if len(outcomes) <= PER_ROW_WRITES:
+            changed = []
+            for outcome in outcomes:
+                self._execute(txn, *self._finish_statement(outcome))
+                changed.append(txn.rowcount)
+            self._engine.commit_atomic(txn)
+            return changed
         current = self._lock_rows(txn, [outcome.candidate.id for outcome in outcomes])
         queued = [o for o in outcomes if current.get(o.candidate.id, ("", 0))[0] == QUEUED]
         self._write_rows(txn, queued)
