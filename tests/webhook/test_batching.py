@@ -194,6 +194,16 @@ async def test_a_batch_claim_on_sqlite_wins_the_current_rows_only(tmp_path):
             lambda txn: txn.execute("SELECT dateModified FROM herald_webhookrequest").fetchall(),
         )
         assert [v for (v,) in versions] == [T0 + 1] * 3
+        outcomes = [Outcome(c, "sent", "okay", f'{{"n":{c.id}}}') for c in first]
+        assert await store.finish_many(outcomes) == [1, 1, 1]
+        rows = await store.db.run(
+            "rows",
+            lambda txn: txn.execute(
+                "SELECT status, lastRequestResult, lastRequestEpoch, properties, dateModified"
+                " FROM herald_webhookrequest ORDER BY id"
+            ).fetchall(),
+        )
+        assert rows == [("sent", "okay", T0, f'{{"n":{c.id}}}', T0 + 2) for c in first]
     finally:
         store.close()
 
