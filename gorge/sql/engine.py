@@ -47,6 +47,7 @@ MYSQL_SET_COUNTER = (
 # Re-selects inside a write transaction must see other transactions' commits,
 # which REPEATABLE READ's snapshot would hide.
 MYSQL_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+SQL_ROLLBACK = "ROLLBACK"
 # An explicit transaction on an autocommit connection (a batch that commits as one).
 MYSQL_START_TRANSACTION = "START TRANSACTION"
 MYSQL_COMMIT = "COMMIT"
@@ -116,6 +117,10 @@ class Engine:
 
     def commit_atomic(self, txn) -> None:
         """Commit what :meth:`begin_atomic` started (a raise before it rolls back)."""
+
+    def rollback_atomic(self, txn) -> None:
+        """Undo what :meth:`begin_atomic` started, and go on in the same interaction."""
+        txn.execute(SQL_ROLLBACK)
 
     def clock_pin(self) -> int | None:
         """Read in the reactor thread before each transaction; see :meth:`pin_clock`."""

@@ -108,9 +108,10 @@ SQL_CLAIM = (
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
 
-# A batch claim (docs/webhook.md, "Claiming and writing back") first locks the
-# candidates' rows, so the versions it reads are the ones it wins, then moves
-# every row it won in one statement, still over the version each was read at.
+# A batch claim (docs/webhook.md, "Claiming and writing back") moves every
+# candidate's row still at the version it was read at, in one statement. When
+# that moved some rows but not all, it is undone and the rows are locked first,
+# so the versions read are the ones won.
 SQL_LOCK_ROWS = "SELECT id, status, dateModified FROM herald_webhookrequest WHERE id IN ({marks})"
 
 SQL_CLAIM_ROWS = (
@@ -714,10 +715,12 @@ class WebhookStore:
     async def claim_many(self, candidates: Sequence[Candidate]) -> list[bool]:
         """Claim several candidates at once; for each, True iff this process now owns it.
 
-        One transaction: the rows are locked and read, those still at the
-        version their candidate was read at are won, and they are moved in
-        one compare-and-set statement. Whoever locks a row second reads the
-        version the first one wrote, so every row has at most one winner.
+        One transaction and one compare-and-set statement for all of them. If it
+        moved every row, or none, that decides; if it moved some, it is rolled
+        back, the rows are locked and read, those still at the version their
+        candidate was read at are won and moved again in one statement.
+        Whoever locks a row second reads the version the first one wrote, so
+        every row has at most one winner.
         """
         if not candidates:
             return []
@@ -739,10 +742,19 @@ class WebhookStore:
         return [candidate.id in won for candidate in candidates]
 
     def _claim_rows(self, txn, candidates: list[Candidate]) -> set[int]:
+        """All rows moved or none: the count says which. Some of them: roll back and
+        decide under lock which ones are still at the version read."""
+        self._engine.begin_atomic(txn)
+        moved = self._move_versions(txn, candidates)
+        if moved in (0, len(candidates)):
+            self._engine.commit_atomic(txn)
+            return {candidate.id for candidate in candidates} if moved else set()
+        self._engine.rollback_atomic(txn)
         self._engine.begin_atomic(txn)
         current = self._lock_rows(txn, [candidate.id for candidate in candidates])
         winners = [c for c in candidates if current.get(c.id) == (QUEUED, c.version)]
-        self._move_versions(txn, winners)
+        if self._move_versions(txn, winners) != len(winners):
+            raise BatchConflict(f"not every one of {len(winners)} locked rows was claimed")
         self._engine.commit_atomic(txn)
         return {candidate.id for candidate in winners}
 
@@ -752,17 +764,17 @@ class WebhookStore:
         self._execute(txn, statement, ids)
         return {int(row[0]): (_text(row[1]), int(row[2])) for row in txn.fetchall()}
 
-    def _move_versions(self, txn, winners: list[Candidate]) -> None:
-        """The claim's write for every row won: each still over the version it was read at."""
-        if not winners:
-            return
+    def _move_versions(self, txn, candidates: list[Candidate]) -> int:
+        """The claim's write for each row still at the version it was read at; the
+        rows moved."""
+        if not candidates:
+            return 0
         statement = SQL_CLAIM_ROWS.format(
-            marks=_marks(len(winners)), versions=" WHEN %s THEN %s" * len(winners)
+            marks=_marks(len(candidates)), versions=" WHEN %s THEN %s" * len(candidates)
         )
-        versions = [value for c in winners for value in (c.id, c.version)]
-        self._execute(txn, statement, [c.id for c in winners] + versions)
-        if txn.rowcount != len(winners):
-            raise BatchConflict(f"{txn.rowcount} of {len(winners)} locked rows claimed")
+        versions = [value for c in candidates for value in (c.id, c.version)]
+        self._execute(txn, statement, [c.id for c in candidates] + versions)
+        return int(txn.rowcount)
 
     async def finish(self, candidate: Candidate, status: str, result: str, properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
