@@ -579,7 +579,7 @@ async def main(reactor, args) -> None:
     print(f"gorge-webhook (one daemon):            {daemon_rate:8.0f} deliveries/s")
     print(
         f"ratio to the lower bound:              {daemon_rate / lower:8.2f}"
-        f"   (target >= 0.5; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
+        f"   (target >= 0.8; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
         f" x{daemon_rate / PHORGE_RATE:.1f})"
     )
     print(
