@@ -492,8 +492,13 @@ class HistoryBench:
         return out
 
 
+def discarded_stream():
+    """Where the daemon's log lines go: written (their cost is measured), then dropped."""
+    return open(os.devnull, "w")
+
+
 async def history_main(reactor, args) -> None:
-    log_stream = open(os.devnull, "w")
+    log_stream = discarded_stream()
     globalLogBeginner.beginLoggingTo(
         [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)], redirectStandardIO=False
     )
@@ -547,7 +552,7 @@ async def main(reactor, args) -> None:
     if args.history:
         await history_main(reactor, args)
         return
-    log_stream = open(os.devnull, "w")
+    log_stream = discarded_stream()
     # A deployment logs at info: one line per delivery is part of the cost measured.
     globalLogBeginner.beginLoggingTo(
         [make_observer({"GORGE_LOG_LEVEL": args.log_level}, log_stream)], redirectStandardIO=False
@@ -579,7 +584,7 @@ async def main(reactor, args) -> None:
     print(f"gorge-webhook (one daemon):            {daemon_rate:8.0f} deliveries/s")
     print(
         f"ratio to the lower bound:              {daemon_rate / lower:8.2f}"
-        f"   (target >= 0.5; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
+        f"   (target >= 0.8; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
         f" x{daemon_rate / PHORGE_RATE:.1f})"
     )
     print(

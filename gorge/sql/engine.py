@@ -47,6 +47,10 @@ MYSQL_SET_COUNTER = (
 # Re-selects inside a write transaction must see other transactions' commits,
 # which REPEATABLE READ's snapshot would hide.
 MYSQL_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+SQL_ROLLBACK = "ROLLBACK"
+# An explicit transaction on an autocommit connection (a batch that commits as one).
+MYSQL_START_TRANSACTION = "START TRANSACTION"
+MYSQL_COMMIT = "COMMIT"
 # The session clock: UNIX_TIMESTAMP() answers this until the next SET.
 MYSQL_PIN_CLOCK = "SET timestamp = %s"
 
@@ -105,6 +109,18 @@ class Engine:
     def begin_write(self, txn, *, read_committed: bool = False) -> None:
         """Start a transaction that will write. ``read_committed``: later reads in it
         see what other transactions committed meanwhile."""
+
+    def begin_atomic(self, txn) -> None:
+        """Start a few statements that must commit together, whatever the connection's
+        mode (an autocommit one included); :meth:`commit_atomic` ends them."""
+        self.begin_write(txn)
+
+    def commit_atomic(self, txn) -> None:
+        """Commit what :meth:`begin_atomic` started (a raise before it rolls back)."""
+
+    def rollback_atomic(self, txn) -> None:
+        """Undo what :meth:`begin_atomic` started, and go on in the same interaction."""
+        txn.execute(SQL_ROLLBACK)
 
     def clock_pin(self) -> int | None:
         """Read in the reactor thread before each transaction; see :meth:`pin_clock`."""
@@ -177,6 +193,17 @@ class MySQLEngine(Engine):
         # Without autocommit the first statement opens the transaction.
         if read_committed:
             txn.execute(MYSQL_READ_COMMITTED)
+
+    def begin_atomic(self, txn) -> None:
+        if self.autocommit:
+            txn.execute(MYSQL_START_TRANSACTION)
+        else:
+            self.begin_write(txn)
+
+    def commit_atomic(self, txn) -> None:
+        # adbapi's own commit is skipped on an autocommit connection.
+        if self.autocommit:
+            txn.execute(MYSQL_COMMIT)
 
     def clock_pin(self) -> int | None:
         return None if self.clock is None else int(self.clock.seconds())

@@ -1,10 +1,18 @@
 """The delivery loop: candidates -> per-hook lines -> slots -> claim -> POST -> write-back.
 
-Scheduling: a slot only starts a candidate whose hook is idle,
-so a slow or broken hook never holds more than one slot; when a delivery
-ends its slot goes on with the next row of the same hook, else with the
-oldest row of any idle hook. Each tick replaces the lines with fresh
-candidates; rows not started by then are simply read again.
+Scheduling: a slot only starts a candidate whose hook is idle, so a slow
+or broken hook never holds more than one slot. A hook stays busy until its
+row's result is written, so its rows go out one at a time and in order.
+While a slot posts a row it already checks and claims the oldest row of
+another idle hook, and goes on with that one; a row dealt with before its
+POST (retired, skipped, lost) lets the slot go on with the next row of the
+same hook. Each tick replaces the lines with fresh candidates; rows not
+started by then are simply read again.
+
+Claims and result writes go through coalescers (gorge/webhook/batching.py):
+the claims asked for together are one transaction, and the results that
+arrive within a few milliseconds are another (docs/webhook.md, "Claiming
+and writing back").
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from twisted.logger import Logger, LogLevel
 from gorge import mysql as platform_mysql
 from gorge.service import InFlight
 from gorge.webhook import payload, retryafter
+from gorge.webhook.batching import Coalescer
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.settings import WebhookSettings
@@ -32,6 +41,7 @@ from gorge.webhook.store import (
     SENT,
     Candidate,
     Hook,
+    Outcome,
     WebhookStore,
 )
 from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
@@ -45,6 +55,15 @@ OUTAGE_LOG_EVERY = 60.0
 WRITE_ATTEMPTS = 3
 WRITE_RETRY_DELAY = 0.5
 ABORT_GRACE = 5.0
+# Results written together: those that arrive within the window, at most the
+# cap per transaction (docs/webhook.md, "Claiming and writing back").
+WRITE_WINDOW = 0.003
+WRITE_BATCH = 64
+# A row is claimed ahead (while the slot's current POST runs) only when the lease
+# outlasts a whole attempt by AHEAD_SLACK; it is then posted only if its lease still
+# outlasts the attempt by LEASE_MARGIN (docs/webhook.md, "Claiming and writing back").
+AHEAD_SLACK = 2.0
+LEASE_MARGIN = 1.0
 
 POLL_FAILED = "WEBHOOK_POLL_FAILED error={error} reason={reason} since={since}"
 HOOK_LOOKUP_FAILED = "WEBHOOK_HOOK_LOOKUP_FAILED error={error} reason={reason} since={since}"
@@ -87,6 +106,17 @@ class _Destination:
     unresolved: str = ""
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    """A row this process won, ready to be posted."""
+
+    candidate: Candidate
+    hook: Hook
+    props: payload.Properties
+    destination: _Destination
+    at: float  # when the claim was won (the dispatcher's clock)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -99,7 +129,10 @@ class Dispatcher:
         clock: IReactorTime,
         metrics: WebhookMetrics,
         wake: Callable[[], None] | None = None,
+        batch_clock: IReactorTime | None = None,
     ) -> None:
+        """``batch_clock`` times the write window (the reactor: real time, even
+        when ``clock``, which paces everything else, is a test's)."""
         self._store = store
         self._transport = transport
         self._policy = policy
@@ -109,6 +142,7 @@ class Dispatcher:
         self._metrics = metrics
         self._wake = wake
         self._cap = settings.max_concurrent
+        self._look_ahead = settings.effective_lease - settings.delivery_timeout >= AHEAD_SLACK
         self._batch = settings.max_concurrent * BATCH_PER_SLOT
         self._lines: dict[str, deque[Candidate]] = {}
         self._hooks: dict[str, Hook] = {}
@@ -123,6 +157,15 @@ class Dispatcher:
         self._outage_since: float | None = None
         self._outage_logged_at = 0.0
         self._gone_hooks: set[str] = set()  # hooks whose 410 was logged (until a 2xx)
+        batch_clock = batch_clock if batch_clock is not None else clock
+        # Claims wait for no window: those asked for in one turn of the reactor
+        # (a tick's slots), or while a claim runs, go together.
+        self._claims: Coalescer[Candidate, bool] = Coalescer(
+            store.claim_many, batch_clock, window=0.0, cap=self._cap
+        )
+        self._writes: Coalescer[Outcome, int] = Coalescer(
+            store.finish_many, batch_clock, window=WRITE_WINDOW, cap=WRITE_BATCH
+        )
 
     def set_wake(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -132,8 +175,17 @@ class Dispatcher:
         return self._active
 
     def wait_idle(self, timeout: float, clock: IReactorTime) -> Deferred:
-        """Fires True once every started candidate has finished (False on timeout)."""
-        return self._inflight.drain(timeout, clock)
+        """Fires True once every started candidate has finished and its result is
+        written (False on timeout)."""
+        return Deferred.fromCoroutine(self._settled(timeout, clock))
+
+    async def _settled(self, within: float, clock: IReactorTime) -> bool:
+        # A slot hands its result writes on as it goes: wait for those too.
+        deadline = clock.seconds() + within
+        while len(self._inflight):
+            if not await self._inflight.drain(max(deadline - clock.seconds(), 0.0), clock):
+                return False
+        return True
 
     # -- the tick ---------------------------------------------------------
 
@@ -264,34 +316,63 @@ class Dispatcher:
 
     async def _slot(self, candidate: Candidate) -> None:
         current: Candidate | None = candidate
+        ahead: Deferred[_Claimed | None] | None = None
         while current is not None:
-            try:
-                await self._process(current)
-            except Exception:
-                log.failure(
-                    "WEBHOOK_PROCESS_FAILED request={request}",
-                    level=LogLevel.error,
-                    request=current.phid,
-                )
-            finally:
-                self._in_process.discard(current.id)
-            hook = current.hook_phid
-            current = None if self._stopping else self._next_of_hook(hook)
-            if current is None:
-                self._busy.discard(hook)
-                if not self._stopping:
-                    current = self._next_idle()
-                if current is not None:
-                    self._busy.add(current.hook_phid)
-            if current is not None:
-                self._in_process.add(current.id)
+            claimed_ahead = ahead is not None
+            if ahead is None:
+                ahead = Deferred.fromCoroutine(self._prepare(current))
+            claimed = await ahead
+            ahead = None
+            if claimed is None:
+                current = self._continue_after(current)
+                continue
+            # The next row's checks and claim run while this one is posted.
+            upcoming = None
+            if self._look_ahead and not self._stopping:
+                upcoming = self._take(self._next_idle())
+            if upcoming is not None:
+                ahead = Deferred.fromCoroutine(self._prepare(upcoming))
+            if not await self._post(claimed, claimed_ahead=claimed_ahead):
+                self._release(current)
+            if upcoming is None and not self._stopping:
+                upcoming = self._take(self._next_idle())
+            current = upcoming
         self._active -= 1
         self._metrics.in_flight.set(self._active)
-        if self._more_waiting and not self._stopping and self._wake is not None:
-            # This slot found nothing to start and the last batch was full:
-            # more rows are due, read them now instead of at the next tick.
-            self._more_waiting = False
-            self._wake()
+        self._maybe_wake()
+
+    def _take(self, candidate: Candidate | None) -> Candidate | None:
+        """Mark a row, and its hook, as being worked by a slot."""
+        if candidate is not None:
+            self._busy.add(candidate.hook_phid)
+            self._in_process.add(candidate.id)
+        return candidate
+
+    def _release(self, candidate: Candidate) -> None:
+        self._in_process.discard(candidate.id)
+        self._busy.discard(candidate.hook_phid)
+
+    def _continue_after(self, candidate: Candidate) -> Candidate | None:
+        """A row dealt with before its POST: the slot goes on with the next row of the
+        same hook, else with the oldest row of any idle hook."""
+        self._in_process.discard(candidate.id)
+        following = None if self._stopping else self._next_of_hook(candidate.hook_phid)
+        if following is None:
+            self._busy.discard(candidate.hook_phid)
+            if not self._stopping:
+                following = self._next_idle()
+        return self._take(following)
+
+    def _maybe_wake(self) -> None:
+        """The last batch was full and three quarters of it are started: more rows
+        are due, read them now (while the deliveries go on) instead of at the next
+        tick."""
+        if not self._more_waiting or self._stopping or self._wake is None:
+            return
+        if sum(len(line) for line in self._lines.values()) > self._batch // 4:
+            return
+        self._more_waiting = False
+        self._wake()
 
     # -- one candidate ------------------------------------------------
     #
@@ -299,21 +380,49 @@ class Dispatcher:
     # None when the candidate has been dealt with (retired, skipped, lost):
     #
     #   _read_properties -> _usable_hook -> _breaker_allows -> _destination
-    #   -> _claim -> _deliver -> _record
+    #   -> _claim (together: _prepare) -> _deliver (_post) -> _write_back (_record),
+    #   the last one beside the slot
 
-    async def _process(self, candidate: Candidate) -> None:
-        props = await self._read_properties(candidate)
-        if props is None:
-            return
-        hook = await self._usable_hook(candidate, props)
-        if hook is None or not await self._breaker_allows(candidate, hook):
-            return
-        destination = await self._destination(candidate, hook, props)
-        if destination is None or self._stopping:
-            return  # refused, or shutdown before the claim: abandon without a write
-        if not await self._claim(candidate, hook):
-            return
-        attempt, duration = await self._deliver(candidate, hook, props, destination)
+    async def _prepare(self, candidate: Candidate) -> _Claimed | None:
+        """The steps up to the claim; None when the row has been dealt with."""
+        try:
+            props = await self._read_properties(candidate)
+            if props is None:
+                return None
+            hook = await self._usable_hook(candidate, props)
+            if hook is None or not await self._breaker_allows(candidate, hook):
+                return None
+            destination = await self._destination(candidate, hook, props)
+            if destination is None or self._stopping:
+                return None  # refused, or shutdown before the claim: abandon without a write
+            if not await self._claim(candidate, hook):
+                return None
+        except Exception:
+            log.failure(
+                "WEBHOOK_PROCESS_FAILED request={request}",
+                level=LogLevel.error,
+                request=candidate.phid,
+            )
+            return None
+        return _Claimed(candidate, hook, props, destination, self._clock.seconds())
+
+    async def _post(self, claimed: _Claimed, *, claimed_ahead: bool) -> bool:
+        """The POST of a claimed row; True when its result is being written (the row
+        and its hook stay busy until then)."""
+        candidate, hook = claimed.candidate, claimed.hook
+        try:
+            if claimed_ahead and not self._claim_still_covers(claimed):
+                return False
+            attempt, duration = await self._deliver(
+                candidate, hook, claimed.props, claimed.destination
+            )
+        except Exception:
+            log.failure(
+                "WEBHOOK_PROCESS_FAILED request={request}",
+                level=LogLevel.error,
+                request=candidate.phid,
+            )
+            return False
         if attempt.aborted:
             self._metrics.deliveries.labels(outcome="abandoned").inc()
             log.warn(
@@ -321,8 +430,52 @@ class Dispatcher:
                 request=candidate.phid,
                 hook=hook.phid,
             )
-            return
-        await self._record(candidate, hook.phid, props, attempt, duration)
+            return False
+        self._inflight.track(
+            Deferred.fromCoroutine(
+                self._write_back(candidate, hook.phid, claimed.props, attempt, duration)
+            )
+        )
+        return True
+
+    def _claim_still_covers(self, claimed: _Claimed) -> bool:
+        """A row claimed ahead waited for the POST before it; it is only sent if its
+        lease still covers a whole attempt. Otherwise nothing is sent or written: the
+        row goes out once the lease has run out, by whichever replica claims it."""
+        waited = self._clock.seconds() - claimed.at
+        lease = self._settings.effective_lease
+        if waited + self._settings.delivery_timeout + LEASE_MARGIN <= lease:
+            return True
+        log.info(
+            "WEBHOOK_CLAIM_EXPIRED request={request} hook={hook} waited={waited}",
+            request=claimed.candidate.phid,
+            hook=claimed.hook.phid,
+            waited=round(waited, 3),
+        )
+        return False
+
+    async def _write_back(
+        self,
+        candidate: Candidate,
+        hook_phid: str,
+        props: payload.Properties,
+        attempt: Attempt,
+        duration: float,
+    ) -> None:
+        """Step 8, beside the slot: record the attempt, then free the row and its hook."""
+        try:
+            await self._record(candidate, hook_phid, props, attempt, duration)
+        except Exception:
+            log.failure(
+                "WEBHOOK_PROCESS_FAILED request={request}",
+                level=LogLevel.error,
+                request=candidate.phid,
+            )
+        finally:
+            self._in_process.discard(candidate.id)
+            self._busy.discard(hook_phid)
+            self._fill()
+            self._maybe_wake()
 
     async def _read_properties(self, candidate: Candidate) -> payload.Properties | None:
         """Step 1: the stored document; an unreadable one retires the row."""
@@ -409,7 +562,7 @@ class Dispatcher:
     async def _claim(self, candidate: Candidate, hook: Hook) -> bool:
         """Step 6: the compare-and-set; nothing is sent without it."""
         try:
-            won = await self._store.claim(candidate)
+            won = await self._claims.submit(candidate)
         except Exception as e:
             self._drop_line(hook.phid)
             self._metrics.claims.labels(result="error").inc()
@@ -491,9 +644,8 @@ class Dispatcher:
         if not attempt.ok:
             self._breaker.failed(hook_phid)
         self._note_gone(candidate, hook_phid, attempt)
-        changed = await self._write(
-            candidate, lambda: self._store.finish(candidate, status, result, properties)
-        )
+        written = Outcome(candidate, status, result, properties)
+        changed = await self._write(candidate, lambda: self._writes.submit(written))
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()
@@ -629,7 +781,7 @@ class Dispatcher:
         """No new work; in-flight deliveries finish and write; past the budget, abort."""
         self._stopping = True
         self._lines.clear()
-        if await self._inflight.drain(budget, self._clock):
+        if await self._settled(budget, self._clock):
             return
         log.warn(
             "WEBHOOK_SHUTDOWN_ABANDONED deliveries={count} budget={budget}",
@@ -637,7 +789,7 @@ class Dispatcher:
             budget=budget,
         )
         self._transport.abort_all()
-        await self._inflight.drain(ABORT_GRACE, self._clock)
+        await self._settled(ABORT_GRACE, self._clock)
 
 
 def _rejected(attempt: Attempt) -> bool:

@@ -215,6 +215,7 @@ def build_webhook_service(
         settings=settings,
         clock=clock,
         metrics=metrics,
+        batch_clock=reactor,
     )
 
     deliveries = DeliveryLog(

@@ -45,6 +45,9 @@ START_OVERLAP = 1000  # the newest ids at start-up are read as new ones (holes t
 LOAD_CHUNK = 40 * BLOCK  # ids counted per statement by the start-up pass
 SWEEP_RATE = 2000.0  # ids recounted per second by the background pass
 SWEEP_MAX_STEPS = 4  # blocks per poll at most, however long since the last one
+# A batch write of this many rows or fewer runs the one-row statement per row
+# (begin, n writes, commit: no more round trips than lock, write, begin, commit).
+PER_ROW_WRITES = 2
 IDS_PER_STATEMENT = 500  # SQLite's old limit is 999 bound parameters
 LIST_WINDOW = 2000  # ids per statement of the delivery log's listing
 LIST_BUDGET = 10_000  # ids one listing call reads at most
@@ -105,12 +108,34 @@ SQL_CLAIM = (
     " WHERE id = %s AND status = 'queued' AND dateModified = %s"
 )
 
+# A batch claim (docs/webhook.md, "Claiming and writing back") moves every
+# candidate's row still at the version it was read at, in one statement. When
+# that moved some rows but not all, it is undone and the rows are locked first,
+# so the versions read are the ones won.
+SQL_LOCK_ROWS = "SELECT id, status, dateModified FROM herald_webhookrequest WHERE id IN ({marks})"
+
+SQL_CLAIM_ROWS = (
+    "UPDATE herald_webhookrequest"
+    " SET dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
+    " WHERE id IN ({marks}) AND status = 'queued' AND dateModified = CASE id{versions} END"
+)
+
 # A delivery result follows a won claim.
 SQL_FINISH = (
     "UPDATE herald_webhookrequest"
     " SET status = %s, lastRequestResult = %s, lastRequestEpoch = UNIX_TIMESTAMP(),"
     " properties = %s, dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
     " WHERE id = %s AND status = 'queued'"
+)
+
+# The same for several rows at once (a batch write, docs/webhook.md, "Claiming and
+# writing back"): each row gets exactly the values SQL_FINISH would give it.
+SQL_FINISH_ROWS = (
+    "UPDATE herald_webhookrequest"
+    " SET status = CASE id{statuses} END, lastRequestResult = CASE id{results} END,"
+    " lastRequestEpoch = UNIX_TIMESTAMP(), properties = CASE id{documents} END,"
+    " dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
+    " WHERE id IN ({marks}) AND status = 'queued'"
 )
 
 # Configuration failures are written without a claim, so only over the version we read.
@@ -261,6 +286,20 @@ def _chunks(ids: Sequence[int]) -> Iterable[Sequence[int]]:
 
 def _marks(n: int) -> str:
     return ", ".join(["%s"] * n)
+
+
+class BatchConflict(Exception):
+    """A batch statement changed other rows than the ones it had locked (rolled back)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A delivery result to write over a row this process claimed."""
+
+    candidate: Candidate
+    status: str
+    result: str
+    properties: str
 
 
 @dataclass(frozen=True)
@@ -673,20 +712,150 @@ class WebhookStore:
             self._view.changed_elsewhere(candidate.id, stamp)
         return won
 
+    async def claim_many(self, candidates: Sequence[Candidate]) -> list[bool]:
+        """Claim several candidates at once; for each, True iff this process now owns it.
+
+        One transaction and one compare-and-set statement for all of them. If it
+        moved every row, or none, that decides; if it moved some, it is rolled
+        back, the rows are locked and read, those still at the version their
+        candidate was read at are won and moved again in one statement.
+        Whoever locks a row second reads the version the first one wrote, so
+        every row has at most one winner.
+        """
+        if not candidates:
+            return []
+        if len(candidates) == 1:
+            return [await self.claim(candidates[0])]
+        try:
+            won = await self.db.run("claim_batch", self._claim_rows, list(candidates))
+        except Exception:
+            stamp = self._view.stamp()
+            for candidate in candidates:
+                self._view.changed_elsewhere(candidate.id, stamp)
+            raise
+        stamp = self._view.stamp()
+        for candidate in candidates:
+            if candidate.id in won:
+                self._view.claimed(candidate.id, candidate.version, stamp)
+            else:
+                self._view.changed_elsewhere(candidate.id, stamp)
+        return [candidate.id in won for candidate in candidates]
+
+    def _claim_rows(self, txn, candidates: list[Candidate]) -> set[int]:
+        """All rows moved or none: the count says which. Some of them: roll back and
+        decide under lock which ones are still at the version read."""
+        self._engine.begin_atomic(txn)
+        moved = self._move_versions(txn, candidates)
+        if moved in (0, len(candidates)):
+            self._engine.commit_atomic(txn)
+            return {candidate.id for candidate in candidates} if moved else set()
+        self._engine.rollback_atomic(txn)
+        self._engine.begin_atomic(txn)
+        current = self._lock_rows(txn, [candidate.id for candidate in candidates])
+        winners = [c for c in candidates if current.get(c.id) == (QUEUED, c.version)]
+        if self._move_versions(txn, winners) != len(winners):
+            raise BatchConflict(f"not every one of {len(winners)} locked rows was claimed")
+        self._engine.commit_atomic(txn)
+        return {candidate.id for candidate in winners}
+
+    def _lock_rows(self, txn, ids: list[int]) -> dict[int, tuple[str, int]]:
+        """Status and version of each row, locked until the transaction ends."""
+        statement = SQL_LOCK_ROWS.format(marks=_marks(len(ids))) + self._engine.for_update
+        self._execute(txn, statement, ids)
+        return {int(row[0]): (_text(row[1]), int(row[2])) for row in txn.fetchall()}
+
+    def _move_versions(self, txn, candidates: list[Candidate]) -> int:
+        """The claim's write for each row still at the version it was read at; the
+        rows moved."""
+        if not candidates:
+            return 0
+        statement = SQL_CLAIM_ROWS.format(
+            marks=_marks(len(candidates)), versions=" WHEN %s THEN %s" * len(candidates)
+        )
+        versions = [value for c in candidates for value in (c.id, c.version)]
+        self._execute(txn, statement, [c.id for c in candidates] + versions)
+        return int(txn.rowcount)
+
     async def finish(self, candidate: Candidate, status: str, result: str, properties: str) -> int:
         """Write a delivery outcome; returns the rows changed (0: row gone)."""
-        try:
-            changed = await self._rowcount(
-                SQL_FINISH, (status, result, properties, candidate.id), description="finish"
-            )
-        except Exception:
-            self._view.changed_elsewhere(candidate.id, self._view.stamp())
-            raise
-        if changed:
-            self._view.finished(candidate.id, candidate.version, status, result, self._view.stamp())
-        else:
-            self._view.changed_elsewhere(candidate.id, self._view.stamp())
+        (changed,) = await self.finish_many([Outcome(candidate, status, result, properties)])
         return changed
+
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> list[int]:
+        """Write several delivery outcomes in one transaction; the rows changed for
+        each (0: row gone). A failure writes none of them."""
+        try:
+            changed = await self._write_outcomes(list(outcomes))
+        except Exception:
+            stamp = self._view.stamp()
+            for outcome in outcomes:
+                self._view.changed_elsewhere(outcome.candidate.id, stamp)
+            raise
+        stamp = self._view.stamp()
+        for outcome, count in zip(outcomes, changed, strict=True):
+            self._note_finished(outcome, count, stamp)
+        return changed
+
+    async def _write_outcomes(self, outcomes: list[Outcome]) -> list[int]:
+        if not outcomes:
+            return []
+        if len(outcomes) == 1:
+            statement, values = self._finish_statement(outcomes[0])
+            return [await self._rowcount(statement, values, description="finish")]
+        # Rows in id order: the order a batch claim locks them in.
+        ordered = sorted(outcomes, key=lambda outcome: outcome.candidate.id)
+        changed = await self.db.run("finish_batch", self._write_in_order, ordered)
+        by_id = {
+            outcome.candidate.id: count for outcome, count in zip(ordered, changed, strict=True)
+        }
+        return [by_id[outcome.candidate.id] for outcome in outcomes]
+
+    def _write_in_order(self, txn, outcomes: list[Outcome]) -> list[int]:
+        """Lock the rows, then write every row still queued in one statement; up to
+        PER_ROW_WRITES rows, one statement per row costs no more round trips."""
+        self._engine.begin_atomic(txn)
+        if len(outcomes) <= PER_ROW_WRITES:
+            changed = []
+            for outcome in outcomes:
+                self._execute(txn, *self._finish_statement(outcome))
+                changed.append(txn.rowcount)
+            self._engine.commit_atomic(txn)
+            return changed
+        current = self._lock_rows(txn, [outcome.candidate.id for outcome in outcomes])
+        queued = [o for o in outcomes if current.get(o.candidate.id, ("", 0))[0] == QUEUED]
+        self._write_rows(txn, queued)
+        self._engine.commit_atomic(txn)
+        written = {outcome.candidate.id for outcome in queued}
+        return [int(outcome.candidate.id in written) for outcome in outcomes]
+
+    def _write_rows(self, txn, outcomes: list[Outcome]) -> None:
+        if not outcomes:
+            return
+        cases = " WHEN %s THEN %s" * len(outcomes)
+        statement = SQL_FINISH_ROWS.format(
+            statuses=cases, results=cases, documents=cases, marks=_marks(len(outcomes))
+        )
+        values: list[Any] = []
+        for column in ("status", "result", "properties"):
+            values += [v for o in outcomes for v in (o.candidate.id, getattr(o, column))]
+        values += [outcome.candidate.id for outcome in outcomes]
+        self._execute(txn, statement, values)
+        if txn.rowcount != len(outcomes):
+            raise BatchConflict(f"{txn.rowcount} of {len(outcomes)} locked rows written")
+
+    @staticmethod
+    def _finish_statement(outcome: Outcome) -> tuple[str, tuple[Any, ...]]:
+        values = (outcome.status, outcome.result, outcome.properties, outcome.candidate.id)
+        return SQL_FINISH, values
+
+    def _note_finished(self, outcome: Outcome, changed: int, stamp: int) -> None:
+        candidate = outcome.candidate
+        if changed:
+            self._view.finished(
+                candidate.id, candidate.version, outcome.status, outcome.result, stamp
+            )
+        else:
+            self._view.changed_elsewhere(candidate.id, stamp)
 
     async def retire(self, candidate: Candidate, properties: str) -> int:
         """Configuration failure: failed / none / 0, only over the version read."""
