@@ -572,9 +572,6 @@ async def main(reactor, args) -> None:
         db.stop()
     lower = min(http_rate, sql_rate)
     latencies.sort()
-    p50 = statistics.median(latencies)
-    p90 = latencies[int(0.9 * (len(latencies) - 1))]
-    poll = POLL
     print(
         f"rows={args.rows} hooks={args.hooks} concurrency={bench.concurrency}"
         f" log_level={args.log_level}"
@@ -587,6 +584,11 @@ async def main(reactor, args) -> None:
         f"   (target >= 0.8; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
         f" x{daemon_rate / PHORGE_RATE:.1f})"
     )
+    if not latencies:
+        return  # --latency-samples 0
+    p50 = statistics.median(latencies)
+    p90 = latencies[int(0.9 * (len(latencies) - 1))]
+    poll = POLL
     print(
         f"pickup latency (poll {poll:.1f} s): p50 {p50 * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms,"
         f" max {latencies[-1] * 1000:.0f} ms   (target p50 < {(poll / 2 + 0.02) * 1000:.0f} ms;"
