@@ -28,7 +28,7 @@ filled by INSERT … SELECT doubling), one gorge-webhook polls every 100 ms:
 * the start-up pass, and for comparison the former candidate query
   (``status = 'queued' … ORDER BY id LIMIT``) run directly.
 
-Usage: python bench/webhook.py [--rows 2000] [--hooks 50] [--latency-samples 30]
+Usage: python bench/webhook.py [--rows 2000] [--hooks 50] [--latency-samples 30] [--profile FILE]
        python bench/webhook.py --history [--sizes 0,100000,1000000] [--idle-seconds 10]
 """
 
@@ -51,6 +51,7 @@ from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults  #
 from twisted.internet.task import deferLater, react  # noqa: E402
 from twisted.logger import globalLogBeginner  # noqa: E402
 
+from bench.daemons import top_entries  # noqa: E402
 from gorge.logging import make_observer  # noqa: E402
 from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
 
@@ -243,14 +244,31 @@ class Bench:
                 or 0.0
             )
 
+        spy = self.start_profile()
         started = time.perf_counter()
         service.startService()
         while delivered() < self.args.rows:
             await deferLater(self.reactor, 0.005)
         rate = self.args.rows / (time.perf_counter() - started)
+        self.stop_profile(spy)
         latencies = await self.pickup(name, service)
         await service.stopService()
         return rate, latencies
+
+    def start_profile(self) -> subprocess.Popen | None:
+        """py-spy on this process while the daemon drains (``--profile FILE``)."""
+        if not self.args.profile:
+            return None
+        spy = str(Path(sys.executable).with_name("py-spy"))
+        argv = [spy, "record", "--format", "raw", "--rate", "250", "--nonblocking"]
+        argv += ["--output", self.args.profile, "--pid", str(os.getpid())]
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop_profile(self, spy: subprocess.Popen | None) -> None:
+        if spy is None:
+            return
+        spy.send_signal(2)  # SIGINT: py-spy writes what it has and exits
+        spy.wait(30)
 
     async def pickup(self, name: str, service) -> tuple[list[float], list[float]]:
         """Rows inserted into the idle daemon at phases spread evenly over one poll interval.
@@ -584,6 +602,10 @@ async def main(reactor, args) -> None:
         f"   (target >= 0.8; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
         f" x{daemon_rate / PHORGE_RATE:.1f})"
     )
+    if args.profile:
+        print("where this process spends its time while the daemon drains: own %, with callees %")
+        for own, total, frame in top_entries(Path(args.profile), 25):
+            print(f"  {own:5.1f} {total:5.1f}  {frame}")
     if not latencies:
         return  # --latency-samples 0
     p50 = statistics.median(latencies)
@@ -611,6 +633,12 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--sizes", default="0,100000,1000000", help="history sizes for --history, comma-separated"
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        metavar="FILE",
+        help="py-spy samples of the daemon phase, collapsed stacks (needs py-spy)",
     )
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--stats-samples", type=int, default=50)
