@@ -398,11 +398,7 @@ class Dispatcher:
             if not await self._claim(candidate, hook):
                 return None
         except Exception:
-            log.failure(
-                "WEBHOOK_PROCESS_FAILED request={request}",
-                level=LogLevel.error,
-                request=candidate.phid,
-            )
+            _process_failed(candidate)
             return None
         return _Claimed(candidate, hook, props, destination, self._clock.seconds())
 
@@ -417,11 +413,7 @@ class Dispatcher:
                 candidate, hook, claimed.props, claimed.destination
             )
         except Exception:
-            log.failure(
-                "WEBHOOK_PROCESS_FAILED request={request}",
-                level=LogLevel.error,
-                request=candidate.phid,
-            )
+            _process_failed(candidate)
             return False
         if attempt.aborted:
             self._metrics.deliveries.labels(outcome="abandoned").inc()
@@ -466,14 +458,9 @@ class Dispatcher:
         try:
             await self._record(candidate, hook_phid, props, attempt, duration)
         except Exception:
-            log.failure(
-                "WEBHOOK_PROCESS_FAILED request={request}",
-                level=LogLevel.error,
-                request=candidate.phid,
-            )
+            _process_failed(candidate)
         finally:
-            self._in_process.discard(candidate.id)
-            self._busy.discard(hook_phid)
+            self._release(candidate)
             self._fill()
             self._maybe_wake()
 
@@ -790,6 +777,14 @@ class Dispatcher:
         )
         self._transport.abort_all()
         await self._settled(ABORT_GRACE, self._clock)
+
+
+def _process_failed(candidate: Candidate) -> None:
+    """An unexpected error in a row's steps: logged with its traceback; the row
+    is read again at a later tick."""
+    log.failure(
+        "WEBHOOK_PROCESS_FAILED request={request}", level=LogLevel.error, request=candidate.phid
+    )
 
 
 def _rejected(attempt: Attempt) -> bool:
