@@ -35,8 +35,6 @@ ANSWER_LIMIT = 1024 * 1024
 OWNER_HOST_BYTES = 32
 
 _encoder = json.JSONEncoder(separators=(",", ":"))
-# Stands for the X-Lease-Owner header: the lease and every report carry it.
-_OWNER: dict[bytes, bytes] = {}
 
 
 def truncate_host(host: str, limit: int = OWNER_HOST_BYTES) -> str:
@@ -141,19 +139,17 @@ class QueueClient:
         body: dict,
         *,
         timeout: float | None = None,
-        extra=None,
+        fenced: bool = False,
         answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = encode_url(self._endpoint.base_url + path)
         payload = _encoder.encode(body).encode()
-        if extra is None:
-            headers = self._base_headers
-        elif extra is _OWNER:
-            headers = self._owner_headers
-        else:
-            headers = self._headers(extra)
+        # ``fenced``: the call names the lease owner (the lease, and every
+        # report, so a queue that fences refuses a report from a worker whose
+        # lease was taken over: 409).
+        headers = self._owner_headers if fenced else self._base_headers
         # A held lease call asks for more than the usual timeout (its wait).
         limit = self._timeout if timeout is None else timeout
         try:
@@ -213,7 +209,7 @@ class QueueClient:
                 "/api/queue/lease",
                 body,
                 timeout=self._timeout + wait,
-                extra=_OWNER,
+                fenced=True,
                 answer_limit=LEASE_ANSWER_LIMIT,
             )
         except QueueError as exc:
@@ -221,11 +217,6 @@ class QueueClient:
                 f"lease: {exc}", status=exc.status, code=exc.code, transient=exc.transient
             ) from None
         return validate_lease_answer(data, limit)
-
-    def _fenced(self) -> dict[bytes, bytes]:
-        # Result reports name the lease owner, so a queue that fences refuses
-        # a report from a worker whose lease was taken over (409).
-        return _OWNER
 
     async def renew(self, task_ids: list[int], *, timeout: float) -> dict[int, int | None]:
         """Extend our leases on ``task_ids``: each id's new ``leaseExpires``, or
@@ -235,7 +226,7 @@ class QueueClient:
             "/api/queue/renew",
             {"taskIDs": list(task_ids)},
             timeout=min(timeout, self._timeout),
-            extra=self._fenced(),
+            fenced=True,
         )
         if not isinstance(data, list):
             raise QueueError(
@@ -259,12 +250,12 @@ class QueueClient:
             REPORT_PATH,
             {"reports": entries},
             timeout=min(timeout, self._timeout),
-            extra=self._fenced(),
+            fenced=True,
         )
 
     def _report(self, path: str, body: dict, outcome: str, timeout: float) -> Deferred:
         async def single(left: float) -> None:
-            await self._call(path, body, timeout=min(left, self._timeout), extra=self._fenced())
+            await self._call(path, body, timeout=min(left, self._timeout), fenced=True)
 
         return self._reports.submit({**body, "outcome": outcome}, timeout, single)
 
