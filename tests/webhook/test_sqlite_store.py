@@ -97,10 +97,8 @@ async def test_golden_cases_on_sqlite(sqlite_service, receiver):
     )
 
 
-async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
-    service, clock, path = sqlite_service
-    assert await service.part("store").ping() is None
-    db = SQLiteHerald(path)
+def _insert_hook_a(db: SQLiteHerald, receiver) -> None:
+    """The enabled hook ``PHID-HWBH-a``, posting to the receiver's ``/a``."""
     db.insert(
         "herald_webhook",
         dict(
@@ -115,6 +113,13 @@ async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
             dateModified=T0,
         ),
     )
+
+
+async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
+    service, clock, path = sqlite_service
+    assert await service.part("store").ping() is None
+    db = SQLiteHerald(path)
+    _insert_hook_a(db, receiver)
     request_id = db.insert(
         "herald_webhookrequest",
         dict(
@@ -144,20 +149,7 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
     service, clock, path = sqlite_service
     assert await service.part("store").ping() is None
     db = SQLiteHerald(path)
-    db.insert(
-        "herald_webhook",
-        dict(
-            phid="PHID-HWBH-a",
-            name="a",
-            webhookURI=f"{receiver.base}/a",
-            viewPolicy="u",
-            editPolicy="u",
-            status="enabled",
-            hmacKey="k" * 32,
-            dateCreated=T0,
-            dateModified=T0,
-        ),
-    )
+    _insert_hook_a(db, receiver)
     old = db.insert(
         "herald_webhookrequest",
         dict(
