@@ -9,6 +9,7 @@ into one line on stderr and exit status 2.
 from __future__ import annotations
 
 import builtins
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,8 +18,10 @@ __all__ = [
     "ConfigError",
     "Env",
     "HttpSettings",
+    "MYSQL_TLS_MODES",
     "MySQLSettings",
     "load_http_settings",
+    "load_mysql_tls",
     "parse_bool",
     "parse_int",
     "parse_listen_addr",
@@ -263,7 +266,29 @@ class MySQLSettings:
     connect_timeout: int = 5
     read_timeout: int = 30
     write_timeout: int = 30
+    # One of MYSQL_TLS_MODES; ``tls_ca`` (a PEM file) only with ``verify``.
+    tls: str = "preferred"
+    tls_ca: str = ""
 
     def describe(self) -> str:
         """For start-up logs: everything but the password."""
         return f"{self.user}@{self.host}:{self.port}/{self.database}"
+
+
+# disabled: plain TCP. preferred: TLS when the server offers it, unverified
+# (what the MySQL clients do by default). required: TLS or no connection,
+# unverified. verify: TLS with the server's certificate checked against the
+# system's CAs (or the given file) and its name against the host.
+MYSQL_TLS_MODES = ("preferred", "disabled", "required", "verify")
+
+
+def load_mysql_tls(env: Env, mode_name: str, ca_name: str) -> tuple[str, str]:
+    """The TLS mode and CA file settings: MySQLSettings' ``tls`` and ``tls_ca``."""
+    mode = env.choice(mode_name, "preferred", MYSQL_TLS_MODES)
+    ca = env.str(ca_name, "")
+    if ca:
+        if mode != "verify":
+            raise ConfigError(ca_name, f"is only used with {mode_name}=verify")
+        if not os.access(ca, os.R_OK) or not os.path.isfile(ca):
+            raise ConfigError(ca_name, f"{ca!r} is not a readable file")
+    return mode, ca

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gorge.config import ConfigError, Env, HttpSettings, MySQLSettings, load_http_settings
+from gorge.config import (
+    ConfigError,
+    Env,
+    HttpSettings,
+    MySQLSettings,
+    load_http_settings,
+    load_mysql_tls,
+)
 from gorge.redis import RedisSettings, parse_redis_addr
 from gorge.taskqueue.model import DEFAULT_LEASE_DURATION, DEFAULT_RETRY_WAIT, UINT32_MAX
 
@@ -36,6 +43,7 @@ def load_settings(
     env = Env(environ, "gorge-taskqueue")
     http = load_http_settings(env, default_listen=DEFAULT_LISTEN, listen_override=listen)
     backend = env.choice("GORGE_TASKQUEUE_BACKEND", "mysql", BACKENDS)
+    tls, tls_ca = load_mysql_tls(env, "GORGE_TASKQUEUE_MYSQL_TLS", "GORGE_TASKQUEUE_MYSQL_TLS_CA")
     mysql = MySQLSettings(
         host=env.str("GORGE_TASKQUEUE_MYSQL_HOST", "127.0.0.1"),
         port=env.int("GORGE_TASKQUEUE_MYSQL_PORT", 3306, min=1, max=65535),
@@ -43,6 +51,8 @@ def load_settings(
         password=env.str("GORGE_TASKQUEUE_MYSQL_PASS", ""),
         database=env.str("GORGE_TASKQUEUE_NAMESPACE", "phorge") + "_worker",
         max_connections=25,
+        tls=tls,
+        tls_ca=tls_ca,
     )
     redis = RedisSettings()
     prefix = "gorge:tq:"

@@ -45,7 +45,9 @@ class MariaDBServer(ThrowawayServer):
     process_name = "mariadbd"
     ready_deadline_seconds = _READY_DEADLINE_SECONDS
 
-    def __init__(self) -> None:
+    def __init__(self, extra_options: tuple[str, ...] = ()) -> None:
+        # ``extra_options``: more mariadbd options, e.g. a certificate to offer TLS.
+        self._extra_options = tuple(extra_options)
         self._mariadbd = find_binary("mariadbd", "mysqld")
         self._install_db = find_binary("mariadb-install-db", "mysql_install_db")
         super().__init__("gorge-mariadb-")
@@ -107,6 +109,7 @@ class MariaDBServer(ThrowawayServer):
             f"--bind-address={HOST}",
             "--skip-networking=0",
             *_SERVER_OPTIONS,
+            *self._extra_options,
         ]
 
     @property

@@ -6,7 +6,14 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gorge.config import ConfigError, Env, HttpSettings, MySQLSettings, load_http_settings
+from gorge.config import (
+    ConfigError,
+    Env,
+    HttpSettings,
+    MySQLSettings,
+    load_http_settings,
+    load_mysql_tls,
+)
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -130,12 +137,15 @@ def load_webhook_settings(
         env, default_listen=":8160", listen_override=listen, legacy_names=True
     )
     namespace = env.str(("GORGE_WEBHOOK_NAMESPACE", "STORAGE_NAMESPACE"), "phorge")
+    tls, tls_ca = load_mysql_tls(env, "GORGE_WEBHOOK_MYSQL_TLS", "GORGE_WEBHOOK_MYSQL_TLS_CA")
     mysql = MySQLSettings(
         host=env.str(name("MYSQL_HOST"), "127.0.0.1"),
         port=env.int(name("MYSQL_PORT"), 3306, min=1, max=65535),
         user=env.str(name("MYSQL_USER"), "phorge"),
         password=env.str(name("MYSQL_PASS"), ""),
         database=f"{namespace}_herald",
+        tls=tls,
+        tls_ca=tls_ca,
     )
     return WebhookSettings(
         http=http,
