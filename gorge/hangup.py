@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.logger import Logger
+
+from gorge.logger import Logger
 
 log = Logger()
 

@@ -25,7 +25,6 @@ from twisted.logger import (
     FilteringLogObserver,
     ILogObserver,
     LogEvent,
-    Logger,
     LogLevel,
     LogLevelFilterPredicate,
     formatEvent,
@@ -33,6 +32,7 @@ from twisted.logger import (
 from zope.interface import implementer
 
 from gorge.config import ConfigError
+from gorge.logger import Logger
 
 __all__ = [
     "request_id_var",

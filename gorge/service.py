@@ -20,11 +20,12 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succee
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import ILogObserver, Logger, LogLevel
+from twisted.logger import ILogObserver, LogLevel
 from twisted.python.components import Componentized
 from twisted.python.failure import Failure
 
 from gorge.config import ConfigError
+from gorge.logger import Logger
 from gorge.logging import forward_stdlib_logging, make_observer
 
 __all__ = [

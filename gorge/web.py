@@ -32,12 +32,13 @@ from twisted.internet.defer import Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import connectionDone
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from gorge.logger import Logger
 from gorge.logging import redact_uri, request_id_var
 from gorge.service import InFlight
 

@@ -9,11 +9,11 @@ import pytest_twisted
 from hypothesis import given
 from hypothesis import strategies as st
 from treq.testing import StubTreq
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
+from gorge.logger import Logger
 from tests.support.contract import (
     MISSING,
     Answer,

@@ -20,7 +20,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.logger import (
     ILogObserver,
-    Logger,
     LogLevel,
     globalLogBeginner,
     globalLogPublisher,
@@ -50,6 +49,7 @@ from gorge.demo.seed import (
 from gorge.demo.services import DemoSettings, DemoStack, build_stack, demo_settings
 from gorge.demo.smtp import SinkFactory, SmtpSink
 from gorge.demo.state import RESULT_NAMES, DemoState
+from gorge.logger import Logger
 
 log = Logger()
 

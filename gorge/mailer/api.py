@@ -5,9 +5,9 @@ and the 10 MiB body limit."""
 from __future__ import annotations
 
 from klein import Klein
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.web import ApiError, OpenApiDocument, add_error_handlers, fail, ok
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
+
+from gorge.logger import Logger
 
 from .backends.base import Backend
 from .message import Message

@@ -12,11 +12,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
 from twisted.internet.task import deferLater
-from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.hangup import ReloadOnHangup
 from gorge.httpclient import make_agent
+from gorge.logger import Logger
 from gorge.service import (
     ServiceTree,
     StopBudget,

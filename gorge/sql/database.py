@@ -27,9 +27,9 @@ from twisted.enterprise import adbapi
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger
 
 from gorge.config import MySQLSettings
+from gorge.logger import Logger
 from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
 
 __all__ = ["ATTEMPTS", "DEADLINE", "Database", "TransactionTimeout", "Transactions"]

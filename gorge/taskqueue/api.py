@@ -9,11 +9,12 @@ from typing import Any
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.model import (

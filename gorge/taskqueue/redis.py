@@ -37,10 +37,11 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 
 from gorge import redis as gredis
 from gorge.config import ConfigError
+from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,

@@ -7,9 +7,9 @@ import os
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
 from twisted.internet.defer import Deferred
-from twisted.logger import Logger
 from twisted.python import usage
 
+from gorge.logger import Logger
 from gorge.service import (
     InFlight,
     Poller,

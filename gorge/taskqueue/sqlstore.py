@@ -18,8 +18,9 @@ from typing import Any
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 
+from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.sql import Database, Engine
 from gorge.taskqueue.counts import TaskCounts

@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from twisted.internet.defer import Deferred
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
+from gorge.logger import Logger
 from gorge.taskqueue.model import (
     REPORT_COMPLETE,
     REPORT_FAIL,

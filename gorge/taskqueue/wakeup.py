@@ -23,7 +23,9 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
+
+from gorge.logger import Logger
 
 log = Logger()
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
+from gorge.logger import Logger
 from gorge.webhook.metrics import WebhookMetrics
 
 log = Logger()

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 
 from gorge import mysql as platform_mysql
+from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.webhook import payload, retryafter
 from gorge.webhook.batching import Coalescer

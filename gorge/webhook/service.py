@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry
 from twisted.application.service import IService
 from twisted.internet.defer import Deferred
-from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import Env
+from gorge.logger import Logger
 from gorge.service import (
     Poller,
     ServiceTree,

@@ -27,9 +27,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
 from gorge.config import MySQLSettings
+from gorge.logger import Logger
 from gorge.sql import Database
 from gorge.webhook.queueview import BLOCK, Counts, QueueView, Seen, SweepStep, block_of
 

@@ -14,9 +14,9 @@ from urllib.parse import urlencode
 
 from twisted.internet.defer import CancelledError, DeferredSemaphore
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
 from gorge.httpclient import Cause, TransportFailure, exchange
+from gorge.logger import Logger
 
 log = Logger()
 

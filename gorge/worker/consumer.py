@@ -19,8 +19,9 @@ from typing import Any
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall, deferLater
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 
+from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.worker.lease import LeaseGuard, LeaseKeeper, LeaseLost
 from gorge.worker.metrics import WorkerMetrics

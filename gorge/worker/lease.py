@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
+from gorge.logger import Logger
 from gorge.worker.queueclient import CALL_TIMEOUT, QueueError
 
 log = Logger()

@@ -17,10 +17,10 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 from twisted.web.iweb import IAgent
 
 from gorge.httpclient import Cause, TransportFailure, encode_url, exchange
+from gorge.logger import Logger
 from gorge.worker.queueerror import QueueError
 from gorge.worker.reports import REPORT_PATH, ReportBatcher
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
+from gorge.logger import Logger
 from gorge.worker.queueerror import QueueError
 
 log = Logger()

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
 from twisted.internet.defer import Deferred, TimeoutError
-from twisted.logger import Logger
 from twisted.python import usage
 
 from gorge.config import ConfigError
 from gorge.hangup import ReloadOnHangup
 from gorge.httpclient import make_agent
+from gorge.logger import Logger
 from gorge.service import Poller, ServiceTree, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi

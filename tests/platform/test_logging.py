@@ -6,9 +6,11 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from twisted.logger import Logger, LogPublisher
+from twisted.logger import Logger as TwistedLogger  # noqa: TID251 - the reference
+from twisted.logger import LogLevel, LogPublisher
 
 from gorge.config import ConfigError
+from gorge.logger import Logger
 from gorge.logging import make_observer, redact_uri, request_id_var, scrub
 
 
@@ -109,3 +111,33 @@ def test_redacted_uri_never_contains_the_token(secret):
 
 def test_scrub_longest_first():
     assert scrub("key=abcdef and abc", ["abc", "abcdef"]) == "key=[REDACTED] and [REDACTED]"
+
+
+@given(
+    level=st.sampled_from(list(LogLevel.iterconstants())),
+    fields=st.dictionaries(
+        st.from_regex(r"[a-z][a-z_]{0,10}", fullmatch=True).filter(
+            lambda k: not k.startswith("log_")
+        ),
+        st.integers() | st.text(max_size=5),
+        max_size=4,
+    ),
+)
+def test_gorge_logger_emits_the_events_twisteds_logger_emits(level, fields):
+    events: dict[str, list] = {"gorge": [], "twisted": []}
+    for name, cls in (("gorge", Logger), ("twisted", TwistedLogger)):
+        cls(namespace="gorge.test", observer=events[name].append).emit(
+            level, "EVENT a={a}", **fields
+        )
+    (ours,), (theirs,) = events["gorge"], events["twisted"]
+    ours.pop("log_time"), theirs.pop("log_time")
+    assert ours.pop("log_logger").namespace == theirs.pop("log_logger").namespace
+    assert ours == theirs
+
+
+def test_gorge_logger_reports_a_level_that_is_not_one():
+    events: list = []
+    Logger(namespace="gorge.test", observer=events.append).emit("loud", "EVENT")
+    (event,) = events
+    assert event["log_level"] is LogLevel.critical
+    assert event["invalidLevel"] == "loud"

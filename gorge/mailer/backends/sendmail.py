@@ -11,8 +11,9 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
-from twisted.logger import Logger
 from twisted.python.failure import Failure
+
+from gorge.logger import Logger
 
 from ..message import Message
 from ..mime import build_mime

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from twisted.logger import Logger
-
+from gorge.logger import Logger
 from gorge.worker.conduit import ConduitClient, ConduitError
 from gorge.worker.outcome import MIN_YIELD_SECONDS, PermanentFailure, RetryLater, Yield
 from gorge.worker.registry import is_php_class_name

@@ -15,9 +15,9 @@ from urllib.parse import quote_plus
 
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
 from gorge.httpclient import Cause, TransportFailure, exchange
+from gorge.logger import Logger
 from gorge.logging import redact_uri
 from gorge.worker.outcome import PermanentFailure, RetryLater
 

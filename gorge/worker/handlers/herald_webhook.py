@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from twisted.logger import Logger
+from gorge.logger import Logger
 
 log = Logger()
 

@@ -7,7 +7,7 @@ the no-op class benchmarks measure the queue and the worker with.
 
 from __future__ import annotations
 
-from twisted.logger import Logger
+from gorge.logger import Logger
 
 log = Logger()
 
