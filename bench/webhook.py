@@ -2,7 +2,7 @@
 
 Starts a throwaway MariaDB (gorge.testing) and a minimal receiver in its own
 process (answers 200 at once), then, in this process and with the same
-concurrency (GORGE_WEBHOOK_MAX_CONCURRENT, default 8):
+concurrency (GORGE_WEBHOOK_MAX_CONCURRENT, the daemon's default unless set):
 
 1. raw HTTP bound: the N signed bodies POSTed by a bare treq client, no database;
 2. raw SQL bound: the claim + finish statements (plus the candidate query per
@@ -142,7 +142,11 @@ class Bench:
         self.db = db
         self.base = base
         self.args = args
-        self.concurrency = int(os.environ.get("GORGE_WEBHOOK_MAX_CONCURRENT") or 8)
+        from gorge.webhook.settings import DEFAULT_MAX_CONCURRENT
+
+        self.concurrency = int(
+            os.environ.get("GORGE_WEBHOOK_MAX_CONCURRENT") or DEFAULT_MAX_CONCURRENT
+        )
 
     def settings(self, database: str, **overrides):
         from gorge.config import HttpSettings

@@ -33,7 +33,7 @@ def test_defaults():
     s = load_webhook_settings({})
     assert s.http.listen_addr == ":8160" and s.http.endpoint == "tcp:8160"
     assert s.mysql.database == "phorge_herald" and s.mysql.host == "127.0.0.1"
-    assert (s.poll_interval, s.delivery_timeout, s.max_concurrent) == (1.0, 15, 8)
+    assert (s.poll_interval, s.delivery_timeout, s.max_concurrent) == (1.0, 15, 16)
     assert (s.breaker_window, s.breaker_threshold, s.retry_backoff, s.claim_lease) == (
         300,
         10,
