@@ -146,6 +146,8 @@ class Consumer:
         self.counters = Counters()
         self._runs: dict[int, _Run] = {}
         self._running = 0
+        # Read when scraped: setting it twice per task cost more than the task.
+        metrics.active.set_function(lambda: self._running)
         self._inflight = InFlight()
         self._timer: IDelayedCall | None = None
         self._lease_d: Deferred | None = None
@@ -421,7 +423,6 @@ class Consumer:
             run.intended = "yield"
         self._runs[task_id] = run
         self._running += 1
-        self._metrics.active.set(self._running)
         d = Deferred.fromCoroutine(self._process(run, hand_back))
         self._inflight.track(d)
         d.addErrback(
@@ -442,7 +443,6 @@ class Consumer:
             return False
         run.slot = False
         self._running -= 1
-        self._metrics.active.set(self._running)
         self._wake_for_capacity()
         return True
 

@@ -126,7 +126,7 @@ def build_registry(
                 "GORGE_WORKER_NOOP_CLASSES",
                 f"{name} already runs natively; it cannot also be a no-op",
             )
-        registry.register(name, noop(name))
+        registry.register(name, noop(name, log_each=settings.http.access_log))
     if delegate is not None:
         native = set(registry.registered())
         for name in allow or DELEGATED_BY_DEFAULT:

@@ -222,6 +222,21 @@ async def test_a_noop_class_completes_with_one_line():
     ]
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_noop_class_builds_no_line_the_log_level_would_drop():
+    from tests.support.logcapture import logged_events
+
+    svc = build_worker_service(
+        settings_of(GORGE_WORKER_NOOP_CLASSES="RetiredWorker", GORGE_LOG_LEVEL="warn"),
+        Clock(),
+        http_client=object(),
+    )
+    handler = svc.part("registry").get("RetiredWorker")
+    with logged_events() as events:
+        assert await handler({"id": 42, "failureCount": 0}, None) is None
+    assert not [e for e in events if e.get("log_format", "").startswith("NOOP_TASK")]
+
+
 def test_allow_list_without_conduit_warns():
     s = settings_of(GORGE_WORKER_DELEGATE_CLASSES="X")
     assert any("no effect without GORGE_WORKER_CONDUIT_URL" in w for w in s.warnings)
