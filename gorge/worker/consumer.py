@@ -512,8 +512,14 @@ class Consumer:
         data = run.task.get("data")
         payload = data if isinstance(data, str) and data != "" else None
         handler_d = _call_handler(handler, run.task, payload)
-        guard = LeaseGuard(handler_d, run.deadline, self._clock)
-        keeper = self._keep_lease(run, guard)
+        guard: LeaseGuard | None = None
+        keeper: LeaseKeeper | None = None
+        if not handler_d.called:
+            # A handler that finished before waiting on anything (a no-op, a
+            # refusal) has no deadline to meet and no lease to keep: two timers
+            # and their cancels per task saved.
+            guard = LeaseGuard(handler_d, run.deadline, self._clock)
+            keeper = self._keep_lease(run, guard)
         run.current = handler_d
         error: BaseException | None = None
         try:
@@ -521,7 +527,7 @@ class Consumer:
         except LeaseLost:
             pass  # logged by the keeper; guard.lost says the rest
         except TimeoutError as exc:
-            if not guard.expired:
+            if guard is None or not guard.expired:
                 error = exc  # the handler's own timeout, not our deadline
             else:
                 log.error(
@@ -538,10 +544,11 @@ class Consumer:
             run.current = None
             if keeper is not None:
                 keeper.stop()
-            run.deadline = guard.deadline
+            if guard is not None:
+                run.deadline = guard.deadline
         if run.abandoned:
             return _NOT_OURS
-        if guard.lost:
+        if guard is not None and guard.lost:
             # Another holder has the task: whatever the handler got to, its
             # outcome is not ours to report.
             self._unreported(
