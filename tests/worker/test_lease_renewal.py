@@ -15,7 +15,7 @@ from gorge.worker.queueclient import QueueError
 from gorge.worker.registry import Registry
 
 from .fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
-from .test_consumer import Gate, registry_with
+from .test_consumer import Gate, registry_with, succeed_handler
 
 
 def started(queue, gate, *, expires, **loop):
@@ -121,6 +121,33 @@ def test_renewal_stops_when_the_handler_ends():
     assert [r.kind for r in queue.reports] == ["complete"]
     clock.advance(7200)
     assert len(queue.renewals) == 1
+
+
+def test_a_handler_done_before_it_waits_is_reported_with_no_lease_timers_left():
+    # Neither a deadline guard nor a renewal is armed for it: nothing to
+    # cancel, and nothing that could fire after its report.
+    class RecordingClock(Clock):
+        def __init__(self) -> None:
+            super().__init__()
+            self.delays: list[float] = []
+
+        def callLater(self, delay, *args, **kwargs):
+            self.delays.append(delay)
+            return super().callLater(delay, *args, **kwargs)
+
+    queue, clock = FakeQueue(), RecordingClock()
+    queue.waiting = [make_task(7, expires=3601)]
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    consumer.start()
+    clock.advance(1.0)
+    clock.advance(0)
+    assert [r.kind for r in queue.reports] == ["complete"]
+    # The lease's deadline (3600 s away) and its first renewal (1200 s) were never armed.
+    assert [delay for delay in clock.delays if delay >= 1000] == []
+    assert queue.reports[0].args["timeout"] == 3601 - clock.seconds()
+    clock.advance(3600)
+    assert queue.renewals == []
+    assert consumer.counters.processed == 1
 
 
 class _HangingServer(Factory):
