@@ -79,8 +79,8 @@ def _connect_with(settings: MySQLSettings) -> Callable[..., Any]:
         return lambda **kw: pymysql.connect(ssl=context, **kw)
 
     class _PreferredTLS(pymysql.connections.Connection):
-        # pymysql asks for a context of its own ({} options) in its
-        # "preferred" mode, which is what this mode is.
+        # pymysql (1.2 and later) asks for a context of its own ({} options)
+        # in its "preferred" mode, which is what this mode is.
         def _create_ssl_ctx(self, sslp):
             return context if sslp == {} else super()._create_ssl_ctx(sslp)
 
