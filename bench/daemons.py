@@ -105,6 +105,8 @@ class Daemon:
         ]
         if self.profile is not None:
             # py-spy samples the daemon from outside: collapsed stacks, read by top_entries().
+            # It writes nothing into a directory that does not exist, and says nothing.
+            self.profile.parent.mkdir(parents=True, exist_ok=True)
             spy = str(Path(sys.executable).with_name("py-spy"))
             argv = [
                 spy,
