@@ -998,20 +998,7 @@ class RedisTaskStore:
             ],
             request.data,
         )
-        return Task(
-            id=int(task_id),
-            task_class=request.task_class,
-            lease_owner=None,
-            lease_expires=request.delay_until,
-            failure_count=0,
-            data_id=int(data_id),
-            failure_time=None,
-            priority=request.priority,
-            object_phid=request.object_phid or None,
-            container_phid=request.container_phid or None,
-            date_created=now,
-            date_modified=now,
-        )
+        return request.new_task(int(task_id), int(data_id), now)
 
     async def lease(
         self,
