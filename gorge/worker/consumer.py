@@ -512,14 +512,8 @@ class Consumer:
         data = run.task.get("data")
         payload = data if isinstance(data, str) and data != "" else None
         handler_d = _call_handler(handler, run.task, payload)
-        guard: LeaseGuard | None = None
-        keeper: LeaseKeeper | None = None
-        if not handler_d.called:
-            # A handler that finished before waiting on anything (a no-op, a
-            # refusal) has no deadline to meet and no lease to keep: two timers
-            # and their cancels per task saved.
-            guard = LeaseGuard(handler_d, run.deadline, self._clock)
-            keeper = self._keep_lease(run, guard)
+        guard = LeaseGuard(handler_d, run.deadline, self._clock)
+        keeper = self._keep_lease(run, guard)
         run.current = handler_d
         error: BaseException | None = None
         try:
@@ -527,7 +521,7 @@ class Consumer:
         except LeaseLost:
             pass  # logged by the keeper; guard.lost says the rest
         except TimeoutError as exc:
-            if guard is None or not guard.expired:
+            if not guard.expired:
                 error = exc  # the handler's own timeout, not our deadline
             else:
                 log.error(
@@ -544,11 +538,10 @@ class Consumer:
             run.current = None
             if keeper is not None:
                 keeper.stop()
-            if guard is not None:
-                run.deadline = guard.deadline
+            run.deadline = guard.deadline
         if run.abandoned:
             return _NOT_OURS
-        if guard is not None and guard.lost:
+        if guard.lost:
             # Another holder has the task: whatever the handler got to, its
             # outcome is not ours to report.
             self._unreported(
@@ -580,8 +573,9 @@ class Consumer:
         )
 
     def _keep_lease(self, run: _Run, guard: LeaseGuard) -> LeaseKeeper | None:
-        """Renew the lease of a running task until its handler ends."""
-        if not self._renewals:
+        """Renew the lease of a running task until its handler ends (none for a
+        handler already over: its guard is not running)."""
+        if not self._renewals or not guard.running:
             return None
 
         async def renew(task_id: int, timeout: float) -> int | None:

@@ -45,23 +45,26 @@ class LeaseGuard:
         self.deadline = deadline
         self.expired = False
         self.lost = False
-        self._call: IDelayedCall = clock.callLater(
-            max(0.0, deadline - clock.seconds()), self._expire
-        )
+        self._call: IDelayedCall | None = None
+        if d.called:
+            # Over before it waited on anything (a no-op, a refusal): there is
+            # no deadline to guard, and a timer per such task is pure cost.
+            return
+        self._call = clock.callLater(max(0.0, deadline - clock.seconds()), self._expire)
         d.addBoth(self._settle)
 
     @property
     def running(self) -> bool:
-        return self._call.active()
+        return self._call is not None and self._call.active()
 
     def move_to(self, deadline: float) -> None:
         """A renewal pushed the lease out; never pulls it in."""
-        if self._call.active() and deadline > self.deadline:
+        if self._call is not None and self._call.active() and deadline > self.deadline:
             self.deadline = deadline
             self._call.reset(max(0.0, deadline - self._clock.seconds()))
 
     def lose(self) -> None:
-        if self._call.active():
+        if self._call is not None and self._call.active():
             self.lost = True
             self._call.cancel()
             self._d.cancel()
@@ -71,7 +74,7 @@ class LeaseGuard:
         self._d.cancel()
 
     def _settle(self, result):
-        if self._call.active():
+        if self._call is not None and self._call.active():
             self._call.cancel()
         if isinstance(result, Failure):
             if self.lost:
