@@ -11,17 +11,13 @@ connection at that point.
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 from dataclasses import dataclass, field
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from twisted.internet import ssl
 from twisted.internet.protocol import Factory
 from twisted.protocols.basic import LineReceiver
+
+from tests.support.certs import self_signed
 
 
 @dataclass
@@ -214,25 +210,6 @@ class TestCertificate:
 def make_certificate(
     names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
 ) -> TestCertificate:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-    now = datetime.datetime.now(datetime.UTC)
-    san = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName(san), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    key_pem, cert_pem = self_signed(names, ips)
     server = ssl.PrivateCertificate.loadPEM(cert_pem + key_pem)
     return TestCertificate(server.options(), ssl.Certificate.loadPEM(cert_pem), cert_pem)

@@ -30,6 +30,7 @@ from gorge.mailer.message import Message
 from gorge.mailer.outcome import Outcome
 from gorge.mailer.settings import parse_backend_list
 from tests.mailer.conftest import parsed_message
+from tests.support import certs
 from tests.support.memoryhttp import MemoryHttp as BaseMemoryHttp
 
 message = parsed_message
@@ -180,33 +181,5 @@ class LoopbackServer:
 
 
 def self_signed(ip: str = "127.0.0.1") -> tuple[bytes, bytes]:
-    """(key PEM, certificate PEM) for ``ip`` (as an IP SAN), valid for a day."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ip)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
+    """(key PEM, certificate PEM) for ``ip`` (as an IP SAN)."""
+    return certs.self_signed(ips=(ip,))

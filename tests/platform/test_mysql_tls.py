@@ -7,18 +7,12 @@ certificate for 127.0.0.1, made here; the plain one is the session's.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from dataclasses import replace
 from pathlib import Path
 
 import pymysql
 import pytest
 import pytest_twisted
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from twisted.internet import reactor
 
 from gorge.config import ConfigError, MySQLSettings
@@ -26,42 +20,20 @@ from gorge.mysql import make_pool
 from gorge.taskqueue.settings import load_settings
 from gorge.testing.mariadb_server import MariaDBServer
 from gorge.webhook.settings import load_webhook_settings
+from tests.support.certs import self_signed
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+def self_signed_files(directory: Path) -> tuple[Path, Path]:
+    key_pem, cert_pem = self_signed()
     cert_path, key_path = directory / "server.pem", directory / "server.key"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path.write_bytes(cert_pem)
+    key_path.write_bytes(key_pem)
     return cert_path, key_path
 
 
 @pytest.fixture(scope="module")
 def tls_mariadb(tmp_path_factory):
-    cert, key = self_signed(tmp_path_factory.mktemp("mariadb-tls"))
+    cert, key = self_signed_files(tmp_path_factory.mktemp("mariadb-tls"))
     server = MariaDBServer(extra_options=(f"--ssl-cert={cert}", f"--ssl-key={key}"))
     server.start()
     server.ca_file = str(cert)
