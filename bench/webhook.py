@@ -11,7 +11,9 @@ concurrency (GORGE_WEBHOOK_MAX_CONCURRENT, the daemon's default unless set):
 4. pickup latency: single rows inserted into the idle daemon at random moments
    (default 1 s poll interval), time from the INSERT's commit to the receiver.
 
-Prints deliveries/s next to both bounds and the ratio to the lower one.
+Prints deliveries/s next to both bounds and the ratio to the lower one, the
+rate both bounds' work would reach in one process (1 / (1/HTTP + 1/SQL)),
+and the CPU per item of this process, the receiver and MariaDB in each phase.
 
 With ``--history`` it measures instead what polling costs MariaDB when the
 table holds a long delivery history (Phorge's stock keys: no index on
@@ -147,6 +149,13 @@ class Bench:
         self.concurrency = int(
             os.environ.get("GORGE_WEBHOOK_MAX_CONCURRENT") or DEFAULT_MAX_CONCURRENT
         )
+        self.receiver_pid = 0  # set by main() once the receiver runs
+        self.cpu: dict[str, dict[str, float]] = {}
+
+    def meter(self) -> CpuMeter:
+        return CpuMeter(
+            {"bench": os.getpid(), "receiver": self.receiver_pid, "mariadb": self.db.pid}
+        )
 
     def settings(self, database: str, **overrides):
         from gorge.config import HttpSettings
@@ -192,11 +201,13 @@ class Bench:
             response = await client.post(url, data=body, headers=headers)
             await response.content()
 
+        meter = self.meter()
         started = time.perf_counter()
         await gatherResults(
             [semaphore.run(lambda a=a: Deferred.fromCoroutine(post(*a))) for a in bodies]
         )
         elapsed = time.perf_counter() - started
+        self.cpu["raw HTTP"] = meter.spent()
         await pool.closeCachedConnections()
         return self.args.rows / elapsed
 
@@ -220,6 +231,7 @@ class Bench:
                     payload.with_outcome(json.loads(candidate.properties), "http", 200),
                 )
 
+        meter = self.meter()
         started = time.perf_counter()
         while True:
             rows = await store.candidates(limit=batch, lease=30, backoff=60)
@@ -229,6 +241,7 @@ class Bench:
                 [semaphore.run(lambda c=c: Deferred.fromCoroutine(one(c))) for c in rows]
             )
         elapsed = time.perf_counter() - started
+        self.cpu["raw SQL"] = meter.spent()
         store.close()
         return self.args.rows / elapsed
 
@@ -249,11 +262,13 @@ class Bench:
             )
 
         spy = self.start_profile()
+        meter = self.meter()
         started = time.perf_counter()
         service.startService()
         while delivered() < self.args.rows:
             await deferLater(self.reactor, 0.005)
         rate = self.args.rows / (time.perf_counter() - started)
+        self.cpu["daemon"] = meter.spent()
         self.stop_profile(spy)
         latencies = await self.pickup(name, service)
         await service.stopService()
@@ -344,6 +359,17 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of this process, the receiver and MariaDB over one phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self._pids = pids
+        self._before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+    def spent(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) - self._before[name] for name, pid in self._pids.items()}
 
 
 def handler_reads(conn) -> int:
@@ -585,6 +611,7 @@ async def main(reactor, args) -> None:
     try:
         bench = Bench(reactor, db, f"http://127.0.0.1:{port}", args)
         bench.receiver_stdout = receiver.stdout
+        bench.receiver_pid = receiver.pid
         http_rate = await bench.raw_http()
         sql_rate = await bench.raw_sql()
         daemon_rate, (latencies, after_tick) = await bench.daemon()
@@ -606,6 +633,17 @@ async def main(reactor, args) -> None:
         f"   (target >= 0.8; Phorge PHP worker ~{PHORGE_RATE:.0f}/s,"
         f" x{daemon_rate / PHORGE_RATE:.1f})"
     )
+    # Each bound keeps one Python process busy on its own; the daemon does
+    # both jobs in one process, so at the bounds' own cost per item it could
+    # reach no more than the two rates combined.
+    combined = 1 / (1 / http_rate + 1 / sql_rate)
+    print(
+        f"both bounds' work in one process:      {combined:8.0f} items/s"
+        f"   ratio {daemon_rate / combined:.2f}"
+    )
+    print("CPU ms per item (this process / receiver / MariaDB):")
+    for phase, spent in bench.cpu.items():
+        print(f"  {phase:9s} " + " / ".join(f"{1000 * spent[n] / args.rows:.2f}" for n in spent))
     if args.profile:
         print("where this process spends its time while the daemon drains: own %, with callees %")
         for own, total, frame in top_entries(Path(args.profile), 25):
