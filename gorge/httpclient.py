@@ -68,6 +68,7 @@ __all__ = [
     "make_agent",
     "make_pool",
     "reasons_of",
+    "tls_cause",
 ]
 
 #: Body bytes kept unless the caller says otherwise.
@@ -290,6 +291,14 @@ def _is_certificate(exc: BaseException) -> bool:
     return type(exc).__name__ == "VerificationError" or "certificate verify failed" in str(exc)
 
 
+def tls_cause(exc: BaseException) -> Cause | None:
+    """CERTIFICATE or TLS when TLS broke anywhere under ``exc``, else None."""
+    found = reasons_of(exc)
+    if any(_is_tls(r) for r in found):
+        return Cause.CERTIFICATE if any(_is_certificate(r) for r in found) else Cause.TLS
+    return None
+
+
 # First match wins, over the exception and every reason inside it.
 _BY_TYPE: tuple[tuple[tuple[type, ...], Cause], ...] = (
     ((defer.CancelledError, error.ConnectingCancelledError), Cause.CANCELLED),
@@ -313,9 +322,10 @@ def classify(exc: BaseException) -> Cause:
     """
     if isinstance(exc, TransportFailure):
         return exc.cause
+    tls = tls_cause(exc)
+    if tls is not None:
+        return tls
     found = reasons_of(exc)
-    if any(_is_tls(r) for r in found):
-        return Cause.CERTIFICATE if any(_is_certificate(r) for r in found) else Cause.TLS
     for types, cause in _BY_TYPE:
         if any(isinstance(r, types) for r in found):
             return cause

@@ -1,35 +1,27 @@
 """One bounded delivery POST and the code it records.
 
 The connection goes to an address the URI policy checked, while ``Host``,
-SNI and certificate checks still use the hook's host name.
+SNI and certificate checks still use the hook's host name
+(:mod:`gorge.webhook.poster` keeps the connections).
 """
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IStreamClientEndpoint
-from twisted.internet.ssl import optionsForClientTLS
-from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.iweb import IAgentEndpointFactory
-from zope.interface import implementer
 
-from gorge import httpclient
 from gorge.httpclient import (
     BodyCutShort,
     Cause,
-    QuietEndpoint,
     TransportFailure,
     classify,
     leaf_reasons,
-    make_pool,
 )
 from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
+from gorge.webhook.poster import Poster, request_bytes
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
 USER_AGENT = "gorge-webhook"
@@ -62,31 +54,6 @@ __all__ = [
     "CODE_CERTIFICATE",
     "CODE_OTHER",
 ]
-
-
-@implementer(IAgentEndpointFactory)
-class _CheckedEndpointFactory:
-    """Connect to the address the policy checked, keep the name for Host/SNI/certificate."""
-
-    def __init__(self, reactor, target: Target, connect_timeout: float, trust_root=None) -> None:
-        self._reactor = reactor
-        self._target = target
-        self._timeout = connect_timeout
-        self._trust_root = trust_root
-
-    def endpointForURI(self, uri):
-        address = self._target.addresses[0]
-        port = uri.port
-        endpoint: IStreamClientEndpoint
-        if ipaddress.ip_address(address.split("%", 1)[0]).version == 6:
-            endpoint = TCP6ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
-        else:
-            endpoint = TCP4ClientEndpoint(self._reactor, address, port, timeout=self._timeout)
-        if uri.scheme == b"https":
-            endpoint = wrapClientTLS(
-                optionsForClientTLS(self._target.host, trustRoot=self._trust_root), endpoint
-            )
-        return QuietEndpoint(endpoint)
 
 
 @dataclass(frozen=True)
@@ -135,18 +102,16 @@ class Transport:
         policy: UriPolicy,
         timeout: float,
         *,
-        pool: HTTPConnectionPool | None = None,
         max_per_host: int = 8,
         trust_root=None,
     ) -> None:
         self._reactor = reactor
         self._policy = policy
         self._timeout = timeout
-        # None: the platform's CA store. Tests pass their own CA.
-        self._trust_root = trust_root
-        if pool is None:
-            pool = make_pool(reactor, max_per_host=max(max_per_host, 2))
-        self._pool = pool
+        # trust_root None: the platform's CA store. Tests pass their own CA.
+        self._poster = Poster(
+            reactor, connect_timeout=timeout, max_idle=max(max_per_host, 2), trust_root=trust_root
+        )
         self._running: set[Deferred] = set()
         self._cut: set[Deferred] = set()  # exchanges abort_all cancelled
         self._aborting = False
@@ -199,22 +164,9 @@ class Transport:
         """The final status, and its Retry-After header if it had one."""
         send_headers = {**headers, "User-Agent": USER_AGENT}
         for _ in range(MAX_REDIRECTS + 1):
-            agent = Agent.usingEndpointFactory(
-                self._reactor,
-                _CheckedEndpointFactory(self._reactor, target, self._timeout, self._trust_root),
-                pool=self._pool,
-            )
-            # The body is read to its end (and dropped) so the connection can be reused.
-            reply = await httpclient.exchange(
-                agent,
-                self._reactor,
-                b"POST",
-                target.uri.encode("utf-8"),
-                headers=send_headers,
-                body=body,
-                deadline=deadline,
-                keep_body=False,
-            )
+            # The body of the answer is read to its end (and dropped), so the
+            # connection can be reused; the deadline is attempt()'s.
+            reply = await self._poster.post(target, request_bytes(target, send_headers, body))
             reply.require_body()
             location = reply.header("location")
             retry_after = reply.header("retry-after")
@@ -236,7 +188,7 @@ class Transport:
             exchange.cancel()
 
     async def close(self) -> None:
-        await self._pool.closeCachedConnections()
+        await self._poster.close()
 
 
 def _describe(exc: BaseException) -> str:
