@@ -21,9 +21,9 @@ from gorge.webhook.uripolicy import Target, UriPolicy
 token = st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12).filter(
     lambda name: name not in ("content-length", "transfer-encoding", "connection")
 )
-value = st.text(
-    st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=0, max_size=20
-).map(str.strip)
+value = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=0, max_size=20).map(
+    str.strip
+)
 
 
 @st.composite
@@ -52,9 +52,7 @@ def answers(draw):
     if framing == "chunked" and not no_body:
         cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=4)))
         pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
-        encoded = b"".join(
-            b"%x;ext=1\r\n%s\r\n" % (len(piece), piece) for piece in pieces if piece
-        )
+        encoded = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(piece), piece) for piece in pieces if piece)
         body_bytes = encoded + b"0\r\nTrailer: x\r\n\r\n"
     else:
         body_bytes = body
@@ -161,7 +159,9 @@ def test_folded_header_lines_join_the_value_before():
 
 def test_the_last_of_repeated_headers_wins_and_names_are_lower_case():
     parser = ResponseParser()
-    parser.feed(b"HTTP/1.1 429 Slow\r\nRetry-After: 5\r\nRETRY-AFTER: 7\r\nContent-Length: 0\r\n\r\n")
+    parser.feed(
+        b"HTTP/1.1 429 Slow\r\nRetry-After: 5\r\nRETRY-AFTER: 7\r\nContent-Length: 0\r\n\r\n"
+    )
     assert parser.headers["retry-after"] == "7"
 
 
