@@ -47,6 +47,7 @@ IDLE_TIMEOUT = 240.0
 _VALID_URI = re.compile(r"[\x21-\x7e]+")
 _STATUS_CODE = re.compile(rb"[0-9]{3}")
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
+_HEX_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class MalformedResponse(ValueError):
@@ -273,13 +274,10 @@ class ResponseParser:
     def _chunk_line(self, line: bytes) -> None:
         state = self._state
         if state == _CHUNK_SIZE:
-            size = line.split(b";", 1)[0].strip()
-            try:
-                self._remaining = int(size, 16)
-            except ValueError:
-                raise MalformedResponse(f"bad chunk size {size[:20]!r}") from None
-            if self._remaining < 0 or size[:1] in (b"-", b"+"):
+            size = line.split(b";", 1)[0].strip(b" \t")
+            if not _HEX_SIZE.fullmatch(size):
                 raise MalformedResponse(f"bad chunk size {size[:20]!r}")
+            self._remaining = int(size, 16)
             self._state = _CHUNK_DATA if self._remaining else _TRAILERS
         elif state == _CHUNK_END:
             if line:

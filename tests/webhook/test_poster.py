@@ -142,6 +142,8 @@ def test_bytes_after_the_end_make_the_connection_unusable():
         b"HTTP/1.1 200 OK\r\nContent-Length: 1e3\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokX\r\n",
         b"HTTP/1.1 200 OK\r\nX: " + b"a" * (70 * 1024),
     ],
