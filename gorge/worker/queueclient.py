@@ -1,11 +1,13 @@
 """HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield.
 
-Every call is one :func:`gorge.httpclient.exchange`: bounded for the whole
-exchange (headers and body) on the injected clock, its answer read up to a
-size cap, never following redirects; it succeeds only for a 2xx JSON object
-without an ``error``. Result reports that finish close together go
-out as one batched call (:mod:`gorge.worker.reports`); a lease may ask the
-queue to hold the call until a task is there (docs/worker.md, Long-poll).
+Every call is one POST (over :class:`~gorge.worker.queuewire.QueueWire`'s
+kept-alive connections, or one :func:`gorge.httpclient.exchange` over an
+injected agent): bounded for the whole exchange (headers and body) on the
+injected clock, its answer read up to a size cap, never following
+redirects; it succeeds only for a 2xx JSON object without an ``error``.
+Result reports that finish close together go out as one batched call
+(:mod:`gorge.worker.reports`); a lease may ask the queue to hold the call
+until a task is there (docs/worker.md, Long-poll).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from twisted.web.iweb import IAgent
 from gorge.httpclient import Cause, TransportFailure, encode_url, exchange
 from gorge.logger import Logger
 from gorge.worker.queueerror import QueueError
+from gorge.worker.queuewire import QueueWire
 from gorge.worker.reports import REPORT_PATH, ReportBatcher
 
 log = Logger()
@@ -104,8 +107,13 @@ class QueueClient:
         timeout: float = CALL_TIMEOUT,
         report_batch: int = 1,
         report_delay: float = 0.0,
+        wire: QueueWire | None = None,
     ) -> None:
+        """``wire``: the kept-alive connections the service uses; without it
+        every call goes through ``agent`` (tests hand in fakes of it)."""
         self._agent = agent
+        self._wire = wire
+        self._heads: dict[tuple[str, bool], bytes] = {}
         self._clock = clock
         self._endpoint = endpoint
         self.owner = owner
@@ -152,6 +160,8 @@ class QueueClient:
         headers = self._owner_headers if fenced else self._base_headers
         # A held lease call asks for more than the usual timeout (its wait).
         limit = self._timeout if timeout is None else timeout
+        if self._wire is not None:
+            return await self._call_on_wire(path, payload, fenced, limit, answer_limit)
         try:
             reply = await exchange(
                 self._agent,
@@ -162,6 +172,25 @@ class QueueClient:
                 body=payload,
                 deadline=self._clock.seconds() + limit,
                 body_limit=answer_limit,
+            )
+            raw = reply.require_body()
+        except TransportFailure as failure:
+            if failure.cause is Cause.DEADLINE:
+                raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
+            raise QueueError(f"http: POST {path}: {failure}") from None
+        return self._parse(path, reply.status, raw)
+
+    async def _call_on_wire(
+        self, path: str, payload: bytes, fenced: bool, limit: float, answer_limit: int
+    ) -> Any:
+        assert self._wire is not None
+        head = self._heads.get((path, fenced))
+        if head is None:
+            headers = self._owner_headers if fenced else self._base_headers
+            head = self._heads[(path, fenced)] = self._wire.head(path, headers)
+        try:
+            reply = await self._wire.post(
+                head, payload, keep=answer_limit, timeout=limit, clock=self._clock
             )
             raw = reply.require_body()
         except TransportFailure as failure:

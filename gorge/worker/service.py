@@ -33,6 +33,7 @@ from gorge.worker.handlers.noop import noop
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
+from gorge.worker.queuewire import QueueWire
 from gorge.worker.registry import Handler, LeasePlan, Registry
 from gorge.worker.settings import WorkerSettings, load_worker_settings
 
@@ -175,6 +176,7 @@ def build_worker_service(
     """
     clock = reactor
     tree = ServiceTree("gorge-worker")
+    injected_client = http_client is not None
     if http_client is None:
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
@@ -192,6 +194,13 @@ def build_worker_service(
     plan = lease_plan(settings, registry)
     started = int(clock.seconds())
     owner = lease_owner(None, os.getpid(), started)
+    wire = None
+    if not injected_client:
+        # One connection per slot plus the lease call, as for the agent.
+        wire = QueueWire(
+            reactor, settings.queue_url, connect_timeout=10, max_idle=settings.max_workers + 2
+        )
+        tree.add("queue-connections", stop=wire.close)
     queue = QueueClient(
         http_client,
         clock,
@@ -199,6 +208,7 @@ def build_worker_service(
         owner,
         report_batch=settings.report_batch,
         report_delay=settings.report_delay_ms / 1000.0,
+        wire=wire,
     )
     consumer = Consumer(
         queue=queue,
