@@ -225,7 +225,10 @@ class Dispatcher:
         # Lines and hooks are replaced together, with no await in between, so
         # every candidate a slot takes from a line finds its hook's row here.
         self._hooks = hooks
-        self._more_waiting = len(rows) >= limit
+        # Not len(rows): rows claimed or written while the poll read them are
+        # left out of it, and a short batch would then stop the early wake-up
+        # until the next interval, with slots idle meanwhile.
+        self._more_waiting = rows.more
         lines: dict[str, deque[Candidate]] = {}
         for candidate in rows:
             if candidate.id not in self._in_process:

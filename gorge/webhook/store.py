@@ -253,6 +253,18 @@ class Candidate:
         )
 
 
+class CandidateBatch(list[Candidate]):
+    """The candidates of one poll, oldest first.
+
+    ``more``: the queue view held at least as many due rows as were asked
+    for, so more are waiting behind these. The batch itself may be shorter
+    than the limit even then: rows claimed or finished while it was read
+    are left out.
+    """
+
+    more: bool = False
+
+
 def _seen(row: Sequence[Any]) -> Seen:
     """A row of ``_STATE_COLUMNS``."""
     return Seen(
@@ -662,15 +674,17 @@ class WebhookStore:
 
     async def candidates(
         self, *, limit: int, lease: int, backoff: int, exclude_hooks: Sequence[str] = ()
-    ) -> list[Candidate]:
+    ) -> CandidateBatch:
         """Queued rows due now, oldest first; both cutoffs from one reading of the DB clock."""
         await self._load()
         view = self._view
         view.configure(lease, backoff)
         now = await self._observe()
         ids = view.take(now, limit, exclude_hooks)
+        batch = CandidateBatch()
+        batch.more = len(ids) >= limit
         if not ids:
-            return []
+            return batch
         stamp = view.stamp()
         rows, others = await self.db.run(
             "candidates", self._read_candidates, ids, now - lease, now - backoff, limit
@@ -682,7 +696,8 @@ class WebhookStore:
         for request_id in ids:
             if request_id not in answered:
                 view.gone(request_id)
-        return [Candidate.from_row(row) for row in rows]
+        batch.extend(Candidate.from_row(row) for row in rows)
+        return batch
 
     # -- writes --------------------------------------------------------------
 

@@ -160,3 +160,36 @@ async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(he
     delivered = herald.request(request_id)
     assert await harness.store.retire(stale, '{"errorType":"hook","errorCode":"disabled"}') == 0
     assert herald.request(request_id) == delivered
+
+
+async def test_a_batch_says_whether_more_rows_are_due_behind_it(mariadb, herald, make_harness):
+    harness = make_harness()
+    hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
+    for _ in range(5):
+        herald.insert_request(hook=hook, created=T0)
+    some = await harness.store.candidates(limit=3, lease=30, backoff=60)
+    assert (len(some), some.more) == (3, True)
+    every = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    assert (len(every), every.more) == (5, False)
+
+
+async def test_rows_claimed_elsewhere_shorten_a_batch_but_not_what_is_waiting(
+    mariadb, herald_db, herald, make_harness
+):
+    # The dispatcher reads "more waiting" from the batch: a batch shortened by
+    # rows another writer took meanwhile must still say the queue goes on.
+    hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
+    for _ in range(6):
+        herald.insert_request(hook=hook, created=T0)
+    first = make_harness()
+    second = WebhookStore.mysql(mariadb.settings(herald_db), reactor, db_clock=first.clock)
+    try:
+        known = await first.store.candidates(limit=10, lease=30, backoff=60)
+        taken = await second.candidates(limit=2, lease=30, backoff=60)
+        assert await second.claim_many(taken) == [True, True]
+        batch = await first.store.candidates(limit=4, lease=30, backoff=60)
+    finally:
+        second.close()
+    assert len(known) == 6
+    assert [c.id for c in batch] == [c.id for c in known[2 : 2 + len(batch)]]
+    assert len(batch) < 4 and batch.more is True
