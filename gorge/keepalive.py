@@ -290,20 +290,19 @@ class ResponseParser:
 class _Connection(Protocol):
     """One connection: at most one exchange at a time, idle in its pool between."""
 
-    def __init__(self, pool: ConnectionPool, key: Hashable, keep: int | None) -> None:
+    def __init__(self, pool: ConnectionPool, key: Hashable) -> None:
         self._pool = pool
         self.key = key
-        self.keep = keep
         self._waiting: Deferred[Reply] | None = None
         self._parser: ResponseParser | None = None
         self.idle_since = 0.0
         self.closed: Deferred[None] = Deferred()
         self.lost = False
 
-    def send(self, request: bytes) -> Deferred[Reply]:
+    def send(self, request: bytes, keep: int | None) -> Deferred[Reply]:
         waiting: Deferred[Reply] = Deferred(self._cancel)
         self._waiting = waiting
-        self._parser = ResponseParser(self.keep)
+        self._parser = ResponseParser(keep)
         self._wire.write(request)
         return waiting
 
@@ -368,13 +367,12 @@ class _Connection(Protocol):
 class _ConnectionFactory(Factory):
     noisy = False  # the pool opens connections all the time: no "Starting factory" lines
 
-    def __init__(self, pool: ConnectionPool, key: Hashable, keep: int | None) -> None:
+    def __init__(self, pool: ConnectionPool, key: Hashable) -> None:
         self._pool = pool
         self._key = key
-        self._keep = keep
 
     def buildProtocol(self, addr: Any) -> _Connection:
-        connection = _Connection(self._pool, self._key, self._keep)
+        connection = _Connection(self._pool, self._key)
         connection.factory = self
         return connection
 
@@ -404,12 +402,10 @@ class ConnectionPool:
         Cancelling the awaiting Deferred aborts the connection.
         """
         connection = self._take_idle(key)
-        if connection is None or connection.keep != keep:
-            if connection is not None:
-                connection.hang_up()
-            opened = await connect(_ConnectionFactory(self, key, keep))
+        if connection is None:
+            opened = await connect(_ConnectionFactory(self, key))
             connection = cast(_Connection, opened)
-        return await connection.send(request)
+        return await connection.send(request, keep)
 
     def _take_idle(self, key: Hashable) -> _Connection | None:
         idle = self._idle.get(key)

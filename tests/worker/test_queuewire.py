@@ -125,15 +125,17 @@ async def test_calls_share_one_connection_and_say_who_leases(scripted):
     factory, port = scripted
     factory.answers += [
         _json(200, b'{"data":[{"taskID":7,"status":"renewed","leaseExpires":9}]}'),
+        _json(200, b'{"data":[]}'),
         _json(200, b'{"data":[{"taskID":7,"status":"lost"}]}'),
     ]
     client, wire = _client(port)
     try:
         renewed = await client.renew([7], timeout=5)
+        leased = await client.lease(4, None)  # another answer limit, the same connection
         again = await client.renew([7], timeout=5)
     finally:
         await wire.close()
-    assert (renewed, again) == ({7: 9}, {7: None})
+    assert (renewed, leased, again) == ({7: 9}, [], {7: None})
     assert len(factory.connections) == 1
     first = factory.requests[0]
     assert first.startswith(b"POST /api/queue/renew HTTP/1.1\r\n")
