@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, cast
 
 from twisted.internet import error
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, fail
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -84,10 +84,6 @@ class ResponseParser:
     def in_head(self) -> bool:
         return self._state == _HEAD
 
-    @property
-    def done(self) -> bool:
-        return self._state == _DONE
-
     def reply(self) -> Reply:
         return Reply(self.status, self.headers, b"".join(self._parts))
 
@@ -102,7 +98,8 @@ class ResponseParser:
     def feed(self, data: bytes) -> bool:
         """Take the next bytes; True when the answer is complete.
 
-        Raises :class:`MalformedResponse` for an answer that breaks the syntax.
+        Raises :class:`MalformedResponse` for an answer that breaks the syntax
+        and :class:`~gorge.httpclient.BodyTooLarge` for a body over ``keep``.
         """
         if not data:
             return self._state == _DONE
@@ -300,6 +297,8 @@ class _Connection(Protocol):
         self.lost = False
 
     def send(self, request: bytes, keep: int | None) -> Deferred[Reply]:
+        if self.lost:  # closed between being opened and this request
+            return fail(TransportFailure(Cause.RESET, error.ConnectionLost()))
         waiting: Deferred[Reply] = Deferred(self._cancel)
         self._waiting = waiting
         self._parser = ResponseParser(keep)
@@ -391,6 +390,7 @@ class ConnectionPool:
         self._max_idle = max_idle
         self._idle: dict[Hashable, list[_Connection]] = {}
         self._sweep: IDelayedCall | None = None
+        self._closed = False
 
     async def request(
         self, key: Hashable, connect: Connect, request: bytes, *, keep: int | None = None
@@ -409,16 +409,25 @@ class ConnectionPool:
 
     def _take_idle(self, key: Hashable) -> _Connection | None:
         idle = self._idle.get(key)
+        if idle is None:
+            return None
         now = self._reactor.seconds()
-        while idle:
+        found = None
+        while idle and found is None:
             connection = idle.pop()
             if not connection.lost and now - connection.idle_since < IDLE_TIMEOUT:
-                return connection
-            connection.hang_up()
-        return None
+                found = connection
+            else:
+                connection.hang_up()
+        if not idle:
+            del self._idle[key]  # a sender may talk to any number of origins
+        return found
 
     def release(self, connection: _Connection) -> None:
         """An exchange ended cleanly: keep the connection for the next one."""
+        if self._closed:
+            connection.hang_up()
+            return
         idle = self._idle.setdefault(connection.key, [])
         if len(idle) >= self._max_idle:
             connection.hang_up()
@@ -446,7 +455,9 @@ class ConnectionPool:
 
     def close(self) -> Deferred:
         """Close every idle connection; fires once they are closed. Exchanges
-        still running are the caller's to cancel first."""
+        still running are the caller's to cancel first; one that ends later
+        is closed then."""
+        self._closed = True
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = None

@@ -8,7 +8,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 
-from gorge.webhook.poster import request_bytes
+from gorge.webhook.poster import Poster, request_bytes
 from gorge.webhook.transport import Transport
 from gorge.webhook.uripolicy import Target, UriPolicy
 
@@ -79,9 +79,13 @@ class _Scripted(Protocol):
             self.received = rest[length:]
             self.factory.requests.append(head + b"\r\n\r\n" + rest[:length])
             answer, hang_up = self.factory.answers.pop(0)
-            self.transport.write(answer)
-            if hang_up:
-                self.transport.loseConnection()
+            if answer is None:  # held: the test answers through factory.held
+                self.factory.held.append(self)
+            else:
+                self.transport.write(answer)
+                if hang_up:
+                    self.transport.loseConnection()
+            self.factory.fire(self.factory.request_waiters)
 
     def connectionLost(self, reason):
         self.factory.closed.append(self)
@@ -100,11 +104,32 @@ class _ScriptedFactory(Factory):
         self.requests: list[bytes] = []
         self.answers: list[tuple[bytes, bool]] = []
         self.close_waiters: list[Deferred] = []
+        self.request_waiters: list[Deferred] = []
+        self.held: list[_Scripted] = []
 
     def closing(self) -> Deferred:
         waiter: Deferred = Deferred()
         self.close_waiters.append(waiter)
         return waiter
+
+    def requested(self, count: int) -> Deferred:
+        """Fires once ``count`` requests have arrived (within 10 s)."""
+
+        async def wait() -> None:
+            while len(self.requests) < count:
+                waiter: Deferred = Deferred()
+                self.request_waiters.append(waiter)
+                await waiter
+
+        return Deferred.fromCoroutine(wait()).addTimeout(10, reactor)
+
+    @staticmethod
+    def fire(waiters: list[Deferred]) -> None:
+        # A waiter's callback may queue a new waiter: fire only those there now.
+        current = list(waiters)
+        waiters.clear()
+        for waiter in current:
+            waiter.callback(None)
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -196,3 +221,47 @@ async def test_a_malformed_status_line_is_code_0_and_the_connection_dropped(scri
     results, _ = await _attempts(port, [(b"HTTP/1.1 twohundred\r\n\r\n", False)], factory)
     assert (results[0].ok, results[0].code) == (False, 0)
     assert "MalformedResponse" in results[0].detail
+
+
+def _poster_target(port: int) -> Target:
+    return Target(
+        uri=f"http://127.0.0.1:{port}/hook",
+        scheme="http",
+        host="127.0.0.1",
+        port=port,
+        addresses=("127.0.0.1",),
+    )
+
+
+async def test_an_exchange_that_ends_after_close_is_not_kept(scripted):
+    factory, port = scripted
+    factory.answers.append((None, False))
+    poster = Poster(reactor, connect_timeout=5, max_idle=4)
+    target = _poster_target(port)
+    answered = Deferred.fromCoroutine(poster.post(target, request_bytes(target, {}, b"{}")))
+    await factory.requested(1)
+    await poster.close()  # nothing idle yet: fires at once
+    hung_up = factory.closing()
+    factory.held[0].transport.write(OK)
+    assert (await answered).status == 200
+    await hung_up.addTimeout(10, reactor)
+    assert factory.closed == factory.connections
+
+
+async def test_no_more_than_max_idle_connections_are_kept(scripted):
+    factory, port = scripted
+    factory.answers += [(None, False), (None, False), (OK, False)]
+    poster = Poster(reactor, connect_timeout=5, max_idle=1)
+    target = _poster_target(port)
+    wire = request_bytes(target, {}, b"{}")
+    both = [Deferred.fromCoroutine(poster.post(target, wire)) for _ in range(2)]
+    await factory.requested(2)
+    hung_up = factory.closing()
+    for held in factory.held:
+        held.transport.write(OK)
+    assert [(await d).status for d in both] == [200, 200]
+    await hung_up.addTimeout(10, reactor)
+    assert len(factory.connections) == 2 and len(factory.closed) == 1
+    third = await poster.post(target, wire)  # on the one connection kept
+    await poster.close()
+    assert third.status == 200 and len(factory.connections) == 2

@@ -54,8 +54,11 @@ class _ScriptedFactory(Factory):
 
     @staticmethod
     def fire(waiters: list[Deferred]) -> None:
-        while waiters:
-            waiters.pop().callback(None)
+        # A waiter's callback may queue a new waiter: fire only those there now.
+        current = list(waiters)
+        waiters.clear()
+        for waiter in current:
+            waiter.callback(None)
 
     def next(self, waiters: list[Deferred]) -> Deferred:
         waiter: Deferred = Deferred()
