@@ -293,7 +293,10 @@ def _is_certificate(exc: BaseException) -> bool:
 
 def tls_cause(exc: BaseException) -> Cause | None:
     """CERTIFICATE or TLS when TLS broke anywhere under ``exc``, else None."""
-    found = reasons_of(exc)
+    return _tls_cause_among(reasons_of(exc))
+
+
+def _tls_cause_among(found: list[BaseException]) -> Cause | None:
     if any(_is_tls(r) for r in found):
         return Cause.CERTIFICATE if any(_is_certificate(r) for r in found) else Cause.TLS
     return None
@@ -322,10 +325,10 @@ def classify(exc: BaseException) -> Cause:
     """
     if isinstance(exc, TransportFailure):
         return exc.cause
-    tls = tls_cause(exc)
+    found = reasons_of(exc)
+    tls = _tls_cause_among(found)
     if tls is not None:
         return tls
-    found = reasons_of(exc)
     for types, cause in _BY_TYPE:
         if any(isinstance(r, types) for r in found):
             return cause

@@ -32,7 +32,14 @@ from twisted.python.failure import Failure
 
 from gorge.httpclient import BodyTooLarge, Cause, Reply, TransportFailure, tls_cause
 
-__all__ = ["Connect", "ConnectionPool", "MalformedResponse", "ResponseParser", "IDLE_TIMEOUT"]
+__all__ = [
+    "Connect",
+    "ConnectionPool",
+    "IDLE_TIMEOUT",
+    "MalformedResponse",
+    "ResponseParser",
+    "host_line",
+]
 
 #: Status line and headers together; a longer head is refused.
 MAX_HEAD = 64 * 1024
@@ -50,6 +57,18 @@ Connect = Callable[[Factory], "Deferred[Any]"]
 
 class MalformedResponse(ValueError):
     """The answer broke HTTP/1.1's syntax."""
+
+
+def host_line(netloc: str, scheme: str, port: int) -> str:
+    """The ``Host`` value for a URI's authority: its host as written (case
+    kept, IPv6 in brackets), with the port unless it is the scheme's default
+    (what Twisted's Agent sends)."""
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("[") and "]" in hostport:
+        host = hostport[: hostport.index("]") + 1]
+    else:
+        host = hostport.partition(":")[0]
+    return host if (scheme, port) in (("http", 80), ("https", 443)) else f"{host}:{port}"
 
 
 # ---------------------------------------------------------------- the answer
@@ -121,23 +140,13 @@ class ResponseParser:
                 position = self._read_head(data, position)
                 if position < 0:
                     return False
-            elif state == _LENGTH:
-                taken = min(self._remaining, len(data) - position)
-                self._body(data[position : position + taken])
-                self._remaining -= taken
-                position += taken
+            elif state == _LENGTH or state == _CHUNK_DATA:
+                position = self._counted(data, position)
                 if not self._remaining:
-                    self._state = _DONE
+                    self._state = _DONE if state == _LENGTH else _CHUNK_END
             elif state == _UNTIL_CLOSE:
                 self._body(data[position:])
                 return False
-            elif state == _CHUNK_DATA:
-                taken = min(self._remaining, len(data) - position)
-                self._body(data[position : position + taken])
-                self._remaining -= taken
-                position += taken
-                if not self._remaining:
-                    self._state = _CHUNK_END
             else:
                 line_end = data.find(b"\n", position)
                 if line_end < 0:
@@ -147,6 +156,14 @@ class ResponseParser:
                 position = line_end + 1
                 self._chunk_line(line)
         return self._state == _DONE
+
+    def _counted(self, data: bytes, position: int) -> int:
+        """Body bytes of a known length (the body's, or a chunk's) from
+        ``position``; the position after them."""
+        taken = min(self._remaining, len(data) - position)
+        self._body(data[position : position + taken])
+        self._remaining -= taken
+        return position + taken
 
     def _hold(self, rest: bytes) -> None:
         if len(rest) > MAX_HEAD:

@@ -17,7 +17,7 @@ from twisted.internet.protocol import Factory
 from twisted.internet.ssl import optionsForClientTLS
 
 from gorge.httpclient import Reply
-from gorge.keepalive import ConnectionPool
+from gorge.keepalive import ConnectionPool, host_line
 from gorge.webhook.uripolicy import Target
 
 __all__ = ["Poster", "request_bytes"]
@@ -38,9 +38,7 @@ def request_bytes(target: Target, headers: dict[str, str], body: bytes) -> bytes
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    host = _host_as_written(parts.netloc)
-    if (target.scheme, target.port) not in (("http", 80), ("https", 443)):
-        host = f"{host}:{target.port}"
+    host = host_line(parts.netloc, target.scheme, target.port)
     lines = [f"POST {path} HTTP/1.1", f"Content-Length: {len(body)}"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
@@ -48,14 +46,6 @@ def request_bytes(target: Target, headers: dict[str, str], body: bytes) -> bytes
         lines.append(f"{name}: {value}")
     lines.append(f"Host: {host}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-def _host_as_written(netloc: str) -> str:
-    """The host of a URI's authority as written (case kept), without the port."""
-    hostport = netloc.rpartition("@")[2]
-    if hostport.startswith("["):
-        return hostport[: hostport.index("]") + 1]
-    return hostport.partition(":")[0]
 
 
 class Poster:

@@ -16,7 +16,6 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from gorge.httpclient import (
     BodyCutShort,
     Cause,
-    TransportFailure,
     classify,
     leaf_reasons,
 )
@@ -119,8 +118,7 @@ class Transport:
     async def attempt(self, target: Target, body: bytes, headers: dict[str, str]) -> Attempt:
         """One delivery: redirects (307/308 only) and the body read share the deadline."""
         deadline_fired = []
-        deadline = self._reactor.seconds() + self._timeout
-        exchange = Deferred.fromCoroutine(self._exchange(target, body, headers, deadline))
+        exchange = Deferred.fromCoroutine(self._exchange(target, body, headers))
         self._running.add(exchange)
 
         def expire() -> None:
@@ -133,7 +131,7 @@ class Transport:
         except Exception as e:
             if self._aborting:
                 return Attempt(aborted=True, detail="shutdown")
-            if deadline_fired or isinstance(e, TransportFailure) and e.cause is Cause.DEADLINE:
+            if deadline_fired:
                 return Attempt(error_type=ERROR_TYPE_TIMEOUT, code=CODE_TIMEOUT, detail="deadline")
             if isinstance(e, (CancelledError, DeferredTimeout)):
                 return Attempt(
@@ -159,7 +157,7 @@ class Transport:
         )
 
     async def _exchange(
-        self, target: Target, body: bytes, headers: dict[str, str], deadline: float
+        self, target: Target, body: bytes, headers: dict[str, str]
     ) -> tuple[int, bytes | None]:
         """The final status, and its Retry-After header if it had one."""
         send_headers = {**headers, "User-Agent": USER_AGENT}

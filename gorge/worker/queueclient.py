@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgent
 
-from gorge.httpclient import Cause, TransportFailure, encode_url, exchange
+from gorge.httpclient import Cause, Reply, TransportFailure, encode_url, exchange
 from gorge.logger import Logger
 from gorge.worker.queueerror import QueueError
 from gorge.worker.queuewire import QueueWire
@@ -150,29 +150,11 @@ class QueueClient:
         fenced: bool = False,
         answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = encode_url(self._endpoint.base_url + path)
         payload = _encoder.encode(body).encode()
-        # ``fenced``: the call names the lease owner (the lease, and every
-        # report, so a queue that fences refuses a report from a worker whose
-        # lease was taken over: 409).
-        headers = self._owner_headers if fenced else self._base_headers
         # A held lease call asks for more than the usual timeout (its wait).
         limit = self._timeout if timeout is None else timeout
-        if self._wire is not None:
-            return await self._call_on_wire(path, payload, fenced, limit, answer_limit)
         try:
-            reply = await exchange(
-                self._agent,
-                self._clock,
-                "POST",
-                url,
-                headers=headers,
-                body=payload,
-                deadline=self._clock.seconds() + limit,
-                body_limit=answer_limit,
-            )
+            reply = await self._send(path, payload, fenced, limit, answer_limit)
             raw = reply.require_body()
         except TransportFailure as failure:
             if failure.cause is Cause.DEADLINE:
@@ -180,24 +162,35 @@ class QueueClient:
             raise QueueError(f"http: POST {path}: {failure}") from None
         return self._parse(path, reply.status, raw)
 
-    async def _call_on_wire(
+    async def _send(
         self, path: str, payload: bytes, fenced: bool, limit: float, answer_limit: int
-    ) -> Any:
-        assert self._wire is not None
-        head = self._heads.get((path, fenced))
-        if head is None:
-            headers = self._owner_headers if fenced else self._base_headers
-            head = self._heads[(path, fenced)] = self._wire.head(path, headers)
-        try:
-            reply = await self._wire.post(
+    ) -> Reply:
+        """The POST, over the kept connections or through the agent; both raise
+        :class:`~gorge.httpclient.TransportFailure` alike."""
+        # ``fenced``: the call names the lease owner (the lease, and every
+        # report, so a queue that fences refuses a report from a worker whose
+        # lease was taken over: 409).
+        headers = self._owner_headers if fenced else self._base_headers
+        if self._wire is not None:
+            head = self._heads.get((path, fenced))
+            if head is None:
+                head = self._heads[(path, fenced)] = self._wire.head(path, headers)
+            return await self._wire.post(
                 head, payload, keep=answer_limit, timeout=limit, clock=self._clock
             )
-            raw = reply.require_body()
-        except TransportFailure as failure:
-            if failure.cause is Cause.DEADLINE:
-                raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
-            raise QueueError(f"http: POST {path}: {failure}") from None
-        return self._parse(path, reply.status, raw)
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = encode_url(self._endpoint.base_url + path)
+        return await exchange(
+            self._agent,
+            self._clock,
+            "POST",
+            url,
+            headers=headers,
+            body=payload,
+            deadline=self._clock.seconds() + limit,
+            body_limit=answer_limit,
+        )
 
     @staticmethod
     def _parse(path: str, status: int, raw: bytes) -> Any:

@@ -20,7 +20,7 @@ from twisted.internet.protocol import Factory
 from twisted.web.client import BrowserLikePolicyForHTTPS
 
 from gorge.httpclient import Cause, ExchangeCancelled, Reply, TransportFailure
-from gorge.keepalive import ConnectionPool
+from gorge.keepalive import ConnectionPool, host_line
 
 __all__ = ["QueueWire"]
 
@@ -38,12 +38,7 @@ class QueueWire:
         default_port = 443 if parts.scheme == "https" else 80
         port = parts.port or default_port
         host = parts.hostname
-        written = parts.netloc.rpartition("@")[2]
-        if not written.startswith("["):
-            written = written.partition(":")[0]
-        elif "]" in written:
-            written = written[: written.index("]") + 1]
-        self._host_line = written if port == default_port else f"{written}:{port}"
+        self._host_line = host_line(parts.netloc, parts.scheme, port)
         self._prefix = parts.path.rstrip("/")
         endpoint: IStreamClientEndpoint = HostnameEndpoint(
             reactor, host, port, timeout=connect_timeout
