@@ -139,3 +139,14 @@ def redis_server(pytestconfig: pytest.Config) -> Iterator[RedisServer]:
 def redis_prefix(redis_server: RedisServer) -> str:
     """A key prefix unique to this test, for isolation on the shared Redis."""
     return redis_server.unique_prefix()
+
+
+@pytest.fixture
+def scripted():
+    """A scripted HTTP/1.1 server on 127.0.0.1 and its port (tests/support/scriptedhttp.py)."""
+    from tests.support.scriptedhttp import ScriptedServer
+
+    server = ScriptedServer()
+    port = server.listen()
+    yield server, port
+    server.stop()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
-from twisted.internet.protocol import Factory, Protocol
 
 from gorge.webhook.poster import Poster, request_bytes
 from gorge.webhook.transport import Transport
 from gorge.webhook.uripolicy import Target, UriPolicy
+from tests.support.scriptedhttp import OK
 
 # -- the request --------------------------------------------------------------
 
@@ -62,87 +62,6 @@ def test_what_cannot_be_sent_as_it_is_raises_value_error(uri, headers):
 
 
 # -- connections, against a scripted server -----------------------------------
-
-
-class _Scripted(Protocol):
-    def connectionMade(self):
-        self.factory.connections.append(self)
-        self.received = b""
-
-    def dataReceived(self, data):
-        self.received += data
-        while b"\r\n\r\n" in self.received:
-            head, _, rest = self.received.partition(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            if len(rest) < length:
-                return
-            self.received = rest[length:]
-            self.factory.requests.append(head + b"\r\n\r\n" + rest[:length])
-            answer, hang_up = self.factory.answers.pop(0)
-            if answer is None:  # held: the test answers through factory.held
-                self.factory.held.append(self)
-            else:
-                self.transport.write(answer)
-                if hang_up:
-                    self.transport.loseConnection()
-            self.factory.fire(self.factory.request_waiters)
-
-    def connectionLost(self, reason):
-        self.factory.closed.append(self)
-        for waiter in self.factory.close_waiters:
-            if not waiter.called:
-                waiter.callback(None)
-
-
-class _ScriptedFactory(Factory):
-    protocol = _Scripted
-    noisy = False
-
-    def __init__(self):
-        self.connections: list[_Scripted] = []
-        self.closed: list[_Scripted] = []
-        self.requests: list[bytes] = []
-        self.answers: list[tuple[bytes, bool]] = []
-        self.close_waiters: list[Deferred] = []
-        self.request_waiters: list[Deferred] = []
-        self.held: list[_Scripted] = []
-
-    def closing(self) -> Deferred:
-        waiter: Deferred = Deferred()
-        self.close_waiters.append(waiter)
-        return waiter
-
-    def requested(self, count: int) -> Deferred:
-        """Fires once ``count`` requests have arrived (within 10 s)."""
-
-        async def wait() -> None:
-            while len(self.requests) < count:
-                waiter: Deferred = Deferred()
-                self.request_waiters.append(waiter)
-                await waiter
-
-        return Deferred.fromCoroutine(wait()).addTimeout(10, reactor)
-
-    @staticmethod
-    def fire(waiters: list[Deferred]) -> None:
-        # A waiter's callback may queue a new waiter: fire only those there now.
-        current = list(waiters)
-        waiters.clear()
-        for waiter in current:
-            waiter.callback(None)
-
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-@pytest.fixture
-def scripted():
-    factory = _ScriptedFactory()
-    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
-    yield factory, port.getHost().port
-    for connection in factory.connections:
-        connection.transport.abortConnection()
-    port.stopListening()
 
 
 async def _attempts(port: int, answers: list[tuple[bytes, bool]], factory, close=True):
@@ -244,7 +163,7 @@ async def test_an_exchange_that_ends_after_close_is_not_kept(scripted):
     hung_up = factory.closing()
     factory.held[0].transport.write(OK)
     assert (await answered).status == 200
-    await hung_up.addTimeout(10, reactor)
+    await hung_up
     assert factory.closed == factory.connections
 
 
@@ -260,7 +179,7 @@ async def test_no_more_than_max_idle_connections_are_kept(scripted):
     for held in factory.held:
         held.transport.write(OK)
     assert [(await d).status for d in both] == [200, 200]
-    await hung_up.addTimeout(10, reactor)
+    await hung_up
     assert len(factory.connections) == 2 and len(factory.closed) == 1
     third = await poster.post(target, wire)  # on the one connection kept
     await poster.close()

@@ -6,64 +6,11 @@ from __future__ import annotations
 import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.protocol import Factory, Protocol
 
 from gorge.httpclient import Cause, ExchangeCancelled, TransportFailure
 from gorge.worker.queueclient import QueueClient, QueueEndpoint
 from gorge.worker.queueerror import QueueError
 from gorge.worker.queuewire import QueueWire
-
-
-class _Scripted(Protocol):
-    """Answers each request with the next scripted answer (None: never answers)."""
-
-    def connectionMade(self):
-        self.factory.connections.append(self)
-        self.received = b""
-
-    def dataReceived(self, data):
-        self.received += data
-        while b"\r\n\r\n" in self.received:
-            head, _, rest = self.received.partition(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-            if len(rest) < length:
-                return
-            self.received = rest[length:]
-            self.factory.requests.append(head + b"\r\n\r\n" + rest[:length])
-            self.factory.fire(self.factory.on_request)
-            answer = self.factory.answers.pop(0)
-            if answer is not None:
-                self.transport.write(answer)
-
-    def connectionLost(self, reason):
-        self.factory.lost.append(self)
-        self.factory.fire(self.factory.on_lost)
-
-
-class _ScriptedFactory(Factory):
-    protocol = _Scripted
-    noisy = False
-
-    def __init__(self):
-        self.connections: list[_Scripted] = []
-        self.lost: list[_Scripted] = []
-        self.requests: list[bytes] = []
-        self.answers: list[bytes | None] = []
-        self.on_request: list[Deferred] = []
-        self.on_lost: list[Deferred] = []
-
-    @staticmethod
-    def fire(waiters: list[Deferred]) -> None:
-        # A waiter's callback may queue a new waiter: fire only those there now.
-        current = list(waiters)
-        waiters.clear()
-        for waiter in current:
-            waiter.callback(None)
-
-    def next(self, waiters: list[Deferred]) -> Deferred:
-        waiter: Deferred = Deferred()
-        waiters.append(waiter)
-        return waiter.addTimeout(10, reactor)
 
 
 def _json(status: int, text: bytes) -> bytes:
@@ -72,16 +19,6 @@ def _json(status: int, text: bytes) -> bytes:
         len(text),
         text,
     )
-
-
-@pytest.fixture
-def scripted():
-    factory = _ScriptedFactory()
-    port = reactor.listenTCP(0, factory, interface="127.0.0.1")
-    yield factory, port.getHost().port
-    for connection in factory.connections:
-        connection.transport.abortConnection()
-    port.stopListening()
 
 
 def test_the_head_carries_the_base_path_the_headers_and_the_host():
@@ -127,9 +64,9 @@ def _client(port: int, **kwargs) -> tuple[QueueClient, QueueWire]:
 async def test_calls_share_one_connection_and_say_who_leases(scripted):
     factory, port = scripted
     factory.answers += [
-        _json(200, b'{"data":[{"taskID":7,"status":"renewed","leaseExpires":9}]}'),
-        _json(200, b'{"data":[]}'),
-        _json(200, b'{"data":[{"taskID":7,"status":"lost"}]}'),
+        (_json(200, b'{"data":[{"taskID":7,"status":"renewed","leaseExpires":9}]}'), False),
+        (_json(200, b'{"data":[]}'), False),
+        (_json(200, b'{"data":[{"taskID":7,"status":"lost"}]}'), False),
     ]
     client, wire = _client(port)
     try:
@@ -149,7 +86,7 @@ async def test_calls_share_one_connection_and_say_who_leases(scripted):
 async def test_an_error_answer_is_a_queue_error_with_its_code(scripted):
     factory, port = scripted
     factory.answers.append(
-        _json(409, b'{"error":{"code":"ERR_LEASE_LOST","message":"taken over"}}')
+        (_json(409, b'{"error":{"code":"ERR_LEASE_LOST","message":"taken over"}}'), False)
     )
     client, wire = _client(port)
     try:
@@ -162,9 +99,9 @@ async def test_an_error_answer_is_a_queue_error_with_its_code(scripted):
 
 async def test_an_answer_over_the_limit_fails_the_call_and_drops_the_connection(scripted):
     factory, port = scripted
-    factory.answers.append(_json(200, b'{"data":"' + b"x" * 2000 + b'"}'))
+    factory.answers.append((_json(200, b'{"data":"' + b"x" * 2000 + b'"}'), False))
     wire = QueueWire(reactor, f"http://127.0.0.1:{port}", connect_timeout=5, max_idle=4)
-    hung_up = factory.next(factory.on_lost)
+    hung_up = factory.closing()
     try:
         reply = await wire.post(wire.head("/x", {}), b"{}", keep=100, timeout=5, clock=reactor)
         with pytest.raises(TransportFailure) as raised:
@@ -173,12 +110,12 @@ async def test_an_answer_over_the_limit_fails_the_call_and_drops_the_connection(
         await wire.close()
     assert raised.value.cause is Cause.BODY_TOO_LARGE
     await hung_up  # not kept for the next call
-    assert factory.lost == factory.connections
+    assert factory.closed == factory.connections
 
 
 async def test_no_answer_in_time_is_a_deadline(scripted):
     factory, port = scripted
-    factory.answers.append(None)
+    factory.answers.append((None, False))
     client, wire = _client(port, timeout=0.2)
     try:
         with pytest.raises(QueueError, match="timed out after 0.2s"):
@@ -189,21 +126,21 @@ async def test_no_answer_in_time_is_a_deadline(scripted):
 
 async def test_a_cancelled_call_is_a_cancel_and_hangs_up(scripted):
     factory, port = scripted
-    factory.answers.append(None)
+    factory.answers.append((None, False))
     wire = QueueWire(reactor, f"http://127.0.0.1:{port}", connect_timeout=5, max_idle=4)
-    arrived = factory.next(factory.on_request)
+    arrived = factory.requested(1)
     call = Deferred.fromCoroutine(
         wire.post(wire.head("/x", {}), b"{}", keep=100, timeout=30, clock=reactor)
     )
     await arrived
-    hung_up = factory.next(factory.on_lost)
+    hung_up = factory.closing()
     call.cancel()
     with pytest.raises(CancelledError) as raised:
         await call
     assert isinstance(raised.value, ExchangeCancelled)
     await hung_up
     await wire.close()
-    assert factory.lost == factory.connections
+    assert factory.closed == factory.connections
 
 
 async def test_a_refused_connection_names_its_cause():
