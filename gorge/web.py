@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 from klein import Klein
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import connectionDone
@@ -38,6 +38,7 @@ from twisted.web import http, server
 from twisted.web.resource import Resource
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
+from gorge.hotpath import HotChannel, HotRequest
 from gorge.logger import Logger
 from gorge.logging import redact_uri, request_id_var
 from gorge.service import InFlight
@@ -58,6 +59,9 @@ __all__ = [
 ]
 
 log = Logger()
+
+#: A route's handler: the request in, the answer's body out.
+Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
 
 READINESS_TIMEOUT = 5.0
 TOKEN_FAILURE_MESSAGE = "missing or invalid service token"
@@ -244,11 +248,20 @@ class RequestIds:
     """
 
     def __init__(self) -> None:
-        self._prefix = os.urandom(8).hex()
+        self.prefix = os.urandom(8).hex()
         self._counter = itertools.count(1)
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+        return f"{self.prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def choose_request_id(header: bytes | str | None, ids: RequestIds | None) -> str:
+    """The client's ``X-Request-Id`` if it is fit to echo and log, else a new one."""
+    presented = header.decode("latin-1") if isinstance(header, bytes) else header
+    # An id is echoed and logged: keep it short and printable.
+    if presented and (len(presented) > 128 or not presented.isprintable()):
+        presented = None
+    return presented or (ids or RequestIds()).next()
 
 
 class LimitedRequest(server.Request):
@@ -305,12 +318,7 @@ class LimitedRequest(server.Request):
         super().handleContentChunk(data)
 
     def process(self) -> None:
-        header = self.getHeader(b"x-request-id")
-        presented = header.decode("latin-1") if isinstance(header, bytes) else header
-        # An id is echoed and logged: keep it short and printable.
-        if presented and (len(presented) > 128 or not presented.isprintable()):
-            presented = None
-        request_id = presented or (self.request_ids or RequestIds()).next()
+        request_id = choose_request_id(self.getHeader(b"x-request-id"), self.request_ids)
         self._request_id = request_id
         self._started = time.monotonic()
         self.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
@@ -337,37 +345,61 @@ class LimitedRequest(server.Request):
             request_id_var.reset(token)
 
     def _log_access(self, result) -> None:
-        status = self.code
-        routine = status < 400 and self.path in self.quiet_paths
-        if routine:
-            # One line per lease or report would be a line per poll tick.
-            access = self.debug_log
-        else:
-            access = self.access_log
-        if not access and status < 500:
-            return
-        uri = redact_uri(self.uri.decode("latin-1", "replace"))
-        method = self.method.decode("latin-1", "replace")
-        if access:
-            duration_ms = round((time.monotonic() - self._started) * 1000, 3)
-            log.emit(
-                LogLevel.debug if routine else LogLevel.info,
-                "REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
-                method=method,
-                uri=uri,
-                status=status,
-                duration_ms=duration_ms,
-                request_id=self._request_id,
-            )
-        if status >= 500:
-            log.error(
-                "REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
-                method=method,
-                uri=uri,
-                status=status,
-                error=self.gorge_error or "",
-                request_id=self._request_id,
-            )
+        log_request(
+            type(self),
+            status=self.code,
+            path=self.path,
+            uri=self.uri,
+            method=self.method,
+            started=self._started,
+            request_id=self._request_id,
+            error=self.gorge_error,
+        )
+
+
+def log_request(
+    factory: type[LimitedRequest],
+    *,
+    status: int,
+    path: bytes,
+    uri: bytes,
+    method: bytes,
+    started: float,
+    request_id: str,
+    error: str | None,
+) -> None:
+    """The ``REQUEST`` line of an answered request as ``factory`` says
+    (level, quiet paths), and ``REQUEST_FAILED`` for a 5xx."""
+    routine = status < 400 and path in factory.quiet_paths
+    if routine:
+        # One line per lease or report would be a line per poll tick.
+        access = factory.debug_log
+    else:
+        access = factory.access_log
+    if not access and status < 500:
+        return
+    redacted = redact_uri(uri.decode("latin-1", "replace"))
+    verb = method.decode("latin-1", "replace")
+    if access:
+        duration_ms = round((time.monotonic() - started) * 1000, 3)
+        log.emit(
+            LogLevel.debug if routine else LogLevel.info,
+            "REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
+            method=verb,
+            uri=redacted,
+            status=status,
+            duration_ms=duration_ms,
+            request_id=request_id,
+        )
+    if status >= 500:
+        log.error(
+            "REQUEST_FAILED method={method} uri={uri} status={status} error={error}",
+            method=verb,
+            uri=redacted,
+            status=status,
+            error=error or "",
+            request_id=request_id,
+        )
 
 
 def _request_factory(
@@ -419,7 +451,7 @@ class GorgeRoot(Resource):
     ) -> None:
         super().__init__()
         self._api = api_resource
-        self._prefix = prefix.encode("ascii")
+        self.prefix = prefix.encode("ascii")
         self._token = token.encode("utf-8")
         self._readiness = readiness
         self._registry = registry
@@ -427,7 +459,7 @@ class GorgeRoot(Resource):
 
     def render(self, request):
         path = request.path
-        if path.startswith(self._prefix) or path == self._prefix.rstrip(b"/"):
+        if path.startswith(self.prefix) or path == self.prefix.rstrip(b"/"):
             if self._token and not hmac.compare_digest(_presented_token(request), self._token):
                 return fail(request, 401, "ERR_UNAUTHORIZED", TOKEN_FAILURE_MESSAGE)
             return self._api.render(request)
@@ -477,14 +509,19 @@ class GorgeChannel(http.HTTPChannel):
     """One HTTP/1.1 connection, known to its site while it is open."""
 
     site: GorgeSite
+    # False for a connection a hot channel handed over: that channel stays
+    # the one the site knows.
+    tracked = True
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self.site.connection_opened(self)
+        if self.tracked:
+            self.site.connection_opened(self)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
-        self.site.connection_closed(self)
+        if self.tracked:
+            self.site.connection_closed(self)
 
     def checkPersistence(self, request, version) -> bool:
         # A request whose head completes during the drain is the last one
@@ -505,12 +542,154 @@ class GorgeChannel(http.HTTPChannel):
                 request.responseHeaders.setRawHeaders(b"connection", [b"close"])
 
 
+class HotRoutes:
+    """A service's hot routes: exact POST paths under its token-gated API
+    prefix, answered by :class:`GorgeHotChannel` without twisted.web's Request."""
+
+    def __init__(self, handlers: dict[bytes, Handler], token: str) -> None:
+        self.handlers = handlers
+        self.token = token.encode("utf-8")
+
+
+class _HttpDate:
+    """The ``Date`` field's value, made once a second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self._second:
+            self._second = second
+            self._value = http.datetimeToString(second)
+        return self._value
+
+
+class GorgeHotChannel(HotChannel):
+    """A :class:`~gorge.hotpath.HotChannel` with what ``GorgeRoot`` and
+    ``LimitedRequest`` do for a request on the twisted.web path: the request
+    id, the token gate, the envelope for a failure, the access log, a stop's
+    drain and the client's hang-up. The answer is the same to the byte, apart
+    from the ``Date`` and a fresh request id."""
+
+    site: Any
+    requestFactory: type[LimitedRequest]
+    tracked = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._running: Deferred | None = None
+        self._date = _HttpDate()
+
+    def fallback(self) -> Any:
+        channel = GorgeChannel()
+        channel.tracked = False
+        return channel
+
+    def connectionMade(self) -> None:
+        hot: HotRoutes = self.site.hot_routes
+        self._hot = hot
+        self.routes = hot.handlers
+        self.body_limit = self.requestFactory.limit
+        super().connectionMade()
+        if self.tracked:
+            self.site.connection_opened(self)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        if self.tracked:
+            self.site.connection_closed(self)
+
+    def finish_and_close(self) -> None:
+        """As :meth:`GorgeChannel.finish_and_close`."""
+        if self.delegate is not None:
+            self.delegate.finish_and_close()
+        else:
+            self.close_after_answer()
+
+    def handed_off(self) -> None:
+        if self.tracked and self.site.draining:
+            self.delegate.finish_and_close()
+
+    def process(self, request: HotRequest) -> None:
+        factory = self.requestFactory
+        request_id = choose_request_id(request.getHeader(b"x-request-id"), factory.request_ids)
+        started = time.monotonic()
+        request.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
+        request.setHeader(b"server", server.version)
+        request.setHeader(b"date", self._date.now())
+        if self.tracked and self.site.draining:
+            request.close = True
+
+        self._answering = (factory, request, started, request_id)
+
+        def answer(body: bytes) -> None:
+            self._running = None
+            log_request(
+                factory,
+                status=request.code,
+                path=request.path,
+                uri=request.uri,
+                method=request.method,
+                started=started,
+                request_id=request_id,
+                error=request.gorge_error,
+            )
+            self.respond(request, body)
+
+        token = self._hot.token
+        if token and not hmac.compare_digest(request.getHeader(b"x-service-token") or b"", token):
+            answer(fail(request, 401, "ERR_UNAUTHORIZED", TOKEN_FAILURE_MESSAGE))
+            return
+
+        def failed(failure: Failure) -> None:
+            if self.gone:
+                self._running = None
+                if not failure.check(CancelledError):
+                    log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
+                return
+            answer(render_failure(request, failure))
+
+        handler = self._hot.handlers[request.path]
+        context = request_id_var.set(request_id)
+        try:
+            d = Deferred.fromCoroutine(handler(request))
+        finally:
+            request_id_var.reset(context)
+        if not d.called:
+            self._running = d
+        d.addCallbacks(answer, failed)
+        d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
+
+    def abandon(self) -> None:
+        running, self._running = self._running, None
+        factory, request, started, request_id = self._answering
+        # As twisted.web's request logs one its client left.
+        log_request(
+            factory,
+            status=request.code,
+            path=request.path,
+            uri=request.uri,
+            method=request.method,
+            started=started,
+            request_id=request_id,
+            error=request.gorge_error,
+        )
+        if running is not None:
+            # Stop the work, as Klein does.
+            running.cancel()
+
+
 class GorgeSite(server.Site):
     """A Site whose only access log is our structured ``REQUEST`` line, and
     which can drain: see :meth:`drain`."""
 
     # A plain HTTP/1.1 channel in place of Twisted's HTTP/2-negotiating wrapper.
     protocol = GorgeChannel  # type: ignore[assignment]
+
+    #: Set by :func:`build_site` when the service has hot routes.
+    hot_routes: HotRoutes | None = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -565,6 +744,7 @@ def build_site(
     access_log: bool = True,
     quiet_paths: frozenset[bytes] = frozenset(),
     debug_log: bool = False,
+    hot_routes: dict[bytes, Handler] | None = None,
 ) -> server.Site:
     """The one Site a service listens with (or hands to :func:`stub_client`).
 
@@ -572,7 +752,12 @@ def build_site(
     log level that would drop it); ``REQUEST_FAILED`` is always written.
     A request to one of ``quiet_paths`` answered below 400 is routine traffic:
     its ``REQUEST`` line is a debug line, written only when ``debug_log``
-    says the level lets debug lines through."""
+    says the level lets debug lines through.
+
+    ``hot_routes`` (exact POST paths under ``prefix``, each with its handler)
+    are answered by :class:`GorgeHotChannel` on connections that carry only
+    plain requests to them; every request still reaches ``api_resource`` the
+    usual way too, so the resource must answer those paths as well."""
     root = GorgeRoot(
         api_resource=api_resource,
         prefix=prefix,
@@ -586,6 +771,12 @@ def build_site(
     )
     site.noisy = False
     site.displayTracebacks = False
+    if hot_routes:
+        outside = [path for path in hot_routes if not path.startswith(root.prefix)]
+        if outside:
+            raise ValueError(f"hot routes outside the API prefix {prefix}: {outside}")
+        site.hot_routes = HotRoutes(hot_routes, token)
+        site.protocol = GorgeHotChannel  # type: ignore[assignment]
     return site
 
 
@@ -601,7 +792,17 @@ def stub_client(site: server.Site):
     # treq offers no public way to the Site it builds; its private
     # ``_agent._serverFactory`` is read here and nowhere else, and
     # tests/platform/test_stub_client.py fails loudly if treq renames it.
-    server_factory = stub._agent._serverFactory
+    server_factory: Any = stub._agent._serverFactory
     server_factory.requestFactory = site.requestFactory
     server_factory.displayTracebacks = False
+    hot_routes = getattr(site, "hot_routes", None)
+    if hot_routes is not None:
+        # The hot routes take the same path as on a real connection; treq's
+        # Site knows nothing of a drain, so the channel is not tracked.
+        server_factory.hot_routes = hot_routes
+        server_factory.protocol = type(
+            "StubHotChannel",
+            (GorgeHotChannel,),
+            {"tracked": False, "fallback": staticmethod(server_factory.protocol)},
+        )
     return stub

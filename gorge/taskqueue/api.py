@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from klein import Klein
@@ -43,6 +42,7 @@ from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, T
 from gorge.taskqueue.wakeup import MAX_WAIT, LeaseWaiters
 from gorge.web import (
     ApiError,
+    Handler,
     OpenApiDocument,
     add_error_handlers,
     ok,
@@ -338,8 +338,10 @@ class TaskQueueApi:
         self._openapi = OpenApiDocument(__package__)
         self._waiters = waiters if waiters is not None else LeaseWaiters(None, clock)
 
-    def resource(self) -> Resource:
-        routes = {
+    def hot_routes(self) -> dict[bytes, Handler]:
+        """A worker's calls and enqueue by exact path: served by the site's hot
+        channel, and by :class:`DirectRoutes` on the twisted.web path."""
+        return {
             b"/api/queue/enqueue": self.enqueue,
             b"/api/queue/lease": self.lease,
             b"/api/queue/complete": self.complete,
@@ -349,7 +351,9 @@ class TaskQueueApi:
             b"/api/queue/report": self.report,
             b"/api/queue/awaken": self.awaken,
         }
-        return DirectRoutes(routes, self.app.resource())
+
+    def resource(self) -> Resource:
+        return DirectRoutes(self.hot_routes(), self.app.resource())
 
     async def _call(self, operation: str, coro) -> Any:
         """Run a store call: domain errors become 4xx, backend failures the opaque 500."""
@@ -669,9 +673,6 @@ class TaskQueueApi:
         return ok(request, answer)
 
     add_error_handlers(app)
-
-
-Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
 
 
 class DirectRoutes(Resource):

@@ -165,6 +165,7 @@ def build_taskqueue_service(
         access_log=settings.http.access_log,
         quiet_paths=WORKER_PATHS,
         debug_log=settings.http.debug_log,
+        hot_routes=api.hot_routes(),
     )
     depth = QueueDepth(store, metrics, notifier, settings.stats_interval, reactor)
 
