@@ -170,14 +170,12 @@ class HotChannel(Protocol):
             return
         self._buffer += data
         self._active = True
-        if self._busy:
+        self._next()
+        if self._busy and not self._paused and len(self._buffer) > self.body_limit + MAX_HEAD:
             # The next request waits for this answer; a client that keeps
             # sending is held off rather than buffered without end.
-            if not self._paused and len(self._buffer) > self.body_limit + MAX_HEAD:
-                self._paused = True
-                self.transport.pauseProducing()
-            return
-        self._next()
+            self._paused = True
+            self.transport.pauseProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.gone = True

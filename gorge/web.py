@@ -36,6 +36,7 @@ from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from gorge.hotpath import HotChannel, HotRequest
@@ -542,6 +543,57 @@ class GorgeChannel(http.HTTPChannel):
                 request.responseHeaders.setRawHeaders(b"connection", [b"close"])
 
 
+class DirectRoutes(Resource):
+    """Hot POST routes by exact path, every other request to the API's Klein resource.
+
+    The twisted.web path for the hot routes (a connection the hot channel has
+    handed over, or a test's stub client). Klein binds a werkzeug map and
+    adapts the request for each call, a noticeable share of a queue round
+    trip. Only an exact POST path is taken here, so every other path, method
+    or spelling still meets Klein's strict routing and its 404 rules; answers
+    and failures go through the same envelope and :func:`render_failure` as
+    Klein's error handlers.
+    """
+
+    isLeaf = True
+
+    def __init__(self, routes: dict[bytes, Handler], fallback: Resource) -> None:
+        super().__init__()
+        self._routes = routes
+        self._fallback = fallback
+
+    def render(self, request):
+        handler = self._routes.get(request.path) if request.method == b"POST" else None
+        if handler is None:
+            return self._fallback.render(request)
+        gone = False
+        d = Deferred.fromCoroutine(handler(request))
+
+        def finished(result):
+            nonlocal gone
+            gone = True
+            # The client went away: stop the work, as Klein does.
+            if isinstance(result, Failure):
+                d.cancel()
+
+        def answer(body: bytes) -> None:
+            if not gone:
+                request.write(body)
+                request.finish()
+
+        def failed(failure: Failure) -> None:
+            if gone:
+                if not failure.check(CancelledError):
+                    log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
+                return
+            answer(render_failure(request, failure))
+
+        request.notifyFinish().addBoth(finished)
+        d.addCallbacks(answer, failed)
+        d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
+        return NOT_DONE_YET
+
+
 class HotRoutes:
     """A service's hot routes: exact POST paths under its token-gated API
     prefix, answered by :class:`GorgeHotChannel` without twisted.web's Request."""
@@ -609,7 +661,9 @@ class GorgeHotChannel(HotChannel):
             self.close_after_answer()
 
     def handed_off(self) -> None:
-        if self.tracked and self.site.draining:
+        # The twisted.web channel closes after what it has read if the drain
+        # began before; one that began while this channel read is passed on.
+        if self.tracked and self.site.draining and not self.transport.disconnecting:
             self.delegate.finish_and_close()
 
     def process(self, request: HotRequest) -> None:
@@ -755,9 +809,11 @@ def build_site(
     says the level lets debug lines through.
 
     ``hot_routes`` (exact POST paths under ``prefix``, each with its handler)
-    are answered by :class:`GorgeHotChannel` on connections that carry only
-    plain requests to them; every request still reaches ``api_resource`` the
-    usual way too, so the resource must answer those paths as well."""
+    are answered by :class:`GorgeHotChannel` while a connection carries only
+    plain requests to them, and by :class:`DirectRoutes` in front of
+    ``api_resource`` once it carries anything else."""
+    if hot_routes:
+        api_resource = DirectRoutes(hot_routes, api_resource)
     root = GorgeRoot(
         api_resource=api_resource,
         prefix=prefix,

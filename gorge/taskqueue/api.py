@@ -9,9 +9,7 @@ from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
-from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET
 
 from gorge.logger import Logger
 from gorge.service import InFlight
@@ -47,7 +45,6 @@ from gorge.web import (
     add_error_handlers,
     ok,
     read_json_object,
-    render_failure,
 )
 
 log = Logger()
@@ -339,8 +336,8 @@ class TaskQueueApi:
         self._waiters = waiters if waiters is not None else LeaseWaiters(None, clock)
 
     def hot_routes(self) -> dict[bytes, Handler]:
-        """A worker's calls and enqueue by exact path: served by the site's hot
-        channel, and by :class:`DirectRoutes` on the twisted.web path."""
+        """A worker's calls and enqueue by exact path, for the site to take
+        before Klein (:func:`gorge.web.build_site`)."""
         return {
             b"/api/queue/enqueue": self.enqueue,
             b"/api/queue/lease": self.lease,
@@ -353,7 +350,7 @@ class TaskQueueApi:
         }
 
     def resource(self) -> Resource:
-        return DirectRoutes(self.hot_routes(), self.app.resource())
+        return self.app.resource()
 
     async def _call(self, operation: str, coro) -> Any:
         """Run a store call: domain errors become 4xx, backend failures the opaque 500."""
@@ -673,52 +670,3 @@ class TaskQueueApi:
         return ok(request, answer)
 
     add_error_handlers(app)
-
-
-class DirectRoutes(Resource):
-    """The worker's hot POST routes by exact path, every other request through Klein.
-
-    Klein binds a werkzeug map and adapts the request for each call, a
-    noticeable share of a queue round trip.  Only an exact POST path is taken
-    here, so every other path, method or spelling still meets Klein's strict
-    routing and its 404 rules; answers and failures go through the same
-    envelope and :func:`gorge.web.render_failure` as Klein's error handlers.
-    """
-
-    isLeaf = True
-
-    def __init__(self, routes: dict[bytes, Handler], fallback: Resource) -> None:
-        super().__init__()
-        self._routes = routes
-        self._fallback = fallback
-
-    def render(self, request):
-        handler = self._routes.get(request.path) if request.method == b"POST" else None
-        if handler is None:
-            return self._fallback.render(request)
-        gone = False
-        d = Deferred.fromCoroutine(handler(request))
-
-        def finished(result):
-            nonlocal gone
-            gone = True
-            # The client went away: stop the work, as Klein does.
-            if isinstance(result, Failure):
-                d.cancel()
-
-        def answer(body: bytes) -> None:
-            if not gone:
-                request.write(body)
-                request.finish()
-
-        def failed(failure: Failure) -> None:
-            if gone:
-                if not failure.check(CancelledError):
-                    log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
-                return
-            answer(render_failure(request, failure))
-
-        request.notifyFinish().addBoth(finished)
-        d.addCallbacks(answer, failed)
-        d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
-        return NOT_DONE_YET
