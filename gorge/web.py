@@ -249,11 +249,11 @@ class RequestIds:
     """
 
     def __init__(self) -> None:
-        self.prefix = os.urandom(8).hex()
+        self._prefix = os.urandom(8).hex()
         self._counter = itertools.count(1)
 
     def next(self) -> str:
-        return f"{self.prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def choose_request_id(header: bytes | str | None, ids: RequestIds | None) -> str:
@@ -669,27 +669,16 @@ class GorgeHotChannel(HotChannel):
     def process(self, request: HotRequest) -> None:
         factory = self.requestFactory
         request_id = choose_request_id(request.getHeader(b"x-request-id"), factory.request_ids)
-        started = time.monotonic()
+        self._current_log = (request, time.monotonic(), request_id)
         request.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
         request.setHeader(b"server", server.version)
         request.setHeader(b"date", self._date.now())
         if self.tracked and self.site.draining:
             request.close = True
 
-        self._answering = (factory, request, started, request_id)
-
         def answer(body: bytes) -> None:
             self._running = None
-            log_request(
-                factory,
-                status=request.code,
-                path=request.path,
-                uri=request.uri,
-                method=request.method,
-                started=started,
-                request_id=request_id,
-                error=request.gorge_error,
-            )
+            self._log()
             self.respond(request, body)
 
         token = self._hot.token
@@ -717,11 +706,17 @@ class GorgeHotChannel(HotChannel):
         d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
 
     def abandon(self) -> None:
+        # Logged as twisted.web's request logs one its client left.
+        self._log()
         running, self._running = self._running, None
-        factory, request, started, request_id = self._answering
-        # As twisted.web's request logs one its client left.
+        if running is not None:
+            # Stop the work, as Klein does.
+            running.cancel()
+
+    def _log(self) -> None:
+        request, started, request_id = self._current_log
         log_request(
-            factory,
+            self.requestFactory,
             status=request.code,
             path=request.path,
             uri=request.uri,
@@ -730,9 +725,6 @@ class GorgeHotChannel(HotChannel):
             request_id=request_id,
             error=request.gorge_error,
         )
-        if running is not None:
-            # Stop the work, as Klein does.
-            running.cancel()
 
 
 class GorgeSite(server.Site):
