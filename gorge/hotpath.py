@@ -106,10 +106,13 @@ def write_now(transport: Any, data: bytes) -> None:
     is written at once, so the bytes keep their order; what the socket does
     not take, and everything else, goes through ``transport.write``.
     """
+    # twisted's queue of writes not yet handed to the socket: if a release
+    # renames it, every write simply takes the queued path again.
+    queued = getattr(transport, "_tempDataBuffer", None)
     if (
         isinstance(transport, tcp.Connection)
+        and queued == []
         and not transport.dataBuffer
-        and not transport._tempDataBuffer
         and not transport.disconnecting
         and not transport.disconnected
     ):
