@@ -506,23 +506,30 @@ class GorgeRoot(Resource):
         return server.NOT_DONE_YET
 
 
-class GorgeChannel(http.HTTPChannel):
-    """One HTTP/1.1 connection, known to its site while it is open."""
+class _KnownToSite:
+    """A channel its site knows while the connection is open, so that a stop
+    can drain it (:meth:`GorgeSite.drain`)."""
 
-    site: GorgeSite
-    # False for a connection a hot channel handed over: that channel stays
-    # the one the site knows.
+    site: Any
+    # False for a connection a hot channel handed over, or one under a test's
+    # stub client: the hot channel, or nobody, is the one the site knows.
     tracked = True
 
     def connectionMade(self) -> None:
-        super().connectionMade()
+        super().connectionMade()  # type: ignore[misc]
         if self.tracked:
             self.site.connection_opened(self)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        super().connectionLost(reason)
+        super().connectionLost(reason)  # type: ignore[misc]
         if self.tracked:
             self.site.connection_closed(self)
+
+
+class GorgeChannel(_KnownToSite, http.HTTPChannel):
+    """One HTTP/1.1 connection, known to its site while it is open."""
+
+    site: GorgeSite
 
     def checkPersistence(self, request, version) -> bool:
         # A request whose head completes during the drain is the last one
@@ -618,16 +625,14 @@ class _HttpDate:
         return self._value
 
 
-class GorgeHotChannel(HotChannel):
+class GorgeHotChannel(_KnownToSite, HotChannel):
     """A :class:`~gorge.hotpath.HotChannel` with what ``GorgeRoot`` and
     ``LimitedRequest`` do for a request on the twisted.web path: the request
     id, the token gate, the envelope for a failure, the access log, a stop's
     drain and the client's hang-up. The answer is the same to the byte, apart
     from the ``Date`` and a fresh request id."""
 
-    site: Any
     requestFactory: type[LimitedRequest]
-    tracked = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -645,13 +650,6 @@ class GorgeHotChannel(HotChannel):
         self.routes = hot.handlers
         self.body_limit = self.requestFactory.limit
         super().connectionMade()
-        if self.tracked:
-            self.site.connection_opened(self)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        super().connectionLost(reason)
-        if self.tracked:
-            self.site.connection_closed(self)
 
     def finish_and_close(self) -> None:
         """As :meth:`GorgeChannel.finish_and_close`."""
