@@ -5,10 +5,13 @@ Starts throwaway backends (gorge.testing). For each backend:
 1. direct bound: the same TaskStore calls (the same SQL or the same Redis
    scripts) issued in this process, without HTTP, by C concurrent clients;
 2. the service: gorge-taskqueue under twistd, as an operator runs it, driven
-   over HTTP by C concurrent clients (one persistent connection each);
-3. the direct bound again, on a fresh queue: the bound is the mean of both
-   runs, so that a machine whose speed drifts during the run (a shared
-   virtual machine does) moves the bound with the service.
+   over HTTP by C concurrent clients (one persistent connection each).
+
+The tasks are split into ``--slices`` slices that alternate between the two
+(bound then service, then service then bound, ...), each draining the queue
+it filled, and each side's rate is its tasks over its total time: the speed
+of a shared machine drifts within a run, and alternating puts the drift on
+both sides alike.
 
 A cycle is one enqueue, its share of a lease call (``--lease-limit`` tasks
 per call; 1 makes every cycle three requests) and one complete. Prints
@@ -17,7 +20,8 @@ cycles/s for both, the ratio service/bound, and the daemon's peak memory.
 goes.
 
 Usage: python bench/taskqueue.py [--tasks 5000] [--clients 4] [--lease-limit 10]
-                                 [--backends mysql,redis,sqlite] [--profile DIR]
+                                 [--backends mysql,redis,sqlite] [--slices 6]
+                                 [--profile DIR]
 """
 
 from __future__ import annotations
@@ -88,10 +92,7 @@ async def direct(store, clients: int, tasks: int, batch: int) -> float:
     async def complete(task_id: int, owner: str) -> None:
         await store.complete(task_id, 10, owner)
 
-    try:
-        return await drive(clients, tasks, batch, enqueue, lease, complete)
-    finally:
-        await store.close()
+    return await drive(clients, tasks, batch, enqueue, lease, complete)
 
 
 class KeepAliveClient(Protocol):
@@ -187,54 +188,78 @@ async def over_http(reactor, daemon: Daemon, clients: int, tasks: int, batch: in
             connection.transport.loseConnection()
 
 
-async def main(reactor, args) -> None:
-    results = []
-    for name in args.backends.split(","):
-        load_before = load_average()
-        backend = start_backend(name)
-        daemon = None
-        try:
-            before = await direct(
-                backend.store(reactor, "direct"), args.clients, args.tasks, args.lease_limit
-            )
-            env = {**backend.env("service"), "GORGE_LOG_LEVEL": args.log_level}
-            profile = Path(args.profile) / f"taskqueue-{name}.txt" if args.profile else None
-            daemon = Daemon("gorge-taskqueue", env, backend.workdir, profile=profile).start()
-            cpu_daemon, cpu_client = daemon.cpu_seconds(), cpu_seconds()
-            service = await over_http(reactor, daemon, args.clients, args.tasks, args.lease_limit)
-            cpu = (
-                (daemon.cpu_seconds() - cpu_daemon) * 1000 / args.tasks,
-                (cpu_seconds() - cpu_client) * 1000 / args.tasks,
-            )
+async def measure(reactor, name: str, args) -> tuple:
+    """The backend's service and bound rates over ``args.slices`` alternating
+    slices, with the daemon's memory and CPU per cycle."""
+    load_before = load_average()
+    backend = start_backend(name)
+    daemon = None
+    store = backend.store(reactor, "direct")
+    per_slice = args.tasks // args.slices
+    seconds = {"bound": 0.0, "service": 0.0}
+    rates: dict[str, list[float]] = {"bound": [], "service": []}
+    cpu_daemon = cpu_client = 0.0
+    try:
+        env = {**backend.env("service"), "GORGE_LOG_LEVEL": args.log_level}
+        profile = Path(args.profile) / f"taskqueue-{name}.txt" if args.profile else None
+        daemon = Daemon("gorge-taskqueue", env, backend.workdir, profile=profile).start()
+        for k in range(args.slices):
+            # Alternate which side goes first, so a warm-up or a slow drift
+            # falls on both sides alike.
+            for side in ("bound", "service") if k % 2 == 0 else ("service", "bound"):
+                if side == "bound":
+                    rate = await direct(store, args.clients, per_slice, args.lease_limit)
+                else:
+                    before = daemon.cpu_seconds(), cpu_seconds()
+                    rate = await over_http(
+                        reactor, daemon, args.clients, per_slice, args.lease_limit
+                    )
+                    cpu_daemon += daemon.cpu_seconds() - before[0]
+                    cpu_client += cpu_seconds() - before[1]
+                seconds[side] += per_slice / rate
+                rates[side].append(rate)
+        daemon.stop()
+    finally:
+        await store.close()
+        if daemon is not None:
             daemon.stop()
-            after = await direct(
-                backend.store(reactor, "after"), args.clients, args.tasks, args.lease_limit
-            )
-            bounds = (before, after)
-            results.append(
-                (name, service, bounds, daemon.peak_mb, load_before, load_average(), profile, cpu)
-            )
-        finally:
-            if daemon is not None:
-                daemon.stop()
-            backend.stop()
+        backend.stop()
+    done = per_slice * args.slices
+    cpu = (cpu_daemon * 1000 / done, cpu_client * 1000 / done)
+    return (
+        name,
+        done / seconds["service"],
+        done / seconds["bound"],
+        rates,
+        daemon.peak_mb,
+        load_before,
+        load_average(),
+        profile,
+        cpu,
+    )
+
+
+async def main(reactor, args) -> None:
+    if args.slices < 1 or args.tasks < args.slices:
+        raise SystemExit("bench: --slices must be at least 1 and at most --tasks")
+    results = [await measure(reactor, name, args) for name in args.backends.split(",")]
     print(
-        f"taskqueue: {args.tasks} tasks, {args.clients} clients, lease limit "
-        f"{args.lease_limit}, log level {args.log_level}"
+        f"taskqueue: {args.tasks} tasks in {args.slices} slices, {args.clients} clients, "
+        f"lease limit {args.lease_limit}, log level {args.log_level}"
     )
     print(
         f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6} "
         f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13}  load (before / after)"
     )
-    for name, service, bounds, peak, before, after, _, cpu in results:
-        bound = sum(bounds) / len(bounds)
+    for name, service, bound, _, peak, before, after, _, cpu in results:
         print(
             f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f} "
             f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f}  {before} / {after}"
         )
-    print("(direct bound: the mean of one run before the service and one after)")
-    for name, _, bounds, *_ in results:
-        print(f"  {name}: {bounds[0]:.0f} before, {bounds[1]:.0f} after")
+    print("(each side's rate over all its slices; the slices' rates, cycles/s:)")
+    for name, _, _, rates, *_ in results:
+        for side in ("bound", "service"):
+            print(f"  {name} {side:<8} " + " ".join(f"{r:.0f}" for r in rates[side]))
     print("(CPU ms/cycle: the taskqueue daemon + this process's HTTP client)")
     for name, *_, profile, _ in results:
         if profile is None:
@@ -257,6 +282,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="tasks asked for per lease call (default 10)",
     )
     parser.add_argument("--backends", default="mysql,redis,sqlite")
+    parser.add_argument(
+        "--slices",
+        type=int,
+        default=6,
+        help="alternating bound and service runs the tasks are split into (default 6)",
+    )
     parser.add_argument(
         "--log-level", default="warn", help="GORGE_LOG_LEVEL of the daemon (default warn)"
     )
