@@ -70,6 +70,9 @@ class HotRequest:
         self.code = 200
         self.close = fields.get(b"connection") == b"close"
         self.gorge_error: str | None = None
+        # Set by the channel's process(), for its log line.
+        self.request_id = ""
+        self.started = 0.0
         self._fields = fields
         self.response_fields: dict[bytes, bytes] = {}
 
@@ -149,7 +152,6 @@ class HotChannel(Protocol):
         self._pending: tuple[bytes, dict[bytes, bytes], int, int] | None = None
         self._current: HotRequest | None = None  # the request being answered
         self._close_next = False  # the requests still to come are answered with close
-        self._busy = False  # a request is being answered
         self._reading = False  # inside _next: an answer written now must not re-enter it
         self._closing = False  # an answer said close: nothing more is read
         self._paused = False
@@ -182,13 +184,27 @@ class HotChannel(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.gone = True
+        self._stop_idle_timer()
+        if self.delegate is not None:
+            self.delegate.connectionLost(reason)
+        elif self._current is not None:
+            self.abandon(self._current)
+
+    @property
+    def _busy(self) -> bool:
+        """A request is being answered."""
+        return self._current is not None
+
+    def _stop_idle_timer(self) -> None:
         if self._idle_timer is not None and self._idle_timer.active():
             self._idle_timer.cancel()
         self._idle_timer = None
-        if self.delegate is not None:
-            self.delegate.connectionLost(reason)
-        elif self._busy:
-            self.abandon()
+
+    def _resume(self) -> None:
+        """Read again, if a request under way had held the client off."""
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
 
     def _idle_check(self) -> None:
         self._idle_timer = None
@@ -222,7 +238,6 @@ class HotChannel(Protocol):
                     return
                 request, end = read
                 self._buffer = self._buffer[end:]
-                self._busy = True
                 self._current = request
                 self.process(request)
         finally:
@@ -299,22 +314,17 @@ class HotChannel(Protocol):
             if hasattr(self, name):
                 setattr(delegate, name, getattr(self, name))
         self.delegate = delegate
-        if self._idle_timer is not None and self._idle_timer.active():
-            self._idle_timer.cancel()
-        self._idle_timer = None
+        self._stop_idle_timer()
         data, self._buffer = self._buffer, b""
         self._pending = None
         delegate.makeConnection(self.transport)
-        if self._paused:
-            self._paused = False
-            self.transport.resumeProducing()
+        self._resume()
         if data:
             delegate.dataReceived(data)
         self.handed_off()
 
     def respond(self, request: HotRequest, body: bytes) -> None:
         """Write ``request``'s answer, then take the next buffered request."""
-        self._busy = False
         self._current = None
         if self.gone:
             return
@@ -323,9 +333,7 @@ class HotChannel(Protocol):
             self._closing = True
             self.transport.loseConnection()
             return
-        if self._paused:
-            self._paused = False
-            self.transport.resumeProducing()
+        self._resume()
         self._next()
 
     def close_after_answer(self) -> None:
@@ -358,8 +366,8 @@ class HotChannel(Protocol):
         """Answer ``request`` with :meth:`respond`, now or later."""
         raise NotImplementedError
 
-    def abandon(self) -> None:
-        """The client went away while its request was being answered."""
+    def abandon(self, request: HotRequest) -> None:
+        """The client went away while ``request`` was being answered."""
 
     def handed_off(self) -> None:
         """The connection now belongs to :attr:`delegate`, which has had the

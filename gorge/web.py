@@ -431,6 +431,14 @@ def _presented_token(request) -> bytes:
     return values[0].encode("latin-1") if values else b""
 
 
+def token_refusal(request, token: bytes) -> bytes | None:
+    """The 401 answer for a request without the service token, or None when
+    it has it (or ``token`` is empty: no gate)."""
+    if token and not hmac.compare_digest(_presented_token(request), token):
+        return fail(request, 401, "ERR_UNAUTHORIZED", TOKEN_FAILURE_MESSAGE)
+    return None
+
+
 class GorgeRoot(Resource):
     """Probes, metrics and the authenticated API prefix, in one leaf resource.
 
@@ -461,8 +469,9 @@ class GorgeRoot(Resource):
     def render(self, request):
         path = request.path
         if path.startswith(self.prefix) or path == self.prefix.rstrip(b"/"):
-            if self._token and not hmac.compare_digest(_presented_token(request), self._token):
-                return fail(request, 401, "ERR_UNAUTHORIZED", TOKEN_FAILURE_MESSAGE)
+            refusal = token_refusal(request, self._token)
+            if refusal is not None:
+                return refusal
             return self._api.render(request)
         if path in (b"/", b"/healthz", b"/readyz", b"/metrics"):
             if request.method not in (b"GET", b"HEAD"):
@@ -574,40 +583,47 @@ class DirectRoutes(Resource):
         if handler is None:
             return self._fallback.render(request)
         gone = False
-        d = Deferred.fromCoroutine(handler(request))
+        running: Deferred | None = None
 
         def finished(result):
             nonlocal gone
             gone = True
             # The client went away: stop the work, as Klein does.
-            if isinstance(result, Failure):
-                d.cancel()
+            if isinstance(result, Failure) and running is not None:
+                running.cancel()
 
         def answer(body: bytes) -> None:
-            if not gone:
-                request.write(body)
-                request.finish()
-
-        def failed(failure: Failure) -> None:
-            if gone:
-                if not failure.check(CancelledError):
-                    log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
-                return
-            answer(render_failure(request, failure))
+            request.write(body)
+            request.finish()
 
         request.notifyFinish().addBoth(finished)
-        d.addCallbacks(answer, failed)
-        d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
+        running = run_route(handler, request, answer, lambda: gone)
         return NOT_DONE_YET
 
 
-class HotRoutes:
-    """A service's hot routes: exact POST paths under its token-gated API
-    prefix, answered by :class:`GorgeHotChannel` without twisted.web's Request."""
+def run_route(
+    handler: Handler, request: Any, answer: Callable[[bytes], None], gone: Callable[[], bool]
+) -> Deferred:
+    """Run ``handler`` for ``request`` and give ``answer`` its body, or the
+    envelope of its failure (:func:`render_failure`), unless ``gone()`` says
+    the client has left: then nothing is answered, and a failure other than
+    the cancel is logged. Cancel the Deferred returned to stop the work."""
+    running = Deferred.fromCoroutine(handler(request))
 
-    def __init__(self, handlers: dict[bytes, Handler], token: str) -> None:
-        self.handlers = handlers
-        self.token = token.encode("utf-8")
+    def answered(body: bytes) -> None:
+        if not gone():
+            answer(body)
+
+    def failed(failure: Failure) -> None:
+        if gone():
+            if not failure.check(CancelledError):
+                log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
+            return
+        answer(render_failure(request, failure))
+
+    running.addCallbacks(answered, failed)
+    running.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
+    return running
 
 
 class _HttpDate:
@@ -625,6 +641,16 @@ class _HttpDate:
         return self._value
 
 
+class HotRoutes:
+    """A service's hot routes: exact POST paths under its token-gated API
+    prefix, answered by :class:`GorgeHotChannel` without twisted.web's Request."""
+
+    def __init__(self, handlers: dict[bytes, Handler], token: str) -> None:
+        self.handlers = handlers
+        self.token = token.encode("utf-8")
+        self.date = _HttpDate()  # one for every connection of the site
+
+
 class GorgeHotChannel(_KnownToSite, HotChannel):
     """A :class:`~gorge.hotpath.HotChannel` with what ``GorgeRoot`` and
     ``LimitedRequest`` do for a request on the twisted.web path: the request
@@ -637,7 +663,6 @@ class GorgeHotChannel(_KnownToSite, HotChannel):
     def __init__(self) -> None:
         super().__init__()
         self._running: Deferred | None = None
-        self._date = _HttpDate()
 
     def fallback(self) -> Any:
         channel = GorgeChannel()
@@ -667,60 +692,50 @@ class GorgeHotChannel(_KnownToSite, HotChannel):
     def process(self, request: HotRequest) -> None:
         factory = self.requestFactory
         request_id = choose_request_id(request.getHeader(b"x-request-id"), factory.request_ids)
-        self._current_log = (request, time.monotonic(), request_id)
+        request.request_id = request_id
+        request.started = time.monotonic()
         request.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
         request.setHeader(b"server", server.version)
-        request.setHeader(b"date", self._date.now())
+        request.setHeader(b"date", self._hot.date.now())
         if self.tracked and self.site.draining:
             request.close = True
 
         def answer(body: bytes) -> None:
             self._running = None
-            self._log()
+            self._log(request)
             self.respond(request, body)
 
-        token = self._hot.token
-        if token and not hmac.compare_digest(request.getHeader(b"x-service-token") or b"", token):
-            answer(fail(request, 401, "ERR_UNAUTHORIZED", TOKEN_FAILURE_MESSAGE))
+        refusal = token_refusal(request, self._hot.token)
+        if refusal is not None:
+            answer(refusal)
             return
-
-        def failed(failure: Failure) -> None:
-            if self.gone:
-                self._running = None
-                if not failure.check(CancelledError):
-                    log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
-                return
-            answer(render_failure(request, failure))
-
-        handler = self._hot.handlers[request.path]
         context = request_id_var.set(request_id)
         try:
-            d = Deferred.fromCoroutine(handler(request))
+            running = run_route(
+                self._hot.handlers[request.path], request, answer, lambda: self.gone
+            )
         finally:
             request_id_var.reset(context)
-        if not d.called:
-            self._running = d
-        d.addCallbacks(answer, failed)
-        d.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
+        if not running.called:
+            self._running = running
 
-    def abandon(self) -> None:
+    def abandon(self, request: HotRequest) -> None:
         # Logged as twisted.web's request logs one its client left.
-        self._log()
+        self._log(request)
         running, self._running = self._running, None
         if running is not None:
             # Stop the work, as Klein does.
             running.cancel()
 
-    def _log(self) -> None:
-        request, started, request_id = self._current_log
+    def _log(self, request: HotRequest) -> None:
         log_request(
             self.requestFactory,
             status=request.code,
             path=request.path,
             uri=request.uri,
             method=request.method,
-            started=started,
-            request_id=request_id,
+            started=request.started,
+            request_id=request.request_id,
             error=request.gorge_error,
         )
 
