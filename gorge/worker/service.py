@@ -178,8 +178,8 @@ def build_worker_service(
     tree = ServiceTree("gorge-worker")
     injected_client = http_client is not None
     if http_client is None:
-        # One connection per slot plus the lease call, so reports never queue
-        # behind each other for a connection.
+        # The handlers' own calls (Conduit, feeds): one connection per slot,
+        # and the same two spare as the queue's connections below.
         http_client, pool = make_agent(
             reactor, max_per_host=settings.max_workers + 2, connect_timeout=10
         )
@@ -196,7 +196,8 @@ def build_worker_service(
     owner = lease_owner(None, os.getpid(), started)
     wire = None
     if not injected_client:
-        # One connection per slot plus the lease call, as for the agent.
+        # One connection per slot plus the lease call, so reports never queue
+        # behind each other for a connection.
         wire = QueueWire(
             reactor, settings.queue_url, connect_timeout=10, max_idle=settings.max_workers + 2
         )
