@@ -170,20 +170,21 @@ async def over_http(reactor, daemon: Daemon, clients: int, tasks: int, batch: in
     # that stops answering fails the bench within STALL seconds.
     seen = [-1]
     run = Deferred.fromCoroutine(drive(clients, tasks, batch, enqueue, lease, complete))
+    watchdog = []
 
     def watch() -> None:
-        if run.called:
-            return
         if answered[0] == seen[0]:
             run.cancel()
             return
         seen[0] = answered[0]
-        reactor.callLater(STALL, watch)
+        watchdog[:] = [reactor.callLater(STALL, watch)]
 
     watch()
     try:
         return await run
     finally:
+        if watchdog and watchdog[0].active():
+            watchdog[0].cancel()
         for connection in connections:
             connection.transport.loseConnection()
 
