@@ -568,3 +568,23 @@ def test_close_after_answer_reads_the_request_begun_and_answers_it_with_close():
     assert transport.value().startswith(b"HTTP/1.1 200 OK\r\nConnection: close\r\n")
     assert transport.value().count(b"HTTP/1.1") == 1
     assert transport.disconnecting
+
+
+def test_a_handler_that_answers_after_its_client_left_is_logged_once():
+    site = make_site(True)
+
+    async def deaf(request):
+        try:
+            await Deferred()
+        except CancelledError:
+            pass  # finishes its work anyway
+        return ok(request, "late")
+
+    site.hot_routes.handlers[HELD] = deaf
+    with logged_events() as events:
+        channel, transport = connect(site)
+        channel.dataReceived(request(HELD))
+        channel.connectionLost(Failure(ConnectionDone()))
+    names = [str(e.get("log_format", "")).split(" ")[0] for e in events]
+    assert names.count("REQUEST") == 1
+    assert transport.value() == b""
