@@ -199,7 +199,7 @@ async def measure(reactor, name: str, args) -> tuple:
     per_slice = args.tasks // args.slices
     seconds = {"bound": 0.0, "service": 0.0}
     rates: dict[str, list[float]] = {"bound": [], "service": []}
-    cpu_daemon = cpu_client = 0.0
+    cpu_daemon = cpu_client = cpu_bound = 0.0
     try:
         env = {**backend.env("service"), "GORGE_LOG_LEVEL": args.log_level}
         profile = Path(args.profile) / f"taskqueue-{name}.txt" if args.profile else None
@@ -209,7 +209,9 @@ async def measure(reactor, name: str, args) -> tuple:
             # falls on both sides alike.
             for side in ("bound", "service") if k % 2 == 0 else ("service", "bound"):
                 if side == "bound":
+                    before_bound = cpu_seconds()
                     rate = await direct(store, args.clients, per_slice, args.lease_limit)
+                    cpu_bound += cpu_seconds() - before_bound
                 else:
                     before = daemon.cpu_seconds(), cpu_seconds()
                     rate = await over_http(
@@ -226,7 +228,7 @@ async def measure(reactor, name: str, args) -> tuple:
             daemon.stop()
         backend.stop()
     done = per_slice * args.slices
-    cpu = (cpu_daemon * 1000 / done, cpu_client * 1000 / done)
+    cpu = (cpu_daemon * 1000 / done, cpu_client * 1000 / done, cpu_bound * 1000 / done)
     return (
         name,
         done / seconds["service"],
@@ -250,18 +252,21 @@ async def main(reactor, args) -> None:
     )
     print(
         f"{'backend':<8} {'service cycles/s':>17} {'direct bound':>13} {'ratio':>6} "
-        f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13}  load (before / after)"
+        f"{'taskqueue peak RSS':>19} {'CPU ms/cycle':>13} {'bound CPU':>9}  load (before / after)"
     )
     for name, service, bound, _, peak, before, after, _, cpu in results:
         print(
             f"{name:<8} {service:>17.0f} {bound:>13.0f} {service / bound:>6.2f} "
-            f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f}  {before} / {after}"
+            f"{peak:>16.0f} MB {cpu[0]:>6.2f}+{cpu[1]:.2f} {cpu[2]:>9.2f}  {before} / {after}"
         )
     print("(each side's rate over all its slices; the slices' rates, cycles/s:)")
     for name, _, _, rates, *_ in results:
         for side in ("bound", "service"):
             print(f"  {name} {side:<8} " + " ".join(f"{r:.0f}" for r in rates[side]))
-    print("(CPU ms/cycle: the taskqueue daemon + this process's HTTP client)")
+    print(
+        "(CPU ms/cycle: the taskqueue daemon + this process's HTTP client; "
+        "bound CPU: this process during the bound's slices)"
+    )
     for name, *_, profile, _ in results:
         if profile is None:
             continue

@@ -313,6 +313,11 @@ class InFlight:
         d.addBoth(forget)
         return d
 
+    def begin(self) -> Deferred:
+        """Track work that has no Deferred of its own (a coroutine awaited
+        in place): fire the Deferred returned when the work ends."""
+        return self.track(Deferred())
+
     def drain(self, timeout: float, clock: IReactorTime) -> Deferred:
         """Fires True when everything tracked has finished, False on timeout.
 

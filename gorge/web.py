@@ -608,22 +608,27 @@ def run_route(
     envelope of its failure (:func:`render_failure`), unless ``gone()`` says
     the client has left: then nothing is answered, and a failure other than
     the cancel is logged. Cancel the Deferred returned to stop the work."""
-    running = Deferred.fromCoroutine(handler(request))
+    # One coroutine around the handler rather than callbacks on its
+    # Deferred: this runs for every request, and each callback costs.
+    return Deferred.fromCoroutine(_route(handler, request, answer, gone))
 
-    def answered(body: bytes) -> None:
-        if not gone():
-            answer(body)
 
-    def failed(failure: Failure) -> None:
-        if gone():
-            if not failure.check(CancelledError):
-                log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
-            return
-        answer(render_failure(request, failure))
-
-    running.addCallbacks(answered, failed)
-    running.addErrback(lambda f: log.failure("RESPONSE_WRITE_FAILED", f, level=LogLevel.error))
-    return running
+async def _route(
+    handler: Handler, request: Any, answer: Callable[[bytes], None], gone: Callable[[], bool]
+) -> None:
+    failure: Failure | None = None
+    try:
+        body = await handler(request)
+    except Exception:
+        failure = Failure()
+    if gone():
+        if failure is not None and not failure.check(CancelledError):
+            log.failure("REQUEST_ABANDONED_FAILED", failure, level=LogLevel.error)
+        return
+    try:
+        answer(body if failure is None else render_failure(request, failure))
+    except Exception:
+        log.failure("RESPONSE_WRITE_FAILED", Failure(), level=LogLevel.error)
 
 
 class _HttpDate:

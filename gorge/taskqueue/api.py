@@ -355,9 +355,11 @@ class TaskQueueApi:
     async def _call(self, operation: str, coro) -> Any:
         """Run a store call: domain errors become 4xx, backend failures the opaque 500."""
         # Tracked so that shutdown waits for store calls already under way.
-        d = self._inflight.track(Deferred.fromCoroutine(coro))
+        # Awaited in place: a Deferred of its own would cost every request
+        # a second coroutine runner.
+        finished = self._inflight.begin()
         try:
-            return await d
+            return await coro
         except (TaskNotFound, LeaseConflict, TaskStateError, InvalidArgument) as e:
             raise _api_error(e) from None
         except (ApiError, CancelledError):
@@ -372,6 +374,8 @@ class TaskQueueApi:
                 level=LogLevel.error,
             )
             raise ApiError(500, "ERR_INTERNAL", "internal server error") from None
+        finally:
+            finished.callback(None)
 
     def _runnable(self, task: Task) -> None:
         """Wake held lease calls if ``task`` can be leased now."""
