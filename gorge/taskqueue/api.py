@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from klein import Klein
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 from twisted.web.resource import Resource
