@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
 from twisted.internet.defer import Deferred, TimeoutError
+from twisted.internet.interfaces import IDelayedCall
 from twisted.python import usage
 
 from gorge.config import ConfigError
@@ -55,16 +56,31 @@ class Options(usage.Options):
     ]
 
 
+#: The first retry of a failed Conduit probe, in seconds; each further
+#: failure doubles it, up to the probe period.
+PROBE_RETRY_SEC = 2.0
+
+
 class ConduitProbe:
-    """The periodic delegation readiness probe."""
+    """The periodic delegation readiness probe.
+
+    A failed probe is tried again sooner than the period (after
+    :data:`PROBE_RETRY_SEC`, doubling), so one passing hiccup in Phorge
+    does not keep the worker unready for a whole period.
+    """
 
     def __init__(self, client: ConduitClient, clock, period: float) -> None:
         self._client = client
+        self._clock = clock
+        self._period = period
         self.completed = False
         self.reason: str | None = None
         self._poller = Poller(self._tick, period, clock, "conduit-probe")
+        self._retry: IDelayedCall | None = None
+        self._retry_delay = PROBE_RETRY_SEC
 
     async def _tick(self) -> None:
+        self._cancel_retry()
         reason = await self._client.probe()
         if reason != self.reason or not self.completed:
             if reason is None:
@@ -73,11 +89,22 @@ class ConduitProbe:
                 log.warn("CONDUIT_PROBE_FAILED reason={reason}", reason=reason)
         self.reason = reason
         self.completed = True
+        if reason is None:
+            self._retry_delay = PROBE_RETRY_SEC
+        elif self._poller.running and self._retry_delay < self._period:
+            self._retry = self._clock.callLater(self._retry_delay, self._poller.wake)
+            self._retry_delay = min(self._retry_delay * 2, self._period)
+
+    def _cancel_retry(self) -> None:
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
 
     def start(self) -> None:
         self._poller.start(now=True)
 
     def stop(self) -> Deferred:
+        self._cancel_retry()
         return self._poller.stop()
 
     def readiness_reason(self) -> str | None:

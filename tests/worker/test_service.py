@@ -333,6 +333,56 @@ def test_readiness_with_delegation_needs_a_passing_probe():
     svc.part("conduit-probe").stop()
 
 
+def test_a_failed_probe_is_tried_again_sooner_than_the_period():
+    # A passing hiccup in Phorge (a first-use race, a restart) must not keep
+    # the worker unready for a whole probe period.
+    clock, queue = Clock(), FakeQueueResource()
+    stub = RequestTraversalAgent(queue)
+    svc = build_worker_service(
+        settings_of(
+            GORGE_WORKER_CONDUIT_URL="http://gw:8150",
+            GORGE_WORKER_CONDUIT_TOKEN="t",
+            GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook",
+            GORGE_WORKER_CONDUIT_PROBE_SEC="3600",
+        ),
+        clock,
+        http_client=stub,
+    )
+    passing = queue.answers[b"/api/worker.execute"]
+    queue.answers[b"/api/worker.execute"] = (
+        b'{"result":null,"error_code":"ERR-CONDUIT-CORE","error_info":"duplicate key"}'
+    )
+    probe = svc.part("conduit-probe")
+    probe.start()
+    stub.flush()
+    assert probe.reason == "conduit error [ERR-CONDUIT-CORE]: duplicate key"
+    calls = []
+    original = probe._client.probe
+
+    async def counted():
+        calls.append(clock.seconds())
+        return await original()
+
+    probe._client.probe = counted
+
+    def run_for(seconds: int) -> None:
+        for _ in range(seconds):
+            clock.advance(1.0)
+            stub.flush()
+
+    # Still failing: tried again after 2, 4, 8 ... seconds, not every second.
+    run_for(40)
+    assert calls == [2.0, 6.0, 14.0, 30.0]
+    queue.answers[b"/api/worker.execute"] = passing
+    run_for(30)
+    assert calls == [2.0, 6.0, 14.0, 30.0, 62.0] and probe.reason is None
+    # Passing again: the next probe is the period's, with no retry left behind.
+    run_for(600)
+    assert calls[-1] == 62.0
+    assert all(call.getTime() >= 3600.0 for call in clock.getDelayedCalls())
+    probe.stop()
+
+
 def test_stats_contract_and_auth():
     clock = Clock()
     svc = build_worker_service(settings_of(GORGE_SERVICE_TOKEN="svc"), clock, http_client=object())
