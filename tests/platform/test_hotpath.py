@@ -159,6 +159,15 @@ def answers(raw: bytes) -> list[tuple[int, dict, bytes]]:
     return out
 
 
+def the_one_answer_closing(transport) -> bytes:
+    """The body of the connection's only answer, a 200 with ``Connection:
+    close``, after which the connection is closing."""
+    [(status, fields, body)] = answers(transport.value())
+    assert (status, fields.get(b"connection")) == (200, b"close")
+    assert transport.disconnecting
+    return body
+
+
 def exchange(hot: bool, data: list[bytes]) -> tuple[bytes, bool, list[tuple]]:
     """What a connection to a fresh site answers to ``data`` sent in these
     pieces, whether it closed, and what was logged."""
@@ -306,9 +315,7 @@ def test_the_first_other_request_hands_the_connection_over_for_good():
 def test_a_close_request_is_the_last_one_read():
     channel, transport = connect(make_site(True))
     channel.dataReceived(request(extra=b"Connection: close\r\n") + request())
-    [(status, fields, _)] = answers(transport.value())
-    assert (status, fields[b"connection"]) == (200, b"close")
-    assert transport.disconnecting
+    the_one_answer_closing(transport)
 
 
 # -- a request under way
@@ -370,34 +377,24 @@ def test_drain_answers_the_request_under_way_then_closes():
     done = site.drain(5, task.Clock())
     assert not transport.disconnecting and not done.called
     handlers.gates[0].callback("last")
-    [(status, fields, body)] = answers(transport.value())
-    assert (status, fields[b"connection"], body) == (200, b"close", b'{"data":"last"}')
-    assert transport.disconnecting
+    assert the_one_answer_closing(transport) == b'{"data":"last"}'
 
 
-def test_drain_reads_a_request_begun_to_its_end_and_answers_it():
+@pytest.mark.parametrize(
+    "whole, handed_over",
+    [(request(body=b'{"late":true}'), False), (b"GET /healthz HTTP/1.1\r\n\r\n", True)],
+    ids=["hot", "handed-over"],
+)
+def test_drain_reads_a_request_begun_to_its_end_and_answers_it(whole, handed_over):
     site = make_site(True)
     channel, transport = connect(site)
-    whole = request(body=b'{"late":true}')
     channel.dataReceived(whole[:20])
+    assert channel.delegate is None  # not read whole yet
     site.drain(5, task.Clock())
     assert not transport.disconnecting
     channel.dataReceived(whole[20:])
-    [(status, fields, _)] = answers(transport.value())
-    assert (status, fields[b"connection"]) == (200, b"close")
-    assert transport.disconnecting
-
-
-def test_drain_of_a_handed_over_connection_closes_it_after_its_answer():
-    site = make_site(True)
-    channel, transport = connect(site)
-    channel.dataReceived(b"GET /healthz HTTP/1.1\r\n")
-    assert channel.delegate is None  # not read whole yet
-    site.drain(5, task.Clock())
-    channel.dataReceived(b"\r\n")
-    [(status, fields, _)] = answers(transport.value())
-    assert (status, fields[b"connection"]) == (200, b"close")
-    assert transport.disconnecting
+    the_one_answer_closing(transport)
+    assert (channel.delegate is not None) == handed_over
 
 
 def test_a_request_arriving_while_the_site_drains_is_answered_with_close():
@@ -406,8 +403,7 @@ def test_a_request_arriving_while_the_site_drains_is_answered_with_close():
     channel.dataReceived(request()[:5])
     site.draining = True
     channel.dataReceived(request()[5:])
-    [(status, fields, _)] = answers(transport.value())
-    assert fields[b"connection"] == b"close" and transport.disconnecting
+    the_one_answer_closing(transport)
 
 
 # -- idle clients

@@ -305,7 +305,9 @@ def test_readiness_follows_the_last_lease_and_shutdown():
     assert readyz(svc.part("site"))[1]["reason"] == "shutting down"
 
 
-def test_readiness_with_delegation_needs_a_passing_probe():
+def delegating_service(**env: str):
+    """A worker that delegates to a fake Phorge: the service, its clock, the
+    fake's answers and the agent that reaches it."""
     clock, queue = Clock(), FakeQueueResource()
     stub = RequestTraversalAgent(queue)
     svc = build_worker_service(
@@ -313,10 +315,16 @@ def test_readiness_with_delegation_needs_a_passing_probe():
             GORGE_WORKER_CONDUIT_URL="http://gw:8150",
             GORGE_WORKER_CONDUIT_TOKEN="t",
             GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook",
+            **env,
         ),
         clock,
         http_client=stub,
     )
+    return svc, clock, queue, stub
+
+
+def test_readiness_with_delegation_needs_a_passing_probe():
+    svc, clock, queue, stub = delegating_service()
     svc.part("consumer").start()
     clock.advance(1.0)
     stub.flush()
@@ -338,18 +346,7 @@ def test_readiness_with_delegation_needs_a_passing_probe():
 def test_a_failed_probe_is_tried_again_sooner_than_the_period():
     # A passing hiccup in Phorge (a first-use race, a restart) must not keep
     # the worker unready for a whole probe period.
-    clock, queue = Clock(), FakeQueueResource()
-    stub = RequestTraversalAgent(queue)
-    svc = build_worker_service(
-        settings_of(
-            GORGE_WORKER_CONDUIT_URL="http://gw:8150",
-            GORGE_WORKER_CONDUIT_TOKEN="t",
-            GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook",
-            GORGE_WORKER_CONDUIT_PROBE_SEC="3600",
-        ),
-        clock,
-        http_client=stub,
-    )
+    svc, clock, queue, stub = delegating_service(GORGE_WORKER_CONDUIT_PROBE_SEC="3600")
     passing = queue.answers[b"/api/worker.execute"]
     queue.answers[b"/api/worker.execute"] = (
         b'{"result":null,"error_code":"ERR-CONDUIT-CORE","error_info":"duplicate key"}'
