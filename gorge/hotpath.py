@@ -70,7 +70,7 @@ class HotRequest:
         self.code = 200
         self.close = fields.get(b"connection") == b"close"
         self.gorge_error: str | None = None
-        # Set by the channel's process(), for its log line.
+        # Set by the service's channel before the handler runs, for its log line.
         self.request_id = ""
         self.started = 0.0
         self._fields = fields

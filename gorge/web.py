@@ -256,13 +256,20 @@ class RequestIds:
         return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def choose_request_id(header: bytes | str | None, ids: RequestIds | None) -> str:
-    """The client's ``X-Request-Id`` if it is fit to echo and log, else a new one."""
+def stamp_request(request, ids: RequestIds | None) -> str:
+    """Give ``request`` its id and its start, which :func:`log_request` reads,
+    and echo the id in ``X-Request-Id``; returns the id. The client's id is
+    kept if it is fit to echo and log, else one is made from ``ids``."""
+    header = request.getHeader(b"x-request-id")
     presented = header.decode("latin-1") if isinstance(header, bytes) else header
     # An id is echoed and logged: keep it short and printable.
     if presented and (len(presented) > 128 or not presented.isprintable()):
         presented = None
-    return presented or (ids or RequestIds()).next()
+    request_id = presented or (ids or RequestIds()).next()
+    request.request_id = request_id
+    request.started = time.monotonic()
+    request.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
+    return request_id
 
 
 class LimitedRequest(server.Request):
@@ -287,6 +294,9 @@ class LimitedRequest(server.Request):
     _too_large = False
     _received = 0
     gorge_error: str | None = None
+    # Set by stamp_request() when the request is processed.
+    request_id = ""
+    started = 0.0
 
     def __init__(self, channel, *args, **kwargs) -> None:
         # Every body is JSON: parsing it as a form (Twisted's default for POST)
@@ -319,10 +329,7 @@ class LimitedRequest(server.Request):
         super().handleContentChunk(data)
 
     def process(self) -> None:
-        request_id = choose_request_id(self.getHeader(b"x-request-id"), self.request_ids)
-        self._request_id = request_id
-        self._started = time.monotonic()
-        self.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
+        request_id = stamp_request(self, self.request_ids)
         transport = getattr(self.channel, "transport", None)
         if transport is not None and not getattr(self.channel, "_gorge_nodelay", False):
             # Small JSON answers must not wait for Nagle's algorithm.
@@ -346,32 +353,16 @@ class LimitedRequest(server.Request):
             request_id_var.reset(token)
 
     def _log_access(self, result) -> None:
-        log_request(
-            type(self),
-            status=self.code,
-            path=self.path,
-            uri=self.uri,
-            method=self.method,
-            started=self._started,
-            request_id=self._request_id,
-            error=self.gorge_error,
-        )
+        log_request(type(self), self)
 
 
-def log_request(
-    factory: type[LimitedRequest],
-    *,
-    status: int,
-    path: bytes,
-    uri: bytes,
-    method: bytes,
-    started: float,
-    request_id: str,
-    error: str | None,
-) -> None:
-    """The ``REQUEST`` line of an answered request as ``factory`` says
-    (level, quiet paths), and ``REQUEST_FAILED`` for a 5xx."""
-    routine = status < 400 and path in factory.quiet_paths
+def log_request(factory: type[LimitedRequest], request: Any) -> None:
+    """The ``REQUEST`` line of an answered ``request`` (a :class:`LimitedRequest`
+    or a :class:`~gorge.hotpath.HotRequest`, stamped by :func:`stamp_request`)
+    as ``factory`` says (level, quiet paths), and ``REQUEST_FAILED`` for a 5xx."""
+    status: int = request.code
+    request_id: str = request.request_id
+    routine = status < 400 and request.path in factory.quiet_paths
     if routine:
         # One line per lease or report would be a line per poll tick.
         access = factory.debug_log
@@ -379,10 +370,10 @@ def log_request(
         access = factory.access_log
     if not access and status < 500:
         return
-    redacted = redact_uri(uri.decode("latin-1", "replace"))
-    verb = method.decode("latin-1", "replace")
+    redacted = redact_uri(request.uri.decode("latin-1", "replace"))
+    verb = request.method.decode("latin-1", "replace")
     if access:
-        duration_ms = round((time.monotonic() - started) * 1000, 3)
+        duration_ms = round((time.monotonic() - request.started) * 1000, 3)
         log.emit(
             LogLevel.debug if routine else LogLevel.info,
             "REQUEST method={method} uri={uri} status={status} duration_ms={duration_ms}",
@@ -398,7 +389,7 @@ def log_request(
             method=verb,
             uri=redacted,
             status=status,
-            error=error or "",
+            error=request.gorge_error or "",
             request_id=request_id,
         )
 
@@ -695,11 +686,7 @@ class GorgeHotChannel(_KnownToSite, HotChannel):
             self.delegate.finish_and_close()
 
     def process(self, request: HotRequest) -> None:
-        factory = self.requestFactory
-        request_id = choose_request_id(request.getHeader(b"x-request-id"), factory.request_ids)
-        request.request_id = request_id
-        request.started = time.monotonic()
-        request.setHeader(b"x-request-id", request_id.encode("latin-1", "replace"))
+        request_id = stamp_request(request, self.requestFactory.request_ids)
         request.setHeader(b"server", server.version)
         request.setHeader(b"date", self._hot.date.now())
         if self.tracked and self.site.draining:
@@ -733,16 +720,7 @@ class GorgeHotChannel(_KnownToSite, HotChannel):
             running.cancel()
 
     def _log(self, request: HotRequest) -> None:
-        log_request(
-            self.requestFactory,
-            status=request.code,
-            path=request.path,
-            uri=request.uri,
-            method=request.method,
-            started=request.started,
-            request_id=request.request_id,
-            error=request.gorge_error,
-        )
+        log_request(self.requestFactory, request)
 
 
 class GorgeSite(server.Site):
