@@ -221,7 +221,6 @@ async def measure(reactor, name: str, args) -> tuple:
                     cpu_client += cpu_seconds() - before[1]
                 seconds[side] += per_slice / rate
                 rates[side].append(rate)
-        daemon.stop()
     finally:
         await store.close()
         if daemon is not None:
