@@ -72,11 +72,16 @@ from twisted.internet.task import LoopingCall, deferLater, react  # noqa: E402
 
 from gorge.testing.gorge_stack import GorgeStack  # noqa: E402
 from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
-from gorge.testing.phorge import ROOT_VARIABLE, PhorgeSite, find_checkout  # noqa: E402
+from gorge.testing.phorge import (  # noqa: E402
+    CHECKOUT_SCRIPT,
+    ROOT_VARIABLE,
+    PhorgeSite,
+    find_checkout,
+)
 
 SKIP_LINE = (
-    f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
-    "(a Phorge checkout with arcanist/ beside it)"
+    f"bench/phorge.py: skipped: no Phorge checkout ({ROOT_VARIABLE} is not set and "
+    f"the cache has none; make it with {CHECKOUT_SCRIPT})"
 )
 TEST_WORKER = "PhabricatorTestWorker"
 WEBHOOK_WORKER = "HeraldWebhookWorker"

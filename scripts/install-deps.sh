@@ -13,9 +13,10 @@
 #   --print-packages  print the Debian packages the mode needs, one a line,
 #           and exit without installing anything.
 #
-#   With GORGE_PHORGE_ROOT naming a Phorge checkout (the real-Phorge tests in
-#   tests/phorge), --test also installs PHP's command line and the extensions
-#   Phorge needs.
+#   With a Phorge checkout for the real-Phorge tests in tests/phorge
+#   (GORGE_PHORGE_ROOT, or the pinned one scripts/phorge-checkout.sh keeps in
+#   the per-user cache), --test also installs PHP's command line and the
+#   extensions Phorge needs.
 #
 # Idempotent: when everything is in place it only checks and returns.
 set -euo pipefail
@@ -60,6 +61,10 @@ php_works() {
         php -r 'foreach (["mysqli", "curl", "mbstring", "dom", "zip", "gd", "intl"] as $e) { if (!extension_loaded($e)) { exit(1); } }' >/dev/null 2>&1
 }
 
+have_phorge() {
+    [ -n "${GORGE_PHORGE_ROOT:-}" ] || bash "$ROOT/scripts/phorge-checkout.sh" --print-path >/dev/null 2>&1
+}
+
 venv_works() {
     [ -x "$VENV/bin/python" ] &&
         "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1
@@ -75,7 +80,7 @@ if [ "$print_packages" = 1 ]; then
     if [ "$mode" = test ]; then
         echo mariadb-server
         echo redis-server
-        if [ -n "${GORGE_PHORGE_ROOT:-}" ]; then
+        if have_phorge; then
             printf '%s\n' "${php_packages[@]}"
         fi
     fi
@@ -90,7 +95,7 @@ fi
 if ! venv_works && ! find_python >/dev/null; then
     packages+=(python3 python3-venv)
 fi
-if [ "$mode" = test ] && [ -n "${GORGE_PHORGE_ROOT:-}" ] && ! php_works; then
+if [ "$mode" = test ] && have_phorge && ! php_works; then
     packages+=("${php_packages[@]}")
 fi
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from gorge.testing.phorge import find_checkout, pinned_commits
 from tests.support.paths import REPO_ROOT
 
 LIBRARY = REPO_ROOT / "phorge" / "src"
@@ -34,23 +35,21 @@ def _php() -> str:
     php = shutil.which("php")
     if php is None:
         pytest.skip(
-            "php is not installed (./scripts/test.sh installs it with GORGE_PHORGE_ROOT set)"
+            "php is not installed (./scripts/test.sh installs it when it finds a Phorge checkout)"
         )
     return php
 
 
 def _arcanist() -> Path:
-    """The Arcanist checkout: beside GORGE_PHORGE_ROOT, else the one of ``arc``."""
-    root = os.environ.get("GORGE_PHORGE_ROOT")
-    if root:
-        beside = Path(root).resolve().parent / "arcanist"
-        if (beside / "bin" / "arc").is_file():
-            return beside
+    """The Arcanist checkout: the real-Phorge tests' one, else the one of ``arc``."""
+    checkout, _ = find_checkout()
+    if checkout is not None:
+        return checkout.arcanist
     arc = shutil.which("arc")
     if arc is None:
         pytest.skip(
-            "Arcanist is not available: put arc on PATH or set GORGE_PHORGE_ROOT "
-            "to a Phorge checkout with arcanist/ beside it"
+            "Arcanist is not available: put arc on PATH, make the pinned checkout "
+            "with scripts/phorge-checkout.sh, or set GORGE_PHORGE_ROOT"
         )
     return Path(arc).resolve().parent.parent
 
@@ -148,3 +147,12 @@ def test_library_map_is_what_arc_liberate_writes(tmp_path):
     assert (copy / MAP).read_text() == (LIBRARY / MAP).read_text(), (
         f"phorge/src/{MAP} is stale: run `arc liberate -- phorge/src` and commit the result"
     )
+
+
+def test_the_docs_name_the_pinned_commits():
+    # phorge/tested-with is the one place naming them; the docs must agree.
+    pinned = pinned_commits()
+    for doc in ("docs/phorge.md", "phorge/README.md", "README.md"):
+        text = (REPO_ROOT / doc).read_text()
+        assert f"`{pinned['phorge'][:10]}`" in text, doc
+        assert f"`{pinned['arcanist'][:8]}`" in text, doc

@@ -1,8 +1,10 @@
 """A throwaway Phorge on a throwaway MariaDB, for the real-Phorge tests and
 ``bench/phorge.py``.
 
-Phorge's code is used where it lies (``GORGE_PHORGE_ROOT``, with
-``arcanist/`` beside it) and nothing is written into that checkout: each
+Phorge's code is used where it lies and nothing is written into that
+checkout: ``GORGE_PHORGE_ROOT`` (with ``arcanist/`` beside it) when it is
+set, else the per-user cache ``scripts/phorge-checkout.sh`` fills at the
+commits pinned in ``phorge/tested-with``. Each
 instance keeps its configuration in its own temporary directory. Phorge reads
 a configuration file named by ``PHABRICATOR_ENV`` as
 ``<root>/conf/<PHABRICATOR_ENV>.conf.php``, so the variable holds the path of
@@ -36,6 +38,11 @@ from twisted.internet.utils import getProcessOutputAndValue
 from .procs import free_port
 
 ROOT_VARIABLE = "GORGE_PHORGE_ROOT"
+CACHE_VARIABLE = "GORGE_PHORGE_CACHE"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The one place naming the Phorge and Arcanist commits the library is tested on.
+TESTED_WITH = REPO_ROOT / "phorge" / "tested-with"
+CHECKOUT_SCRIPT = "scripts/phorge-checkout.sh"
 PHP_DIR = Path(__file__).resolve().parent / "php"
 ROUTER = PHP_DIR / "router.php"
 HELPER = PHP_DIR / "phorge_helper.php"
@@ -57,31 +64,66 @@ class Checkout:
     root: Path
     arcanist: Path
     php: str
+    # Where it was found: ROOT_VARIABLE, or "the cache".
+    source: str = ROOT_VARIABLE
+
+    def commits(self) -> dict[str, str | None]:
+        """The full commit of each checkout, None where it is no git checkout."""
+        return {"phorge": git_commit(self.root), "arcanist": git_commit(self.arcanist)}
 
     def describe(self) -> str:
-        parts = [f"phorge {self.root}"]
-        for name, path in (("phorge", self.root), ("arcanist", self.arcanist)):
-            commit = _git_commit(path)
+        parts = [f"phorge {self.root} (from {self.source})"]
+        for name, commit in self.commits().items():
             if commit:
-                parts.append(f"{name} {commit}")
+                parts.append(f"{name} {commit[:10]}")
+        pinned = pinned_commits()
+        if self.commits() != pinned:
+            phorge, arcanist = pinned["phorge"][:10], pinned["arcanist"][:10]
+            parts.append(f"not the pinned phorge {phorge} / arcanist {arcanist}")
         return ", ".join(parts)
 
 
-def _git_commit(path: Path) -> str | None:
+def git_commit(path: Path) -> str | None:
     if not (path / ".git").exists() or shutil.which("git") is None:
         return None
     done = subprocess.run(
-        ["git", "-C", str(path), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True
+        ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True
     )
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def pinned_commits() -> dict[str, str]:
+    """``phorge/tested-with``: {"phorge": sha, "arcanist": sha}."""
+    values = {}
+    for line in TESTED_WITH.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            values[key.strip()] = value.strip()
+    return {"phorge": values["PHORGE_COMMIT"], "arcanist": values["ARCANIST_COMMIT"]}
+
+
+def cached_checkout_root() -> Path:
+    """Where ``scripts/phorge-checkout.sh`` puts the pinned Phorge (it may be absent)."""
+    cache = os.environ.get(CACHE_VARIABLE) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "gorge",
+    )
+    return Path(cache) / f"phorge-{pinned_commits()['phorge'][:10]}" / "phorge"
+
+
 def find_checkout() -> tuple[Checkout | None, str | None]:
-    """The checkout named by ``GORGE_PHORGE_ROOT``: (checkout, None), or
-    (None, why not). An unset variable is (None, None)."""
+    """The Phorge checkout for the tests: (checkout, None), or (None, why not).
+
+    ``GORGE_PHORGE_ROOT`` first; else the pinned checkout in the per-user
+    cache. Neither is (None, None): the real-Phorge tests are skipped.
+    """
     raw = os.environ.get(ROOT_VARIABLE, "")
+    source = ROOT_VARIABLE
     if not raw:
-        return None, None
+        cached = cached_checkout_root()
+        if not (cached / "bin" / "storage").is_file():
+            return None, None
+        raw, source = str(cached), "the cache"
     root = Path(raw).resolve()
     if not (root / "bin" / "storage").is_file() or not (root / "webroot" / "index.php").is_file():
         return (
@@ -94,11 +136,11 @@ def find_checkout() -> tuple[Checkout | None, str | None]:
     php = shutil.which("php")
     if php is None:
         return None, (
-            f"{ROOT_VARIABLE} is set but there is no php on PATH; "
+            f"a Phorge checkout is at {root} but there is no php on PATH; "
             "./scripts/test.sh installs it (php-cli php-mysql php-curl php-mbstring "
             "php-xml php-zip php-gd php-intl)"
         )
-    return Checkout(root, arcanist, php), None
+    return Checkout(root, arcanist, php, source), None
 
 
 async def until(check, what: str, bound: float = BOUND, watch=()) -> Any:

@@ -1,5 +1,6 @@
-"""Real-Phorge tests: they run when GORGE_PHORGE_ROOT names a Phorge checkout
-with arcanist/ beside it, and are skipped with one line otherwise.
+"""Real-Phorge tests: they run on the Phorge checkout GORGE_PHORGE_ROOT names
+(arcanist/ beside it), else on the pinned one scripts/phorge-checkout.sh keeps
+in the per-user cache, and are skipped with one line when there is neither.
 
 One switched-over Phorge (its own namespace on the session's MariaDB, PHP's
 built-in web server, ``bin/phd`` with ``phd.taskmasters`` = 0, and the four
@@ -23,13 +24,32 @@ def pytest_report_header(config):
     return None
 
 
+def _phorge_outcomes(terminalreporter) -> dict[str, int]:
+    # The reporter files each test once under its outcome ("error" for a
+    # failed setup), so counting by node id counts tests.
+    return {
+        outcome: sum(
+            1
+            for report in terminalreporter.stats.get(outcome, [])
+            if getattr(report, "nodeid", "").startswith("tests/phorge/")
+        )
+        for outcome in ("passed", "failed", "error", "skipped")
+    }
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    # -rs already prints the skip reason, as one folded line.
-    if CHECKOUT is not None or PROBLEM is not None or terminalreporter.hasopt("s"):
+    counts = _phorge_outcomes(terminalreporter)
+    if not any(counts.values()):
         return
-    skipped = terminalreporter.stats.get("skipped", [])
-    if any(report.nodeid.startswith("tests/phorge/") for report in skipped):
+    if CHECKOUT is None and PROBLEM is None:
         terminalreporter.write_line(HOW_TO_RUN)
+        return
+    ran = counts["passed"] + counts["failed"] + counts["error"]
+    where = CHECKOUT.describe() if CHECKOUT is not None else PROBLEM
+    terminalreporter.write_line(
+        f"real-Phorge tests ran: {ran} ({counts['passed']} passed, {counts['failed']} failed, "
+        f"{counts['error']} errors; {counts['skipped']} skipped) on {where}"
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,6 +11,7 @@ from twisted.internet.defer import Deferred
 
 from gorge.testing.phorge import (  # noqa: F401 - the tests' names for the harness
     BOUND,
+    CHECKOUT_SCRIPT,
     ROOT_VARIABLE,
     STEP,
     Background,
@@ -23,8 +24,9 @@ from gorge.testing.phorge import (  # noqa: F401 - the tests' names for the harn
 from tests.support.paths import REPO_ROOT
 
 HOW_TO_RUN = (
-    f"real-Phorge tests not run: set {ROOT_VARIABLE} to a Phorge checkout with "
-    f"arcanist/ beside it, e.g. {ROOT_VARIABLE}=/srv/phorge ./scripts/test.sh tests/phorge"
+    f"real-Phorge tests skipped: no Phorge checkout; make the pinned one with "
+    f"{CHECKOUT_SCRIPT} [--phorge GIT --arcanist GIT], or set {ROOT_VARIABLE} "
+    "to a Phorge checkout with arcanist/ beside it"
 )
 # gorge's Phorge extension library, loaded into every test instance.
 LIBRARY = REPO_ROOT / "phorge" / "src"

@@ -11,18 +11,22 @@ import sys
 
 import pytest
 
-from gorge.testing.phorge import ROOT_VARIABLE, find_checkout
+from gorge.testing.phorge import CACHE_VARIABLE, ROOT_VARIABLE, find_checkout
 from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "bench" / "phorge.py"
 SKIP_LINE = (
-    f"bench/phorge.py: skipped: {ROOT_VARIABLE} is not set "
-    "(a Phorge checkout with arcanist/ beside it)"
+    f"bench/phorge.py: skipped: no Phorge checkout ({ROOT_VARIABLE} is not set and "
+    "the cache has none; make it with scripts/phorge-checkout.sh)"
 )
 
 
-def _bench(*args: str, root: str | None, timeout: float = 60) -> subprocess.CompletedProcess:
+def _bench(
+    *args: str, root: str | None, timeout: float = 60, cache: str | None = None
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != ROOT_VARIABLE}
+    if cache is not None:
+        env[CACHE_VARIABLE] = cache
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     if root is not None:
         env[ROOT_VARIABLE] = root
@@ -37,8 +41,8 @@ def _bench(*args: str, root: str | None, timeout: float = 60) -> subprocess.Comp
     )
 
 
-def test_without_a_phorge_checkout_it_prints_one_skip_line_and_exits_0():
-    done = _bench("--quick", root=None)
+def test_without_a_phorge_checkout_it_prints_one_skip_line_and_exits_0(tmp_path):
+    done = _bench("--quick", root=None, cache=str(tmp_path))
     assert (done.returncode, done.stdout, done.stderr) == (0, SKIP_LINE + "\n", "")
 
 
