@@ -16,6 +16,7 @@ from gorge.service import InFlight
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.model import (
     DEFAULT_LIST_LIMIT,
+    MAX_FOLLOWUPS,
     MAX_LEASE_LIMIT,
     MAX_LIST_LIMIT,
     MAX_OWNER_CHARS,
@@ -30,7 +31,9 @@ from gorge.taskqueue.model import (
     UINT32_MAX,
     YIELD_OWNER,
     ArchivedTask,
+    Completion,
     EnqueueRequest,
+    Followup,
     InvalidArgument,
     Report,
     Task,
@@ -183,6 +186,31 @@ def parse_enqueue(body: dict) -> EnqueueRequest:
     )
 
 
+def parse_followups(body: dict) -> tuple[Followup, ...]:
+    """A success report's follow-up tasks (docs/taskqueue.md, Follow-up
+    tasks): each entry validated exactly as an enqueue, a bad one answered
+    with its index, so nothing is archived for a list that cannot be stored."""
+    items = _opt(body, "followups")
+    if items is _MISSING:
+        return ()
+    if not isinstance(items, list):
+        raise _bad("followups must be a list of objects")
+    if len(items) > MAX_FOLLOWUPS:
+        raise _bad(f"followups must have at most {MAX_FOLLOWUPS} entries, got {len(items)}")
+    followups = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _bad(f"followups[{index}] must be an object")
+        try:
+            request = parse_enqueue(item)
+        except ApiError as e:
+            raise _bad(f"followups[{index}]: {e.message}") from None
+        # No priority (or null): the parent's, which only the store reads.
+        inherits = _opt(item, "priority") is _MISSING
+        followups.append(Followup(request, inherits_priority=inherits))
+    return tuple(followups)
+
+
 def _permanent(body: dict) -> bool:
     permanent = _opt(body, "permanent")
     if permanent is _MISSING:
@@ -201,7 +229,8 @@ def parse_report(item: Any, retry_wait: int) -> Report:
     if outcome not in REPORT_OUTCOMES:
         raise _bad("outcome must be one of " + ", ".join(REPORT_OUTCOMES))
     if outcome == REPORT_COMPLETE:
-        return Report(task_id, outcome, duration=_int_field(item, "duration", 0, maximum=INT64_MAX))
+        duration = _int_field(item, "duration", 0, maximum=INT64_MAX)
+        return Report(task_id, outcome, duration=duration, followups=parse_followups(item))
     if outcome == REPORT_FAIL:
         permanent = _permanent(item)
         wait = _int_field(item, "retryWait", retry_wait)
@@ -377,6 +406,12 @@ class TaskQueueApi:
         finally:
             finished.callback(None)
 
+    def _enqueued(self, children: tuple[Task, ...]) -> None:
+        """Count and announce the follow-ups a complete inserted."""
+        for task in children:
+            self._metrics.enqueued.labels(task.task_class).inc()
+            self._runnable(task)
+
     def _runnable(self, task: Task) -> None:
         """Wake held lease calls if ``task`` can be leased now."""
         expires = task.lease_expires
@@ -437,12 +472,16 @@ class TaskQueueApi:
         # The column is BIGINT UNSIGNED, but SQLite integers are signed 64-bit:
         # one limit for every backend keeps them answering alike.
         duration = _int_field(body, "duration", 0, maximum=INT64_MAX)
+        followups = parse_followups(body)
         owner = fence_owner(request, body)
-        archived: ArchivedTask = await self._call(
-            "complete", self._store.complete(task_id, duration, owner)
+        done: Completion = await self._call(
+            "complete", self._store.complete_with_followups(task_id, duration, followups, owner)
         )
-        self._metrics.completed.labels(archived.task_class).inc()
-        return ok(request, archived.to_json())
+        self._metrics.completed.labels(done.archived.task_class).inc()
+        self._enqueued(done.children)
+        # A replay answers the same row, so a worker sending again learns
+        # nothing new and nothing is inserted twice.
+        return ok(request, done.archived.to_json())
 
     @app.route("/api/queue/fail", methods=["POST"])
     async def fail(self, request):
@@ -499,6 +538,7 @@ class TaskQueueApi:
             answer[position] = {"taskID": report.task_id, "status": "reported"}
             if report.outcome == REPORT_COMPLETE:
                 self._metrics.completed.labels(result.task_class).inc()
+                self._enqueued(result.children)
             elif report.outcome == REPORT_FAIL:
                 self._metrics.failed.labels(
                     result.task_class, "true" if report.permanent else "false"

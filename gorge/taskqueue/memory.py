@@ -21,7 +21,9 @@ from gorge.taskqueue.model import (
     SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
+    Completion,
     EnqueueRequest,
+    Followup,
     Report,
     ReportResult,
     Stats,
@@ -112,6 +114,15 @@ class MemoryTaskStore:
         return archived
 
     async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
+        return (await self.complete_with_followups(task_id, duration, (), owner)).archived
+
+    async def complete_with_followups(
+        self,
+        task_id: int,
+        duration: int,
+        followups: Sequence[Followup],
+        owner: str | None = None,
+    ) -> Completion:
         if task_id not in self._active:
             previous = self._archived.get(task_id)
             if (
@@ -119,8 +130,11 @@ class MemoryTaskStore:
                 and previous.result == RESULT_SUCCESS
                 and (owner is None or previous.lease_owner == owner)
             ):
-                return previous
-        return self._archive(task_id, RESULT_SUCCESS, duration, owner)
+                return Completion(previous)
+        archived = self._archive(task_id, RESULT_SUCCESS, duration, owner)
+        now = self._now()
+        children = tuple(self._insert(f.request(archived.priority), now) for f in followups)
+        return Completion(archived, children)
 
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None

@@ -136,6 +136,27 @@ class EnqueueRequest:
         )
 
 
+# Follow-up tasks a success report may carry (docs/taskqueue.md, Follow-up tasks).
+MAX_FOLLOWUPS = 1000
+
+
+@dataclass(frozen=True)
+class Followup:
+    """A task a completing task queues: an enqueue stored in the same atomic
+    step as its parent's archive.  ``inherits_priority``: the request named
+    no priority, so the child takes its parent's, as Phorge's taskmaster
+    gives it (``enqueue.priority`` is then only the parser's default)."""
+
+    enqueue: EnqueueRequest
+    inherits_priority: bool = False
+
+    def request(self, parent_priority: int) -> EnqueueRequest:
+        """What is stored for this child of a parent of ``parent_priority``."""
+        if self.inherits_priority:
+            return replace(self.enqueue, priority=parent_priority)
+        return self.enqueue
+
+
 @dataclass(frozen=True)
 class Task:
     """One row of ``worker_activetask`` (+ its payload when loaded).
@@ -223,6 +244,15 @@ def _row_json(row: Task | ArchivedTask, failure_time: int | None) -> dict[str, A
     return out
 
 
+@dataclass(frozen=True)
+class Completion:
+    """What a success with follow-ups did: the archive row, and the children
+    it inserted, in the order given (none when the report was a replay)."""
+
+    archived: ArchivedTask
+    children: tuple[Task, ...] = ()
+
+
 def archive_of(task: Task, *, result: int, duration: int, now: int) -> ArchivedTask:
     """The archive row written for ``task``: owner/expiry copied as they stand."""
     return ArchivedTask(
@@ -297,7 +327,7 @@ class Report:
 
     ``duration`` is microseconds for a complete and seconds for a yield (the
     store raises it to the 5 s minimum); ``permanent`` and ``retry_wait``
-    only matter for a failure.
+    only matter for a failure, ``followups`` only for a complete.
     """
 
     task_id: int
@@ -305,6 +335,7 @@ class Report:
     duration: int = 0
     permanent: bool = False
     retry_wait: int = 0
+    followups: tuple[Followup, ...] = ()
 
     @property
     def archives(self) -> bool:
@@ -317,11 +348,13 @@ class ReportResult:
     """The answer to one :class:`Report`: the task's class when it was
     recorded (empty for a yield, which reads no row), else the error the
     single call would have raised
-    (``TaskNotFound``, ``LeaseConflict`` or ``InvalidArgument``)."""
+    (``TaskNotFound``, ``LeaseConflict`` or ``InvalidArgument``).
+    ``children``: the follow-ups a complete inserted (none on a replay)."""
 
     task_id: int
     task_class: str = ""
     error: Exception | None = None
+    children: tuple[Task, ...] = ()
 
 
 RESULT_NAMES = {"success": RESULT_SUCCESS, "failure": RESULT_FAILURE, "cancelled": RESULT_CANCELLED}

@@ -59,7 +59,9 @@ from gorge.taskqueue.model import (
     SUCCEEDED,
     YIELD_OWNER,
     ArchivedTask,
+    Completion,
     EnqueueRequest,
+    Followup,
     InvalidArgument,
     Report,
     ReportResult,
@@ -193,28 +195,37 @@ CONFLICT = "!conflict"
 _LUA_PACKED_PRELUDE = "\nlocal A = cjson.decode(ARGV[1])\nlocal base = A[1]\n" + _LUA_HELPERS
 
 
+# A new active task under ids the caller took from the sequences, for
+# enqueue and for the follow-ups of a complete.  ``delay`` '' = runnable now.
+_LUA_INSERT = """
+local function insert_task(task_id, data_id, task_class, priority, object_phid,
+                           container_phid, delay, now, data)
+  local m = string.format('%020d', task_id)
+  redis.call('SET', base .. 'data:' .. data_id, data)
+  redis.call('HSET', task_key(m),
+    'id', id_of(m), 'taskClass', task_class, 'leaseOwner', '', 'leaseExpires', delay,
+    'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', priority,
+    'objectPHID', object_phid, 'containerPHID', container_phid,
+    'dateCreated', now, 'dateModified', now)
+  redis.call('ZADD', base .. 'idx:active', priority, m)
+  if delay == '' then
+    redis.call('ZADD', base .. 'idx:unleased', priority, m)
+  else
+    redis.call('ZADD', base .. 'idx:leased', delay, m)
+  end
+end
+"""
+
 # KEYS: next_task_id
 # ARGV: [base, taskClass, priority, objectPHID, containerPHID,
 #        delayUntil ('' = runnable now), now] as JSON, data
 ENQUEUE = (
     _LUA_PACKED_PRELUDE
+    + _LUA_INSERT
     + """
-local task_class, priority, delay, now = A[2], A[3], A[6], A[7]
 local data_id = redis.call('INCR', base .. 'next_data_id')
 local task_id = redis.call('INCR', KEYS[1])
-local m = string.format('%020d', task_id)
-redis.call('SET', base .. 'data:' .. data_id, ARGV[2])
-redis.call('HSET', task_key(m),
-  'id', id_of(m), 'taskClass', task_class, 'leaseOwner', '', 'leaseExpires', delay,
-  'failureCount', '0', 'dataID', data_id, 'failureTime', '', 'priority', priority,
-  'objectPHID', A[4], 'containerPHID', A[5],
-  'dateCreated', now, 'dateModified', now)
-redis.call('ZADD', base .. 'idx:active', priority, m)
-if delay == '' then
-  redis.call('ZADD', base .. 'idx:unleased', priority, m)
-else
-  redis.call('ZADD', base .. 'idx:leased', delay, m)
-end
+insert_task(task_id, data_id, A[2], A[3], A[4], A[5], A[6], A[7], ARGV[2])
 return {task_id, data_id}
 """
 )
@@ -295,14 +306,45 @@ return cjson.encode(out)
 OUT_OF_RANGE = "!range"
 NOT_FOUND = "!notfound"
 
+# The follow-ups of a complete, each [taskClass, priority ('' = the
+# parent's), objectPHID, containerPHID, delayUntil ('' = runnable now), data]:
+# inserted in order, answered as [[id, dataID], ...] (strings: cjson would
+# write a large number with an exponent).  Both ids are taken first, in one
+# step each, so a server that refuses the first write refuses everything.
+_LUA_FOLLOWUPS = (
+    _LUA_INSERT
+    + """
+local function insert_followups(followups, parent_priority, now)
+  local n = #followups
+  local last_task = redis.call('INCRBY', base .. 'next_task_id', n)
+  local last_data = redis.call('INCRBY', base .. 'next_data_id', n)
+  local children = {}
+  for i, f in ipairs(followups) do
+    local priority = f[2]
+    if priority == '' then priority = parent_priority end
+    local task_id, data_id = last_task - n + i, last_data - n + i
+    insert_task(task_id, data_id, f[1], priority, f[3], f[4], f[5], now, f[6])
+    children[i] = {string.format('%d', task_id), string.format('%d', data_id)}
+  end
+  return children
+end
+"""
+)
+
 # The archive step (complete / permanent fail / cancel) of one task, for the
 # single call and the batched report.  Returns the archive row as a table
 # (without the payload copy), CONFLICT when a fenced call finds the task held
 # by someone else or archived, or false when the task is not active and no
-# replay applies.
+# replay applies; a fresh archive also returns the children it inserted for
+# ``followups`` (a list as insert_followups takes, or nil).  Every check and
+# read comes before the first write: Redis does not undo a script that
+# fails, so a refusal must leave nothing behind.  The children go in before
+# the parent leaves the active set, so a script the server stops half way
+# can leave the task to run again, never archived with its children lost.
 _LUA_ARCHIVE = (
-    """
-local function archive(key, m, result, duration, now, replay, cutoff, owner)
+    _LUA_FOLLOWUPS
+    + """
+local function archive(key, m, result, duration, now, replay, cutoff, owner, followups)
   local archived_key, archived_idx = base .. 'archived:' .. id_of(m), base .. 'idx:archived'
   local counter_archived = base .. 'counter:archived'
   if redis.call('EXISTS', key) == 0 then
@@ -323,11 +365,12 @@ local function archive(key, m, result, duration, now, replay, cutoff, owner)
     + """'
   end
   local row = redis.call('HGETALL', key)
-  local fields, failures, data_id = {}, 0, nil
+  local fields, failures, data_id, priority = {}, 0, nil, nil
   for i = 1, #row, 2 do
     local name, value = row[i], row[i + 1]
     if name == 'failureCount' then failures = tonumber(value) end
     if name == 'dataID' then data_id = value end
+    if name == 'priority' then priority = value end
     -- The archive has no failureTime; dateModified is the archive time.
     if name ~= 'failureTime' and name ~= 'dateModified' then
       fields[#fields + 1] = name
@@ -341,6 +384,10 @@ local function archive(key, m, result, duration, now, replay, cutoff, owner)
   end
   local data_key = base .. 'data:' .. (data_id or '')
   local payload = redis.call('GET', data_key) or ''
+  local children = {}
+  if followups and #followups > 0 then
+    children = insert_followups(followups, priority, now)
+  end
   redis.call('DEL', archived_key)
   redis.call('HSET', archived_key, 'data', payload, unpack(fields))
   redis.call('ZREM', base .. 'idx:active', m)
@@ -365,7 +412,7 @@ local function archive(key, m, result, duration, now, replay, cutoff, owner)
   end
   local archived = {}
   for i = 1, #fields, 2 do archived[fields[i]] = fields[i + 1] end
-  return archived
+  return archived, children
 end
 """
 )
@@ -394,16 +441,23 @@ return n
 # KEYS: task
 # ARGV: [base, member, result, duration, now, replay ('1' = complete),
 #        prune cutoff ('' = keep archive records forever),
-#        lease owner ('' = unfenced)] as JSON
-# Returns the archive row as JSON (without the payload copy), CONFLICT when
-# a fenced call finds the task held by someone else or archived, or nil when
-# the task is not active and no replay applies.
+#        lease owner ('' = unfenced)] as JSON, then optionally the
+#       follow-ups as JSON (see _LUA_FOLLOWUPS)
+# Returns the archive row as JSON (without the payload copy) or, with
+# follow-ups, [row, children] ({} for none: cjson's empty table); CONFLICT
+# when a fenced call finds the task held by someone else or archived, or nil
+# when the task is not active and no replay applies.
 ARCHIVE = (
     _LUA_PACKED_PRELUDE
     + _LUA_ARCHIVE
     + """
-local answer = archive(KEYS[1], A[2], A[3], A[4], A[5], A[6] == '1', A[7], A[8])
-if type(answer) == 'table' then return cjson.encode(answer) end
+local followups = ARGV[2] and cjson.decode(ARGV[2])
+local answer, children = archive(KEYS[1], A[2], A[3], A[4], A[5], A[6] == '1', A[7], A[8],
+                                 followups)
+if type(answer) == 'table' then
+  if followups then return cjson.encode({answer, children or {}}) end
+  return cjson.encode(answer)
+end
 return answer
 """
 )
@@ -493,11 +547,14 @@ return yield_task(KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 
 # KEYS: active (names the slot; every key comes from the base)
 # ARGV: [base, now, prune cutoff, lease owner ('' = unfenced), yield owner] as
-#       JSON, then the reports as JSON [[member, kind, value], ...]: kind "c"
-#       complete (value: duration), "p" permanent failure, "t" temporary
+#       JSON, then the reports as JSON [[member, kind, value, followups?], ...]:
+#       kind "c" complete (value: duration; followups as _LUA_FOLLOWUPS takes
+#       them, when there are some), "p" permanent failure, "t" temporary
 #       failure (value: new expiry), "y" yield (value: new expiry)
 # Returns a JSON array, one answer per report: the task class ('' for a
-# yield) or CONFLICT / OUT_OF_RANGE / NOT_FOUND.
+# yield), [task class, priority, children] for a complete that inserted
+# follow-ups,
+# or CONFLICT / OUT_OF_RANGE / NOT_FOUND.
 REPORT = (
     _LUA_PACKED_PRELUDE
     + _LUA_ARCHIVE
@@ -508,9 +565,9 @@ local out = {}
 for i, r in ipairs(cjson.decode(ARGV[2])) do
   local m, kind, value = r[1], r[2], r[3]
   local key = task_key(m)
-  local answer
+  local answer, children
   if kind == 'c' then
-    answer = archive(key, m, '0', value, now, true, cutoff, owner)
+    answer, children = archive(key, m, '0', value, now, true, cutoff, owner, r[4])
   elseif kind == 'p' then
     answer = archive(key, m, '1', '0', now, false, cutoff, owner)
   elseif kind == 't' then
@@ -518,7 +575,9 @@ for i, r in ipairs(cjson.decode(ARGV[2])) do
   else
     answer = yield_task(key, m, now, value, owner, yield_owner)
   end
-  if type(answer) == 'table' then
+  if type(answer) == 'table' and children and #children > 0 then
+    out[i] = {answer['taskClass'] or '', answer['priority'], children}
+  elseif type(answer) == 'table' then
     out[i] = answer['taskClass'] or ''
   elseif answer == 1 then
     out[i] = ''
@@ -890,9 +949,36 @@ def _expiry_or_marker(expires: int) -> str:
         return OUT_OF_RANGE
 
 
-def _report_result(report: Report, answer: str) -> ReportResult:
+def _followup_fields(followup: Followup) -> list[str]:
+    """A follow-up as the archive step takes it (_LUA_FOLLOWUPS)."""
+    request = followup.enqueue
+    return [
+        request.task_class,
+        "" if followup.inherits_priority else str(request.priority),
+        request.object_phid or "",
+        request.container_phid or "",
+        "" if request.delay_until is None else str(request.delay_until),
+        request.data,
+    ]
+
+
+def _children(
+    followups: Sequence[Followup], parent_priority: int, ids: Sequence[Sequence[str]], now: int
+) -> tuple[Task, ...]:
+    """The tasks the archive step inserted for ``followups`` under ``ids``."""
+    return tuple(
+        followup.request(parent_priority).new_task(int(task_id), int(data_id), now)
+        for followup, (task_id, data_id) in zip(followups, ids, strict=True)
+    )
+
+
+def _report_result(report: Report, answer: Any, now: int) -> ReportResult:
     """One answer of the REPORT script as the store's result."""
     task_id = report.task_id
+    if isinstance(answer, list):
+        task_class, priority, ids = answer
+        children = _children(report.followups, int(priority), ids, now)
+        return ReportResult(task_id, task_class, None, children)
     if answer == NOT_FOUND:
         return ReportResult(task_id, error=TaskNotFound(task_id))
     if answer == CONFLICT:
@@ -1071,6 +1157,31 @@ class RedisTaskStore:
     async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
         return await self._archive_task(task_id, RESULT_SUCCESS, duration, True, owner)
 
+    async def complete_with_followups(
+        self,
+        task_id: int,
+        duration: int,
+        followups: Sequence[Followup],
+        owner: str | None = None,
+    ) -> Completion:
+        if not followups:
+            return Completion(await self.complete(task_id, duration, owner))
+        now = self._now()
+        cutoff = "" if self._archive_retention is None else now - self._archive_retention
+        reply = await self._run_packed(
+            self._archive,
+            self.keys.task(task_id),
+            [member(task_id), RESULT_SUCCESS, duration, now, "1", cutoff, owner or ""],
+            _pack([_followup_fields(f) for f in followups]),
+        )
+        _refusal(task_id, reply)
+        row, children = json.loads(reply)
+        archived = archived_from_columns(row)
+        if not children:
+            # A replay ({}, cjson's empty table): the first report inserted them.
+            return Completion(archived)
+        return Completion(archived, _children(followups, archived.priority, children, now))
+
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
@@ -1114,7 +1225,10 @@ class RedisTaskStore:
         entries = []
         for report in reports:
             m = member(report.task_id)
-            if report.outcome == REPORT_COMPLETE:
+            if report.outcome == REPORT_COMPLETE and report.followups:
+                fields = [_followup_fields(f) for f in report.followups]
+                entries.append([m, "c", str(report.duration), fields])
+            elif report.outcome == REPORT_COMPLETE:
                 entries.append([m, "c", str(report.duration)])
             elif report.outcome == REPORT_FAIL and report.permanent:
                 entries.append([m, "p", ""])
@@ -1131,7 +1245,8 @@ class RedisTaskStore:
             )
         )
         return [
-            _report_result(report, answer) for report, answer in zip(reports, answers, strict=True)
+            _report_result(report, answer, now)
+            for report, answer in zip(reports, answers, strict=True)
         ]
 
     async def awaken(self, task_ids: Sequence[int]) -> int:

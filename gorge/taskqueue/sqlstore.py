@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import Deferred, DeferredLock
@@ -42,7 +42,9 @@ from gorge.taskqueue.model import (
     TASK_COLUMNS,
     YIELD_OWNER,
     ArchivedTask,
+    Completion,
     EnqueueRequest,
+    Followup,
     InvalidArgument,
     Report,
     ReportResult,
@@ -325,10 +327,15 @@ class SqlTaskStore:
         self._engine.begin_write(txn)
         return self._insert_txn(txn, request, now)
 
-    def _insert_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
+    def _insert_txn(
+        self, txn, request: EnqueueRequest, now: int, task_id: int | None = None
+    ) -> Task:
+        """The payload row and the active task; ``task_id`` is one the caller
+        reserved from ``lisk_counter``, else the counter's next value."""
         self._exec(txn, INSERT_DATA, (request.data,))
         data_id = int(txn.lastrowid)
-        task_id = self._engine.next_counter(txn, COUNTER_NAME)
+        if task_id is None:
+            task_id = self._engine.next_counter(txn, COUNTER_NAME)
         self._exec(
             txn,
             INSERT_TASK,
@@ -454,20 +461,59 @@ class SqlTaskStore:
     # -- archive -------------------------------------------------------------
 
     async def complete(self, task_id: int, duration: int, owner: str | None = None) -> ArchivedTask:
+        return (await self.complete_with_followups(task_id, duration, (), owner)).archived
+
+    async def complete_with_followups(
+        self,
+        task_id: int,
+        duration: int,
+        followups: Sequence[Followup],
+        owner: str | None = None,
+    ) -> Completion:
         return await self.db.run(
-            "complete",
-            self._archive_txn,
-            task_id,
-            RESULT_SUCCESS,
-            duration,
-            self._now(),
-            True,
-            owner,
+            "complete", self._complete_txn, task_id, duration, self._now(), owner, tuple(followups)
         )
+
+    def _complete_txn(
+        self,
+        txn,
+        task_id: int,
+        duration: int,
+        now: int,
+        owner: str | None,
+        followups: tuple[Followup, ...],
+    ) -> Completion:
+        self._engine.begin_write(txn)
+        return self._complete_in(txn, task_id, duration, now, owner, followups)
+
+    def _complete_in(
+        self,
+        txn,
+        task_id: int,
+        duration: int,
+        now: int,
+        owner: str | None,
+        followups: tuple[Followup, ...],
+    ) -> Completion:
+        """Archive a success and insert its follow-ups, in the caller's
+        transaction: a failure of any statement rolls back every one."""
+        task = self._held_txn(txn, task_id, owner, replay=True)
+        if isinstance(task, ArchivedTask):
+            # A replay: the report that archived it inserted the children.
+            return Completion(task)
+        archived = self._write_archive(txn, task, RESULT_SUCCESS, duration, now)
+        if not followups:
+            return Completion(archived)
+        first = self._engine.reserve_counter(txn, COUNTER_NAME, len(followups))
+        children = tuple(
+            self._insert_txn(txn, followup.request(archived.priority), now, first + offset)
+            for offset, followup in enumerate(followups)
+        )
+        return Completion(archived, children)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
         return await self.db.run(
-            "cancel", self._archive_txn, task_id, RESULT_CANCELLED, 0, self._now(), False, None
+            "cancel", self._archive_txn, task_id, RESULT_CANCELLED, self._now()
         )
 
     async def fail(
@@ -475,12 +521,20 @@ class SqlTaskStore:
     ) -> ArchivedTask | Task | None:
         now = self._now()
         if permanent:
-            return await self.db.run(
-                "fail", self._archive_txn, task_id, RESULT_FAILURE, 0, now, False, owner
-            )
+            return await self.db.run("fail", self._archive_txn, task_id, RESULT_FAILURE, now, owner)
         return await self.db.run(
             "fail_temporarily", self._temporary_fail_txn, task_id, now, now + retry_wait, owner
         )
+
+    @overload
+    def _held_txn(
+        self, txn, task_id: int, owner: str | None, replay: Literal[False] = False
+    ) -> Task: ...
+
+    @overload
+    def _held_txn(
+        self, txn, task_id: int, owner: str | None, replay: Literal[True]
+    ) -> Task | ArchivedTask: ...
 
     def _held_txn(
         self, txn, task_id: int, owner: str | None, replay: bool = False
@@ -511,31 +565,19 @@ class SqlTaskStore:
         return task
 
     def _archive_txn(
-        self,
-        txn,
-        task_id: int,
-        result: int,
-        duration: int,
-        now: int,
-        replay: bool,
-        owner: str | None,
+        self, txn, task_id: int, result: int, now: int, owner: str | None = None
     ) -> ArchivedTask:
+        """A cancel or a permanent failure (duration 0, no replay)."""
         self._engine.begin_write(txn)
-        return self._archive_in(txn, task_id, result, duration, now, replay, owner)
+        return self._archive_in(txn, task_id, result, now, owner)
 
     def _archive_in(
-        self,
-        txn,
-        task_id: int,
-        result: int,
-        duration: int,
-        now: int,
-        replay: bool,
-        owner: str | None,
+        self, txn, task_id: int, result: int, now: int, owner: str | None
     ) -> ArchivedTask:
-        task = self._held_txn(txn, task_id, owner, replay)
-        if isinstance(task, ArchivedTask):
-            return task
+        return self._write_archive(txn, self._held_txn(txn, task_id, owner), result, 0, now)
+
+    def _write_archive(self, txn, task: Task, result: int, duration: int, now: int) -> ArchivedTask:
+        """Move ``task``, read with its row lock, to the archive."""
         archived = archive_of(task, result=result, duration=duration, now=now)
         self._exec(
             txn,
@@ -557,7 +599,7 @@ class SqlTaskStore:
                 archived.archived_epoch,
             ),
         )
-        self._exec(txn, DELETE_ACTIVE, (task_id,))
+        self._exec(txn, DELETE_ACTIVE, (task.id,))
         return archived
 
     def _check_expiry(self, txn, task_id: int, field: str, expires: int, owner: str | None) -> int:
@@ -620,10 +662,15 @@ class SqlTaskStore:
     ) -> list[ReportResult]:
         self._engine.begin_write(txn)
         results: list[ReportResult | None] = [None] * len(reports)
-        # Archives of distinct ids go together; an id reported twice goes
-        # one report after the other, in order, like everything else.
+        # Archives of distinct ids go together; an id reported twice, and a
+        # complete with follow-ups to insert, go one report after the other,
+        # in order, like everything else.
         seen = Counter(r.task_id for r in reports)
-        together = [i for i, r in enumerate(reports) if r.archives and seen[r.task_id] == 1]
+        together = [
+            i
+            for i, r in enumerate(reports)
+            if r.archives and not r.followups and seen[r.task_id] == 1
+        ]
         for start in range(0, len(together), _REPORT_CHUNK):
             self._archive_many(
                 txn, reports, together[start : start + _REPORT_CHUNK], owner, now, results
@@ -638,11 +685,12 @@ class SqlTaskStore:
         row: ArchivedTask | Task | None
         try:
             if report.outcome == REPORT_COMPLETE:
-                row = self._archive_in(
-                    txn, task_id, RESULT_SUCCESS, report.duration, now, True, owner
+                done = self._complete_in(
+                    txn, task_id, report.duration, now, owner, report.followups
                 )
+                return ReportResult(task_id, done.archived.task_class, None, done.children)
             elif report.outcome == REPORT_FAIL and report.permanent:
-                row = self._archive_in(txn, task_id, RESULT_FAILURE, 0, now, False, owner)
+                row = self._archive_in(txn, task_id, RESULT_FAILURE, now, owner)
             elif report.outcome == REPORT_FAIL:
                 row = self._temporary_fail_in(txn, task_id, now, now + report.retry_wait, owner)
             else:

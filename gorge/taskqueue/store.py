@@ -38,7 +38,9 @@ from gorge.taskqueue.model import (
     REPORT_COMPLETE,
     REPORT_FAIL,
     ArchivedTask,
+    Completion,
     EnqueueRequest,
+    Followup,
     InvalidArgument,
     Report,
     ReportResult,
@@ -127,6 +129,23 @@ class TaskStore(Protocol):
         """
         ...
 
+    async def complete_with_followups(
+        self,
+        task_id: int,
+        duration: int,
+        followups: Sequence[Followup],
+        owner: str | None = None,
+    ) -> Completion:
+        """:meth:`complete`, and in the same atomic step (one transaction, one
+        Lua script) every follow-up enqueued as :meth:`enqueue` would, in the
+        order given, a child without a priority taking its parent's
+        (docs/taskqueue.md, Follow-up tasks).  Either the archive and every
+        child are written or nothing is.  The replay of :meth:`complete`
+        answers the archive row and inserts nothing: a child is never
+        inserted twice for one parent.
+        """
+        ...
+
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
@@ -164,8 +183,8 @@ class TaskStore(Protocol):
         self, reports: Sequence[Report], owner: str | None = None
     ) -> list[ReportResult]:
         """Record many result reports at once, in one transaction (or one Lua
-        script): each as :meth:`complete`, :meth:`fail` or :meth:`yield_`
-        would, fenced by ``owner`` alike, answered one :class:`ReportResult`
+        script): each as :meth:`complete_with_followups`, :meth:`fail` or
+        :meth:`yield_` would, fenced by ``owner`` alike, answered one :class:`ReportResult`
         each, in order.  A report refused by the rules of its single call
         (not found, lease conflict, an expiry out of range) writes nothing and
         does not stop the others; a backend failure fails the whole call and
@@ -361,9 +380,13 @@ async def report_each(
     results = []
     for report in reports:
         row: ArchivedTask | Task | None
+        children: tuple[Task, ...] = ()
         try:
             if report.outcome == REPORT_COMPLETE:
-                row = await store.complete(report.task_id, report.duration, owner)
+                done = await store.complete_with_followups(
+                    report.task_id, report.duration, report.followups, owner
+                )
+                row, children = done.archived, done.children
             elif report.outcome == REPORT_FAIL:
                 row = await store.fail(report.task_id, report.permanent, report.retry_wait, owner)
             else:
@@ -372,5 +395,5 @@ async def report_each(
         except _REPORT_ERRORS as e:
             results.append(ReportResult(report.task_id, error=e))
             continue
-        results.append(ReportResult(report.task_id, getattr(row, "task_class", "")))
+        results.append(ReportResult(report.task_id, getattr(row, "task_class", ""), None, children))
     return results
