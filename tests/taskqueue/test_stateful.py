@@ -17,7 +17,14 @@ from twisted.internet import task, threads
 from twisted.internet.defer import Deferred
 
 from gorge.taskqueue.memory import MemoryTaskStore
-from gorge.taskqueue.model import EnqueueRequest, InvalidArgument, Report, ReportResult
+from gorge.taskqueue.model import (
+    Completion,
+    EnqueueRequest,
+    Followup,
+    InvalidArgument,
+    Report,
+    ReportResult,
+)
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError
 from tests.taskqueue.conftest import T0, redis_backend_available
 
@@ -29,6 +36,24 @@ IDS = st.integers(min_value=1, max_value=10)
 # over; results are reported unfenced (r4, Phorge's PHP) or fenced by either.
 OWNERS = ["w1", "22413:1795947021:vm:1"]
 FENCES = st.sampled_from([None, *OWNERS])
+# Follow-ups of a success: a priority of their own or their parent's, maybe
+# delayed (absolute seconds around the machine's clock).
+FOLLOWUPS = st.lists(
+    st.builds(
+        Followup,
+        st.builds(
+            EnqueueRequest,
+            st.sampled_from(["A", "B"]),
+            st.sampled_from(["", "{}", '{"t":"é"}']),
+            st.sampled_from([1000, 3000]),
+            st.sampled_from([None, "PHID-X"]),
+            st.sampled_from([None, "PHID-Y"]),
+            st.sampled_from([None, T0 + 30, T0 + 5000]),
+        ),
+        st.booleans(),
+    ),
+    max_size=3,
+).map(tuple)
 SETTINGS = settings(
     max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
@@ -58,7 +83,10 @@ def _shape(value):
             value.task_class,
             type(error).__name__ if error else None,
             getattr(error, "message", None),
+            [child.to_json() for child in value.children],
         )
+    if isinstance(value, Completion):
+        return value.archived.to_json(), [child.to_json() for child in value.children]
     if isinstance(value, list):
         return [_shape(v) for v in value]
     if hasattr(value, "to_json"):
@@ -189,6 +217,12 @@ def _machine(reset: _Reset):
         def complete(self, task_id, duration, owner):
             self.check("complete", task_id, duration, owner)
 
+        @rule(task_id=IDS, duration=st.integers(0, 10**7), followups=FOLLOWUPS, owner=FENCES)
+        def complete_with_followups(self, task_id, duration, followups, owner):
+            """Children appear, with the parent's priority unless their own,
+            exactly as in the model; a replay or a refusal inserts none."""
+            self.check("complete_with_followups", task_id, duration, followups, owner)
+
         @rule(
             task_id=IDS,
             permanent=st.booleans(),
@@ -205,7 +239,13 @@ def _machine(reset: _Reset):
         @rule(
             reports=st.lists(
                 st.one_of(
-                    st.builds(Report, IDS, st.just("complete"), st.integers(0, 10**7)),
+                    st.builds(
+                        Report,
+                        IDS,
+                        st.just("complete"),
+                        st.integers(0, 10**7),
+                        followups=FOLLOWUPS,
+                    ),
                     st.builds(
                         Report,
                         IDS,
