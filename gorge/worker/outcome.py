@@ -6,7 +6,9 @@ PhabricatorWorkerYieldException and a plain exception.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 MIN_YIELD_SECONDS = 5
 
@@ -23,12 +25,28 @@ class Yield(Exception):
         self.seconds = seconds
 
 
+class NotReached(Exception):
+    """The task never got to run: what runs it was not reached (Phorge's
+    web server took no call). Not a failure: the lease goes back with no
+    failure counted, as a yield does (docs/worker.md, When Phorge's web
+    server is down)."""
+
+
 class RetryLater(Exception):
     """A temporary failure whose retry wait the handler chooses."""
 
     def __init__(self, message: str, retry_wait: int | None = None) -> None:
         super().__init__(message)
         self.retry_wait = retry_wait
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What a handler may return on success: the follow-up tasks the queue
+    must enqueue when (and only when) it archives this one, atomically
+    (the wire shape of ``/api/queue/complete``'s ``followups``)."""
+
+    followups: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,6 +57,9 @@ class Outcome:
     message: str = ""
     retry_wait: int | None = None
     yield_seconds: int = MIN_YIELD_SECONDS
+    followups: tuple[Mapping[str, Any], ...] = ()
+    # False for a yield that hands back a task which never ran (NotReached).
+    reached: bool = True
 
     @property
     def metric_label(self) -> str:
@@ -68,6 +89,8 @@ def classify(exc: BaseException | None) -> Outcome:
     if exc is None:
         return Outcome("complete")
     for link in _cause_chain(exc):
+        if isinstance(link, NotReached):
+            return Outcome("yield", message=str(exc), reached=False)
         if isinstance(link, PermanentFailure):
             return Outcome("permanent", message=str(exc))
         if isinstance(link, Yield):

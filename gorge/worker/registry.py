@@ -87,3 +87,10 @@ class LeasePlan:
         if self._filter and task_class not in self._filter:
             return False
         return self._registry.has(task_class)
+
+    def classes_except(self, held_back: Callable[[str], bool]) -> list[str]:
+        """What to ask for while the classes ``held_back`` names wait: always
+        a list (asking for no class asks for every class), and with the
+        fallback, only the classes registered by name."""
+        wanted = self._registry.registered() if self.task_classes is None else self.task_classes
+        return [name for name in wanted if self.runnable(name) and not held_back(name)]

@@ -161,7 +161,8 @@ async def test_html_answer_fails_temporarily_with_status_and_snippet_in_the_log(
     reactor, http_client, raw_server
 ):
     page = b"<html>\r\n<head><title>Site Not Found</title></head>\n" + b"x" * 400 + b"</html>"
-    server, base = raw_server(Answer(status=502, body=page, content_type="text/html"))
+    # A 500 is PHP's own answer (a 502 would be a proxy's: not reached).
+    server, base = raw_server(Answer(status=500, body=page, content_type="text/html"))
     registry = Registry()
     registry.set_fallback(ConduitDelegate(ConduitClient(http_client, reactor, base, TOKEN)))
     task = {"id": 77, "taskClass": "SomeWorker", "failureCount": 0}
@@ -172,7 +173,7 @@ async def test_html_answer_fails_temporarily_with_status_and_snippet_in_the_log(
     assert report.kind == "fail" and report.args["permanent"] is False
     expected = (
         "conduit worker.execute for SomeWorker (id=77): conduit worker.execute "
-        "returned non-JSON (HTTP 502): " + snippet(page)
+        "returned non-JSON (HTTP 500): " + snippet(page)
     )
     assert line["message"] == expected
     assert "<html> <head><title>Site Not Found</title></head> xxx" in line["message"]

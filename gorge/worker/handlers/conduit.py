@@ -6,8 +6,14 @@ from __future__ import annotations
 from typing import Any, TypeGuard
 
 from gorge.logger import Logger
-from gorge.worker.conduit import ConduitClient, ConduitError
-from gorge.worker.outcome import MIN_YIELD_SECONDS, PermanentFailure, RetryLater, Yield
+from gorge.worker.conduit import ConduitClient, ConduitError, ConduitNotReached
+from gorge.worker.outcome import (
+    MIN_YIELD_SECONDS,
+    NotReached,
+    PermanentFailure,
+    RetryLater,
+    Yield,
+)
 from gorge.worker.registry import is_php_class_name
 
 log = Logger()
@@ -58,6 +64,13 @@ class ConduitDelegate:
             raise PermanentFailure("invalid task class")
         try:
             result = await self._client.execute(task_id, task_class, data)
+        except ConduitNotReached as exc:
+            # PHP never saw the call: the task did nothing, so it costs the
+            # task nothing either.
+            self._count("error")
+            raise NotReached(
+                f"conduit worker.execute for {task_class} (id={task_id}) not reached: {exc}"
+            ) from exc
         except ConduitError as exc:
             self._count("error")
             raise RetryLater(
