@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from gorge.httpclient import Cause, Reply, TransportFailure, encode_url, exchang
 from gorge.logger import Logger
 from gorge.worker.queueerror import QueueError
 from gorge.worker.queuewire import QueueWire
-from gorge.worker.reports import REPORT_PATH, ReportBatcher
+from gorge.worker.reports import FOLLOWUP_BATCH_BYTES, REPORT_PATH, ReportBatcher
 
 log = Logger()
 
@@ -107,10 +108,12 @@ class QueueClient:
         timeout: float = CALL_TIMEOUT,
         report_batch: int = 1,
         report_delay: float = 0.0,
+        report_bytes: int = FOLLOWUP_BATCH_BYTES,
         wire: QueueWire | None = None,
     ) -> None:
         """``wire``: the kept-alive connections the service uses; without it
-        every call goes through ``agent`` (tests hand in fakes of it)."""
+        every call goes through ``agent`` (tests hand in fakes of it).
+        ``report_bytes``: the follow-ups one batched report carries at most."""
         self._agent = agent
         self._wire = wire
         self._heads: dict[tuple[str, bool], bytes] = {}
@@ -119,7 +122,11 @@ class QueueClient:
         self.owner = owner
         self._timeout = timeout
         self._reports = ReportBatcher(
-            self._post_reports, clock, max_size=report_batch, delay=report_delay
+            self._post_reports,
+            clock,
+            max_size=report_batch,
+            delay=report_delay,
+            max_bytes=report_bytes,
         )
         # Built once: URL parsing and header encoding were a sixth of the
         # worker's time per call.
@@ -281,13 +288,23 @@ class QueueClient:
 
         return self._reports.submit({**body, "outcome": outcome}, timeout, single)
 
-    async def complete(self, task_id: int, duration_us: int, *, timeout: float) -> None:
-        await self._report(
-            "/api/queue/complete",
-            {"taskID": task_id, "duration": max(0, int(duration_us))},
-            "complete",
-            timeout,
-        )
+    async def complete(
+        self,
+        task_id: int,
+        duration_us: int,
+        *,
+        followups: Sequence[Mapping[str, Any]] = (),
+        timeout: float,
+    ) -> None:
+        """Report a success; ``followups`` are the tasks it queues, each in
+        the shape ``/api/queue/enqueue`` takes (docs/taskqueue.md, Follow-up
+        tasks), stored by the queue with the archive or not at all."""
+        body: dict[str, Any] = {"taskID": task_id, "duration": max(0, int(duration_us))}
+        if followups:
+            # Only when there are some: a plain complete stays what every
+            # queue, older ones included, takes.
+            body["followups"] = [dict(followup) for followup in followups]
+        await self._report("/api/queue/complete", body, "complete", timeout)
 
     async def fail(
         self,

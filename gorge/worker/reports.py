@@ -7,10 +7,17 @@ which the queue records in one transaction. Each report keeps its own
 Deferred and its own answer, so the consumer's retry rules still apply task
 by task. A queue that has no such route (an older gorge-taskqueue answers
 404) gets single calls from then on.
+
+A success may carry follow-up tasks, whose size has no bound but the
+queue's request body limit: a batch carries at most ``max_bytes`` of them
+(a report whose own follow-ups are larger goes alone), and a batch the
+queue still finds too large (413: a lower ``GORGE_BODY_LIMIT`` there) is
+sent again as single calls.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +33,12 @@ from gorge.worker.queueerror import QueueError
 log = Logger()
 
 REPORT_PATH = "/api/queue/report"
+#: Bytes of follow-ups (encoded) one batched call carries at most: half of
+#: the queue's default request body limit (``GORGE_BODY_LIMIT``, 2 MiB), the
+#: other half being room for up to 1000 plain reports around them.
+FOLLOWUP_BATCH_BYTES = 1024 * 1024
+
+_encoder = json.JSONEncoder(separators=(",", ":"))
 
 # What a refused entry would have been answered as a single call.
 _STATUS_OF_CODE = {"ERR_NOT_FOUND": 404, "ERR_LEASE_CONFLICT": 409, "ERR_BAD_REQUEST": 400}
@@ -40,6 +53,12 @@ class _Pending:
     deadline: float
     single: Single
     done: Deferred
+    size: int  # bytes of the entry's follow-ups, 0 without
+
+
+def _followup_bytes(entry: dict) -> int:
+    followups = entry.get("followups")
+    return len(_encoder.encode(followups)) if followups else 0
 
 
 class ReportBatcher:
@@ -50,13 +69,21 @@ class ReportBatcher:
     """
 
     def __init__(
-        self, post: PostBatch, clock: IReactorTime, *, max_size: int, delay: float
+        self,
+        post: PostBatch,
+        clock: IReactorTime,
+        *,
+        max_size: int,
+        delay: float,
+        max_bytes: int = FOLLOWUP_BATCH_BYTES,
     ) -> None:
         self._post = post
         self._clock = clock
         self._max_size = max_size
         self._delay = delay
+        self._max_bytes = max_bytes
         self._pending: list[_Pending] = []
+        self._pending_bytes = 0
         self._timer: IDelayedCall | None = None
         self.enabled = max_size > 1
 
@@ -67,10 +94,15 @@ class ReportBatcher:
         if not self.enabled:
             return Deferred.fromCoroutine(single(timeout))
         item = _Pending(
-            entry, self._clock.seconds() + timeout, single, Deferred(lambda d: self._withdraw(item))
+            entry,
+            self._clock.seconds() + timeout,
+            single,
+            Deferred(lambda d: self._withdraw(item)),
+            _followup_bytes(entry),
         )
         self._pending.append(item)
-        if len(self._pending) >= self._max_size:
+        self._pending_bytes += item.size
+        if len(self._pending) >= self._max_size or self._pending_bytes >= self._max_bytes:
             self._flush()
         elif self._timer is None:
             self._timer = self._clock.callLater(self._delay, self._flush)
@@ -80,32 +112,47 @@ class ReportBatcher:
         # Cancelled before it was sent: it must not be sent at all.
         if item in self._pending:
             self._pending.remove(item)
+            self._pending_bytes -= item.size
 
     def _flush(self) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
         while self._pending:
-            batch = self._pending[: self._max_size]
-            del self._pending[: self._max_size]
+            batch = self._next_batch()
             d = Deferred.fromCoroutine(self._send(batch))
             d.addErrback(lambda f: log.failure("REPORT_BATCH_FAILED", f, level=LogLevel.error))
 
+    def _next_batch(self) -> list[_Pending]:
+        """The oldest pending reports, as many as ``max_size`` allows and
+        as their follow-ups fit in ``max_bytes``; always at least one."""
+        count, size = 0, 0
+        for item in self._pending[: self._max_size]:
+            if count and size + item.size > self._max_bytes:
+                break
+            count, size = count + 1, size + item.size
+        batch = self._pending[:count]
+        del self._pending[:count]
+        self._pending_bytes -= size
+        return batch
+
     async def _send(self, batch: list[_Pending]) -> None:
-        now = self._clock.seconds()
         if not self.enabled:
-            for item in batch:
-                self._settle_with(item, item.single(max(0.0, item.deadline - now)))
+            self._send_each(batch)
             return
+        now = self._clock.seconds()
         timeout = max(0.0, min(item.deadline for item in batch) - now)
         try:
             data = await self._post([item.entry for item in batch], timeout)
         except QueueError as exc:
             if exc.status == 404 and exc.code == "ERR_NOT_FOUND" and not exc.transient:
                 self._fall_back(str(exc))
-                now = self._clock.seconds()
-                for item in batch:
-                    self._settle_with(item, item.single(max(0.0, item.deadline - now)))
+                self._send_each(batch)
+                return
+            if exc.status == 413 and len(batch) > 1:
+                # The queue's body limit is below what the batch was cut
+                # to: each report alone may well fit.
+                self._send_each(batch)
                 return
             for item in batch:
                 _settle(item, Failure(exc))
@@ -113,6 +160,11 @@ class ReportBatcher:
         answers = _answers(data, batch)
         for item, answer in zip(batch, answers, strict=True):
             _settle(item, answer)
+
+    def _send_each(self, batch: list[_Pending]) -> None:
+        now = self._clock.seconds()
+        for item in batch:
+            self._settle_with(item, item.single(max(0.0, item.deadline - now)))
 
     def _fall_back(self, error: str) -> None:
         if self.enabled:

@@ -4,6 +4,7 @@ descriptions, bounded calls."""
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 import pytest
 from hypothesis import given
@@ -113,6 +114,44 @@ def test_report_bodies():
         ),
         (b"/api/queue/yield", {"taskID": 8, "duration": 5}),
     ]
+
+
+def test_a_complete_carries_its_followups_and_a_plain_one_no_key():
+    resource = ScriptedQueue(body=b'{"data":{"id":5,"taskClass":"A"}}')
+    client, _, _ = client_for(resource)
+    followups = (
+        MappingProxyType({"taskClass": "Child", "data": '{"a":1}', "priority": None}),
+        {"taskClass": "Later", "delayUntil": 1795950000, "objectPHID": "PHID-X"},
+    )
+    assert result_of(client.complete(5, 1234, followups=followups, timeout=10)) is None
+    assert result_of(client.complete(6, 1, followups=(), timeout=10)) is None
+    assert [(r["path"], json.loads(r["body"])) for r in resource.requests] == [
+        (
+            b"/api/queue/complete",
+            {
+                "taskID": 5,
+                "duration": 1234,
+                "followups": [
+                    {"taskClass": "Child", "data": '{"a":1}', "priority": None},
+                    {"taskClass": "Later", "delayUntil": 1795950000, "objectPHID": "PHID-X"},
+                ],
+            },
+        ),
+        # An older queue never sees the key for a plain complete.
+        (b"/api/queue/complete", {"taskID": 6, "duration": 1}),
+    ]
+
+
+def test_a_refused_followup_list_fails_the_complete_for_good():
+    refusal = (
+        b'{"error":{"code":"ERR_BAD_REQUEST","message":"followups[0]: taskClass is required"}}'
+    )
+    client, _, _ = client_for(ScriptedQueue(status=400, body=refusal))
+    failure = result_of(client.complete(5, 1, followups=[{"data": "{}"}], timeout=10))
+    assert failure.check(QueueError)
+    assert (failure.value.status, failure.value.code) == (400, "ERR_BAD_REQUEST")
+    assert "followups[0]: taskClass is required" in str(failure.value)
+    assert not failure.value.retryable
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, QueueError
+from gorge.worker.reports import FOLLOWUP_BATCH_BYTES, ReportBatcher
 
 from .fakes import CapturedEvents
 
@@ -25,19 +28,25 @@ class ReportingQueue(Resource):
 
     isLeaf = True
 
-    def __init__(self, *, batch_route=True, refuse=None, status=200, answer=None):
+    def __init__(self, *, batch_route=True, refuse=None, status=200, answer=None, body_limit=None):
         super().__init__()
         self.batch_route = batch_route
         self.refuse = refuse or {}
         self.status = status
         self.answer = answer
+        self.body_limit = body_limit
         self.requests: list[tuple[bytes, dict, bytes]] = []
 
     def render(self, request):
-        body = json.loads(request.content.read())
+        raw = request.content.read()
+        body = json.loads(raw)
         owner = request.getHeader(b"x-lease-owner")
         self.requests.append((request.path, body, owner))
         request.setHeader(b"content-type", b"application/json")
+        if self.body_limit is not None and len(raw) > self.body_limit:
+            request.setResponseCode(413)
+            return b'{"error":{"code":"ERR_TOO_LARGE","message":"Request Entity Too Large"}}'
+
         if request.path == b"/api/queue/report":
             if not self.batch_route:
                 request.setResponseCode(404)
@@ -68,7 +77,7 @@ class ReportingQueue(Resource):
         return [path for path, _, _ in self.requests]
 
 
-def _client(resource, clock, *, batch=100, delay=0.002):
+def _client(resource, clock, *, batch=100, delay=0.002, report_bytes=FOLLOWUP_BATCH_BYTES):
     stub = RequestTraversalAgent(resource)
     client = QueueClient(
         stub,
@@ -77,6 +86,7 @@ def _client(resource, clock, *, batch=100, delay=0.002):
         OWNER,
         report_batch=batch,
         report_delay=delay,
+        report_bytes=report_bytes,
     )
     return client, stub
 
@@ -230,3 +240,133 @@ def test_batch_of_one_sends_single_calls_at_once():
     assert queue.paths() == [b"/api/queue/complete"]
     assert _outcomes([d]) == [None]
     assert not client.batching_reports
+
+
+# -- follow-ups ----------------------------------------------------------------
+
+
+def _followups(n: int, data_bytes: int = 10) -> list[dict]:
+    return [{"taskClass": f"Child{i}", "data": "x" * data_bytes} for i in range(n)]
+
+
+def _size(followups) -> int:
+    return len(json.dumps(followups, separators=(",", ":")))
+
+
+def test_a_batched_complete_carries_its_followups():
+    clock, queue = Clock(), ReportingQueue()
+    client, stub = _client(queue, clock)
+    children = _followups(2)
+    ds = [
+        Deferred.fromCoroutine(client.complete(1, 10, followups=children, timeout=30)),
+        Deferred.fromCoroutine(client.complete(2, 20, timeout=30)),
+    ]
+    clock.advance(0.002)
+    stub.flush()
+    assert queue.requests == [
+        (
+            b"/api/queue/report",
+            {
+                "reports": [
+                    {"taskID": 1, "duration": 10, "followups": children, "outcome": "complete"},
+                    {"taskID": 2, "duration": 20, "outcome": "complete"},
+                ]
+            },
+            OWNER.encode(),
+        )
+    ]
+    assert _outcomes(ds) == [None, None]
+
+
+def test_followups_beyond_the_byte_budget_go_in_a_batch_of_their_own():
+    clock, queue = Clock(), ReportingQueue()
+    small, large = _followups(1), _followups(3, data_bytes=100)
+    budget = _size(small) * 2 + 1
+    assert _size(large) > budget
+    client, stub = _client(queue, clock, report_bytes=budget)
+    ds = [
+        Deferred.fromCoroutine(client.complete(1, 1, followups=small, timeout=30)),
+        Deferred.fromCoroutine(client.complete(2, 1, timeout=30)),
+        Deferred.fromCoroutine(client.complete(3, 1, followups=small, timeout=30)),
+    ]
+    stub.flush()
+    assert queue.requests == []  # two small lists stay below the budget: they wait
+    # Over the budget: what is pending goes at once, without the delay, the
+    # large list alone.
+    ds.append(Deferred.fromCoroutine(client.complete(4, 1, followups=large, timeout=30)))
+    stub.flush()
+    assert [[e["taskID"] for e in body["reports"]] for _, body, _ in queue.requests] == [
+        [1, 2, 3],
+        [4],
+    ]
+    assert _outcomes(ds) == [None] * 4
+
+
+def test_a_batch_the_queue_finds_too_large_is_sent_again_report_by_report():
+    clock = Clock()
+    one = _followups(2, data_bytes=300)
+    # Room for one report with these follow-ups, not for two.
+    queue = ReportingQueue(body_limit=_size(one) + 200)
+    client, stub = _client(queue, clock)
+    ds = [Deferred.fromCoroutine(client.complete(i, 1, followups=one, timeout=30)) for i in (1, 2)]
+    clock.advance(0.002)
+    stub.flush()
+    assert queue.paths() == [
+        b"/api/queue/report",
+        b"/api/queue/complete",
+        b"/api/queue/complete",
+    ]
+    assert [body["followups"] for _, body, _ in queue.requests[1:]] == [one, one]
+    assert _outcomes(ds) == [None, None]
+    assert client.batching_reports  # a size problem, not an older queue
+
+
+def test_a_single_report_too_large_for_the_queue_fails_as_its_call_would():
+    clock = Clock()
+    queue = ReportingQueue(body_limit=100)
+    client, stub = _client(queue, clock)
+    d = Deferred.fromCoroutine(
+        client.complete(1, 1, followups=_followups(5, data_bytes=100), timeout=30)
+    )
+    clock.advance(0.002)
+    stub.flush()
+    (failure,) = _outcomes([d])
+    assert (failure.value.status, failure.value.code) == (413, "ERR_TOO_LARGE")
+    assert queue.paths() == [b"/api/queue/report"]
+
+
+@settings(deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 0, 1, 5, 40, 120]), min_size=1, max_size=30),
+    max_size=st.integers(2, 6),  # 1 turns batching off
+    max_bytes=st.integers(1, 100),
+)
+def test_batches_keep_order_count_and_byte_budget(sizes, max_size, max_bytes):
+    """Whatever the reports, each is sent once and in order; a batch holds at
+    most max_size of them and at most max_bytes of follow-ups, unless it is a
+    single report whose own follow-ups are larger."""
+    clock = Clock()
+    batches: list[list[dict]] = []
+
+    async def post(entries, timeout):
+        batches.append(entries)
+        return [{"taskID": e["taskID"], "status": "reported"} for e in entries]
+
+    async def single(timeout):
+        raise AssertionError("no single call expected")
+
+    batcher = ReportBatcher(post, clock, max_size=max_size, delay=0.002, max_bytes=max_bytes)
+    done = []
+    for task_id, size in enumerate(sizes, start=1):
+        entry = {"taskID": task_id, "outcome": "complete"}
+        if size:
+            entry["followups"] = [{"taskClass": "C", "data": "x" * size}]
+        batcher.submit(entry, 30, single).addBoth(done.append)
+    clock.advance(0.002)
+
+    assert done == [None] * len(sizes)
+    assert [e["taskID"] for batch in batches for e in batch] == list(range(1, len(sizes) + 1))
+    for batch in batches:
+        assert len(batch) <= max_size
+        carried = sum(_size(e["followups"]) for e in batch if "followups" in e)
+        assert carried <= max_bytes or len(batch) == 1
