@@ -24,6 +24,11 @@ missing = {'gorge-webhook', 'gorge-mailer', 'gorge-taskqueue', 'gorge-worker'} -
 assert not missing, missing"
 
 COPY conf/ /opt/gorge/conf/
+# The Phorge library and its PHP executor script. The image has no PHP: to run
+# PHP tasks in local executors, build on it with php-cli and a Phorge
+# checkout, and set GORGE_WORKER_PHORGE_ROOT (docs/worker.md).
+COPY phorge/ /opt/gorge/phorge/
+ENV GORGE_WORKER_PHP_EXECUTOR=/opt/gorge/phorge/scripts/gorge-executor.php
 COPY conf/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 RUN chmod 755 /usr/local/bin/docker-entrypoint.sh \
  && groupadd --system --gid 10001 gorge \

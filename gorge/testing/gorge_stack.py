@@ -17,6 +17,7 @@ QUEUE_TOKEN = "queue-token"
 MAILER_TOKEN = "mailer-token"
 WORKER_SUFFIX = ":gorge-worker"  # how gorge-worker's lease owners end
 DAEMONS = ("taskqueue", "worker", "mailer", "webhook")
+PHP_PATHS = ("executors", "conduit")
 
 
 class Daemon(TwistdDaemon):
@@ -76,7 +77,9 @@ class GorgeStack:
     ``poll_ms`` is the worker's and the webhook's poll interval (None: their
     defaults, what an operator gets). The worker calls ``worker.execute`` on
     the site only once :attr:`worker_token` is set; the mailer needs
-    ``smtp_port``.
+    ``smtp_port``. ``php`` says where the worker runs PHP tasks: in local
+    PHP executors on the site's checkout ("executors"), or through
+    ``worker.execute`` on the site's web server ("conduit").
     """
 
     def __init__(
@@ -85,7 +88,11 @@ class GorgeStack:
         workdir: Path,
         smtp_port: int | None = None,
         poll_ms: int | None = 100,
+        php: str = "conduit",
     ) -> None:
+        if php not in PHP_PATHS:
+            raise ValueError(f"php must be one of {PHP_PATHS}, not {php!r}")
+        self.php = php
         self.site = site
         self.dir = workdir
         self.smtp_port = smtp_port
@@ -127,7 +134,17 @@ class GorgeStack:
                 "GORGE_WORKER_WEBHOOK_OWNER": "gorge-webhook",
                 **self._poll("GORGE_WORKER_POLL_INTERVAL_MS"),
             }
-            if self.worker_token:
+            if self.php == "executors":
+                env.update(
+                    {
+                        "GORGE_WORKER_PHORGE_ROOT": str(self.site.checkout.root),
+                        "GORGE_WORKER_PHP_BINARY": self.site.checkout.php,
+                        # As for bin/phd: the executors read the site's
+                        # configuration through PHABRICATOR_ENV.
+                        **{k: self.site.env[k] for k in ("PHABRICATOR_ENV", "TMPDIR")},
+                    }
+                )
+            elif self.worker_token:
                 env.update(
                     {
                         # worker.execute on Phorge's own /api/, with the bot's API token.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -25,7 +25,7 @@ from gorge.logger import Logger
 from gorge.service import InFlight
 from gorge.worker.lease import LeaseGuard, LeaseKeeper, LeaseLost
 from gorge.worker.metrics import WorkerMetrics
-from gorge.worker.outcome import Outcome, classify
+from gorge.worker.outcome import Completed, Outcome, classify
 from gorge.worker.queueclient import QueueClient, QueueError
 from gorge.worker.registry import LeasePlan, Registry
 
@@ -38,6 +38,17 @@ HANDBACK_YIELD = 5
 DEFAULT_LEASE_SECONDS = 7200
 FAILING_SUMMARY_INTERVAL = 60.0
 LEASE_CONFLICT = "ERR_LEASE_CONFLICT"
+
+
+class DelegationGate(Protocol):
+    """Whether delegated classes wait (conduit.DelegationPause)."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    def delegated(self, task_class: str) -> bool: ...
+
+    def not_reached(self, reason: str) -> None: ...
 
 
 class _NotOurs(enum.Enum):
@@ -110,6 +121,9 @@ class _Run:
         # Holds one of MAX_WORKERS slots until its handler has ended; the
         # report that follows does not (docs/worker.md, How work flows).
         self.slot = True
+        # What a successful handler asked the queue to enqueue with its
+        # archive (outcome.Completed).
+        self.followups: tuple = ()
 
 
 def _call_handler(handler: Callable, task: dict, payload: str | None) -> Deferred:
@@ -135,6 +149,7 @@ class Consumer:
         settings: LoopSettings,
         metrics: WorkerMetrics,
         on_progress: Callable[[], None] | None = None,
+        delegation: DelegationGate | None = None,
     ) -> None:
         self._queue = queue
         self._registry = registry
@@ -143,6 +158,7 @@ class Consumer:
         self._settings = settings
         self._metrics = metrics
         self._on_progress = on_progress
+        self._delegation = delegation
         self.counters = Counters()
         self._runs: dict[int, _Run] = {}
         self._running = 0
@@ -266,10 +282,26 @@ class Consumer:
             self._schedule(self._settings.poll_interval)
             return
         limit = min(self._settings.lease_limit, free)
+        gate = self._delegation
+        paused = gate is not None and gate.paused
+        classes = self._plan.task_classes
+        if gate is not None and paused:
+            # Phorge's web server is not taking calls: ask only for what runs
+            # here (docs/worker.md, When Phorge's web server is down).
+            classes = self._plan.classes_except(gate.delegated)
+            if not classes:
+                self._first_lease()  # READY is not Phorge's to hold back
+                self._loop_alive()
+                self._schedule(self._settings.poll_interval)
+                return
         # The first call, and the first after a failure, answer at once:
         # readiness (and systemd's READY) must not wait for a held call.
+        # Nor while paused: the call after the resume must not wait behind
+        # a held one.
         wait = (
-            self._settings.lease_wait if self.lease_attempted and self.lease_error is None else 0.0
+            self._settings.lease_wait
+            if self.lease_attempted and self.lease_error is None and not paused
+            else 0.0
         )
         asked = self._clock.seconds()
         self._lease_may_hold = wait > 0
@@ -282,9 +314,9 @@ class Consumer:
             keepalive.start(self._settings.poll_interval, now=False)
         try:
             if wait > 0:
-                tasks = await self._queue.lease(limit, self._plan.task_classes, wait=wait)
+                tasks = await self._queue.lease(limit, classes, wait=wait)
             else:
-                tasks = await self._queue.lease(limit, self._plan.task_classes)
+                tasks = await self._queue.lease(limit, classes)
         except QueueError as exc:
             if self._lease_aborted:
                 return  # stop() hung up on a held call; not a queue failure
@@ -454,6 +486,12 @@ class Consumer:
             await self._hand_back(run)
         elif not self._plan.runnable(run.task_class):
             await self._skip(run)
+        elif self._held_back(run.task_class):
+            # Leased before the pause, or through the fallback's "every class".
+            paused = Outcome(
+                "yield", "delegation paused", yield_seconds=HANDBACK_YIELD, reached=False
+            )
+            await self._hand_back_unrun(run, paused)
         else:
             await self._execute(run)
 
@@ -472,6 +510,18 @@ class Consumer:
     async def _hand_back(self, run: _Run) -> None:
         handback = Outcome("yield", "worker shutting down", yield_seconds=HANDBACK_YIELD)
         await self._report(run, handback, counted=False)
+
+    def _held_back(self, task_class: str) -> bool:
+        gate = self._delegation
+        return gate is not None and gate.paused and gate.delegated(task_class)
+
+    async def _hand_back_unrun(self, run: _Run, outcome: Outcome) -> None:
+        """A task that did not run, through no fault of its own: its lease
+        goes back as a yield, with no failure and no counter moved."""
+        run.counted = False
+        run.intended = "yield"
+        if await self._report(run, outcome, counted=False):
+            self._metrics.tasks.labels(task_class=run.task_class, outcome="handed_back").inc()
 
     async def _skip(self, run: _Run) -> None:
         run.counted = False
@@ -499,8 +549,15 @@ class Consumer:
         elapsed = self._clock.seconds() - started
         self._metrics.handler_seconds.labels(task_class=run.task_class).observe(elapsed)
         outcome = classify(ended)
+        if outcome.kind == "complete" and run.followups:
+            outcome = replace(outcome, followups=run.followups)
         self._log_outcome(run, outcome)
         self._release_slot(run)
+        if not outcome.reached:
+            if self._delegation is not None:
+                self._delegation.not_reached(outcome.message)
+            await self._hand_back_unrun(run, outcome)
+            return
         await self._report(run, outcome, counted=True, duration_us=int(elapsed * 1_000_000))
 
     async def _run_handler(self, run: _Run) -> BaseException | None | _NotOurs:
@@ -517,7 +574,9 @@ class Consumer:
         run.current = handler_d
         error: BaseException | None = None
         try:
-            await handler_d
+            result = await handler_d
+            if isinstance(result, Completed):
+                run.followups = result.followups
         except LeaseLost:
             pass  # logged by the keeper; guard.lost says the rest
         except TimeoutError as exc:
@@ -632,7 +691,9 @@ class Consumer:
 
     def _send(self, run: _Run, outcome: Outcome, duration_us: int, timeout: float) -> Deferred:
         q = self._queue
-        if outcome.kind == "complete":
+        if outcome.kind == "complete" and outcome.followups:
+            coro = q.complete(run.id, duration_us, followups=outcome.followups, timeout=timeout)
+        elif outcome.kind == "complete":
             coro = q.complete(run.id, duration_us, timeout=timeout)
         elif outcome.kind == "yield":
             coro = q.yield_task(run.id, outcome.yield_seconds, timeout=timeout)

@@ -54,6 +54,18 @@ class WorkerMetrics:
             ["result"],
             registry=registry,
         )
+        self.executor_runs = Counter(
+            "gorge_worker_php_executor_runs",
+            "Tasks run in local PHP executors, by result (answered, died)",
+            ["result"],
+            registry=registry,
+        )
+        self.executors = Gauge(
+            "gorge_worker_php_executors",
+            "Local PHP executors by state (idle, busy, starting)",
+            ["state"],
+            registry=registry,
+        )
         self.webhook_tasks_left = Counter(
             "gorge_worker_webhook_tasks_left_to_gorge_webhook",
             "HeraldWebhookWorker tasks completed without delivery, because "

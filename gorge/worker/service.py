@@ -24,13 +24,15 @@ from gorge.logger import Logger
 from gorge.service import Poller, ServiceTree, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
-from gorge.worker.conduit import ConduitClient
+from gorge.worker.conduit import ConduitClient, DelegationPause
 from gorge.worker.consumer import Consumer, LoopSettings
+from gorge.worker.executor.pool import ExecutorPool, PoolSettings, check_phorge_loads
 from gorge.worker.handlers import feed_http, herald_webhook, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.handlers.feed_http import FeedHttpHandler, FeedPolicy
 from gorge.worker.handlers.herald_webhook import LeftToGorgeWebhook
 from gorge.worker.handlers.noop import noop
+from gorge.worker.handlers.php_executor import PhpExecutorDelegate
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
@@ -59,6 +61,10 @@ class Options(usage.Options):
 #: The first retry of a failed Conduit probe, in seconds; each further
 #: failure doubles it, up to the probe period.
 PROBE_RETRY_SEC = 2.0
+#: The longest wait between retries while the probe does not reach PHP at all
+#: (nothing answers, or a proxy's 502/503/504): such a probe costs Phorge
+#: nothing, and delegated classes wait for one to pass (docs/worker.md).
+PROBE_UNREACHED_RETRY_SEC = 5.0
 
 
 class ConduitProbe:
@@ -66,13 +72,22 @@ class ConduitProbe:
 
     A failed probe is tried again sooner than the period (after
     :data:`PROBE_RETRY_SEC`, doubling), so one passing hiccup in Phorge
-    does not keep the worker unready for a whole period.
+    does not keep the worker unready for a whole period. ``pause`` hears
+    every result: delegated classes wait from a failed probe, or a task's
+    call that did not reach PHP, until a probe passes.
     """
 
-    def __init__(self, client: ConduitClient, clock, period: float) -> None:
+    def __init__(
+        self, client: ConduitClient, clock, period: float, pause: DelegationPause | None = None
+    ) -> None:
         self._client = client
         self._clock = clock
         self._period = period
+        # Told every result; it asks for a quick retry when a task's call
+        # did not reach PHP.
+        self.pause = pause
+        if pause is not None:
+            pause.recheck_with(self.retry_soon)
         self.completed = False
         self.reason: str | None = None
         self._poller = Poller(self._tick, period, clock, "conduit-probe")
@@ -81,7 +96,8 @@ class ConduitProbe:
 
     async def _tick(self) -> None:
         self._cancel_retry()
-        reason = await self._client.probe()
+        result = await self._client.check()
+        reason = result.reason
         if reason != self.reason or not self.completed:
             if reason is None:
                 log.info("CONDUIT_PROBE_PASSED")
@@ -89,11 +105,27 @@ class ConduitProbe:
                 log.warn("CONDUIT_PROBE_FAILED reason={reason}", reason=reason)
         self.reason = reason
         self.completed = True
+        if self.pause is not None:
+            self.pause.probed(reason)
         if reason is None:
             self._retry_delay = PROBE_RETRY_SEC
         elif self._poller.running and self._retry_delay < self._period:
+            self._cancel_retry()  # one a task asked for while this probe ran
             self._retry = self._clock.callLater(self._retry_delay, self._poller.wake)
-            self._retry_delay = min(self._retry_delay * 2, self._period)
+            self._retry_delay = self._next_delay(result.reached)
+
+    def _next_delay(self, reached: bool) -> float:
+        longest = self._period if reached else min(self._period, PROBE_UNREACHED_RETRY_SEC)
+        return min(self._retry_delay * 2, longest)
+
+    def retry_soon(self) -> None:
+        """A task's call did not reach PHP: probe again after the quick
+        retry's delay instead of at the next period (unless a retry is
+        already due)."""
+        if not self._poller.running or (self._retry is not None and self._retry.active()):
+            return
+        self._retry = self._clock.callLater(self._retry_delay, self._poller.wake)
+        self._retry_delay = self._next_delay(reached=False)
 
     def _cancel_retry(self) -> None:
         if self._retry is not None and self._retry.active():
@@ -108,6 +140,8 @@ class ConduitProbe:
         return self._poller.stop()
 
     def readiness_reason(self) -> str | None:
+        if self.pause is not None and self.pause.paused:
+            return self.pause.readiness_reason()
         if not self.completed:
             return "conduit: no probe has completed yet"
         if self.reason is not None:
@@ -121,11 +155,16 @@ def build_registry(
     clock,
     metrics: WorkerMetrics,
     feed_policy: FeedPolicy | None = None,
+    executors: ExecutorPool | None = None,
 ) -> tuple[Registry, ConduitClient | None]:
+    """The handlers by class. PHP tasks go to ``executors`` (local PHP
+    executors, with GORGE_WORKER_PHORGE_ROOT) when given, else to Conduit."""
     registry = Registry()
     conduit = None
-    delegate = None
-    if settings.conduit_url:
+    delegate: Handler | None = None
+    if executors is not None:
+        delegate = PhpExecutorDelegate(executors, metrics)
+    elif settings.conduit_url:
         conduit = ConduitClient(
             http_client,
             clock,
@@ -178,7 +217,7 @@ def check_webhook_owner_needed(
     if (
         not settings.webhook_owner
         and plan.runnable(task_class)
-        and isinstance(registry.get(task_class), ConduitDelegate)
+        and isinstance(registry.get(task_class), ConduitDelegate | PhpExecutorDelegate)
     ):
         raise ConfigError(
             herald_webhook.SETTING,
@@ -215,7 +254,12 @@ def build_worker_service(
     metrics = WorkerMetrics(metrics_registry)
     # Read once here and again on SIGHUP, never per task (docs/worker.md).
     feed_policy = FeedPolicy(settings.feed_policy_file) if settings.feed_policy_file else None
-    registry, conduit = build_registry(settings, http_client, clock, metrics, feed_policy)
+    executors = None
+    if settings.phorge_root:
+        executors = ExecutorPool(executor_pool_settings(settings, os.environ), reactor, metrics)
+    registry, conduit = build_registry(
+        settings, http_client, clock, metrics, feed_policy, executors=executors
+    )
     for task_class, handler in (extra_handlers or {}).items():
         registry.register(task_class, handler)
     plan = lease_plan(settings, registry)
@@ -238,6 +282,13 @@ def build_worker_service(
         report_delay=settings.report_delay_ms / 1000.0,
         wire=wire,
     )
+    probe: ConduitProbe | None = None
+    pause: DelegationPause | None = None
+    if conduit is not None and settings.conduit_probe_sec > 0:
+        # Only a probe can tell that Phorge's web server is back, so only
+        # with one do delegated classes pause (docs/worker.md).
+        pause = DelegationPause(clock, lambda name: isinstance(registry.get(name), ConduitDelegate))
+        probe = ConduitProbe(conduit, clock, float(settings.conduit_probe_sec), pause=pause)
     consumer = Consumer(
         queue=queue,
         registry=registry,
@@ -255,16 +306,14 @@ def build_worker_service(
             log_debug=settings.http.debug_log,
         ),
         on_progress=notifier.progress if notifier is not None else None,
+        delegation=pause,
     )
-    probe = None
-    if conduit is not None and settings.conduit_probe_sec > 0:
-        probe = ConduitProbe(conduit, clock, float(settings.conduit_probe_sec))
     site = build_site(
         api_resource=WorkerApi(stats_of(consumer, registry, started, owner)).resource(),
         prefix=API_PREFIX,
         token=settings.http.token,
         body_limit=settings.http.body_limit,
-        readiness=readiness_of(consumer, probe),
+        readiness=readiness_of(consumer, probe, executors),
         registry=metrics_registry,
         clock=clock,
         access_log=settings.http.access_log,
@@ -280,6 +329,9 @@ def build_worker_service(
         )
     if probe is not None:
         tree.add("conduit-probe", start=probe.start, stop=probe.stop, part=probe)
+    if executors is not None:
+        # Started before the loop, stopped after it has drained.
+        tree.add("php-executors", start=executors.start, stop=executors.stop, part=executors)
     loop = ConsumeLoop(consumer, settings, plan, registry, owner, notifier)
     tree.add("consumer", start=loop.start, stop=loop.stop, part=consumer)
     tree.keep("registry", registry)
@@ -287,6 +339,20 @@ def build_worker_service(
     tree.keep("site", site)
     tree.keep("metrics-registry", metrics_registry)
     return tree
+
+
+def executor_pool_settings(settings: WorkerSettings, environ: Mapping[str, str]) -> PoolSettings:
+    """The executors' command and environment. They get the worker's
+    environment (PHABRICATOR_ENV, PATH, ...) without gorge's own settings,
+    whose tokens a PHP task has no business reading."""
+    env = {k: v for k, v in environ.items() if not k.startswith("GORGE_")}
+    return PoolSettings(
+        argv=(settings.php_binary, settings.php_executor_script, settings.phorge_root),
+        env=env,
+        size=settings.php_executors,
+        max_tasks=settings.php_max_tasks,
+        max_memory=settings.php_max_memory_mb * 1024 * 1024,
+    )
 
 
 def lease_plan(settings: WorkerSettings, registry: Registry) -> LeasePlan:
@@ -303,11 +369,15 @@ def lease_plan(settings: WorkerSettings, registry: Registry) -> LeasePlan:
     return plan
 
 
-def readiness_of(consumer: Consumer, probe: ConduitProbe | None):
+def readiness_of(
+    consumer: Consumer, probe: ConduitProbe | None, executors: ExecutorPool | None = None
+):
     async def readiness() -> str | None:
         reason = consumer.readiness_reason()
         if reason is None and probe is not None:
             reason = probe.readiness_reason()
+        if reason is None and executors is not None:
+            reason = executors.readiness_reason()
         return reason
 
     return readiness
@@ -398,6 +468,9 @@ def makeService(options) -> tservice.IService:
         from gorge.service import SystemdNotifier
 
         settings = load_worker_settings(os.environ, listen_override=options["listen"])
+        if settings.phorge_root:
+            # A Phorge that does not load stops the daemon here, in one line.
+            check_phorge_loads(executor_pool_settings(settings, os.environ))
         return build_worker_service(
             settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
         )

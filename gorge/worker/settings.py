@@ -3,9 +3,12 @@ twistd options -> one frozen value, validated before any network activity."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gorge.config import ConfigError, Env, HttpSettings, load_http_settings
 from gorge.worker.handlers import herald_webhook
@@ -27,6 +30,22 @@ DEFAULT_REPORT_DELAY_MS = 2
 DEFAULT_LEASE_LIMIT = 32
 DEFAULT_MAX_WORKERS = 32
 DEFAULT_DELEGATE_CONCURRENCY = 4
+# docs/worker.md, Local PHP executors.
+DEFAULT_PHP_MAX_TASKS = 1000
+DEFAULT_PHP_MAX_MEMORY_MB = 512
+#: Where the executor script lies in a checkout or an install of gorge
+#: (phorge/ beside the gorge package, as in /opt/gorge).
+BUNDLED_EXECUTOR = Path(__file__).resolve().parents[2] / "phorge" / "scripts" / "gorge-executor.php"
+
+
+def default_php_executors(cpus: int | None = None) -> int:
+    """Two per core, as PHP tasks wait on MySQL about half the time; at least
+    two and at most sixteen. On two cores this is Phorge's default of four
+    taskmasters."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(2, min(16, 2 * cpus))
+
+
 _URL = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(:[0-9]{1,5})?(/[^\s?#]*)?")
 
 
@@ -65,7 +84,18 @@ class WorkerSettings:
     report_batch: int = DEFAULT_REPORT_BATCH
     report_delay_ms: int = DEFAULT_REPORT_DELAY_MS
     delegate_concurrency: int = DEFAULT_DELEGATE_CONCURRENCY
+    phorge_root: str = ""
+    php_binary: str = "php"
+    php_executor_script: str = str(BUNDLED_EXECUTOR)
+    php_executors: int = field(default_factory=default_php_executors)
+    php_max_tasks: int = DEFAULT_PHP_MAX_TASKS
+    php_max_memory_mb: int = DEFAULT_PHP_MAX_MEMORY_MB
     warnings: tuple[str, ...] = ()
+
+    @property
+    def delegates(self) -> bool:
+        """Whether PHP tasks go anywhere: local executors or Conduit."""
+        return bool(self.phorge_root or self.conduit_url)
 
     def describe(self) -> dict:
         """The effective configuration for the start-up log, without secrets."""
@@ -90,7 +120,42 @@ class WorkerSettings:
             "report_batch": self.report_batch,
             "report_delay_ms": self.report_delay_ms,
             "delegate_concurrency": self.delegate_concurrency,
+            "phorge_root": self.phorge_root,
+            "php_binary": self.php_binary,
+            "php_executor_script": self.php_executor_script,
+            "php_executors": self.php_executors,
+            "php_max_tasks": self.php_max_tasks,
+            "php_max_memory_mb": self.php_max_memory_mb,
         }
+
+
+def check_phorge_root(value: str) -> str:
+    """A Phorge checkout with Arcanist beside it, as Phorge's own scripts need."""
+    root = Path(value).expanduser()
+    if not (root / "scripts" / "init" / "init-script.php").is_file():
+        raise ConfigError(
+            "GORGE_WORKER_PHORGE_ROOT",
+            f"{value} is not a Phorge checkout (no scripts/init/init-script.php)",
+        )
+    if not (root.resolve().parent / "arcanist" / "support" / "init" / "init-script.php").is_file():
+        raise ConfigError(
+            "GORGE_WORKER_PHORGE_ROOT",
+            f"{value}: no Arcanist checkout beside it ({root.resolve().parent / 'arcanist'}); "
+            "Phorge loads arcanist/ from next to phorge/",
+        )
+    return str(root.resolve())
+
+
+def check_php(binary: str, script: str) -> tuple[str, str]:
+    found = shutil.which(binary)
+    if found is None:
+        raise ConfigError("GORGE_WORKER_PHP_BINARY", f"no PHP command line at {binary!r}")
+    if not Path(script).is_file():
+        raise ConfigError(
+            "GORGE_WORKER_PHP_EXECUTOR",
+            f"no executor script at {script} (it ships as phorge/scripts/gorge-executor.php)",
+        )
+    return found, str(Path(script).resolve())
 
 
 def check_webhook_owner(owner: str, conduit_url: str, delegate_classes: tuple[str, ...]) -> None:
@@ -110,9 +175,9 @@ def check_webhook_owner(owner: str, conduit_url: str, delegate_classes: tuple[st
     if owner == herald_webhook.OWNER_PHORGE and not conduit_url:
         raise ConfigError(
             herald_webhook.SETTING,
-            f"{owner} needs GORGE_WORKER_CONDUIT_URL (Phorge's base URI) and "
-            f"GORGE_WORKER_CONDUIT_TOKEN: {task_class} tasks then run in Phorge through "
-            f"worker.execute",
+            f"{owner} needs GORGE_WORKER_PHORGE_ROOT (local PHP executors) or "
+            f"GORGE_WORKER_CONDUIT_URL and GORGE_WORKER_CONDUIT_TOKEN (worker.execute): "
+            f"{task_class} tasks then run in Phorge's PHP",
         )
 
 
@@ -139,15 +204,28 @@ def load_worker_settings(
     drain = env.int("GORGE_WORKER_DRAIN_TIMEOUT_SEC", DEFAULT_DRAIN_SEC, min=0, max=3600)
     delegate_classes = parse_class_list(env.str("GORGE_WORKER_DELEGATE_CLASSES", ""))
     webhook_owner = env.choice(herald_webhook.SETTING, "", herald_webhook.OWNERS)
-    check_webhook_owner(webhook_owner, conduit_url, delegate_classes)
+    phorge_raw = env.str("GORGE_WORKER_PHORGE_ROOT", "")
+    phorge_root = check_phorge_root(phorge_raw) if phorge_raw else ""
+    php_binary = env.str("GORGE_WORKER_PHP_BINARY", "php")
+    php_script = env.str("GORGE_WORKER_PHP_EXECUTOR", str(BUNDLED_EXECUTOR))
+    if phorge_root:
+        php_binary, php_script = check_php(php_binary, php_script)
+    # Either way of running PHP satisfies an owner that needs PHP.
+    check_webhook_owner(webhook_owner, conduit_url or phorge_root, delegate_classes)
     noop_classes = parse_class_list(env.str("GORGE_WORKER_NOOP_CLASSES", ""))
     for name in noop_classes:
         if not is_php_class_name(name):
             raise ConfigError("GORGE_WORKER_NOOP_CLASSES", f"not a task class name: {name[:80]!r}")
     warnings = list(env.warnings)
-    if delegate_classes and not conduit_url:
+    if delegate_classes and not conduit_url and not phorge_root:
         warnings.append(
-            "GORGE_WORKER_DELEGATE_CLASSES has no effect without GORGE_WORKER_CONDUIT_URL"
+            "GORGE_WORKER_DELEGATE_CLASSES has no effect without GORGE_WORKER_PHORGE_ROOT "
+            "or GORGE_WORKER_CONDUIT_URL"
+        )
+    if phorge_root and conduit_url:
+        warnings.append(
+            "GORGE_WORKER_CONDUIT_URL is not used for PHP tasks while GORGE_WORKER_PHORGE_ROOT "
+            "is set: they run in local PHP executors"
         )
     settings = WorkerSettings(
         http=http,
@@ -185,6 +263,18 @@ def load_worker_settings(
         ),
         delegate_concurrency=env.int(
             "GORGE_WORKER_DELEGATE_CONCURRENCY", DEFAULT_DELEGATE_CONCURRENCY, min=1, max=10_000
+        ),
+        phorge_root=phorge_root,
+        php_binary=php_binary,
+        php_executor_script=php_script,
+        php_executors=env.int(
+            "GORGE_WORKER_PHP_EXECUTORS", default_php_executors(), min=1, max=256
+        ),
+        php_max_tasks=env.int(
+            "GORGE_WORKER_PHP_MAX_TASKS", DEFAULT_PHP_MAX_TASKS, min=1, max=10_000_000
+        ),
+        php_max_memory_mb=env.int(
+            "GORGE_WORKER_PHP_MAX_MEMORY_MB", DEFAULT_PHP_MAX_MEMORY_MB, min=16, max=65_536
         ),
         warnings=(),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from gorge.testing.gorge_stack import PHP_PATHS
 from tests.phorge.site import HOW_TO_RUN, find_checkout, wait
 from tests.phorge.switched import Switched, gorge_mailer_entry
 
@@ -60,10 +61,18 @@ def phorge_checkout():
     return CHECKOUT
 
 
-@pytest.fixture(scope="session")
-def switched(phorge_checkout, mariadb, tmp_path_factory):
-    """A Phorge switched over: gorge mailer entry, no taskmasters, gorge running."""
-    s = Switched.build(phorge_checkout, mariadb, tmp_path_factory.mktemp("phorge-switched"), "s")
+@pytest.fixture(scope="session", params=PHP_PATHS)
+def switched(request, phorge_checkout, mariadb, tmp_path_factory):
+    """A Phorge switched over: gorge mailer entry, no taskmasters, gorge running.
+
+    Once with PHP tasks in gorge-worker's local PHP executors, once through
+    ``worker.execute`` on Phorge's web server; a module that is about one of
+    them says so with ``pytest.mark.parametrize("switched", [...], indirect=True)``.
+    """
+    php = request.param
+    s = Switched.build(
+        phorge_checkout, mariadb, tmp_path_factory.mktemp(f"phorge-{php}"), php[0], php=php
+    )
     try:
         s.site.configure(
             {

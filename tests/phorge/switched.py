@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import treq
+
 from gorge.testing.gorge_stack import MAILER_TOKEN, WORKER_SUFFIX, GorgeStack
 from tests.mailer.smtpserver import ScriptedFactory, ServerState
 from tests.phorge.site import LIBRARY, Checkout, PhorgeSite, until
@@ -33,8 +35,11 @@ class Switched:
     token: str
 
     @classmethod
-    def build(cls, checkout: Checkout, mariadb, workdir: Path, label: str) -> Switched:
-        """Storage, the worker's bot and the sinks; nothing started yet."""
+    def build(
+        cls, checkout: Checkout, mariadb, workdir: Path, label: str, php: str = "conduit"
+    ) -> Switched:
+        """Storage, the worker's bot and the sinks; nothing started yet.
+        ``php``: where gorge-worker runs PHP tasks (GorgeStack)."""
         from twisted.internet import reactor
 
         site = PhorgeSite(checkout, mariadb, workdir / "phorge", label, libraries=[LIBRARY])
@@ -43,7 +48,7 @@ class Switched:
         smtp = ServerState()
         smtp_port = reactor.listenTCP(0, ScriptedFactory(smtp), interface="127.0.0.1")
         receiver = Receiver()
-        gorge = GorgeStack(site, workdir, smtp_port.getHost().port)
+        gorge = GorgeStack(site, workdir, smtp_port.getHost().port, php=php)
         gorge.worker_token = token
         return cls(site, gorge, smtp, smtp_port, receiver, token)
 
@@ -103,6 +108,20 @@ class Switched:
     def forget_task(self, task_id: int) -> None:
         """Remove a delayed task a test made only to call worker.execute with."""
         self.site.execute("worker", "DELETE FROM worker_activetask WHERE id = %s", task_id)
+
+    async def php_runs(self) -> int:
+        """Tasks gorge-worker has handed to PHP so far, whichever the path."""
+        if self.gorge.php == "conduit":
+            return self.conduit_calls("worker.execute")
+        response = await treq.get(self.gorge.daemons["worker"].url + "/metrics", timeout=30)
+        text = (await response.content()).decode()
+        return int(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("gorge_worker_php_executor_runs_total{")
+            )
+        )
 
     def conduit_calls(self, method: str) -> int:
         return self.site.rows(

@@ -29,7 +29,7 @@ async def test_phd_runs_no_taskmaster(switched):
 
 async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gorge(switched):
     marker = switched.task_marker()
-    calls_before = switched.conduit_calls("worker.execute")
+    calls_before = await switched.php_runs()
 
     task = await switched.create_maniphest_task("gorge runs what this edit causes")
 
@@ -39,7 +39,8 @@ async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gor
         by_class.setdefault(row["taskClass"], []).append(row)
     publish = by_class["PhabricatorApplicationTransactionPublishWorker"]
     assert [r["objectPHID"] for r in publish] == [task["phid"]]
-    # The publish task, run in PHP, scheduled the rest the normal way.
+    # The publish task, run in PHP, scheduled the rest (directly, or as
+    # follow-ups the queue enqueued with its archive).
     assert {"PhabricatorSearchWorker", "FeedPublisherWorker", "FeedPublisherHTTPWorker"} <= set(
         by_class
     )
@@ -48,7 +49,7 @@ async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gor
     # Every one of them is PHP-only here (a Herald webhook's task, if a rule
     # fires, is completed without PHP).
     php_only = [r for r in rows if r["taskClass"] != "HeraldWebhookWorker"]
-    assert switched.conduit_calls("worker.execute") - calls_before >= len(php_only)
+    assert await switched.php_runs() - calls_before >= len(php_only)
     # FeedPublisherHTTPWorker (PHP) posted the story to the configured feed hook.
     story_posts = [
         r
@@ -59,7 +60,7 @@ async def test_a_maniphest_edit_runs_its_publish_task_and_follow_ups_through_gor
 
 
 async def test_test_worker_runs_natively_and_a_permanent_failure_is_archived_as_failure(switched):
-    calls_before = switched.conduit_calls("worker.execute")
+    calls_before = await switched.php_runs()
     ok = await switched.site.helper(
         "schedule", taskClass="PhabricatorTestWorker", data={"doWork": "nothing"}
     )
@@ -75,11 +76,11 @@ async def test_test_worker_runs_natively_and_a_permanent_failure_is_archived_as_
     assert (done["result"], failed["result"]) == (SUCCESS, FAILURE)
     assert failed["failureCount"] == 0  # permanent: never retried
     assert switched.leased_by_gorge([done, failed])
-    assert switched.conduit_calls("worker.execute") == calls_before  # no PHP involved
+    assert await switched.php_runs() == calls_before  # no PHP involved
 
 
 async def test_php_only_permanent_failures_through_worker_execute(switched):
-    calls_before = switched.conduit_calls("worker.execute")
+    calls_before = await switched.php_runs()
     # A mail task's data is the bare mail ID; this one names no mail.
     no_mail = await switched.site.helper(
         "schedule", taskClass="PhabricatorMetaMTAWorker", data=987654321
@@ -94,7 +95,7 @@ async def test_php_only_permanent_failures_through_worker_execute(switched):
     assert [r["result"] for r in rows] == [FAILURE, FAILURE]
     assert [r["failureCount"] for r in rows] == [0, 0]
     assert switched.leased_by_gorge(rows)
-    assert switched.conduit_calls("worker.execute") - calls_before >= 2
+    assert await switched.php_runs() - calls_before >= 2
 
 
 async def test_follow_up_tasks_get_the_priority_of_the_task_that_queued_them(switched):

@@ -11,7 +11,13 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.phorge, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.phorge,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    # Delivery does not depend on where PHP tasks run; once is enough.
+    pytest.mark.parametrize("switched", ["conduit"], indirect=True),
+]
 
 SUCCESS = 0
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.phorge, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.phorge,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    # worker.execute itself: the Conduit path's own tests.
+    pytest.mark.parametrize("switched", ["conduit"], indirect=True),
+]
 
 FAR_FUTURE = 4_000_000_000  # a delayed task that no queue leases meanwhile
 

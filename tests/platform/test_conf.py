@@ -9,7 +9,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SETTING = re.compile(r"\bGORGE_[A-Z0-9_]+\b")
 # Read by tooling around the daemons, not by a daemon.
-NOT_DAEMON_SETTINGS = {"GORGE_TEST_TIMEOUT", "GORGE_PHORGE_ROOT"}
+NOT_DAEMON_SETTINGS = {"GORGE_TEST_TIMEOUT", "GORGE_PHORGE_ROOT", "GORGE_PHORGE_CACHE"}
 
 
 def _settings_read_by_the_code() -> set[str]:

@@ -239,7 +239,10 @@ async def test_a_noop_class_builds_no_line_the_log_level_would_drop():
 
 def test_allow_list_without_conduit_warns():
     s = settings_of(GORGE_WORKER_DELEGATE_CLASSES="X")
-    assert any("no effect without GORGE_WORKER_CONDUIT_URL" in w for w in s.warnings)
+    assert any(
+        "no effect without GORGE_WORKER_PHORGE_ROOT or GORGE_WORKER_CONDUIT_URL" in w
+        for w in s.warnings
+    )
 
 
 class FakeQueueResource(Resource):
@@ -305,10 +308,11 @@ def test_readiness_follows_the_last_lease_and_shutdown():
     assert readyz(svc.part("site"))[1]["reason"] == "shutting down"
 
 
-def delegating_service(**env: str):
-    """A worker that delegates to a fake Phorge: the service, its clock, the
-    fake's answers and the agent that reaches it."""
-    clock, queue = Clock(), FakeQueueResource()
+def delegating_service(queue: FakeQueueResource | None = None, **env: str):
+    """A worker that delegates to a fake Phorge (``queue``, which also plays
+    the taskqueue): the service, its clock, the fake's answers and the agent
+    that reaches it."""
+    clock, queue = Clock(), queue if queue is not None else FakeQueueResource()
     stub = RequestTraversalAgent(queue)
     svc = build_worker_service(
         settings_of(
@@ -337,8 +341,8 @@ def test_readiness_with_delegation_needs_a_passing_probe():
     )
     clock.advance(60)
     stub.flush()
-    assert (
-        readyz(svc.part("site"))[1]["reason"] == "conduit: conduit error [ERR-WORKER-AUTH]: denied"
+    assert readyz(svc.part("site"))[1]["reason"] == (
+        "conduit: conduit error [ERR-WORKER-AUTH]: denied; delegated classes paused"
     )
     svc.part("conduit-probe").stop()
 

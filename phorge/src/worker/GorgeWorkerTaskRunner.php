@@ -7,8 +7,15 @@
  * gorge-taskqueue owns the task's row: it leased the task, and it records
  * the outcome (archive, failure count, retry time) when gorge-worker reports
  * it. So this class reads that row at most, and never calls
- * PhabricatorWorkerActiveTask::executeTask(), which writes it. Tasks that
- * the running task schedules are written the normal way.
+ * PhabricatorWorkerActiveTask::executeTask(), which writes it.
+ *
+ * Follow-ups (tasks the worker stages with queueTask()) are either queued
+ * here, after success, as Phorge's taskmaster does; or, with
+ * setReturnFollowups(true), handed back in the answer under "followups", so
+ * that gorge-taskqueue archives the task and queues them in one transaction
+ * (a crash between the two can then neither lose nor double them). Tasks the
+ * running task schedules directly (PhabricatorWorker::scheduleTask()) are
+ * written the normal way in either case.
  */
 final class GorgeWorkerTaskRunner extends Phobject {
 
@@ -20,6 +27,8 @@ final class GorgeWorkerTaskRunner extends Phobject {
   private $taskID;
   private $taskClass;
   private $rawData;
+  private $taskFields;
+  private $returnFollowups = false;
 
   public function setTaskID($task_id) {
     $this->taskID = $task_id;
@@ -50,6 +59,31 @@ final class GorgeWorkerTaskRunner extends Phobject {
 
   public function getRawData() {
     return $this->rawData;
+  }
+
+  /**
+   * The task's row as the caller leased it (failureCount, priority,
+   * objectPHID, containerPHID, dateCreated, failureTime, dataID), so that the
+   * row need not be read again. Without it the row is loaded by ID.
+   *
+   * @param map<string, wild>|null $fields
+   */
+  public function setTaskFields($fields) {
+    $this->taskFields = $fields;
+    return $this;
+  }
+
+  public function getTaskFields() {
+    return $this->taskFields;
+  }
+
+  public function setReturnFollowups($return_followups) {
+    $this->returnFollowups = (bool)$return_followups;
+    return $this;
+  }
+
+  public function getReturnFollowups() {
+    return $this->returnFollowups;
   }
 
   /**
@@ -124,6 +158,20 @@ final class GorgeWorkerTaskRunner extends Phobject {
       $defaults['priority'] = (int)$task->getPriority();
     }
 
+    if ($this->getReturnFollowups()) {
+      try {
+        $followups = $this->describeFollowups($worker, $defaults);
+      } catch (Exception $ex) {
+        return $this->newFailure($worker, $task, $ex);
+      } catch (Throwable $ex) {
+        return $this->newFailure($worker, $task, $ex);
+      }
+      return array(
+        'result' => self::RESULT_SUCCESS,
+        'followups' => $followups,
+      );
+    }
+
     try {
       $worker->flushTaskQueue($defaults);
     } catch (Exception $ex) {
@@ -137,6 +185,34 @@ final class GorgeWorkerTaskRunner extends Phobject {
     return array(
       'result' => self::RESULT_SUCCESS,
     );
+  }
+
+  /**
+   * The tasks the worker staged with queueTask(), in the shape
+   * gorge-taskqueue enqueues: data as the JSON text Phorge would store.
+   */
+  private function describeFollowups(PhabricatorWorker $worker, $defaults) {
+    // getQueuedTasks() is final protected: read it from the worker's scope.
+    $read = function () {
+      return $this->getQueuedTasks();
+    };
+    $queued = $read->call($worker);
+
+    $followups = array();
+    foreach ($queued as $spec) {
+      list($class, $data, $options) = $spec;
+      $options = (array)$options + $defaults;
+      $followups[] = array(
+        'taskClass' => (string)$class,
+        // What PhabricatorWorkerTaskData writes (Lisk's JSON serialization).
+        'data' => phutil_json_encode($data),
+        'priority' => idx($options, 'priority'),
+        'objectPHID' => idx($options, 'objectPHID'),
+        'containerPHID' => idx($options, 'containerPHID'),
+        'delayUntil' => idx($options, 'delayUntil') ? (int)$options['delayUntil'] : null,
+      );
+    }
+    return $followups;
   }
 
   private function describeUnrunnableClass($class) {
@@ -181,6 +257,19 @@ final class GorgeWorkerTaskRunner extends Phobject {
     }
 
     $task->setID((int)$task_id);
+
+    $fields = $this->getTaskFields();
+    if ($fields !== null) {
+      $task
+        ->setFailureCount((int)idx($fields, 'failureCount', 0))
+        ->setFailureTime(idx($fields, 'failureTime'))
+        ->setPriority(idx($fields, 'priority'))
+        ->setDataID(idx($fields, 'dataID'))
+        ->setObjectPHID(idx($fields, 'objectPHID'))
+        ->setContainerPHID(idx($fields, 'containerPHID'))
+        ->setDateCreated(idx($fields, 'dateCreated'));
+      return $task;
+    }
 
     $row = id(new PhabricatorWorkerActiveTask())->load((int)$task_id);
     if ($row) {
