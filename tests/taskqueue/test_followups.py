@@ -338,9 +338,10 @@ async def test_a_bad_followup_list_archives_nothing_on_any_backend(backend_store
     assert (await backend_store.get_task(parent)).lease_owner == OWNER
 
 
+@pytest.mark.integration
 @pytest_twisted.ensureDeferred
-async def test_followups_over_http_single_and_batched(memory_store, clock):
-    client = Client(memory_store, clock)
+async def test_followups_over_http_single_and_batched(backend_store, clock):
+    client = Client(backend_store, clock)
     for priority in (3000, 1500):
         await client.post("enqueue", {"taskClass": "Parent", "priority": priority})
     fence = {"X-Lease-Owner": OWNER}
