@@ -86,6 +86,12 @@ SKIP_LINE = (
 TEST_WORKER = "PhabricatorTestWorker"
 WEBHOOK_WORKER = "HeraldWebhookWorker"
 TASKMASTER = "PhabricatorTaskmasterDaemon"
+PHP_TASKMASTERS = 4  # Phorge's default taskmaster pool (phd.taskmasters)
+EXECUTORS = "gorge executors"  # gorge-worker running PHP tasks in local executors
+CONDUIT = "gorge conduit"  # ... and through worker.execute on the web server
+# The gorge library for Phorge: worker.execute, for the conduit side.
+GORGE_LIBRARY = ROOT / "phorge" / "src"
+WORKLOADS = ("tasks", "webhooks", "php", "pickup")
 BOT = "bench-bot"
 SUCCESS = 0  # worker_archivetask.result
 SAMPLE_SEC = 0.02  # completion curve resolution
@@ -100,6 +106,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 TARGET_TASKS = 2.0
 TARGET_WEBHOOKS = 8.0
 TARGET_PICKUP_MS = 30.0
+TARGET_PHP = 2.0  # gorge's executors against Phorge's four taskmasters
 
 RECEIVER = r"""
 import json, sys, time
@@ -178,6 +185,68 @@ def command_line(pid: int) -> str:
 
 def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One line of the process table: its parent and its CPU seconds so far."""
+
+    ppid: int
+    own: float  # utime + stime
+    reaped: float  # cutime + cstime: the children it has waited for
+
+
+def process_table() -> dict[int, Proc]:
+    """Every process's parent and CPU times, read once."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        # Fields 4 and 14-17 of stat(5): ppid, utime, stime, cutime, cstime.
+        table[int(entry.name)] = Proc(
+            int(fields[1]),
+            (int(fields[11]) + int(fields[12])) / TICK,
+            (int(fields[13]) + int(fields[14])) / TICK,
+        )
+    return table
+
+
+def descendants(table: dict[int, Proc], pid: int) -> list[int]:
+    """The live children of ``pid`` and theirs, all the way down."""
+    found: list[int] = []
+    level = [pid]
+    while level:
+        level = [child for child, proc in table.items() if proc.ppid in level]
+        found += level
+    return found
+
+
+def children_cpu(table: dict[int, Proc], pid: int) -> float:
+    """CPU seconds of every process ``pid`` started, ended or not: the ones it
+    (or a descendant) waited for are in cutime + cstime, since /proc forgets a
+    process once it is reaped; the live ones are read one by one."""
+    if pid not in table:
+        return 0.0
+    below = descendants(table, pid)
+    return table[pid].reaped + sum(table[c].own + table[c].reaped for c in below)
+
+
+def tree_memory_mb(table: dict[int, Proc], pids: list[int]) -> tuple[float, float]:
+    """Summed (VmRSS, VmHWM) of ``pids`` and their live descendants, in MB."""
+    every = set(pids)
+    for pid in pids:
+        every.update(descendants(table, pid))
+    return summed_memory_mb(every)
+
+
+def summed_memory_mb(pids) -> tuple[float, float]:
+    """Summed (VmRSS, VmHWM) of ``pids``, in MB."""
+    values = [memory_mb(pid) for pid in pids]
+    return sum(v[0] for v in values), sum(v[1] for v in values)
 
 
 class Receiver:
@@ -263,45 +332,98 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-# -- the two sides ---------------------------------------------------------------
+# -- the sides -------------------------------------------------------------------
 
 
-class PhorgeSide:
-    """One Phorge taskmaster, launched with ``bin/phd launch``."""
+class Side:
+    """The daemons one side runs for one workload: ``pids`` are the processes
+    that must live through a run (their children are found from them)."""
+
+    name = ""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.pids: dict[str, int] = {}
+        self.workload = ""
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of each part of the side (differences make a run's)."""
+        return {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def memory(self) -> dict[str, tuple[float, float]]:
+        return {name: memory_mb(pid) for name, pid in self.pids.items()}
+
+
+class PhorgeSide(Side):
+    """Phorge's taskmasters, launched with ``bin/phd launch``: one for the
+    tasks and webhooks, Phorge's default pool of four for the PHP tasks."""
 
     name = "Phorge"
 
     def __init__(self, bench: Bench) -> None:
-        self.bench = bench
+        super().__init__(bench)
         self.site = bench.site
-        self.pids: dict[str, int] = {}
+        self.overseers: list[int] = []
+        self.taskmasters: list[int] = []
 
     async def start(self, workload: str) -> None:
-        await self.site.bin("phd", "launch", TASKMASTER)
-        # daemon_log names the overseer (phd-daemon); the taskmaster is its
-        # child running exec_daemon.php.
+        self.workload = workload
+        count = PHP_TASKMASTERS if workload == "php" else 1
+        await self.site.bin("phd", "launch", str(count), TASKMASTER)
+        # daemon_log names the overseer (phd-daemon), a row per daemon; each
+        # taskmaster is a child of it running exec_daemon.php.
         deadline = time.monotonic() + 120
         while True:
             rows = self.site.rows(
                 "daemon",
                 "SELECT pid FROM daemon_log WHERE daemon = %s AND status = 'run'"
-                " ORDER BY id DESC LIMIT 1",
+                " ORDER BY id DESC LIMIT %s",
                 TASKMASTER,
+                count,
             )
-            overseer = int(rows[0]["pid"]) if rows else 0
-            children = (
-                [pid for pid in child_pids(overseer) if TASKMASTER in command_line(pid)]
-                if overseer
-                else []
-            )
-            if children:
+            overseers = sorted({int(row["pid"]) for row in rows})
+            children = [
+                pid
+                for overseer in overseers
+                for pid in child_pids(overseer)
+                if TASKMASTER in command_line(pid)
+            ]
+            if len(children) >= count:
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"Phorge's taskmaster did not start; see phd's log in {self.site.dir / 'log'}"
+                    f"Phorge's taskmasters did not start ({len(children)} of {count});"
+                    f" see phd's log in {self.site.dir / 'log'}"
                 )
             await deferLater(self.bench.reactor, 0.1)
-        self.pids = {"taskmaster": children[0], "overseer": overseer}
+        self.overseers, self.taskmasters = overseers, children[:count]
+        if workload == "php":
+            self.pids = {f"taskmaster {i}": pid for i, pid in enumerate(self.taskmasters, 1)}
+            self.pids.update({f"overseer {i}": pid for i, pid in enumerate(overseers, 1)})
+        else:
+            self.pids = {"taskmaster": children[0], "overseer": overseers[0]}
+
+    def cpu(self) -> dict[str, float]:
+        if self.workload != "php":
+            return super().cpu()
+        # Every process of the overseers': a taskmaster that ended (and was
+        # replaced) during the run is in the overseer's cutime + cstime.
+        table = process_table()
+        return {
+            f"taskmasters x{len(self.taskmasters)}": sum(
+                children_cpu(table, pid) for pid in self.overseers
+            ),
+            "overseer": sum(table[pid].own for pid in self.overseers if pid in table),
+        }
+
+    def memory(self) -> dict[str, tuple[float, float]]:
+        if self.workload != "php":
+            return super().memory()
+        table = process_table()
+        return {
+            f"taskmasters x{len(self.taskmasters)}": tree_memory_mb(table, self.taskmasters),
+            "overseer": summed_memory_mb(self.overseers),
+        }
 
     async def stop(self) -> None:
         await self.site.bin("phd", "stop", check=False)
@@ -313,21 +435,71 @@ class PhorgeSide:
         self.pids = {}
 
 
-class GorgeSide:
-    """gorge-taskqueue + gorge-worker, and gorge-webhook for webhooks."""
+class GorgeSide(Side):
+    """gorge-taskqueue + gorge-worker, and gorge-webhook for webhooks.
 
-    name = "gorge"
+    ``php`` is where the worker runs the PHP tasks of the ``php`` workload:
+    None for the side that runs the other workloads (the test worker
+    emulated natively), "executors" (local PHP executors, children of the
+    worker) or "conduit" (``worker.execute`` on the site's web server)."""
 
-    def __init__(self, bench: Bench) -> None:
-        self.bench = bench
-        self.stack = GorgeStack(bench.site, bench.workdir, poll_ms=None)
-        self.pids: dict[str, int] = {}
+    def __init__(self, bench: Bench, name: str, php: str | None = None) -> None:
+        super().__init__(bench)
+        self.name = name
+        self.php = php
+        workdir = bench.workdir / (php or "gorge")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.stack = GorgeStack(bench.site, workdir, poll_ms=None, php=php or "conduit")
 
     async def start(self, workload: str) -> None:
+        self.workload = workload
         names = ["taskqueue", "worker"] + (["webhook"] if workload == "webhooks" else [])
+        if self.php == "conduit":
+            self.stack.worker_token = self.bench.token
         for name in names:
-            daemon = await self.stack.start_ready(name)
+            overrides = {}
+            if name == "worker" and workload == "php":
+                # The test worker runs in PHP, as every PHP-only task of a site does.
+                overrides["GORGE_WORKER_NATIVE_TEST_WORKER"] = "0"
+            daemon = await self.stack.start_ready(name, **overrides)
             self.pids[name] = daemon.pid
+        if self.php == "conduit":
+            web = self.bench.site.web
+            assert web is not None, "the web server runs for the whole benchmark"
+            self.pids["web server"] = web.proc.pid
+
+    def cpu(self) -> dict[str, float]:
+        if self.workload != "php":
+            return super().cpu()
+        table = process_table()
+
+        def own(pid: int) -> float:
+            return table[pid].own if pid in table else 0.0
+
+        cpu = {"taskqueue": own(self.pids["taskqueue"]), "worker": own(self.pids["worker"])}
+        if self.php == "executors":
+            # Executors recycled or ended during the run are in the worker's
+            # cutime + cstime; the live ones are read one by one.
+            cpu["executors"] = children_cpu(table, self.pids["worker"])
+        else:
+            cpu["worker"] += children_cpu(table, self.pids["worker"])
+            web = self.pids["web server"]
+            # php -S and the workers it forked (PHP_CLI_SERVER_WORKERS).
+            cpu["web server"] = own(web) + children_cpu(table, web)
+        return cpu
+
+    def memory(self) -> dict[str, tuple[float, float]]:
+        if self.workload != "php":
+            return super().memory()
+        memory = {name: memory_mb(self.pids[name]) for name in ("taskqueue", "worker")}
+        table = process_table()
+        if self.php == "executors":
+            executors = descendants(table, self.pids["worker"])
+            memory[f"executors x{len(executors)}"] = tree_memory_mb(table, executors)
+        else:
+            web = self.pids["web server"]
+            memory[f"web server x{1 + len(descendants(table, web))}"] = tree_memory_mb(table, [web])
+        return memory
 
     async def stop(self) -> None:
         for name in list(self.stack.daemons):
@@ -348,16 +520,28 @@ class Bench:
         self.db = db
         self.receiver = receiver
         self.workdir = workdir
-        self.sides = {"Phorge": PhorgeSide(self), "gorge": GorgeSide(self)}
+        self.sides: dict[str, PhorgeSide | GorgeSide] = {
+            "Phorge": PhorgeSide(self),
+            "gorge": GorgeSide(self, "gorge"),
+        }
+        if "php" in args.workloads:
+            self.sides[EXECUTORS] = GorgeSide(self, EXECUTORS, php="executors")
+            self.sides[CONDUIT] = GorgeSide(self, CONDUIT, php="conduit")
         self.runs: list[Run] = []
         self.pickups: dict[str, list[float]] = {"Phorge": [], "gorge": []}
         self.hooks: list[str] = []
         self.target: dict = {}
+        self.token = ""  # the bot's Conduit token, for gorge-worker's worker.execute calls
 
     # -- set-up ----------------------------------------------------------------
 
     async def prepare(self) -> None:
-        await self.site.helper("setup", username=BOT, admin=True)
+        self.token = (await self.site.helper("setup", username=BOT, admin=True))["token"]
+        if "php" in self.args.workloads:
+            # For the conduit side's worker.execute calls. It idles while the
+            # other sides run; its CPU is counted on the conduit side only.
+            self.site.start_web()
+            await self.site.wait_web()
         self.target = await self.site.helper(
             "maniphest-task", author=BOT, title="what the benchmark's webhooks announce"
         )
@@ -401,20 +585,40 @@ class Bench:
 
     # -- one run ---------------------------------------------------------------
 
+    async def side_settled(self, side: Side) -> None:
+        """Wait until the side's processes are idle: PHP processes load Phorge
+        when they start (four taskmasters, four executors), and that belongs
+        to no run (at most SETTLE_BOUND s)."""
+        deadline = time.monotonic() + SETTLE_BOUND
+        while time.monotonic() < deadline:
+            before = sum(side.cpu().values())
+            await deferLater(self.reactor, SETTLE_WINDOW)
+            if sum(side.cpu().values()) - before <= SETTLE_WINDOW * SETTLE_CPU:
+                return
+
+    def size(self, workload: str) -> int:
+        return {
+            "tasks": self.args.tasks,
+            "webhooks": self.args.webhooks,
+            "php": self.args.php_tasks,
+        }[workload]
+
     async def run(self, side_name: str, workload: str, profile: Path | None = None) -> Run:
         side = self.sides[side_name]
-        n = self.args.tasks if workload == "tasks" else self.args.webhooks
+        n = self.size(workload)
         self.clean()
         await self.database_settled()
         marker = self.highest_task_id()
         received_before = len(self.receiver.times())
         await side.start(workload)
+        if workload == "php":
+            await self.side_settled(side)
         await deferLater(self.reactor, 1.0)  # idle, polling an empty queue
         recorders = self.start_profiles(side.pids, profile) if profile else []
 
         samples: list[tuple[float, int]] = []
 
-        task_class = TEST_WORKER if workload == "tasks" else WEBHOOK_WORKER
+        task_class = WEBHOOK_WORKER if workload == "webhooks" else TEST_WORKER
 
         def archived() -> int:
             return self.site.rows(
@@ -427,10 +631,10 @@ class Bench:
         sampler = LoopingCall(lambda: samples.append((time.time(), archived())))
         # The daemons' idle polls while the batch is written cost next to
         # nothing; MariaDB's share of the writing is left out.
-        cpu_before = {name: cpu_seconds(pid) for name, pid in side.pids.items()}
+        cpu_before = side.cpu()
         sampler.start(SAMPLE_SEC)
         try:
-            if workload == "tasks":
+            if workload in ("tasks", "php"):
                 batch = await self.site.helper(
                     "schedule-batch", taskClass=TEST_WORKER, data={"doWork": "nothing"}, count=n
                 )
@@ -458,16 +662,16 @@ class Bench:
             settled = time.time() - start
         finally:
             sampler.stop()
-        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in side.pids.items()}
+        cpu = {name: seconds - cpu_before[name] for name, seconds in side.cpu().items()}
         db_cpu = cpu_seconds(self.db.pid) - db_before
-        memory = {name: memory_mb(pid) for name, pid in side.pids.items()}
+        memory = side.memory()
         for recorder in recorders:
             recorder.send_signal(signal.SIGINT)
         await side.stop()
         for recorder in recorders:
             recorder.wait(60)
 
-        if workload == "tasks":
+        if workload in ("tasks", "php"):
             curve = [(t - start, count) for t, count in samples if t >= start]
         else:
             curve = cumulative(self.receiver.times()[received_before:], start)
@@ -489,12 +693,31 @@ class Bench:
                 "worker", "SELECT taskClass, result FROM worker_archivetask WHERE id > %s", marker
             )
         )
-        expected = TEST_WORKER if run.workload == "tasks" else WEBHOOK_WORKER
+        expected = WEBHOOK_WORKER if run.workload == "webhooks" else TEST_WORKER
         mine = {key: count for key, count in results.items() if key[0] == expected}
         if mine != {(expected, SUCCESS): run.n}:
             problems.append(
                 f"{expected} tasks archived (class, result): {mine}, expected {run.n} successes"
             )
+        if run.workload == "php":
+            # Each task ran once in PHP and succeeded the first time.
+            failed = self.site.rows(
+                "worker",
+                "SELECT COUNT(*) AS n FROM worker_archivetask"
+                " WHERE id > %s AND taskClass = %s AND failureCount > 0",
+                marker,
+                expected,
+            )[0]["n"]
+            if failed:
+                problems.append(f"{failed} {expected} tasks archived with failureCount > 0")
+            left = self.site.rows(
+                "worker",
+                "SELECT COUNT(*) AS n FROM worker_activetask WHERE id > %s AND taskClass = %s",
+                marker,
+                expected,
+            )[0]["n"]
+            if left:
+                problems.append(f"{left} {expected} tasks still in worker_activetask")
         # Phorge's code may queue a task of its own on the way (a search
         # index update): reported, not counted.
         run.others = {key: count for key, count in results.items() if key[0] != expected}
@@ -632,8 +855,10 @@ def profile_summary(path: Path, top: int) -> list[str]:
 
 def describe_run(run: Run, round_no: int) -> str:
     processes = " + ".join(f"{name} {1000 * s / run.n:.2f}" for name, s in run.cpu.items())
+    # The PHP workload has three sides, two of them with longer names.
+    width = len(EXECUTORS) if run.workload == "php" else 6
     text = (
-        f"round {round_no} {run.workload:8s} {run.side:6s}  bulk {run.bulk_rate:7.0f}/s  "
+        f"round {round_no} {run.workload:8s} {run.side:{width}s}  bulk {run.bulk_rate:7.0f}/s  "
         f"from start {run.rate_from_start:7.0f}/s  settled {run.settled:6.1f}s  "
         f"CPU/item {run.cpu_ms_per_item:5.2f} ms ({processes}; MariaDB {run.db_ms_per_item:.2f})"
     )
@@ -646,6 +871,14 @@ def describe_run(run: Run, round_no: int) -> str:
     return text
 
 
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
 def report(bench: Bench, args) -> list[str]:
     lines = []
 
@@ -655,19 +888,21 @@ def report(bench: Bench, args) -> list[str]:
     def row(label: str, phorge: float, gorge: float, unit: str, digits: int = 0) -> str:
         text = (
             f"{label:32s} {phorge:10.{digits}f} {unit:4s} {gorge:10.{digits}f} {unit:4s}"
-            f"  {gorge / phorge if phorge else float('nan'):6.2f}x"
+            f"  {_ratio(gorge, phorge):6.2f}x"
         )
         return text
 
-    lines.append(
-        f"{'median of ' + str(args.rounds) + ' round(s)':32s} "
-        f"{'Phorge':>15s} {'gorge':>15s}  gorge/Phorge"
-    )
+    pair = [w for w in ("tasks", "webhooks") if w in args.workloads]
+    if pair or bench.pickups["Phorge"]:
+        lines.append(
+            f"{'median of ' + str(args.rounds) + ' round(s)':32s} "
+            f"{'Phorge':>15s} {'gorge':>15s}  gorge/Phorge"
+        )
     ratios = {}
-    for workload in ("tasks", "webhooks"):
+    for workload in pair:
         p, g = figures(workload, "Phorge"), figures(workload, "gorge")
         bulk_p, bulk_g = median([r.bulk_rate for r in p]), median([r.bulk_rate for r in g])
-        ratios[workload] = bulk_g / bulk_p if bulk_p else float("nan")
+        ratios[workload] = _ratio(bulk_g, bulk_p)
         lines.append(row(f"{workload}/s, bulk (10%-90%)", bulk_p, bulk_g, "/s"))
         lines.append(
             row(
@@ -705,8 +940,13 @@ def report(bench: Bench, args) -> list[str]:
                 "ms",
             )
         )
+    php: dict[str, dict[str, float]] = {}
+    if "php" in args.workloads:
+        php = php_figures(bench)
+        lines += php_lines(bench, args, php)
     lines.append("RSS at the end of the runs (median) / peak (max), MB:")
-    for side in ("Phorge", "gorge"):
+    width = max(len(side) for side in bench.sides)
+    for side in bench.sides:
         names: dict[str, list[tuple[float, float]]] = {}
         for run in bench.runs:
             if run.side == side:
@@ -714,38 +954,95 @@ def report(bench: Bench, args) -> list[str]:
                     names.setdefault(f"{name} ({run.workload})", []).append(value)
         for name, values in names.items():
             lines.append(
-                f"  {side:6s} {name:22s} {median([v[0] for v in values]):6.1f} / "
+                f"  {side:{width}s} {name:22s} {median([v[0] for v in values]):6.1f} / "
                 f"{max(v[1] for v in values):6.1f}"
             )
-    cpu_p = median([r.cpu_ms_per_item for r in figures("tasks", "Phorge")])
-    cpu_g = median([r.cpu_ms_per_item for r in figures("tasks", "gorge")])
-
-    def met(ok: bool) -> str:
-        return "met" if ok else "missed"
-
-    verdict = [
-        (
+    verdict = []
+    if "tasks" in ratios:
+        verdict.append(
             f"tasks {ratios['tasks']:.2f}x (target >= {TARGET_TASKS:g}x): "
-            f"{met(ratios['tasks'] >= TARGET_TASKS)}"
-        ),
-        (
+            f"{_met(ratios['tasks'] >= TARGET_TASKS)}"
+        )
+    if "webhooks" in ratios:
+        verdict.append(
             f"webhooks {ratios['webhooks']:.2f}x (target >= {TARGET_WEBHOOKS:g}x): "
-            f"{met(ratios['webhooks'] >= TARGET_WEBHOOKS)}"
-        ),
-        (
+            f"{_met(ratios['webhooks'] >= TARGET_WEBHOOKS)}"
+        )
+    if "tasks" in ratios:
+        cpu_p = median([r.cpu_ms_per_item for r in figures("tasks", "Phorge")])
+        cpu_g = median([r.cpu_ms_per_item for r in figures("tasks", "gorge")])
+        verdict.append(
             f"CPU per task {cpu_g:.2f} ms against Phorge's {cpu_p:.2f} ms (target below): "
-            f"{met(cpu_g < cpu_p)}"
-        ),
-    ]
+            f"{_met(cpu_g < cpu_p)}"
+        )
     if bench.pickups["gorge"]:
         verdict.append(
             f"pickup p50 {pickup['gorge']:.0f} ms (target <= {TARGET_PICKUP_MS:g} ms): "
-            f"{met(pickup['gorge'] <= TARGET_PICKUP_MS)}"
+            f"{_met(pickup['gorge'] <= TARGET_PICKUP_MS)}"
         )
-    lines.append("targets: " + "; ".join(verdict))
+    if verdict:
+        lines.append("targets: " + "; ".join(verdict))
+    if php:
+        rate = _ratio(php[EXECUTORS]["bulk"], php["Phorge"]["bulk"])
+        cpu_e, cpu_p = php[EXECUTORS]["cpu"], php["Phorge"]["cpu"]
+        lines.append(
+            f"targets: php tasks: executors {rate:.2f}x Phorge's {PHP_TASKMASTERS} taskmasters "
+            f"(target >= {TARGET_PHP:g}x): {_met(rate >= TARGET_PHP)}; "
+            f"CPU per php task (all processes) {cpu_e:.2f} ms against Phorge's {cpu_p:.2f} ms "
+            f"(target below): {_met(cpu_e < cpu_p)}"
+        )
     problems = [p for r in bench.runs for p in r.problems]
     if problems:
         lines.append(f"WARNING: {len(problems)} run(s) did not finish cleanly; see PROBLEM lines")
+    return lines
+
+
+PHP_SIDES = ("Phorge", EXECUTORS, CONDUIT)
+
+
+def php_figures(bench: Bench) -> dict[str, dict[str, float]]:
+    """The PHP workload's medians per side: bulk, start, cpu, db (ms per task)."""
+    figures = {}
+    for side in PHP_SIDES:
+        runs = [r for r in bench.runs if r.workload == "php" and r.side == side]
+        figures[side] = {
+            "bulk": median([r.bulk_rate for r in runs]),
+            "start": median([r.rate_from_start for r in runs]),
+            "cpu": median([r.cpu_ms_per_item for r in runs]),
+            "db": median([r.db_ms_per_item for r in runs]),
+        }
+    return figures
+
+
+def php_lines(bench: Bench, args, php: dict[str, dict[str, float]]) -> list[str]:
+    """The PHP workload's block: three sides, two ratios against Phorge."""
+    lines = [
+        f"{'php, median of ' + str(args.rounds) + ' round(s)':32s} "
+        f"{'Phorge x' + str(PHP_TASKMASTERS):>15s} {'executors':>15s} {'conduit':>15s}"
+        "  executors/Phorge conduit/Phorge"
+    ]
+
+    def row(label: str, key: str, unit: str, digits: int) -> str:
+        values = [php[side][key] for side in PHP_SIDES]
+        cells = " ".join(f"{v:10.{digits}f} {unit:4s}" for v in values)
+        return (
+            f"{label:32s} {cells}  {_ratio(values[1], values[0]):15.2f}x"
+            f" {_ratio(values[2], values[0]):13.2f}x"
+        )
+
+    lines.append(row("php tasks/s, bulk (10%-90%)", "bulk", "/s", 0))
+    lines.append(row("php tasks/s, from the commit", "start", "/s", 0))
+    lines.append(row("CPU per php task, all processes", "cpu", "ms", 2))
+    lines.append(row("CPU per php task, MariaDB", "db", "ms", 2))
+    for side in PHP_SIDES:
+        runs = [r for r in bench.runs if r.workload == "php" and r.side == side]
+        if not runs:
+            continue
+        parts = [
+            f"{name} {median([1000 * r.cpu.get(name, 0.0) / r.n for r in runs]):.2f}"
+            for name in runs[0].cpu
+        ]
+        lines.append(f"  CPU per php task, {side}: " + " + ".join(parts) + " ms")
     return lines
 
 
@@ -761,9 +1058,14 @@ def plot(bench: Bench, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"Phorge": "#b5651d", "gorge": "#1f6fb4"}
-    figure, panels = plt.subplots(1, 2, figsize=(12, 4.8))
-    for panel, workload in zip(panels, ("tasks", "webhooks"), strict=True):
+    colours = {"Phorge": "#b5651d", "gorge": "#1f6fb4", EXECUTORS: "#1f6fb4", CONDUIT: "#6a3d9a"}
+    workloads = [w for w in ("tasks", "webhooks", "php") if w in bench.args.workloads]
+    if not workloads:
+        return
+    figure, panels = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.8))
+    if len(workloads) == 1:
+        panels = [panels]
+    for panel, workload in zip(panels, workloads, strict=True):
         labelled = set()
         for run in bench.runs:
             if run.workload != workload or not run.curve:
@@ -790,11 +1092,15 @@ def plot(bench: Bench, path: Path) -> None:
                 alpha=0.8,
                 label=label,
             )
-        noun = "tasks archived" if workload == "tasks" else "webhooks delivered"
+        noun = "webhooks delivered" if workload == "webhooks" else "tasks archived"
         panel.set_title(
             {
                 "tasks": f"{bench.args.tasks} no-op tasks",
                 "webhooks": f"{bench.args.webhooks} Herald webhooks, {bench.args.hooks} hooks",
+                "php": (
+                    f"{bench.args.php_tasks} no-op tasks run in PHP"
+                    f" (Phorge: {PHP_TASKMASTERS} taskmasters)"
+                ),
             }[workload]
         )
         panel.set_xlabel("seconds after the commit")
@@ -824,13 +1130,18 @@ async def benchmark(
     try:
         for round_no in range(1, args.rounds + 1):
             # Alternate who goes first, so load from elsewhere hits both alike.
-            order = ("Phorge", "gorge") if round_no % 2 else ("gorge", "Phorge")
-            for workload in ("tasks", "webhooks"):
-                for side in order:
+            order: tuple[str, ...] = ("Phorge", "gorge") if round_no % 2 else ("gorge", "Phorge")
+            for workload in ("tasks", "webhooks", "php"):
+                if workload not in args.workloads:
+                    continue
+                sides = order
+                if workload == "php":
+                    sides = PHP_SIDES if round_no % 2 else PHP_SIDES[::-1]
+                for side in sides:
                     run = await bench.run(side, workload)
                     bench.runs.append(run)
                     print(describe_run(run, round_no), flush=True)
-            if args.pickup_samples:
+            if "pickup" in args.workloads and args.pickup_samples:
                 for side in order:
                     bench.pickups[side] += await bench.pickup(side, args.pickup_samples, rng)
                 print(
@@ -856,13 +1167,24 @@ async def benchmark(
                 for line in profile_summary(directory / f"{name}.txt", args.profile_top):
                     print(line)
     finally:
-        for side in bench.sides.values():
-            if side.pids:
-                await side.stop()
+        for running in bench.sides.values():
+            if running.pids:
+                await running.stop()
 
 
 def load_average() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+# What --quick runs, unless the command line says otherwise.
+QUICK = {
+    "tasks": 200,
+    "webhooks": 100,
+    "hooks": 5,
+    "php_tasks": 100,
+    "rounds": 1,
+    "pickup_samples": 2,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -881,7 +1203,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="alternating rounds; the figures are their medians (3)",
     )
     parser.add_argument(
+        "--php-tasks",
+        type=int,
+        default=2000,
+        help="tasks run in PHP per run of the php workload (2000)",
+    )
+    parser.add_argument(
         "--pickup-samples", type=int, default=5, help="idle pickup samples per side and round (5)"
+    )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"the workloads to run, comma-separated ({','.join(WORKLOADS)})",
     )
     parser.add_argument("--plot", metavar="FILE.png", help="write a chart of both sides")
     parser.add_argument(
@@ -893,7 +1226,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke test: 200 tasks, 100 webhooks over 5 hooks, 1 round, 2 pickups",
+        help=(
+            "a smoke test: 200 tasks, 100 webhooks over 5 hooks, 100 PHP tasks, 1 round, 2 pickups"
+        ),
     )
     parser.add_argument(
         "--keep",
@@ -902,10 +1237,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.tasks, args.webhooks, args.hooks, args.rounds, args.pickup_samples = 200, 100, 5, 1, 2
-    for name in ("tasks", "webhooks", "hooks", "rounds"):
+        # Smaller defaults; a size given on the command line still wins.
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
+    for name in ("tasks", "webhooks", "hooks", "rounds", "php_tasks"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in chosen if w not in WORKLOADS]
+    if unknown or not chosen:
+        parser.error(
+            f"--workloads: {', '.join(unknown) or 'none given'}; choose from {','.join(WORKLOADS)}"
+        )
+    args.workloads = [w for w in WORKLOADS if w in chosen]
     return args
 
 
@@ -925,7 +1269,8 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print(
-        f"tasks={args.tasks} webhooks={args.webhooks} hooks={args.hooks} rounds={args.rounds} "
+        f"workloads={','.join(args.workloads)} tasks={args.tasks} webhooks={args.webhooks} "
+        f"hooks={args.hooks} php tasks={args.php_tasks} rounds={args.rounds} "
         f"pickup samples={args.pickup_samples}/side/round",
         flush=True,
     )
@@ -934,7 +1279,9 @@ def main(argv: list[str] | None = None) -> int:
     site = receiver = None
     try:
         db.start()
-        site = PhorgeSite(checkout, db, workdir / "phorge", "bench")
+        # The conduit side calls worker.execute, which the gorge library adds.
+        libraries = [GORGE_LIBRARY] if "php" in args.workloads else []
+        site = PhorgeSite(checkout, db, workdir / "phorge", "bench", libraries=libraries)
         site.configure({"security.outbound-blacklist": []})
         started = time.monotonic()
         site.upgrade_storage()
