@@ -5,9 +5,9 @@ tests/phorge); without it, it prints one skip line and exits 0. It starts a
 throwaway MariaDB and a throwaway Phorge on it (gorge.testing.phorge: its own
 storage namespace, ``bin/storage upgrade``, ``security.outbound-blacklist``
 empty so Phorge may call the loopback receiver), and a receiver in its own
-process that answers every POST with 200 and notes when it arrived. Both
+process that answers every POST with 200 and notes when it arrived. The
 sides work the same Phorge databases, one after the other, in alternating
-order per round:
+order per round (``--workloads`` picks the workloads; all by default):
 
 * tasks: N ``PhabricatorTestWorker`` tasks (no work), scheduled by Phorge's
   own ``PhabricatorWorker::scheduleTask`` in one transaction while the
@@ -23,6 +23,18 @@ order per round:
   ``HeraldWebhookWorker`` tasks without delivering
   (``GORGE_WORKER_WEBHOOK_OWNER=gorge-webhook``), as a switched-over site
   runs. A delivery counts when the receiver has it.
+* php: N ``PhabricatorTestWorker`` tasks scheduled the same way, but run in
+  PHP on every side, as a site's PHP-only tasks are: by Phorge's default
+  pool of four taskmasters (``bin/phd launch 4 PhabricatorTaskmasterDaemon``,
+  one overseer); by gorge-taskqueue + gorge-worker with local PHP executors
+  (``GORGE_WORKER_PHORGE_ROOT``, the pool at its default size, children of
+  the worker); and by gorge-taskqueue + gorge-worker calling
+  ``worker.execute`` on the site's web server (PHP's built-in server with 4
+  workers, running for the whole benchmark; the site then loads the gorge
+  library, phorge/src, which adds the method). The worker runs with
+  ``GORGE_WORKER_NATIVE_TEST_WORKER=0``. Each side starts
+  and loads Phorge before the run, and the run begins once its processes
+  are idle.
 * idle pickup: single tasks scheduled into the idle queue at spread-out
   moments; the time from their commit until the row is in
   ``worker_archivetask``.
@@ -33,16 +45,28 @@ owner are set). For each run it prints the bulk rate (between 10% and 90%
 done), the rate from the commit, CPU per item (utime + stime from
 /proc/<pid>/stat: every gorge process together against Phorge's daemon and
 its overseer, and MariaDB's apart) and the RSS of each process; then the
-medians over the rounds, the ratios gorge/Phorge and the targets.
+medians over the rounds, the ratios gorge/Phorge and the targets. For the
+php workload CPU counts every process involved: the four taskmasters and the
+overseer; taskqueue, worker and every executor; taskqueue, worker, the web
+server and its PHP workers. Children are read live and, once they have
+ended, through their parent's cutime + cstime, so an executor recycled
+during a run still counts.
 
-``--plot FILE.png`` draws completed items over time for both sides, one panel
+``--plot FILE.png`` draws completed items over time for every side, one panel
 per workload (needs matplotlib: the ``bench`` extra). ``--profile DIR``
-records the gorge processes with py-spy during one more task run, after the
-measured rounds, and prints their top functions.
+records the gorge processes with py-spy during one more task run (the
+no-op ``tasks`` workload), after the measured rounds, and prints their top
+functions.
 
 Usage: GORGE_PHORGE_ROOT=/srv/phorge python bench/phorge.py [--tasks 3000]
-       [--webhooks 2000] [--hooks 50] [--rounds 3] [--pickup-samples 5]
+       [--webhooks 2000] [--hooks 50] [--php-tasks 2000] [--rounds 3]
+       [--pickup-samples 5] [--workloads tasks,webhooks,php,pickup]
        [--plot FILE.png] [--profile DIR] [--quick] [--keep]
+
+``--quick`` is a smoke run (200 tasks, 100 webhooks over 5 hooks, 100 PHP
+tasks, one round, 2 pickups); a size given beside it still wins, so
+``--quick --workloads php`` runs the PHP workload alone in well under a
+minute.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -58,11 +59,20 @@ def test_a_root_that_is_no_phorge_checkout_stops_it_with_one_line(tmp_path):
     ]
 
 
+def test_an_unknown_workload_is_a_usage_error(tmp_path):
+    done = _bench("--quick", "--workloads", "php,nightly", root=None, cache=str(tmp_path))
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines()[-1].endswith(
+        "--workloads: nightly; choose from tasks,webhooks,php,pickup"
+    )
+
+
 @pytest.mark.phorge
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.time_limit(900)
-def test_a_quick_run_measures_both_sides_and_draws_the_chart(tmp_path):
+def test_a_quick_run_measures_every_side_and_draws_the_chart(tmp_path):
     checkout, problem = find_checkout()
     if checkout is None:
         pytest.skip(
@@ -89,6 +99,26 @@ def test_a_quick_run_measures_both_sides_and_draws_the_chart(tmp_path):
         ), output[-5000:]
     assert any(line.startswith("idle pickup p50") for line in lines), output[-5000:]
     assert any(line.startswith("targets: tasks") for line in lines), output[-5000:]
+    # The PHP workload: Phorge's four taskmasters and both of gorge-worker's
+    # PHP paths, each with its CPU breakdown, and the two ratios against Phorge.
+    for side, part in (
+        ("Phorge", "taskmasters x4 "),
+        ("gorge executors", "executors "),
+        ("gorge conduit", "web server "),
+    ):
+        assert any(
+            line.startswith("round 1 php") and f" {side} " in line and part in line
+            for line in lines
+        ), output[-5000:]
+    # executors/Phorge and conduit/Phorge
+    for label in ("php tasks/s, bulk (10%-90%)", "CPU per php task, all processes"):
+        assert any(line.startswith(label) and re.search(r"\S+x +\S+x$", line) for line in lines), (
+            output[-5000:]
+        )
+    assert any(
+        line.startswith("targets: php tasks: executors") and "CPU per php task" in line
+        for line in lines
+    ), output[-5000:]
     # Every item of every run was done, exactly once: no PROBLEM line.
     assert "PROBLEM" not in output, output[-5000:]
     if drawing:
