@@ -101,6 +101,10 @@ def build_execute_body(token: str, task_id: int | None, task_class: str, data: s
     params["taskClass"] = task_class
     if task_id is not None:
         params["data"] = data or ""
+    # The follow-ups come back in the answer, for the queue to enqueue with
+    # the archive. Sent with the probe too, so that a library too old to
+    # know it fails the probe, not every task.
+    params["returnFollowups"] = True
     params["__conduit__"] = {"token": token} if token else {}
     return urlencode(
         [

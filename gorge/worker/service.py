@@ -25,8 +25,13 @@ from gorge.service import Poller, ServiceTree, listener, run_make_service
 from gorge.web import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient, DelegationPause
-from gorge.worker.consumer import Consumer, LoopSettings
-from gorge.worker.executor.pool import ExecutorPool, PoolSettings, check_phorge_loads
+from gorge.worker.consumer import Consumer, DelegationGate, LoopSettings
+from gorge.worker.executor.pool import (
+    ExecutorGate,
+    ExecutorPool,
+    PoolSettings,
+    check_phorge_loads,
+)
 from gorge.worker.handlers import feed_http, herald_webhook, test_worker
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.handlers.feed_http import FeedHttpHandler, FeedPolicy
@@ -289,6 +294,11 @@ def build_worker_service(
         # with one do delegated classes pause (docs/worker.md).
         pause = DelegationPause(clock, lambda name: isinstance(registry.get(name), ConduitDelegate))
         probe = ConduitProbe(conduit, clock, float(settings.conduit_probe_sec), pause=pause)
+    gate: DelegationGate | None = pause
+    if executors is not None:
+        gate = ExecutorGate(
+            executors, lambda name: isinstance(registry.get(name), PhpExecutorDelegate)
+        )
     consumer = Consumer(
         queue=queue,
         registry=registry,
@@ -306,7 +316,7 @@ def build_worker_service(
             log_debug=settings.http.debug_log,
         ),
         on_progress=notifier.progress if notifier is not None else None,
-        delegation=pause,
+        delegation=gate,
     )
     site = build_site(
         api_resource=WorkerApi(stats_of(consumer, registry, started, owner)).resource(),

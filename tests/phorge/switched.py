@@ -103,7 +103,15 @@ class Switched:
                 return rows
             return None
 
-        return await self.until(done, f"all tasks after {marker} archived ({what})")
+        try:
+            return await self.until(done, f"all tasks after {marker} archived ({what})")
+        except AssertionError as failure:
+            waiting = [
+                {k: r[k] for k in ("id", "taskClass", "leaseOwner", "leaseExpires", "failureCount")}
+                for r in self.tasks_since(marker)
+                if r["table"] != "worker_archivetask"
+            ]
+            raise AssertionError(f"{failure}; still active: {waiting}") from None
 
     def forget_task(self, task_id: int) -> None:
         """Remove a delayed task a test made only to call worker.execute with."""

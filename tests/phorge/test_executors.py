@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import treq
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.web import resource, server
 
 from tests.phorge.site import wait
@@ -132,6 +132,14 @@ class _LosesOneAnswer(resource.Resource):
         super().__init__()
         self.target = target
         self.dropped: list[bytes] = []
+        # Upstream calls under way. A worker that goes away must take its
+        # held lease call with it, as a real proxy does; otherwise the queue
+        # would lease the next task to a worker that is no longer there.
+        self.in_flight: set[Deferred] = set()
+
+    def cancel_all(self) -> None:
+        for call in list(self.in_flight):
+            call.cancel()
 
     def render(self, request):
         body = request.content.read()
@@ -161,7 +169,11 @@ class _LosesOneAnswer(resource.Resource):
             request.write(content)
             request.finish()
 
-        Deferred.fromCoroutine(forward())
+        call = Deferred.fromCoroutine(forward())
+        self.in_flight.add(call)
+        call.addBoth(lambda result: (self.in_flight.discard(call), result)[1])
+        call.addErrback(lambda failure: failure.trap(CancelledError))
+        request.notifyFinish().addErrback(lambda _: call.cancel())
         return server.NOT_DONE_YET
 
 
@@ -202,6 +214,7 @@ async def test_follow_ups_are_enqueued_once_when_the_report_answer_is_lost(switc
     finally:
         await s.gorge.stop("worker")
         await port.stopListening()
+        proxy.cancel_all()
         await s.gorge.start_ready("worker")
 
     assert len(proxy.dropped) == 1, "the report with follow-ups was never sent"

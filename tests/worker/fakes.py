@@ -150,10 +150,11 @@ class FakeQueue:
             d.callback(None)
         return d
 
-    async def complete(self, task_id, duration_us, *, timeout):
-        await self._report(
-            Report("complete", task_id, {"duration": duration_us, "timeout": timeout})
-        )
+    async def complete(self, task_id, duration_us, *, followups=(), timeout):
+        args = {"duration": duration_us, "timeout": timeout}
+        if followups:
+            args["followups"] = list(followups)
+        await self._report(Report("complete", task_id, args))
 
     async def fail(self, task_id, permanent, *, retry_wait=None, message="", timeout):
         await self._report(

@@ -36,7 +36,7 @@ def assert_wire_format(request, *, task_id=12, task_class="PhabricatorSearchWork
     assert [name for name, _ in fields] == ["params", "output"]
     assert fields[1] == ("output", "json")
     params = json.loads(fields[0][1])
-    expected = {"taskClass": task_class, "__conduit__": {"token": TOKEN}}
+    expected = {"taskClass": task_class, "returnFollowups": True, "__conduit__": {"token": TOKEN}}
     if task_id is not None:
         expected.update(taskID=task_id, data=data)
     assert params == expected
@@ -44,8 +44,29 @@ def assert_wire_format(request, *, task_id=12, task_class="PhabricatorSearchWork
         assert type(params["taskID"]) is int and type(params["data"]) is str
 
 
+FOLLOWUP = {
+    "taskClass": "FeedPublisherHTTPWorker",
+    "data": '{"key":"1","uri":"http://hook.test/"}',
+    "priority": 3000,
+    "objectPHID": None,
+    "containerPHID": None,
+    "delayUntil": None,
+}
+
 CASES = [
     ("success", Answer(body=envelope({"result": "success", "duration": 99})), "complete", {}),
+    (
+        "success-with-followups",
+        Answer(body=envelope({"result": "success", "followups": [FOLLOWUP]})),
+        "complete",
+        {"followups": [FOLLOWUP]},
+    ),
+    (
+        "unreadable-followups",
+        Answer(body=envelope({"result": "success", "followups": "all of them"})),
+        "fail",
+        {"permanent": False},
+    ),
     (
         "yield",
         Answer(body=envelope({"result": "yield", "duration": 3, "retry": 120})),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,29 @@ class PoolSettings:
     size: int
     max_tasks: int
     max_memory: int  # bytes
+
+
+class ExecutorGate:
+    """Delegated classes wait while no executor can load Phorge (the
+    consumer's DelegationGate): the worker then leases only native classes
+    and hands back a PHP task it gets anyway, without charging it, instead
+    of holding PHP tasks until their lease ends. Not while the pool is only
+    starting: that takes a fraction of a second."""
+
+    def __init__(self, pool: ExecutorPool, delegated: Callable[[str], bool]) -> None:
+        self._pool = pool
+        self._delegated = delegated
+
+    @property
+    def paused(self) -> bool:
+        return self._pool.broken
+
+    def delegated(self, task_class: str) -> bool:
+        return self._delegated(task_class)
+
+    def not_reached(self, reason: str) -> None:
+        """Only Conduit calls can fail to reach PHP; an executor's death is
+        the task's temporary failure."""
 
 
 def check_phorge_loads(settings: PoolSettings) -> None:
@@ -131,6 +154,13 @@ class ExecutorPool:
         finally:
             if timer.active():
                 timer.cancel()
+
+    @property
+    def broken(self) -> bool:
+        """No executor is ready because they die before Phorge is loaded."""
+        return self.last_error is not None and not any(
+            p.is_ready and p not in self._retiring for p in self._live
+        )
 
     def readiness_reason(self) -> str | None:
         """None while some executor can take a task (or is running one)."""

@@ -78,10 +78,7 @@ class ExecutorProcess(ProcessProtocol):
             self._buffers[childFD] = b""
 
     def processEnded(self, reason: Failure) -> None:
-        if reason.check(ProcessDone):
-            how = "exited with status 0"
-        else:
-            how = str(reason.value).rstrip(".")
+        how = describe_end(reason)
         if self._fatal is not None:
             how = f"{how}: {self._fatal}"
         if not self.is_ready and not self.ready.called:
@@ -194,6 +191,20 @@ class ExecutorProcess(ProcessProtocol):
             stream="stdout" if fd == 1 else "stderr",
             line=text[:OUTPUT_LINE_CHARS],
         )
+
+
+def describe_end(reason: Failure) -> str:
+    """How a process ended, in the words a log line wants."""
+    if reason.check(ProcessDone):
+        return "exited with status 0"
+    value = reason.value
+    signal = getattr(value, "signal", None)
+    if signal is not None:
+        return f"was killed by signal {signal}"
+    status = getattr(value, "exitCode", None)
+    if status is not None:
+        return f"exited with status {status}"
+    return str(value).rstrip(".")
 
 
 def spawn(

@@ -9,6 +9,7 @@ from gorge.logger import Logger
 from gorge.worker.conduit import ConduitClient, ConduitError, ConduitNotReached
 from gorge.worker.outcome import (
     MIN_YIELD_SECONDS,
+    Completed,
     NotReached,
     PermanentFailure,
     RetryLater,
@@ -49,6 +50,27 @@ def interpret_result(task_id: int, task_class: str, result: Any) -> None:
     )
 
 
+#: The most follow-ups one success report may carry (the taskqueue's limit).
+MAX_FOLLOWUPS = 1000
+
+
+def parse_followups(task_class: str, task_id: int, answer: dict) -> tuple[dict, ...]:
+    """The answer's follow-ups, checked for shape (the queue checks the rest)."""
+    raw = answer.get("followups", [])
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        raise RetryLater(
+            f"php executor answered unreadable followups for {task_class} (id={task_id})"
+        )
+    if len(raw) > MAX_FOLLOWUPS:
+        # The queue would refuse the report, and the task would run again
+        # and again to the same end: fail it for good, saying why.
+        raise PermanentFailure(
+            f"{task_class} (id={task_id}) queued {len(raw)} follow-up tasks, more than the "
+            f"{MAX_FOLLOWUPS} one report can carry"
+        )
+    return tuple(raw)
+
+
 class ConduitDelegate:
     def __init__(self, client: ConduitClient, metrics=None) -> None:
         self._client = client
@@ -58,7 +80,7 @@ class ConduitDelegate:
         if self._metrics is not None:
             self._metrics.conduit_calls.labels(result=result).inc()
 
-    async def __call__(self, task: dict, data: str | None) -> None:
+    async def __call__(self, task: dict, data: str | None) -> Completed:
         task_id, task_class = task["id"], task["taskClass"]
         if not is_php_class_name(task_class):
             raise PermanentFailure("invalid task class")
@@ -78,3 +100,6 @@ class ConduitDelegate:
             ) from exc
         self._count("success")
         interpret_result(task_id, task_class, result)
+        # A library before follow-ups were handed back queued them itself
+        # and answers without the key: nothing to enqueue then.
+        return Completed(followups=parse_followups(task_class, task_id, result))

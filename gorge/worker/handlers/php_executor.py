@@ -12,7 +12,7 @@ from typing import Any
 
 from gorge.worker.executor.pool import ExecutorPool
 from gorge.worker.executor.process import ExecutorFailed
-from gorge.worker.handlers.conduit import interpret_result
+from gorge.worker.handlers.conduit import interpret_result, parse_followups
 from gorge.worker.outcome import Completed, PermanentFailure, RetryLater
 from gorge.worker.registry import is_php_class_name
 
@@ -28,16 +28,6 @@ TASK_FIELDS = (
     "containerPHID",
     "dateCreated",
 )
-
-
-def parse_followups(task_class: str, task_id: int, answer: dict) -> tuple[dict, ...]:
-    """The answer's follow-ups, checked for shape (the queue checks the rest)."""
-    raw = answer.get("followups", [])
-    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
-        raise RetryLater(
-            f"php executor answered unreadable followups for {task_class} (id={task_id})"
-        )
-    return tuple(raw)
 
 
 class PhpExecutorDelegate:

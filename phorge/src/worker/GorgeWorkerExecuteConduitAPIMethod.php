@@ -32,8 +32,10 @@ final class GorgeWorkerExecuteConduitAPIMethod extends ConduitAPIMethod {
       "\n\n".
       'This method is called by gorge-worker, which leases the task from '.
       'gorge-taskqueue and records the outcome there; it never changes the '.
-      'row of the task it runs. Tasks the running task schedules are queued '.
-      'as usual.'.
+      'row of the task it runs. Tasks the running task schedules directly '.
+      'are queued as usual; the follow-ups it stages with queueTask() are '.
+      'queued here too, or, with `returnFollowups`, handed back under '.
+      '`followups` for gorge-taskqueue to enqueue with the archive.'.
       "\n\n".
       'Only administrators may call it. An empty `taskClass` runs nothing '.
       'and answers `%s`, which gorge-worker uses as a readiness check.',
@@ -50,6 +52,7 @@ final class GorgeWorkerExecuteConduitAPIMethod extends ConduitAPIMethod {
       'taskID' => 'optional int',
       'taskClass' => 'required string',
       'data' => 'optional string',
+      'returnFollowups' => 'optional bool',
     );
   }
 
@@ -106,6 +109,7 @@ final class GorgeWorkerExecuteConduitAPIMethod extends ConduitAPIMethod {
       ->setTaskID($task_id)
       ->setTaskClass($task_class)
       ->setRawData($data)
+      ->setReturnFollowups((bool)$request->getValue('returnFollowups'))
       ->run();
   }
 

@@ -180,3 +180,46 @@ async def test_stop_lets_idle_executors_exit_and_cancels_waiters(pools):
     with pytest.raises(CancelledError):
         await waiter
     assert pool.readiness_reason() is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_gate_pauses_delegation_only_while_phorge_cannot_load(
+    pools, tmp_path, monkeypatch
+):
+    from gorge.worker.executor.pool import ExecutorGate
+
+    monkeypatch.setattr(pool_module, "RESTART_FIRST", 0.05)
+    broken = tmp_path / "broken"
+    broken.write_text("")
+    pool = pools(_settings(size=1, STAND_IN_FATAL_FILE=str(broken)))
+    gate = ExecutorGate(pool, lambda name: name != "Native")
+    assert not gate.paused  # starting is not broken
+    await _until(lambda: gate.paused, "delegation paused after failed starts")
+    assert gate.delegated("PhabricatorSearchWorker") and not gate.delegated("Native")
+    broken.unlink()
+    await _until(lambda: not gate.paused, "delegation resumed once Phorge loads")
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_executors_gauge_follows_their_states(reactor_metrics):
+    pool, registry = reactor_metrics
+    await _run(pool, "Succeed")
+
+    def value(state):
+        return registry.get_sample_value("gorge_worker_php_executors", {"state": state})
+
+    await _until(lambda: value("idle") == 2, "both executors idle")
+    assert (value("busy"), value("starting")) == (0, 0)
+
+
+@pytest.fixture
+def reactor_metrics():
+    from prometheus_client import CollectorRegistry
+
+    from gorge.worker.metrics import WorkerMetrics
+
+    registry = CollectorRegistry()
+    pool = ExecutorPool(_settings(size=2), reactor, WorkerMetrics(registry))
+    pool.start()
+    yield pool, registry
+    pytest_twisted.blockon(_bounded(Deferred.fromCoroutine(pool.stop())))
