@@ -405,13 +405,14 @@ class PhorgeSide(Side):
                 TASKMASTER,
                 count,
             )
-            overseers = sorted({int(row["pid"]) for row in rows})
-            children = [
-                pid
-                for overseer in overseers
-                for pid in child_pids(overseer)
-                if TASKMASTER in command_line(pid)
-            ]
+            found = {
+                overseer: [pid for pid in child_pids(overseer) if TASKMASTER in command_line(pid)]
+                for overseer in sorted({int(row["pid"]) for row in rows})
+            }
+            # Only overseers with taskmasters: a row of one that has ended
+            # (and was never marked so) must not count as a daemon of this run.
+            overseers = [overseer for overseer, pids in found.items() if pids]
+            children = [pid for overseer in overseers for pid in found[overseer]]
             if len(children) >= count:
                 break
             if time.monotonic() > deadline:
