@@ -100,7 +100,7 @@ class Daemon:
             twistd,
             "--nodaemon",
             "--pidfile=",
-            "--logger=gorge.logging.observer_from_env",
+            "--logger=gorge.log.output.observer_from_env",
             self.name,
         ]
         if self.profile is not None:
@@ -210,7 +210,7 @@ def start_backend(name: str) -> Backend:
         shutil.rmtree(workdir, ignore_errors=True)
 
     if name == "mysql":
-        from gorge.mysql import make_pool
+        from gorge.db.mysql import make_pool
         from gorge.taskqueue.mysql import MySQLTaskStore
         from gorge.testing.mariadb_server import MariaDBServer
 
@@ -244,7 +244,7 @@ def start_backend(name: str) -> Backend:
 
         return Backend(name, mysql_env, mysql_store, stop_mysql, workdir)
     if name == "redis":
-        from gorge.redis import make_redis
+        from gorge.db.redis import make_redis
         from gorge.taskqueue.redis import RedisTaskStore
         from gorge.testing.redis_server import RedisServer
 

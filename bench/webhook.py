@@ -54,7 +54,7 @@ from twisted.internet.task import deferLater, react  # noqa: E402
 from twisted.logger import globalLogBeginner  # noqa: E402
 
 from bench.daemons import top_entries  # noqa: E402
-from gorge.logging import make_observer  # noqa: E402
+from gorge.log.output import make_observer  # noqa: E402
 from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
 
 RECEIVER = r"""

@@ -42,7 +42,7 @@ from twisted.logger import globalLogBeginner  # noqa: E402
 from twisted.web.resource import Resource  # noqa: E402
 from twisted.web.server import Site  # noqa: E402
 
-from gorge.logging import make_observer  # noqa: E402
+from gorge.log.output import make_observer  # noqa: E402
 from gorge.taskqueue.model import EnqueueRequest, Task  # noqa: E402
 
 try:

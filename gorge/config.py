@@ -2,7 +2,7 @@
 
 Nothing else in gorge reads ``os.environ``: each service's ``makeService``
 hands the environment to an :class:`Env` and builds its settings from it. The
-first bad value raises :class:`ConfigError`, which ``gorge.service`` turns
+first bad value raises :class:`ConfigError`, which ``gorge.app.twistd`` turns
 into one line on stderr and exit status 2.
 """
 
@@ -13,6 +13,8 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from twisted.logger import LogLevel
 
 __all__ = [
     "ConfigError",
@@ -111,6 +113,25 @@ def parse_listen_addr(addr: str) -> str:
     if not re.fullmatch(r"[0-9A-Za-z.\-]+", host):
         raise ValueError(f"not a host:port listen address: {addr!r}")
     return f"tcp:{port}:interface={host}"
+
+
+_LOG_LEVELS = {
+    "debug": LogLevel.debug,
+    "info": LogLevel.info,
+    "warn": LogLevel.warn,
+    "warning": LogLevel.warn,
+    "error": LogLevel.error,
+    "critical": LogLevel.critical,
+}
+
+
+def parse_level(text: str) -> LogLevel:
+    try:
+        return _LOG_LEVELS[text.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown log level {text!r} (accepted: debug, info, warn, error)"
+        ) from None
 
 
 class Env:
@@ -245,10 +266,6 @@ def _logs_at(level_text: str, wanted: str) -> bool:
     """Whether ``GORGE_LOG_LEVEL`` prints lines of level ``wanted``; a bad
     value counts as yes (the log observer refuses it at start-up with its own
     message)."""
-    from twisted.logger import LogLevel
-
-    from gorge.logging import parse_level  # imported here: gorge.logging imports this module
-
     try:
         return parse_level(level_text) <= LogLevel.levelWithName(wanted)
     except ValueError:

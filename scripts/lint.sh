@@ -2,7 +2,8 @@
 # Lint, format and type checks: ./scripts/lint.sh
 # ruff (lint and format, configured in pyproject.toml) over the whole tree,
 # mypy (with the zope.interface plugin) over the package and the twistd
-# plugins. Any finding fails. Expects the [test] extra in the venv;
+# plugins, and import-linter's layer contract ([tool.importlinter]). Any
+# finding fails. Expects the [test] extra in the venv;
 # ./scripts/test.sh installs it and runs this before the suite.
 set -euo pipefail
 
@@ -13,3 +14,4 @@ cd "$ROOT"
 "$VENV/bin/ruff" check --no-cache .
 "$VENV/bin/ruff" format --check --no-cache .
 "$VENV/bin/mypy" --no-incremental
+"$VENV/bin/lint-imports" --no-cache

@@ -13,7 +13,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from tests.support.contract import (
     MISSING,
     Answer,

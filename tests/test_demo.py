@@ -18,7 +18,7 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from gorge.cli import build_parser
+from gorge.cli.main import build_parser
 from gorge.demo.handlers import FailOnce, Observed, YieldOnce
 from gorge.demo.progress import summary_table
 from gorge.demo.receiver import ReceiverPath, build_receiver, signature_of

@@ -70,3 +70,45 @@ def test_the_rule_notices_a_crossing(tmp_path):
         "gorge.taskqueue.store.TaskStore",
         "gorge.web",
     }
+
+
+def _lint_imports(config: Path) -> int:
+    # In a process of its own: import-linter reads the modules it is given
+    # from a clean interpreter, not the one pytest has filled.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from importlinter.cli import lint_imports_command; lint_imports_command()",
+            "--config",
+            str(config),
+            "--no-cache",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode
+
+
+def test_the_import_linter_contract_holds():
+    # The contract in pyproject.toml: each layer imports only from the ones
+    # below it, and the services not from one another.
+    assert _lint_imports(REPO_ROOT / "pyproject.toml") == 0
+
+
+def test_the_contract_would_catch_an_arrow_the_wrong_way(tmp_path):
+    # The same layers with log put above app: app's imports of log now break
+    # the rule, so a contract that could not fail would be caught here.
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    swapped = text.replace(
+        '    "gorge.app",\n    "gorge.log",\n', '    "gorge.log",\n    "gorge.app",\n'
+    )
+    assert swapped != text
+    config = tmp_path / "pyproject.toml"
+    config.write_text(swapped)
+    assert _lint_imports(config) == 1

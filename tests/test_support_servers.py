@@ -247,7 +247,7 @@ def test_redis_is_loopback_only_and_persists_nothing(redis_server):
 
 @pytest.mark.integration
 def test_redis_settings_point_at_the_server(redis_server):
-    from gorge.redis import RedisSettings
+    from gorge.db.redis import RedisSettings
 
     settings = redis_server.settings(db=3)
     assert isinstance(settings, RedisSettings)

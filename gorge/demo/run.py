@@ -49,7 +49,7 @@ from gorge.demo.seed import (
 from gorge.demo.services import DemoSettings, DemoStack, build_stack, demo_settings
 from gorge.demo.smtp import SinkFactory, SmtpSink
 from gorge.demo.state import RESULT_NAMES, DemoState
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 log = Logger()
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
+from gorge.client.exchange import exchange
+from gorge.db import Database
 from gorge.demo.handlers import FAIL_ONCE_CLASS, YIELD_ONCE_CLASS
-from gorge.httpclient import exchange
-from gorge.sql import Database
 from gorge.taskqueue.model import (
     PRIORITY_ALERTS,
     PRIORITY_BULK,

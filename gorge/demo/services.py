@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from twisted.application.service import IService
 
+from gorge.app.tree import ServiceTree
 from gorge.config import HttpSettings, MySQLSettings, parse_listen_addr
 from gorge.demo.handlers import (
     FAIL_ONCE_CLASS,
@@ -29,7 +30,6 @@ from gorge.demo.seed import Endpoint
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.service import build_mailer_service
 from gorge.mailer.settings import MailerSettings
-from gorge.service import ServiceTree
 from gorge.taskqueue.service import build_taskqueue_service
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.taskqueue.sqlite import SQLiteTaskStore

@@ -1,5 +1,5 @@
 """HTTP API of gorge-mailer: the Klein resource that
-``gorge.web.build_site`` mounts under ``/api/mailer/`` behind the token gate
+``gorge.web.site.build_site`` mounts under ``/api/mailer/`` behind the token gate
 and the 10 MiB body limit."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 from klein import Klein
 from twisted.python.failure import Failure
 
-from gorge.logger import Logger
-from gorge.service import InFlight
-from gorge.web import ApiError, OpenApiDocument, add_error_handlers, fail, ok
+from gorge.app.inflight import InFlight
+from gorge.log.logger import Logger
+from gorge.web.envelope import ApiError, add_error_handlers, fail, ok
+from gorge.web.openapi import OpenApiDocument
 
 from .dispatcher import Answer, Dispatch, Dispatcher
 from .message import MessageError, parse_send_body

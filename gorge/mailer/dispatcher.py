@@ -18,7 +18,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import LogLevel
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 from .backends.base import Backend
 from .message import Message

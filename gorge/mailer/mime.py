@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 from urllib.parse import quote
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 from .message import Attachment, Message, encode_words, format_address
 

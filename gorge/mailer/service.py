@@ -14,18 +14,15 @@ from twisted.application.service import IService
 from twisted.internet.task import deferLater
 from twisted.python import usage
 
-from gorge.hangup import ReloadOnHangup
-from gorge.httpclient import make_agent
-from gorge.logger import Logger
-from gorge.service import (
-    ServiceTree,
-    StopBudget,
-    SystemdNotifier,
-    listener,
-    run_make_service,
-    watchdog_heartbeat,
-)
-from gorge.web import build_site
+from gorge.app.hangup import ReloadOnHangup
+from gorge.app.inflight import StopBudget
+from gorge.app.systemd import SystemdNotifier, watchdog_heartbeat
+from gorge.app.tree import ServiceTree
+from gorge.app.twistd import run_make_service
+from gorge.client.agent import make_agent
+from gorge.log.logger import Logger
+from gorge.web.listener import listener
+from gorge.web.site import build_site
 
 from .api import MailerApi
 from .backends import build_backend
@@ -70,7 +67,7 @@ def build_mailer_service(
 ) -> ServiceTree:
     """Build every backend (a ``ConfigError`` here stops start-up) and wire
     the tree. ``listen=False`` leaves out the TCP listener (in-process use
-    through ``gorge.web.stub_client(service.part("site"))``).
+    through ``gorge.web.site.stub_client(service.part("site"))``).
 
     Parts: ``site``, ``api``, ``dispatcher``, ``metrics-registry``.
     """

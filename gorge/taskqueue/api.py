@@ -11,8 +11,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 from twisted.web.resource import Resource
 
-from gorge.logger import Logger
-from gorge.service import InFlight
+from gorge.app.inflight import InFlight
+from gorge.log.logger import Logger
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.model import (
     DEFAULT_LIST_LIMIT,
@@ -41,14 +41,9 @@ from gorge.taskqueue.model import (
 from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, TaskStore
 from gorge.taskqueue.wakeup import MAX_WAIT, LeaseWaiters
-from gorge.web import (
-    ApiError,
-    Handler,
-    OpenApiDocument,
-    add_error_handlers,
-    ok,
-    read_json_object,
-)
+from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
+from gorge.web.openapi import OpenApiDocument
+from gorge.web.site import Handler
 
 log = Logger()
 
@@ -366,7 +361,7 @@ class TaskQueueApi:
 
     def hot_routes(self) -> dict[bytes, Handler]:
         """A worker's calls and enqueue by exact path, for the site to take
-        before Klein (:func:`gorge.web.build_site`)."""
+        before Klein (:func:`gorge.web.site.build_site`)."""
         return {
             b"/api/queue/enqueue": self.enqueue,
             b"/api/queue/lease": self.lease,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.config import MySQLSettings
-from gorge.sql import Engine, MySQLEngine
+from gorge.db import Engine, MySQLEngine
 from gorge.taskqueue.sqlstore import SqlTaskStore
 
 

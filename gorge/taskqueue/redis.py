@@ -39,10 +39,10 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 
-from gorge import redis as gredis
+from gorge.app.inflight import InFlight
 from gorge.config import ConfigError
-from gorge.logger import Logger
-from gorge.service import InFlight
+from gorge.db import redis as gredis
+from gorge.log.logger import Logger
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVE_COLUMNS,

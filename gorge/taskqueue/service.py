@@ -9,24 +9,21 @@ from twisted.application.service import IService
 from twisted.internet.defer import Deferred
 from twisted.python import usage
 
-from gorge.logger import Logger
-from gorge.service import (
-    InFlight,
-    Poller,
-    ServiceTree,
-    StopBudget,
-    SystemdNotifier,
-    listener,
-    run_make_service,
-)
-from gorge.sql.metrics import TransactionMetrics
+from gorge.app.inflight import InFlight, StopBudget
+from gorge.app.poller import Poller
+from gorge.app.systemd import SystemdNotifier
+from gorge.app.tree import ServiceTree
+from gorge.app.twistd import run_make_service
+from gorge.db.sqlmetrics import TransactionMetrics
+from gorge.log.logger import Logger
 from gorge.taskqueue.api import WORKER_PATHS, TaskQueueApi
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.settings import TaskQueueSettings, load_settings
 from gorge.taskqueue.sqlstore import SqlTaskStore
 from gorge.taskqueue.store import TaskStore
 from gorge.taskqueue.wakeup import LeaseWaiters
-from gorge.web import build_site
+from gorge.web.listener import listener
+from gorge.web.site import build_site
 
 log = Logger()
 

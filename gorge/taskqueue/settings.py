@@ -13,7 +13,7 @@ from gorge.config import (
     load_http_settings,
     load_mysql_tls,
 )
-from gorge.redis import RedisSettings, parse_redis_addr
+from gorge.db.redis import RedisSettings, parse_redis_addr
 from gorge.taskqueue.model import DEFAULT_LEASE_DURATION, DEFAULT_RETRY_WAIT, UINT32_MAX
 
 DEFAULT_LISTEN = ":8090"

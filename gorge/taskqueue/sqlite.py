@@ -8,7 +8,7 @@ import sqlite3
 from twisted.enterprise import adbapi
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.sql import SQLiteEngine
+from gorge.db import SQLiteEngine
 from gorge.taskqueue.sqlstore import SqlTaskStore
 
 # Same tables, columns and keys as schema/phabricator_worker.sql; nobody else

@@ -3,9 +3,9 @@
 The statements are written once, in MySQL's spelling with ``%s``
 placeholders; everything that differs between the two databases (placeholder
 style, the lisk_counter upsert, row locks, transaction start, which errors
-are worth a retry) is the engine's (gorge/sql/engine.py), so the methods
+are worth a retry) is the engine's (gorge/db/engine.py), so the methods
 below have no per-backend branches. Every transaction runs through
-:meth:`gorge.sql.Database.run`, named after the store method.
+:meth:`gorge.db.database.Database.run`, named after the store method.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 
-from gorge.logger import Logger
-from gorge.service import InFlight
-from gorge.sql import Database, Engine
+from gorge.app.inflight import InFlight
+from gorge.db import Database, Engine
+from gorge.log.logger import Logger
 from gorge.taskqueue.counts import TaskCounts
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,

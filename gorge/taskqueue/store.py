@@ -33,7 +33,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.taskqueue.model import (
     REPORT_COMPLETE,
     REPORT_FAIL,

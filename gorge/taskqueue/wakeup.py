@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import LogLevel
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 log = Logger()
 

@@ -60,7 +60,7 @@ class RedisServer(ThrowawayServer):
 
     def settings(self, db: int = 0):
         """``gorge.redis.RedisSettings`` for this server."""
-        from gorge.redis import RedisSettings
+        from gorge.db.redis import RedisSettings
 
         return RedisSettings(host=self.host, port=self.port, db=db)
 

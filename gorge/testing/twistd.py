@@ -13,7 +13,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 # Exactly what the twistd console script runs.
 TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 # How the systemd units run a daemon.
-DAEMON_ARGS = ["--nodaemon", "--pidfile=", "--logger=gorge.logging.observer_from_env"]
+DAEMON_ARGS = ["--nodaemon", "--pidfile=", "--logger=gorge.log.output.observer_from_env"]
 
 
 def daemon_environ(extra: Mapping[str, str] = {}, *, drop: tuple[str, ...] = ()) -> dict[str, str]:

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 from klein import Klein
 
-from gorge.web import ApiError, OpenApiDocument, add_error_handlers, ok, read_json_object
+from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
+from gorge.web.openapi import OpenApiDocument
 from gorge.webhook.deliverylog import DeliveryLog, NotReplayable
 from gorge.webhook.store import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, RESULT_OKAY, SENT, Stats
 

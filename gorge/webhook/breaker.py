@@ -15,7 +15,7 @@ from typing import Protocol
 
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.webhook.metrics import WebhookMetrics
 
 log = Logger()

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.webhook import payload
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.store import NotReplayable, Replay, RequestRow, WebhookStore

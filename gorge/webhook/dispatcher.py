@@ -26,9 +26,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import LogLevel
 
-from gorge import mysql as platform_mysql
-from gorge.logger import Logger
-from gorge.service import InFlight
+from gorge.app.inflight import InFlight
+from gorge.db import mysql as platform_mysql
+from gorge.log.logger import Logger
 from gorge.webhook import payload, retryafter
 from gorge.webhook.batching import Coalescer
 from gorge.webhook.breaker import Breaker

@@ -1,5 +1,5 @@
 """The webhook's delivery POSTs: request bytes as Twisted's Agent wrote them,
-sent over connections kept per origin (:mod:`gorge.keepalive`) to the
+sent over connections kept per origin (:mod:`gorge.client.keepalive`) to the
 address the URI policy checked.
 """
 
@@ -16,8 +16,8 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.internet.ssl import optionsForClientTLS
 
-from gorge.httpclient import Reply
-from gorge.keepalive import ConnectionPool, host_line
+from gorge.client.exchange import Reply
+from gorge.client.keepalive import ConnectionPool, host_line
 from gorge.webhook.uripolicy import Target
 
 __all__ = ["Poster", "request_bytes"]

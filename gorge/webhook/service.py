@@ -10,18 +10,16 @@ from twisted.application.service import IService
 from twisted.internet.defer import Deferred
 from twisted.python import usage
 
+from gorge.app.inflight import StopBudget
+from gorge.app.poller import Poller
+from gorge.app.systemd import SystemdNotifier
+from gorge.app.tree import ServiceTree
+from gorge.app.twistd import run_make_service
 from gorge.config import Env
-from gorge.logger import Logger
-from gorge.service import (
-    Poller,
-    ServiceTree,
-    StopBudget,
-    SystemdNotifier,
-    listener,
-    run_make_service,
-)
-from gorge.sql.metrics import TransactionMetrics
-from gorge.web import build_site
+from gorge.db.sqlmetrics import TransactionMetrics
+from gorge.log.logger import Logger
+from gorge.web.listener import listener
+from gorge.web.site import build_site
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.deliverylog import DeliveryLog

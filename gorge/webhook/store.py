@@ -13,9 +13,9 @@ only primary-key ranges above the last id seen, rows by id, one block of ids
 at a time for the background recount, and ``key_ratelimit`` for the breaker
 (docs/webhook.md, "Polling").
 
-The SQL is written once, in MySQL's spelling; the engine (gorge/sql/engine.py)
+The SQL is written once, in MySQL's spelling; the engine (gorge/db/engine.py)
 adapts it to SQLite for the demo, and every read or write runs through
-:meth:`gorge.sql.Database.run`, named after what it does.
+:meth:`gorge.db.database.Database.run`, named after what it does.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from twisted.internet.defer import Deferred, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.config import MySQLSettings
-from gorge.logger import Logger
-from gorge.sql import Database
+from gorge.db import Database
+from gorge.log.logger import Logger
 from gorge.webhook.queueview import BLOCK, Counts, QueueView, Seen, SweepStep, block_of
 
 log = Logger()

@@ -13,12 +13,7 @@ from urllib.parse import urljoin
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 
-from gorge.httpclient import (
-    BodyCutShort,
-    Cause,
-    classify,
-    leaf_reasons,
-)
+from gorge.client.failure import BodyCutShort, Cause, classify, leaf_reasons
 from gorge.webhook.payload import ERROR_TYPE_HTTP, ERROR_TYPE_TIMEOUT
 from gorge.webhook.poster import Poster, request_bytes
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused

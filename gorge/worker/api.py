@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from klein import Klein
 
-from gorge.web import OpenApiDocument, add_error_handlers, ok
+from gorge.web.envelope import add_error_handlers, ok
+from gorge.web.openapi import OpenApiDocument
 
 
 class WorkerApi:

@@ -22,8 +22,9 @@ from urllib.parse import urlencode
 from twisted.internet.defer import CancelledError, DeferredSemaphore
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.httpclient import Cause, Reply, TransportFailure, exchange
-from gorge.logger import Logger
+from gorge.client.exchange import Reply, exchange
+from gorge.client.failure import Cause, TransportFailure
+from gorge.log.logger import Logger
 
 log = Logger()
 

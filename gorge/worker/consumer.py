@@ -21,8 +21,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import LogLevel
 
-from gorge.logger import Logger
-from gorge.service import InFlight
+from gorge.app.inflight import InFlight
+from gorge.log.logger import Logger
 from gorge.worker.lease import LeaseGuard, LeaseKeeper, LeaseLost
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.outcome import Completed, Outcome, classify

@@ -15,7 +15,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.worker.queueclient import CALL_TIMEOUT, QueueError
 
 log = Logger()

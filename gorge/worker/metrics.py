@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from gorge.metric import Counter, Gauge, Histogram
+from gorge.log.metric import Counter, Gauge, Histogram
 
 
 class WorkerMetrics:

@@ -1,7 +1,7 @@
 """HTTP client of gorge-taskqueue: lease, renew, complete, fail, yield.
 
 Every call is one POST (over :class:`~gorge.worker.queuewire.QueueWire`'s
-kept-alive connections, or one :func:`gorge.httpclient.exchange` over an
+kept-alive connections, or one :func:`gorge.client.exchange.exchange` over an
 injected agent): bounded for the whole exchange (headers and body) on the
 injected clock, its answer read up to a size cap, never following
 redirects; it succeeds only for a 2xx JSON object without an ``error``.
@@ -22,8 +22,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgent
 
-from gorge.httpclient import Cause, Reply, TransportFailure, encode_url, exchange
-from gorge.logger import Logger
+from gorge.client.exchange import Reply, encode_url, exchange
+from gorge.client.failure import Cause, TransportFailure
+from gorge.log.logger import Logger
 from gorge.worker.queueerror import QueueError
 from gorge.worker.queuewire import QueueWire
 from gorge.worker.reports import FOLLOWUP_BATCH_BYTES, REPORT_PATH, ReportBatcher
@@ -173,7 +174,7 @@ class QueueClient:
         self, path: str, payload: bytes, fenced: bool, limit: float, answer_limit: int
     ) -> Reply:
         """The POST, over the kept connections or through the agent; both raise
-        :class:`~gorge.httpclient.TransportFailure` alike."""
+        :class:`~gorge.client.failure.TransportFailure` alike."""
         # ``fenced``: the call names the lease owner (the lease, and every
         # report, so a queue that fences refuses a report from a worker whose
         # lease was taken over: 409).

@@ -1,5 +1,5 @@
 """The queue calls on the wire: POSTs to gorge-taskqueue over kept-alive
-connections (:mod:`gorge.keepalive`), each request's head built once per path.
+connections (:mod:`gorge.client.keepalive`), each request's head built once per path.
 
 A worker makes a lease or report call for every few tasks; through Twisted's
 ``Agent`` each cost about 0.7 ms of CPU, as much as running a batch of no-op
@@ -19,8 +19,9 @@ from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.web.client import BrowserLikePolicyForHTTPS
 
-from gorge.httpclient import Cause, ExchangeCancelled, Reply, TransportFailure
-from gorge.keepalive import ConnectionPool, host_line
+from gorge.client.exchange import Reply
+from gorge.client.failure import Cause, ExchangeCancelled, TransportFailure
+from gorge.client.keepalive import ConnectionPool, host_line
 
 __all__ = ["QueueWire"]
 
@@ -67,9 +68,9 @@ class QueueWire:
         """One exchange within ``timeout`` seconds on ``clock``, the answer's body
         kept up to ``keep`` bytes.
 
-        Raises :class:`~gorge.httpclient.TransportFailure` as
-        :func:`gorge.httpclient.exchange` does: ``DEADLINE`` when the time ran
-        out, :class:`~gorge.httpclient.ExchangeCancelled` when the caller
+        Raises :class:`~gorge.client.failure.TransportFailure` as
+        :func:`gorge.client.exchange.exchange` does: ``DEADLINE`` when the time ran
+        out, :class:`~gorge.client.failure.ExchangeCancelled` when the caller
         cancelled.
         """
         request = head + b"%d\r\n\r\n" % len(body) + body

@@ -27,7 +27,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.worker.queueerror import QueueError
 
 log = Logger()

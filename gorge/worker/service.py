@@ -17,12 +17,15 @@ from twisted.internet.defer import Deferred, TimeoutError
 from twisted.internet.interfaces import IDelayedCall
 from twisted.python import usage
 
+from gorge.app.hangup import ReloadOnHangup
+from gorge.app.poller import Poller
+from gorge.app.tree import ServiceTree
+from gorge.app.twistd import run_make_service
+from gorge.client.agent import make_agent
 from gorge.config import ConfigError
-from gorge.hangup import ReloadOnHangup
-from gorge.httpclient import make_agent
-from gorge.logger import Logger
-from gorge.service import Poller, ServiceTree, listener, run_make_service
-from gorge.web import build_site
+from gorge.log.logger import Logger
+from gorge.web.listener import listener
+from gorge.web.site import build_site
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient, DelegationPause
 from gorge.worker.consumer import Consumer, DelegationGate, LoopSettings
@@ -475,7 +478,7 @@ def makeService(options) -> tservice.IService:
     def build() -> tservice.IService:
         from twisted.internet import reactor
 
-        from gorge.service import SystemdNotifier
+        from gorge.app.systemd import SystemdNotifier
 
         settings = load_worker_settings(os.environ, listen_override=options["listen"])
         if settings.phorge_root:

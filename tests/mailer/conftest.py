@@ -14,7 +14,7 @@ from twisted.internet.task import LoopingCall
 from gorge.mailer.message import Message, parse_send_request
 from gorge.mailer.service import build_mailer_service
 from gorge.mailer.settings import load_mailer_settings
-from gorge.web import stub_client
+from gorge.web.site import stub_client
 from tests.support.logcapture import logged_events
 
 TOKEN = "contract-token"

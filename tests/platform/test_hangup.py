@@ -10,7 +10,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from gorge.hangup import ReloadOnHangup
+from gorge.app.hangup import ReloadOnHangup
 from tests.support.logcapture import first_event
 
 

@@ -22,16 +22,9 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from gorge.hotpath import MAX_HEAD, HotChannel
-from gorge.web import (
-    ApiError,
-    GorgeChannel,
-    GorgeHotChannel,
-    add_error_handlers,
-    build_site,
-    ok,
-    read_json_object,
-)
+from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
+from gorge.web.hotchannel import MAX_HEAD, HotChannel
+from gorge.web.site import GorgeChannel, GorgeHotChannel, build_site
 from tests.support.logcapture import logged_events
 
 TOKEN = "hot-token"

@@ -1,4 +1,4 @@
-"""gorge.httpclient: one quiet pool per service, one bounded exchange."""
+"""gorge.client.exchange: one quiet pool per service, one bounded exchange."""
 
 import pytest
 import pytest_twisted
@@ -23,18 +23,9 @@ from twisted.web.client import (
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from gorge.httpclient import (
-    BodyCutShort,
-    Cause,
-    ExchangeCancelled,
-    OneShotBody,
-    QuietEndpoint,
-    TransportFailure,
-    classify,
-    exchange,
-    make_agent,
-    make_pool,
-)
+from gorge.client.agent import QuietEndpoint, make_agent, make_pool
+from gorge.client.exchange import OneShotBody, exchange
+from gorge.client.failure import BodyCutShort, Cause, ExchangeCancelled, TransportFailure, classify
 from tests.mailer.smtpserver import make_certificate
 from tests.support.logcapture import logged_events
 from tests.support.memoryhttp import MemoryHttp
@@ -168,7 +159,7 @@ async def test_a_body_written_before_the_tls_handshake_is_not_handed_over(reacto
         await body.started.addTimeout(10, reactor)
         await heard.addTimeout(10, reactor)  # the ClientHello arrived, nothing more will
         # If this fails after a Twisted upgrade, LengthEnforcingConsumer no
-        # longer keeps the transport in _consumer: see gorge.httpclient._transport_under.
+        # longer keeps the transport in _consumer: see gorge.client.exchange._transport_under.
         assert body.handed_over is False, "the TLS transport under the Agent's consumer was lost"
     finally:
         request.cancel()
@@ -422,7 +413,7 @@ def test_our_deadline_is_told_from_any_other_cancel():
 def test_the_agent_builds_one_endpoint_per_origin():
     from twisted.web.client import URI
 
-    from gorge.httpclient import ENDPOINT_CACHE_SIZE, _Endpoints
+    from gorge.client.agent import ENDPOINT_CACHE_SIZE, _Endpoints
 
     endpoints = _Endpoints(MemoryReactorClock(), 5)
 

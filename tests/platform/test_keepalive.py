@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from twisted.internet import error
 from twisted.python.failure import Failure
 
-from gorge.httpclient import BodyTooLarge, Cause, TransportFailure
-from gorge.keepalive import MalformedResponse, ResponseParser
+from gorge.client.failure import BodyTooLarge, Cause, TransportFailure
+from gorge.client.keepalive import MalformedResponse, ResponseParser
 
 # -- the parser ---------------------------------------------------------------
 

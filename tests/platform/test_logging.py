@@ -10,8 +10,9 @@ from twisted.logger import Logger as TwistedLogger  # noqa: TID251 - the referen
 from twisted.logger import LogLevel, LogPublisher
 
 from gorge.config import ConfigError
-from gorge.logger import Logger
-from gorge.logging import make_observer, redact_uri, request_id_var, scrub
+from gorge.log.logger import Logger
+from gorge.log.output import make_observer, request_id_var
+from gorge.log.redaction import redact_uri, scrub
 
 
 def _emit(environ, fn):

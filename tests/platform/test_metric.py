@@ -1,6 +1,6 @@
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gorge.metric import Counter, Gauge, Histogram
+from gorge.log.metric import Counter, Gauge, Histogram
 
 
 def test_labels_answer_the_same_child_and_count_into_one_series():

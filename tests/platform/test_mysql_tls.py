@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from gorge.config import ConfigError, MySQLSettings
-from gorge.mysql import make_pool
+from gorge.db.mysql import make_pool
 from gorge.taskqueue.settings import load_settings
 from gorge.testing.mariadb_server import MariaDBServer
 from gorge.webhook.settings import load_webhook_settings

@@ -17,7 +17,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 
 from gorge.mailer.api import MailerApi
 from gorge.taskqueue.api import TaskQueueApi
-from gorge.web import OpenApiDocument
+from gorge.web.openapi import OpenApiDocument
 from gorge.webhook.api import WebhookApi
 from gorge.worker.api import WorkerApi
 from tests.support.paths import REPO_ROOT

@@ -7,7 +7,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.web.resource import Resource
 
-from gorge.web import build_site
+from gorge.web.site import build_site
 from tests.support.logcapture import logged_events
 
 

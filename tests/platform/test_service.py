@@ -12,18 +12,13 @@ from twisted.internet.error import CannotListenError
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from gorge.app.inflight import InFlight
+from gorge.app.poller import Poller
+from gorge.app.systemd import SystemdNotifier
+from gorge.app.tree import DaemonRoot, FunctionService, OrderedService, ServiceTree
+from gorge.app.twistd import run_make_service
 from gorge.config import ConfigError
-from gorge.service import (
-    DaemonRoot,
-    FunctionService,
-    InFlight,
-    OrderedService,
-    Poller,
-    ServiceTree,
-    SystemdNotifier,
-    listener,
-    run_make_service,
-)
+from gorge.web.listener import listener
 
 
 class Recorder(Service):
@@ -378,7 +373,7 @@ def test_systemd_notifier_without_socket_is_silent():
 
 
 def test_watchdog_heartbeat_pings_while_the_reactor_turns():
-    from gorge.service import watchdog_heartbeat
+    from gorge.app.systemd import watchdog_heartbeat
 
     fake = NotifySocket()
     try:

@@ -1,4 +1,4 @@
-"""gorge.sql: one retry policy and one deadline for every store, and the two engines.
+"""gorge.db: one retry policy and one deadline for every store, and the two engines.
 
 The policy is checked with pools that answer as scripted (a deadlock cannot
 be staged on demand); the engines against a real SQLite file and the
@@ -18,15 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from twisted.internet import defer, task
 from twisted.internet.defer import Deferred
 
-from gorge.sql import (
-    ATTEMPTS,
-    DEADLINE,
-    Database,
-    MySQLEngine,
-    SQLiteEngine,
-    TransactionTimeout,
-)
-from gorge.sql.metrics import TransactionMetrics
+from gorge.db import ATTEMPTS, DEADLINE, Database, MySQLEngine, SQLiteEngine, TransactionTimeout
+from gorge.db.sqlmetrics import TransactionMetrics
 from tests.support.logcapture import logged_events
 
 LOCKED = sqlite3.OperationalError("database is locked")

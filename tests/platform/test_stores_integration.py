@@ -6,10 +6,10 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from gorge.config import MySQLSettings
-from gorge.mysql import is_transient, make_pool
-from gorge.redis import LuaScript, RedisSettings, make_redis
-from gorge.redis import ping as redis_ping
-from gorge.sql import MySQLEngine
+from gorge.db import MySQLEngine
+from gorge.db.mysql import is_transient, make_pool
+from gorge.db.redis import LuaScript, RedisSettings, make_redis
+from gorge.db.redis import ping as redis_ping
 
 pytestmark = pytest.mark.integration
 

@@ -1,11 +1,11 @@
-"""gorge.web.stub_client reaches the Site treq's StubTreq builds, through the
+"""gorge.web.site.stub_client reaches the Site treq's StubTreq builds, through the
 one private name it uses (``_agent._serverFactory``): this fails loudly if a
 new treq renames it."""
 
 from twisted.web import server
 from twisted.web.resource import Resource
 
-from gorge.web import stub_client
+from gorge.web.site import stub_client
 
 
 class Echo(Resource):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 SERVICES = ("gorge-webhook", "gorge-mailer", "gorge-taskqueue", "gorge-worker")
 PLAIN = ("--nodaemon", "--pidfile=")
-WITH_LOGGER = (*PLAIN, "--logger=gorge.logging.observer_from_env")
+WITH_LOGGER = (*PLAIN, "--logger=gorge.log.output.observer_from_env")
 
 # The mailer names an option its backend does not read at debug level, while
 # it builds its tree: a debug line every run produces, before twistd has
@@ -100,3 +100,11 @@ async def test_logger_option_still_works_and_prints_each_line_once(tmp_path):
     assert len(named(lines, DEBUG_EVENT)) == 1
     assert len(named(lines, "MAILER_STARTED")) == 1
     assert len(named(lines, "starting on")) == 1
+
+
+def test_the_old_logger_name_still_names_the_same_observer():
+    # Units written before the log layer moved name gorge.logging.
+    from gorge.log.output import observer_from_env
+    from gorge.logging import observer_from_env as alias
+
+    assert alias is observer_from_env

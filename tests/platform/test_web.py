@@ -12,15 +12,8 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.logger import LogLevel
 
-from gorge.web import (
-    ApiError,
-    add_error_handlers,
-    build_site,
-    fail,
-    ok,
-    read_json_object,
-    stub_client,
-)
+from gorge.web.envelope import ApiError, add_error_handlers, fail, ok, read_json_object
+from gorge.web.site import build_site, stub_client
 from tests.support.logcapture import logged_events
 
 LIMIT = 1024
@@ -442,6 +435,6 @@ def test_a_body_means_what_json_says_it_means_whatever_its_encoding(raw):
 
 
 def _replace_lone_surrogates(value):
-    from gorge.web import _replace_surrogates
+    from gorge.web.envelope import _replace_surrogates
 
     return _replace_surrogates(value)

@@ -1,7 +1,7 @@
 """The contract-fixture runner, shared by the domain tests.
 
 A domain seeds its store, builds its real site and hands a StubTreq client
-for it (``gorge.web.stub_client(site)``) to :func:`replay` with one fixture
+for it (``gorge.web.site.stub_client(site)``) to :func:`replay` with one fixture
 file; everything about the fixture format and the assertion vocabulary
 lives here so that every domain reads the fixtures the same way.
 """

@@ -44,14 +44,14 @@ def open_sqlite_store(path, clock):
 def open_mysql_store(mariadb, database, clock):
     from twisted.internet import reactor
 
-    from gorge.mysql import make_pool
+    from gorge.db.mysql import make_pool
     from gorge.taskqueue.mysql import MySQLTaskStore
 
     return MySQLTaskStore(make_pool(mariadb.settings(database), reactor), clock, reactor=reactor)
 
 
 def open_redis_store(redis_server, prefix, clock):
-    from gorge.redis import make_redis
+    from gorge.db.redis import make_redis
     from gorge.taskqueue.redis import RedisTaskStore
 
     return RedisTaskStore(make_redis(redis_server.settings()), clock=clock, key_prefix=prefix)

@@ -10,7 +10,7 @@ from twisted.internet.defer import Deferred
 from gorge.config import HttpSettings
 from gorge.taskqueue.service import build_taskqueue_service
 from gorge.taskqueue.settings import TaskQueueSettings
-from gorge.web import stub_client
+from gorge.web.site import stub_client
 from tests.support.stubpump import pumped
 
 TOKEN = "contract-token"

@@ -308,7 +308,7 @@ def test_migrate_usage_and_settings_errors(tmp_path):
 def test_until_accepts_epochs_relative_times_and_iso_dates():
     from argparse import ArgumentTypeError
 
-    from gorge.taskqueue.cli import parse_when
+    from gorge.cli.queue import parse_when
 
     now = 1_795_947_000.7
     assert parse_when("now", now) == 1_795_947_000

@@ -18,7 +18,7 @@ from gorge.taskqueue.model import (
     Report,
 )
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound
-from gorge.web import ApiError
+from gorge.web.envelope import ApiError
 from tests.taskqueue.conftest import T0
 from tests.taskqueue.helpers import Client
 

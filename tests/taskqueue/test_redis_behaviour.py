@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer, task
 
-from gorge.redis import RedisSettings, make_redis
+from gorge.db.redis import RedisSettings, make_redis
 from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import UINT32_MAX, EnqueueRequest, InvalidArgument
 from gorge.taskqueue.redis import RedisTaskStore

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from twisted.internet import task
 
 from gorge.config import ConfigError
-from gorge.redis import RedisSettings, make_redis
+from gorge.db.redis import RedisSettings, make_redis
 from gorge.taskqueue.model import EnqueueRequest
 from gorge.taskqueue.redis import Keys, RedisTaskStore, hash_tag, key_base, make_redis_task_store
 

@@ -12,7 +12,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import task
 
-from gorge.redis import make_redis
+from gorge.db.redis import make_redis
 from gorge.taskqueue.model import (
     RESULT_CANCELLED,
     RESULT_FAILURE,

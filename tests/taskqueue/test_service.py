@@ -125,7 +125,7 @@ async def test_make_service_connects_nowhere(monkeypatch):
 async def test_readyz_is_503_until_the_database_exists_then_200(mariadb):
     from twisted.internet import reactor
 
-    from gorge.mysql import make_pool
+    from gorge.db.mysql import make_pool
     from gorge.taskqueue.mysql import MySQLTaskStore
 
     name = f"t_late_{id(reactor) % 100000}_worker"
@@ -298,7 +298,7 @@ async def test_readyz_does_not_check_the_tables(mariadb, worker_db):
     """A database without Phorge's tables yet is ready; only real calls fail."""
     from twisted.internet import reactor
 
-    from gorge.mysql import make_pool
+    from gorge.db.mysql import make_pool
     from gorge.taskqueue.mysql import MySQLTaskStore
 
     name = worker_db + "_empty"

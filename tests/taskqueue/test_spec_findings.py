@@ -120,7 +120,7 @@ async def test_a_client_hanging_up_is_not_a_backend_failure(memory_store, clock)
     from twisted.python.failure import Failure
     from twisted.web.test.requesthelper import DummyRequest
 
-    from gorge.web import DirectRoutes
+    from gorge.web.site import DirectRoutes
 
     gate: Deferred = Deferred()
 

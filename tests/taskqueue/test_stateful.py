@@ -110,7 +110,7 @@ class _Reset:
         self._request = request
         self._reactor = reactor
         if backend == "mysql":
-            from gorge.mysql import make_pool
+            from gorge.db.mysql import make_pool
 
             mariadb = request.getfixturevalue("mariadb")
             self._pool = make_pool(mariadb.settings(mariadb.create_database("worker")), reactor)
@@ -120,7 +120,7 @@ class _Reset:
             path = request.getfixturevalue("tmp_path") / "stateful.sqlite3"
             self._pool = make_sqlite_pool(str(path), reactor)
         else:
-            from gorge.redis import make_redis
+            from gorge.db.redis import make_redis
 
             self._redis_server = request.getfixturevalue("redis_server")
             self._conn = make_redis(self._redis_server.settings())

@@ -201,7 +201,7 @@ async def test_the_verbs_against_a_running_daemon(
 def test_since_and_until_take_past_relative_times():
     from argparse import ArgumentTypeError
 
-    from gorge.cmdline import parse_when
+    from gorge.cli.command import parse_when
 
     now = 1_795_947_000.5
     assert [

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from twisted.internet import reactor
 
 from gorge.config import HttpSettings, MySQLSettings
-from gorge.web import stub_client
+from gorge.web.site import stub_client
 from gorge.webhook.service import build_webhook_service
 from gorge.webhook.store import WebhookStore
 from tests.support.contract import CONTRACT_TOKEN, crashes, fixture_files, replay

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from twisted.internet import task
 from twisted.internet.defer import Deferred, fail, succeed
 
-from gorge.sql import Database, SQLiteEngine
+from gorge.db import Database, SQLiteEngine
 from gorge.webhook import queueview
 from gorge.webhook import store as store_module
 from gorge.webhook.queueview import QueueView, Seen

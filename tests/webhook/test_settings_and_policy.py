@@ -287,7 +287,7 @@ def test_a_listener_that_cannot_bind_exits_1_before_polling():
                 "from twisted.scripts.twistd import run; run()",
                 "--nodaemon",
                 "--pidfile=",
-                "--logger=gorge.logging.observer_from_env",
+                "--logger=gorge.log.output.observer_from_env",
                 "gorge-webhook",
             ],
             cwd=REPO_ROOT,

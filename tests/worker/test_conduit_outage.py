@@ -17,7 +17,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.web.iweb import IAgent
 from zope.interface import implementer
 
-from gorge.httpclient import Cause, TransportFailure
+from gorge.client.failure import Cause, TransportFailure
 from gorge.worker.conduit import (
     ConduitClient,
     ConduitError,

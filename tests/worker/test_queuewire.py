@@ -7,7 +7,7 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred
 
-from gorge.httpclient import Cause, ExchangeCancelled, TransportFailure
+from gorge.client.failure import Cause, ExchangeCancelled, TransportFailure
 from gorge.worker.queueclient import QueueClient, QueueEndpoint
 from gorge.worker.queueerror import QueueError
 from gorge.worker.queuewire import QueueWire

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.web.resource import Resource
 
 from gorge.config import ConfigError
-from gorge.web import stub_client
+from gorge.web.site import stub_client
 from gorge.worker import service as worker_service
 from gorge.worker.service import build_worker_service
 from gorge.worker.settings import load_worker_settings

@@ -74,7 +74,7 @@ async def test_sigterm_drains_and_reports_then_exits(reactor, mariadb, worker_db
             "from twisted.scripts.twistd import run; run()",
             "--nodaemon",
             "--pidfile=",
-            "--logger=gorge.logging.observer_from_env",
+            "--logger=gorge.log.output.observer_from_env",
             "gorge-worker",
         ]
         process = reactor.spawnProcess(watch, sys.executable, argv, env=env, path=str(REPO_ROOT))

@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 from .base import Backend, BackendEntry
 

@@ -14,7 +14,7 @@ A backend module (``gorge/mailer/backends/<type>.py``) exposes::
   ``IReactorProcess``. Tests pass a ``task.Clock``/``MemoryReactorClock``
   or the real reactor. Never import the global reactor.
 * ``http_client`` -- the service's one ``IAgent`` (one connection pool
-  per service, see :func:`gorge.httpclient.make_agent`); the provider
+  per service, see :func:`gorge.client.exchange.make_agent`); the provider
   backends send through :func:`gorge.mailer.backends.http.post`, which
   never follows redirects. Non-HTTP backends ignore it.
 

@@ -2,7 +2,7 @@
 
 * :func:`endpoint_url` -- the optional ``endpoint`` option (base URL; plain
   ``http`` for loopback hosts only).
-* :func:`post` -- one bounded POST (:func:`gorge.httpclient.exchange`)
+* :func:`post` -- one bounded POST (:func:`gorge.client.exchange.exchange`)
   through the service's agent: never follows redirects, reads at most
   64 KiB of answer, and raises :class:`PostFailed` with ``submitted``
   telling whether the whole request had been handed to the transport when
@@ -13,7 +13,7 @@
   the JSON receipt it answers with.
 
 Where the line between "not submitted" and "may have been accepted" runs:
-the request body is written by :class:`gorge.httpclient.OneShotBody` in a single call once
+the request body is written by :class:`gorge.client.exchange.OneShotBody` in a single call once
 the connection is up, so "the body producer ran" is the moment the complete
 request was handed over -- for ``https`` only once the TLS handshake has
 also completed, because TLS buffers application bytes until then. A failure
@@ -35,8 +35,9 @@ from urllib.parse import urlsplit
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import ResponseFailed
 
-from gorge.httpclient import Cause, Reply, TransportFailure, exchange
-from gorge.logging import scrub
+from gorge.client.exchange import Reply, exchange
+from gorge.client.failure import Cause, TransportFailure
+from gorge.log.redaction import scrub
 
 from ..outcome import Outcome, parse_retry_after
 from .base import BackendEntry
@@ -63,7 +64,7 @@ class PostFailed(Exception):
         self.reason = reason
 
 
-#: A status line was received (``gorge.httpclient.Reply``). ``body`` is
+#: A status line was received (``gorge.client.exchange.Reply``). ``body`` is
 #: ``None`` when it could not be read in full (reset, deadline, over
 #: :data:`RESPONSE_LIMIT`).
 HttpReply = Reply
@@ -145,7 +146,7 @@ async def post(
     limit: int = RESPONSE_LIMIT,
 ) -> HttpReply:
     """POST ``body`` to ``url`` through the service's agent and return the
-    answer; one :func:`gorge.httpclient.exchange`.
+    answer; one :func:`gorge.client.exchange.exchange`.
 
     ``deadline`` is absolute on ``clock``; the exchange also stops after
     :data:`REQUEST_CAP` seconds and waits at most :data:`HEADERS_TIMEOUT`

@@ -13,7 +13,7 @@ from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 from ..message import Message
 from ..mime import build_mime

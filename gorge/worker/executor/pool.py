@@ -24,7 +24,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall
 
 from gorge.config import ConfigError
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.worker.executor.process import ExecutorFailed, ExecutorProcess, spawn
 
 log = Logger()

@@ -21,7 +21,7 @@ from twisted.internet.error import ProcessDone
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 log = Logger()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 from gorge.worker.conduit import ConduitClient, ConduitError, ConduitNotReached
 from gorge.worker.outcome import (
     MIN_YIELD_SECONDS,

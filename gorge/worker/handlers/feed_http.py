@@ -16,9 +16,10 @@ from urllib.parse import quote_plus
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 
-from gorge.httpclient import Cause, TransportFailure, exchange
-from gorge.logger import Logger
-from gorge.logging import redact_uri
+from gorge.client.exchange import exchange
+from gorge.client.failure import Cause, TransportFailure
+from gorge.log.logger import Logger
+from gorge.log.redaction import redact_uri
 from gorge.worker.outcome import PermanentFailure, RetryLater
 
 log = Logger()

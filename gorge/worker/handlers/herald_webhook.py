@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 log = Logger()
 

@@ -7,7 +7,7 @@ the no-op class benchmarks measure the queue and the worker with.
 
 from __future__ import annotations
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 log = Logger()
 

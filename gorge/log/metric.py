@@ -4,8 +4,7 @@ prometheus_client validates the label names, converts every value and takes
 a lock on each ``labels()`` call; on a path that counts every task that was a
 few percent of a daemon's time. These subclasses remember each child under
 the arguments it was asked for, so only the first call per label set pays.
-Children are never removed here (nothing calls ``remove()`` or ``clear()``).
-"""
+Children are never removed here (nothing calls ``remove()`` or ``clear()``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Redis access through txredisapi, imported lazily.
 
 txredisapi binds the global reactor when it is imported, so nothing imports
-it at module level: :func:`make_redis` does, from ``makeService`` or a test.
-"""
+it at module level: :func:`make_redis` does, from ``makeService`` or a test."""
 
 from __future__ import annotations
 

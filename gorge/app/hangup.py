@@ -2,8 +2,7 @@
 
 A daemon reads the files it consults while running (the worker's feed
 policy, the mailer's sendmail binary) once at start-up, never on the reactor
-thread for each task or send; ``kill -HUP`` makes it read them again.
-"""
+thread for each task or send; ``kill -HUP`` makes it read them again."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any
 
 from twisted.application.service import Service
 
-from gorge.logger import Logger
+from gorge.log.logger import Logger
 
 log = Logger()
 

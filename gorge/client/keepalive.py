@@ -15,8 +15,7 @@ each caller maps to its own vocabulary. The framing rules are HTTP/1.1's
 (RFC 9112): no body after 1xx, 204 and 304; chunked when the last transfer
 coding is ``chunked``; else ``Content-Length``; else the body ends when the
 connection does. Interim 1xx answers are skipped. A connection is reused only
-after an HTTP/1.1 answer without ``Connection: close`` whose end was framed.
-"""
+after an HTTP/1.1 answer without ``Connection: close`` whose end was framed."""
 
 from __future__ import annotations
 
@@ -30,7 +29,8 @@ from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 
-from gorge.httpclient import BodyTooLarge, Cause, Reply, TransportFailure, tls_cause
+from gorge.client.exchange import Reply
+from gorge.client.failure import BodyTooLarge, Cause, TransportFailure, tls_cause
 
 __all__ = [
     "Connect",

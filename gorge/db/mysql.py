@@ -3,8 +3,7 @@ and what the error codes mean. The MySQL engine of the SQL layer
 (gorge/sql/engine.py) stands on these; stores use the layer, not the pool.
 
 The pool is lazy: creating it connects nowhere, so a daemon starts (and
-answers ``/healthz``) before Phorge has created its databases.
-"""
+answers ``/healthz``) before Phorge has created its databases."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
-from gorge.sql.database import Database
+from gorge.db.database import Database
 
 
 class TransactionMetrics(Collector):

@@ -6,8 +6,7 @@ output by default, ``--json`` for scripts.
 
 Exit status: 0 done; 1 a request was not found or could not be retried (one
 line per request on stderr, the others are still handled); 2 bad usage;
-3 the daemon could not be used (unreachable, token refused, server error).
-"""
+3 the daemon could not be used (unreachable, token refused, server error)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from gorge.apiclient import ApiClient, Refused
-from gorge.cmdline import (
+from gorge.cli.apiclient import ApiClient, Refused
+from gorge.cli.command import (
     EXIT_USAGE,
     OneLineParser,
     common_options,
@@ -29,7 +28,7 @@ from gorge.cmdline import (
     utc_time,
     wrap,
 )
-from gorge.cmdline import Command as BaseCommand
+from gorge.cli.command import Command as BaseCommand
 
 PROG = "gorge webhook"
 DEFAULT_URL = "http://127.0.0.1:8160"

@@ -13,8 +13,7 @@ and in the ``gorge_sql_*`` metrics (docs/operations.md, "SQL transactions"):
   When it passes the caller gets :class:`TransactionTimeout`; the thread
   finishes the statement it is in (the drivers bound each one) and its
   result is dropped. The deadlines share one reactor timer (a transaction
-  costs a dictionary entry, not a timer of its own).
-"""
+  costs a dictionary entry, not a timer of its own)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from gorge.config import MySQLSettings
-from gorge.logger import Logger
-from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
+from gorge.db.engine import Engine, MySQLEngine, SQLiteEngine
+from gorge.log.logger import Logger
 
 __all__ = ["ATTEMPTS", "DEADLINE", "Database", "TransactionTimeout", "Transactions"]
 

@@ -4,8 +4,7 @@ The daemons speak to each other through treq on the reactor; a one-shot
 command has nothing else to do while it waits, so plain ``urllib`` is the
 simpler tool here. Every failure to get the daemon's own answer becomes a
 :class:`ServiceUnavailable` whose message is the one line the command
-prints; the daemon's own 4xx answers (other than 401) become :class:`Refused`.
-"""
+prints; the daemon's own 4xx answers (other than 401) become :class:`Refused`."""
 
 from __future__ import annotations
 

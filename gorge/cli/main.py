@@ -3,8 +3,7 @@
 The daemons themselves run under twistd (``twistd -n gorge-webhook`` ...);
 this command holds what is not a daemon: ``gorge demo``, ``gorge queue``
 (gorge/taskqueue/cli.py) to inspect and steer a running queue, and
-``gorge webhook`` (gorge/webhook/cli.py) for gorge-webhook's delivery log.
-"""
+``gorge webhook`` (gorge/webhook/cli.py) for gorge-webhook's delivery log."""
 
 from __future__ import annotations
 
@@ -74,11 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["queue"]:
-        from gorge.taskqueue.cli import main as queue_main
+        from gorge.cli.queue import main as queue_main
 
         raise SystemExit(queue_main(argv[1:]))
     if argv[:1] == ["webhook"]:
-        from gorge.webhook.cli import main as webhook_main
+        from gorge.cli.webhook import main as webhook_main
 
         raise SystemExit(webhook_main(argv[1:]))
     args = build_parser().parse_args(argv)

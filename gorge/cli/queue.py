@@ -7,8 +7,7 @@ Human output by default, ``--json`` for scripts.
 
 Exit status: 0 done; 1 a task was not found or in the wrong state (one line
 per task on stderr, the other tasks are still handled); 2 bad usage;
-3 the queue could not be used (unreachable, token refused, server error).
-"""
+3 the queue could not be used (unreachable, token refused, server error)."""
 
 from __future__ import annotations
 
@@ -19,30 +18,20 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
-from gorge.apiclient import ApiClient, Refused
-from gorge.cmdline import (
+from gorge.cli.apiclient import ApiClient, Refused
+from gorge.cli.command import (
     EXIT_USAGE,
     OneLineParser,
     common_options,
     parse_when,
     standard_streams,
 )
-from gorge.cmdline import Command as BaseCommand
-from gorge.cmdline import (
-    non_negative as _non_negative,
-)
-from gorge.cmdline import (
-    print_table as _table,
-)
-from gorge.cmdline import (
-    seconds as _seconds,
-)
-from gorge.cmdline import (
-    utc_time as _when,
-)
-from gorge.cmdline import (
-    wrap as _wrap,
-)
+from gorge.cli.command import Command as BaseCommand
+from gorge.cli.command import non_negative as _non_negative
+from gorge.cli.command import print_table as _table
+from gorge.cli.command import seconds as _seconds
+from gorge.cli.command import utc_time as _when
+from gorge.cli.command import wrap as _wrap
 
 __all__ = ["main", "parse_when", "task_state"]
 

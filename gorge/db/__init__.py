@@ -1,14 +1,8 @@
 """The SQL layer the stores stand on: an engine per database kind, one way to run
 a transaction (gorge/sql/database.py), and its metrics."""
 
-from gorge.sql.database import (
-    ATTEMPTS,
-    DEADLINE,
-    Database,
-    Transactions,
-    TransactionTimeout,
-)
-from gorge.sql.engine import Engine, MySQLEngine, SQLiteEngine
+from gorge.db.database import ATTEMPTS, DEADLINE, Database, Transactions, TransactionTimeout
+from gorge.db.engine import Engine, MySQLEngine, SQLiteEngine
 
 __all__ = [
     "ATTEMPTS",

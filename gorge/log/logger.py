@@ -3,8 +3,7 @@
 It is Twisted's :class:`twisted.logger.Logger` with one difference: the check
 that a level is a real one looks it up in a set made once. Twisted's own check
 sorts the level constants on every event, which on a busy worker or queue was
-the largest single cost of logging.
-"""
+the largest single cost of logging."""
 
 from __future__ import annotations
 

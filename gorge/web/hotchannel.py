@@ -13,8 +13,7 @@ Anything else (another method or path, a query, ``Transfer-Encoding``,
 plain) goes to a twisted.web channel, with the bytes already read, and that
 connection stays with twisted.web to its end. So every unusual request still
 gets twisted.web's answer, and the hot channel only has to be right about the
-plain ones.
-"""
+plain ones."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ transaction again, and how an unavailable database is described to
 ``/readyz``. Engines hold no connection; :class:`gorge.sql.Database` does.
 
 ``clock`` (tests and the demo's injected time) makes the database's own clock
-(``UNIX_TIMESTAMP()``) follow an injected one.
-"""
+(``UNIX_TIMESTAMP()``) follow an injected one."""
 
 from __future__ import annotations
 
@@ -24,8 +23,8 @@ from twisted.enterprise import adbapi
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 
-from gorge import mysql
 from gorge.config import MySQLSettings
+from gorge.db import mysql as mysql
 
 __all__ = ["Engine", "MySQLEngine", "SQLiteEngine"]
 

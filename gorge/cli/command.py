@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, ClassVar, TextIO
 
-from gorge.apiclient import ApiClient, Refused, ServiceUnavailable
+from gorge.cli.apiclient import ApiClient, Refused, ServiceUnavailable
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
