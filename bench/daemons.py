@@ -1,4 +1,4 @@
-"""What the benchmarks share: throwaway backends (gorge.testing), gorge daemons
+"""What the benchmarks share: throwaway backends (gorge_testing), gorge daemons
 run by twistd as an operator runs them, and the memory those daemons use.
 
 Imported by the bench scripts, which put the repository root on sys.path.
@@ -59,7 +59,7 @@ def load_average() -> str:
 
 
 def free_port() -> int:
-    from gorge.testing.procs import free_port as probe
+    from gorge_testing.procs import free_port as probe
 
     return probe()
 
@@ -212,7 +212,7 @@ def start_backend(name: str) -> Backend:
     if name == "mysql":
         from gorge.db.mysql import make_pool
         from gorge.taskqueue.mysql import MySQLTaskStore
-        from gorge.testing.mariadb_server import MariaDBServer
+        from gorge_testing.mariadb_server import MariaDBServer
 
         server = MariaDBServer()
         server.start()
@@ -246,7 +246,7 @@ def start_backend(name: str) -> Backend:
     if name == "redis":
         from gorge.db.redis import make_redis
         from gorge.taskqueue.redis import RedisTaskStore
-        from gorge.testing.redis_server import RedisServer
+        from gorge_testing.redis_server import RedisServer
 
         server = RedisServer()
         server.start()

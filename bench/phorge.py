@@ -2,7 +2,7 @@
 
 Needs a Phorge checkout with Arcanist beside it (``GORGE_PHORGE_ROOT``, as for
 tests/phorge); without it, it prints one skip line and exits 0. It starts a
-throwaway MariaDB and a throwaway Phorge on it (gorge.testing.phorge: its own
+throwaway MariaDB and a throwaway Phorge on it (gorge_testing.phorge: its own
 storage namespace, ``bin/storage upgrade``, ``security.outbound-blacklist``
 empty so Phorge may call the loopback receiver), and a receiver in its own
 process that answers every POST with 200 and notes when it arrived. The
@@ -94,9 +94,9 @@ sys.path.insert(0, str(ROOT))
 from twisted.internet.defer import Deferred  # noqa: E402
 from twisted.internet.task import LoopingCall, deferLater, react  # noqa: E402
 
-from gorge.testing.gorge_stack import GorgeStack  # noqa: E402
-from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
-from gorge.testing.phorge import (  # noqa: E402
+from gorge_testing.gorge_stack import GorgeStack  # noqa: E402
+from gorge_testing.mariadb_server import MariaDBServer  # noqa: E402
+from gorge_testing.phorge import (  # noqa: E402
     CHECKOUT_SCRIPT,
     ROOT_VARIABLE,
     PhorgeSite,

@@ -1,6 +1,6 @@
 """Benchmark: enqueue -> lease -> complete cycles through gorge-taskqueue.
 
-Starts throwaway backends (gorge.testing). For each backend:
+Starts throwaway backends (gorge_testing). For each backend:
 
 1. direct bound: the same TaskStore calls (the same SQL or the same Redis
    scripts) issued in this process, without HTTP, by C concurrent clients;

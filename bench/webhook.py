@@ -1,6 +1,6 @@
 """Benchmark: Herald webhook deliveries through gorge-webhook on MySQL.
 
-Starts a throwaway MariaDB (gorge.testing) and a minimal receiver in its own
+Starts a throwaway MariaDB (gorge_testing) and a minimal receiver in its own
 process (answers 200 at once), then, in this process and with the same
 concurrency (GORGE_WEBHOOK_MAX_CONCURRENT, the daemon's default unless set):
 
@@ -55,7 +55,7 @@ from twisted.logger import globalLogBeginner  # noqa: E402
 
 from bench.daemons import top_entries  # noqa: E402
 from gorge.log.output import make_observer  # noqa: E402
-from gorge.testing.mariadb_server import MariaDBServer  # noqa: E402
+from gorge_testing.mariadb_server import MariaDBServer  # noqa: E402
 
 RECEIVER = r"""
 import sys, time
@@ -406,9 +406,9 @@ class HistoryBench:
         from prometheus_client import CollectorRegistry
 
         from gorge.config import HttpSettings
-        from gorge.testing.herald_history import fill_history
         from gorge.webhook.service import build_webhook_service
         from gorge.webhook.settings import WebhookSettings
+        from gorge_testing.herald_history import fill_history
 
         name = self.db.create_database("herald", f"hist{size}_herald")
         conn = self.db.connect(name)

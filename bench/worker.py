@@ -1,6 +1,6 @@
 """Benchmark: no-op tasks through gorge-taskqueue + gorge-worker.
 
-Starts a throwaway backend (gorge.testing), then gorge-taskqueue and
+Starts a throwaway backend (gorge_testing), then gorge-taskqueue and
 gorge-worker under twistd as an operator runs them (the worker at its
 default settings unless told otherwise), and measures on the same queue:
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Lint, format and type checks: ./scripts/lint.sh
 # ruff (lint and format, configured in pyproject.toml) over the whole tree,
-# mypy (with the zope.interface plugin) over the package and the twistd
-# plugins, and import-linter's layer contract ([tool.importlinter]). Any
-# finding fails. Expects the [test] extra in the venv;
+# mypy (with the zope.interface plugin) over the package, the test launchers
+# (gorge_testing/) and the twistd plugins, and import-linter's layer contract
+# ([tool.importlinter]). Any finding fails. Expects the [test] extra in the venv;
 # ./scripts/test.sh installs it and runs this before the suite.
 set -euo pipefail
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from gorge.testing.mariadb_server import MariaDBServer
-from gorge.testing.procs import ServerUnavailable
-from gorge.testing.redis_server import RedisServer
+from gorge_testing.mariadb_server import MariaDBServer
+from gorge_testing.procs import ServerUnavailable
+from gorge_testing.redis_server import RedisServer
 
 # Property tests assert rules, not speed: a loaded CI machine must not turn a
 # slow example into a failure (speed is measured under bench/).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gorge.testing import phorge as harness
+from gorge_testing import phorge as harness
 from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "phorge-checkout.sh"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gorge.testing.phorge import find_checkout, pinned_commits
+from gorge_testing.phorge import find_checkout, pinned_commits
 from tests.support.paths import REPO_ROOT
 
 LIBRARY = REPO_ROOT / "phorge" / "src"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gorge.testing.phorge_schema import create_statements
-from gorge.testing.procs import ServerUnavailable, find_binary
-from gorge.testing.resp import RedisReplyError, encode_command
+from gorge_testing.phorge_schema import create_statements
+from gorge_testing.procs import ServerUnavailable, find_binary
+from gorge_testing.resp import RedisReplyError, encode_command
 from tests.support.paths import FIXTURES_DIR, REPO_ROOT
 
 

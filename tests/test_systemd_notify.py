@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gorge.testing.procs import free_port
+from gorge_testing.procs import free_port
 from tests.support.twistd import TwistdDaemon, daemon_environ
 
 pytestmark = pytest.mark.slow

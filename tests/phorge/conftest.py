@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from gorge.testing.gorge_stack import PHP_PATHS
+from gorge_testing.gorge_stack import PHP_PATHS
 from tests.phorge.site import HOW_TO_RUN, find_checkout, wait
 from tests.phorge.switched import Switched, gorge_mailer_entry
 

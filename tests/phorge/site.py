@@ -9,7 +9,7 @@ from typing import Any
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from gorge.testing.phorge import (  # noqa: F401 - the tests' names for the harness
+from gorge_testing.phorge import (  # noqa: F401 - the tests' names for the harness
     BOUND,
     CHECKOUT_SCRIPT,
     ROOT_VARIABLE,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import treq
 
-from gorge.testing.gorge_stack import MAILER_TOKEN, WORKER_SUFFIX, GorgeStack
+from gorge_testing.gorge_stack import MAILER_TOKEN, WORKER_SUFFIX, GorgeStack
 from tests.mailer.smtpserver import ScriptedFactory, ServerState
 from tests.phorge.site import LIBRARY, Checkout, PhorgeSite, until
 from tests.webhook.conftest import Receiver

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gorge.testing.phorge import pinned_commits
+from gorge_testing.phorge import pinned_commits
 
 
 def test_the_checkout_is_the_pinned_one_or_says_which_it_is(phorge_checkout):

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from gorge.testing.gorge_stack import WORKER_SUFFIX
+from gorge_testing.gorge_stack import WORKER_SUFFIX
 from tests.phorge.site import wait
 from tests.phorge.switched import Switched, gorge_mailer_entry
 

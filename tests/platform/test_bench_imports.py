@@ -1,5 +1,5 @@
 """The benchmarks stand on the package alone: nothing under bench/ imports
-from tests/ (what both need lives in gorge.testing)."""
+from tests/ (what both need lives in gorge_testing)."""
 
 import ast
 from pathlib import Path
@@ -27,4 +27,4 @@ def test_no_benchmark_imports_from_tests():
         if name == "tests" or name.startswith("tests.")
     }
     assert offenders == set()
-    assert "gorge.testing.mariadb_server" in _imported_modules(BENCH / "daemons.py")
+    assert "gorge_testing.mariadb_server" in _imported_modules(BENCH / "daemons.py")

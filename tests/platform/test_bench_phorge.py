@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gorge.testing.phorge import CACHE_VARIABLE, ROOT_VARIABLE, find_checkout
+from gorge_testing.phorge import CACHE_VARIABLE, ROOT_VARIABLE, find_checkout
 from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "bench" / "phorge.py"

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from twisted.internet import reactor, task
 from twisted.internet.error import ConnectionRefusedError
 
-from gorge.testing.procs import free_port
 from gorge.web.listener import listener
 from gorge.web.site import build_site
+from gorge_testing.procs import free_port
 from tests.platform.test_web import ExampleApi, Readiness
 from tests.support.logcapture import logged_events
 from tests.support.slowclient import connect, parse_response, post

@@ -18,8 +18,8 @@ from twisted.internet import reactor
 from gorge.config import ConfigError, MySQLSettings
 from gorge.db.mysql import make_pool
 from gorge.taskqueue.settings import load_settings
-from gorge.testing.mariadb_server import MariaDBServer
 from gorge.webhook.settings import load_webhook_settings
+from gorge_testing.mariadb_server import MariaDBServer
 from tests.support.certs import self_signed
 
 

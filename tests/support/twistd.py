@@ -1,6 +1,6 @@
 """Running the daemons as real ``twistd`` processes from the source tree.
 
-:class:`TwistdDaemon` and :func:`daemon_environ` live in gorge.testing (the
+:class:`TwistdDaemon` and :func:`daemon_environ` live in gorge_testing (the
 benchmarks use them too); :class:`TwistdProcess` is the tests' own.
 """
 
@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.protocol import ProcessProtocol
 
-from gorge.testing.twistd import DAEMON_ARGS, TWISTD, TwistdDaemon, daemon_environ
+from gorge_testing.twistd import DAEMON_ARGS, TWISTD, TwistdDaemon, daemon_environ
 
 from .paths import REPO_ROOT
 

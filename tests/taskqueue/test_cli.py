@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from gorge.testing.procs import free_port
+from gorge_testing.procs import free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.twistd import TwistdDaemon, daemon_environ
 

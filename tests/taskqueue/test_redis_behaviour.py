@@ -16,7 +16,7 @@ from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import UINT32_MAX, EnqueueRequest, InvalidArgument
 from gorge.taskqueue.redis import RedisTaskStore
 from gorge.taskqueue.store import TaskNotFound
-from gorge.testing.procs import free_port
+from gorge_testing.procs import free_port
 
 T0 = 1_700_000_000
 

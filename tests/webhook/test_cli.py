@@ -10,7 +10,7 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from gorge.testing.procs import free_port
+from gorge_testing.procs import free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.twistd import daemon_environ
 from tests.webhook.conftest import T0

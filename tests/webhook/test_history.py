@@ -15,10 +15,10 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 
-from gorge.testing.herald_history import fill_history
 from gorge.webhook import queueview
 from gorge.webhook import store as store_module
 from gorge.webhook.store import WebhookStore
+from gorge_testing.herald_history import fill_history
 from tests.webhook.conftest import T0
 
 pytestmark = pytest.mark.integration

@@ -140,7 +140,7 @@ async def test_three_daemons_deliver_replayed_requests_exactly_once_more(
     import treq
     from twisted.internet.error import ConnectionRefusedError
 
-    from gorge.testing.procs import free_port
+    from gorge_testing.procs import free_port
 
     namespace, herald = namespace_db
     token = "replay-token"

@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
 
-from gorge.testing.procs import free_port
+from gorge_testing.procs import free_port
 from tests.support.paths import REPO_ROOT
 
 from .test_e2e import Stack

@@ -39,7 +39,7 @@ from .procs import free_port
 
 ROOT_VARIABLE = "GORGE_PHORGE_ROOT"
 CACHE_VARIABLE = "GORGE_PHORGE_CACHE"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # The one place naming the Phorge and Arcanist commits the library is tested on.
 TESTED_WITH = REPO_ROOT / "phorge" / "tested-with"
 CHECKOUT_SCRIPT = "scripts/phorge-checkout.sh"
@@ -234,7 +234,7 @@ class PhorgeSite:
         }
         self._conf_file = workdir / "instance.conf.php"
         self._conf_file.write_text(
-            "<?php\n\n// Written by gorge.testing.phorge for one throwaway instance.\n"
+            "<?php\n\n// Written by gorge_testing.phorge for one throwaway instance.\n"
             "return json_decode(file_get_contents(__DIR__.'/instance.json'), true);\n"
         )
         self._write_config()

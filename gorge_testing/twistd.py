@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 # The folder that holds the ``gorge`` package (and, in a checkout, ``twisted/plugins``).
-SOURCE_ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
 # Exactly what the twistd console script runs.
 TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
 # How the systemd units run a daemon.
