@@ -34,7 +34,15 @@ from gorge.taskqueue.model import (
     sort_key,
     unarchived,
 )
-from gorge.taskqueue.store import LeaseConflict, TaskNotFound, TaskStateError, report_each
+from gorge.taskqueue.report_rule import RowFacts, Step, Verdict, judge, refuse
+from gorge.taskqueue.store import TaskNotFound, TaskStateError, report_each
+
+# The archive result each archiving verdict records.
+_RESULTS = {
+    Verdict.ARCHIVE_SUCCESS: RESULT_SUCCESS,
+    Verdict.ARCHIVE_FAILURE: RESULT_FAILURE,
+    Verdict.ARCHIVE_CANCELLED: RESULT_CANCELLED,
+}
 
 
 class MemoryTaskStore:
@@ -93,23 +101,18 @@ class MemoryTaskStore:
             out.append(replace(task, data=self._payloads.get(task.data_id, "")))
         return sorted(out, key=sort_key)
 
-    def _held(self, task_id: int, owner: str | None) -> Task:
-        """The active task a (possibly fenced) call may change; see TaskStore."""
-        task = self._active.get(task_id)
-        if task is None:
-            if owner is not None and task_id in self._archived:
-                raise LeaseConflict(task_id)
-            raise TaskNotFound(task_id)
-        if owner is not None and task.lease_owner != owner:
-            raise LeaseConflict(task_id)
-        return task
+    def _judged(self, step: Step, task_id: int, owner: str | None) -> Verdict:
+        """The report rule's verdict on the task; raises its refusals."""
+        facts = RowFacts.of(self._active.get(task_id), self._archived.get(task_id))
+        return refuse(judge(step, owner, facts), task_id)
 
-    def _archive(
-        self, task_id: int, result: int, duration: int, owner: str | None = None
-    ) -> ArchivedTask:
-        task = self._held(task_id, owner)
-        archived = archive_of(task, result=result, duration=duration, now=self._now())
-        del self._active[task_id]
+    def _archive(self, step: Step, task_id: int, duration: int, owner: str | None) -> ArchivedTask:
+        return self._archive_as(self._judged(step, task_id, owner), task_id, duration)
+
+    def _archive_as(self, verdict: Verdict, task_id: int, duration: int) -> ArchivedTask:
+        archived = archive_of(
+            self._active.pop(task_id), result=_RESULTS[verdict], duration=duration, now=self._now()
+        )
         self._archived[task_id] = archived
         return archived
 
@@ -123,15 +126,11 @@ class MemoryTaskStore:
         followups: Sequence[Followup],
         owner: str | None = None,
     ) -> Completion:
-        if task_id not in self._active:
-            previous = self._archived.get(task_id)
-            if (
-                previous is not None
-                and previous.result == RESULT_SUCCESS
-                and (owner is None or previous.lease_owner == owner)
-            ):
-                return Completion(previous)
-        archived = self._archive(task_id, RESULT_SUCCESS, duration, owner)
+        verdict = self._judged(Step.COMPLETE, task_id, owner)
+        if verdict is Verdict.REPLAY:
+            # The report that archived it inserted the children.
+            return Completion(self._archived[task_id])
+        archived = self._archive_as(verdict, task_id, duration)
         now = self._now()
         children = tuple(self._insert(f.request(archived.priority), now) for f in followups)
         return Completion(archived, children)
@@ -140,8 +139,9 @@ class MemoryTaskStore:
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
         if permanent:
-            return self._archive(task_id, RESULT_FAILURE, 0, owner)
-        task = self._held(task_id, owner)
+            return self._archive(Step.FAIL_PERMANENT, task_id, 0, owner)
+        self._judged(Step.FAIL_TEMPORARY, task_id, owner)
+        task = self._active[task_id]
         now = self._now()
         expires = check_u32("retryWait", now + retry_wait)
         task = replace(
@@ -156,7 +156,8 @@ class MemoryTaskStore:
         return task
 
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
-        task = self._held(task_id, owner)
+        self._judged(Step.YIELD, task_id, owner)
+        task = self._active[task_id]
         now = self._now()
         expires = check_u32("duration", now + max(duration, MIN_YIELD))
         self._active[task_id] = replace(
@@ -184,7 +185,7 @@ class MemoryTaskStore:
         return out
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return self._archive(task_id, RESULT_CANCELLED, 0)
+        return self._archive(Step.CANCEL, task_id, 0, None)
 
     async def awaken(self, task_ids: Sequence[int]) -> int:
         ago = self._now() - AWAKEN_WINDOW

@@ -17,7 +17,8 @@ from twisted.internet import task
 from gorge.config import ConfigError
 from gorge.db.redis import RedisSettings, make_redis
 from gorge.taskqueue.model import EnqueueRequest
-from gorge.taskqueue.redis import Keys, RedisTaskStore, hash_tag, key_base, make_redis_task_store
+from gorge.taskqueue.redis import RedisTaskStore, make_redis_task_store
+from gorge.taskqueue.redis_layout import Keys, hash_tag, key_base
 
 T0 = 1_700_000_000
 

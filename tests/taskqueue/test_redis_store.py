@@ -23,7 +23,8 @@ from gorge.taskqueue.model import (
     InvalidArgument,
     Stats,
 )
-from gorge.taskqueue.redis import RedisTaskStore, member
+from gorge.taskqueue.redis import RedisTaskStore
+from gorge.taskqueue.redis_layout import member
 from gorge.taskqueue.store import TaskNotFound, TaskStore
 
 pytestmark = pytest.mark.integration

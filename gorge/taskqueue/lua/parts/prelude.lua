@@ -1,0 +1,2 @@
+-- The key base, first of every script's arguments.
+local base = ARGV[1]
