@@ -174,6 +174,41 @@ class FakeQueue:
         await self._report(Report("yield", task_id, {"duration": seconds, "timeout": timeout}))
 
 
+class Gate:
+    """A handler whose runs finish when the test says so."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, Deferred] = {}
+        self.started: list[int] = []
+        self.max_concurrent = 0
+        self.cancelled: list[int] = []
+
+    def __call__(self, task, data):
+        d = Deferred(lambda _: self.cancelled.append(task["id"]))
+        self.running[task["id"]] = d
+        self.started.append(task["id"])
+        self.max_concurrent = max(self.max_concurrent, len(self.running))
+        d.addBoth(self._done, task["id"])
+        return d
+
+    def _done(self, result, task_id):
+        self.running.pop(task_id, None)
+        return result
+
+    def finish(self, task_id, result=None):
+        self.running[task_id].callback(result)
+
+
+def registry_with(handler, task_class="NoopWorker") -> Registry:
+    registry = Registry()
+    registry.register(task_class, handler)
+    return registry
+
+
+def succeed_handler(task, data):
+    return None
+
+
 def server_error() -> QueueError:
     return QueueError(
         "api error [ERR_INTERNAL]: internal server error", status=500, code="ERR_INTERNAL"

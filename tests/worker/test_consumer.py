@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -13,46 +10,20 @@ from twisted.internet.task import Clock
 
 from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.metrics import WorkerMetrics
-from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
+from gorge.worker.outcome import RetryLater
 from gorge.worker.queueclient import QueueError
 from gorge.worker.registry import LeasePlan, Registry
 
-from .fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
-
-
-class Gate:
-    """A handler whose runs finish when the test says so."""
-
-    def __init__(self) -> None:
-        self.running: dict[int, Deferred] = {}
-        self.started: list[int] = []
-        self.max_concurrent = 0
-        self.cancelled: list[int] = []
-
-    def __call__(self, task, data):
-        d = Deferred(lambda _: self.cancelled.append(task["id"]))
-        self.running[task["id"]] = d
-        self.started.append(task["id"])
-        self.max_concurrent = max(self.max_concurrent, len(self.running))
-        d.addBoth(self._done, task["id"])
-        return d
-
-    def _done(self, result, task_id):
-        self.running.pop(task_id, None)
-        return result
-
-    def finish(self, task_id, result=None):
-        self.running[task_id].callback(result)
-
-
-def registry_with(handler, task_class="NoopWorker") -> Registry:
-    registry = Registry()
-    registry.register(task_class, handler)
-    return registry
-
-
-def succeed_handler(task, data):
-    return None
+from .fakes import (
+    CapturedEvents,
+    FakeQueue,
+    Gate,
+    make_consumer,
+    make_task,
+    registry_with,
+    server_error,
+    succeed_handler,
+)
 
 
 def test_first_lease_after_one_poll_interval_and_batches_within_free_capacity():
@@ -197,149 +168,6 @@ def test_lease_errors_set_readiness_and_log_by_state_change():
     assert len(queue.leases) == 151
 
 
-def test_report_retries_five_times_with_growing_waits_then_keeps_the_lease():
-    clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(7)]
-    queue.report_errors = [server_error() for _ in range(5)]
-    consumer, metrics = make_consumer(queue, registry_with(succeed_handler), clock)
-    with CapturedEvents() as captured:
-        consumer.start()
-        clock.advance(1.0)
-        clock.pump([0.05] * 60)
-        gaps = [
-            b.args["timeout"] - a.args["timeout"] for a, b in itertools.pairwise(queue.attempts)
-        ]
-        # the per-attempt timeout is the time left until the lease deadline
-        assert gaps == pytest.approx([-0.2, -0.4, -0.6, -0.8], abs=0.051)
-        assert len(queue.attempts) == 5
-        clock.advance(60)
-        assert len(queue.attempts) == 5
-        unreported = captured.named("TASK_UNREPORTED")
-    assert len(unreported) == 1 and unreported[0]["task_id"] == 7
-    assert consumer.counters.unreported == 1 and consumer.counters.processed == 0
-    assert metrics.get_sample_value("gorge_worker_report_retries_total") == 4
-
-
-def test_report_retries_stop_at_the_lease_deadline():
-    clock, queue = Clock(), FakeQueue()
-    clock.advance(100)
-    queue.waiting = [make_task(8, expires=102)]  # leased at 101, one second left
-    queue.report_errors = [server_error() for _ in range(5)]
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
-    consumer.start()
-    clock.pump([1.0] + [0.1] * 30)
-    # attempts at 101.0, 101.2, 101.6; the next wait would end at 102.2
-    assert len(queue.attempts) == 3
-    assert all(a.args["timeout"] <= 1.0 for a in queue.attempts)
-    assert consumer.counters.unreported == 1
-
-
-def test_a_refused_report_is_not_retried():
-    clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(9)]
-    queue.report_errors = [
-        QueueError("api error [ERR_NOT_FOUND]: task not found", status=404, code="ERR_NOT_FOUND")
-    ]
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
-    with CapturedEvents() as captured:
-        consumer.start()
-        clock.pump([1.0] * 3)
-        assert len(queue.attempts) == 1
-        assert "may already be recorded" in captured.named("TASK_UNREPORTED")[0]["reason"]
-
-
-def test_a_report_refused_for_a_lost_lease_says_so_and_is_not_retried():
-    clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(9)]
-    queue.report_errors = [
-        QueueError(
-            "api error [ERR_LEASE_CONFLICT]: task lease no longer belongs to this owner",
-            status=409,
-            code="ERR_LEASE_CONFLICT",
-        )
-    ]
-    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
-    with CapturedEvents() as captured:
-        consumer.start()
-        clock.pump([1.0] * 3)
-        assert len(queue.attempts) == 1
-        (line,) = captured.named("TASK_UNREPORTED")
-    assert line["reason"] == "lease lost: another holder has the task"
-    assert consumer.counters.unreported == 1 and consumer.counters.processed == 0
-
-
-def test_handler_outliving_its_lease_is_abandoned_not_reported():
-    clock, queue, gate = Clock(), FakeQueue(), Gate()
-    queue.waiting = [make_task(3, expires=31)]
-    consumer, _ = make_consumer(queue, registry_with(gate), clock)
-    with CapturedEvents() as captured:
-        consumer.start()
-        clock.advance(1.0)
-        assert gate.started == [3]
-        clock.advance(29.9)
-        assert gate.cancelled == []
-        clock.advance(0.1)
-        assert gate.cancelled == [3]
-        clock.advance(10)
-        assert len(captured.named("TASK_ABANDONED")) == 1
-    assert queue.attempts == []
-    assert consumer.counters.unreported == 1 and consumer.active == 0
-
-
-@pytest.mark.parametrize(
-    "raised, expected",
-    [
-        (None, ("complete", {})),
-        (PermanentFailure("bad data"), ("fail", {"permanent": True, "retryWait": None})),
-        (RetryLater("later", retry_wait=42), ("fail", {"permanent": False, "retryWait": 42})),
-        (ValueError("boom"), ("fail", {"permanent": False, "retryWait": None})),
-        (Yield(2), ("yield", {"duration": 5})),
-        (Yield(90), ("yield", {"duration": 90})),
-    ],
-)
-def test_outcomes_map_to_reports_and_counters(raised, expected):
-    clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(5)]
-
-    def handler(task, data):
-        clock.advance(0.25)
-        if raised is not None:
-            raise RuntimeError("wrapped") from raised
-
-    consumer, _ = make_consumer(queue, registry_with(handler), clock)
-    consumer.start()
-    clock.advance(1.0)
-    (report,) = queue.reports
-    kind, args = expected
-    assert report.kind == kind and report.task_id == 5
-    for key, value in args.items():
-        assert report.args[key] == value
-    if kind == "complete":
-        assert report.args["duration"] == 250_000
-        assert consumer.counters.processed == 1
-    elif kind == "fail":
-        assert consumer.counters.failed == 1
-    else:
-        assert consumer.counters.yielded == 1
-
-
-def test_unsupported_class_is_failed_temporarily_without_counting():
-    clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(11, "SomethingElse")]
-    consumer, metrics = make_consumer(queue, registry_with(succeed_handler), clock)
-    consumer.start()
-    clock.advance(1.0)
-    (report,) = queue.reports
-    assert (report.kind, report.args["permanent"], report.args["retryWait"]) == ("fail", False, 60)
-    assert consumer.counters.failed == 0 and consumer.counters.processed == 0
-    assert (
-        metrics.get_sample_value(
-            "gorge_worker_tasks_total", {"task_class": "SomethingElse", "outcome": "skipped"}
-        )
-        == 1
-    )
-
-
 def test_a_task_already_running_is_neither_run_nor_reported_again():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(4)]
@@ -353,20 +181,6 @@ def test_a_task_already_running_is_neither_run_nor_reported_again():
         assert len(captured.named("TASK_DUPLICATE_LEASE")) == 1
     gate.finish(4)
     assert [r.kind for r in queue.reports] == ["complete"]
-
-
-def test_task_without_lease_expiry_gets_two_hours():
-    clock, queue, gate = Clock(), FakeQueue(), Gate()
-    queue.waiting = [make_task(6, expires=None)]
-    consumer, _ = make_consumer(queue, registry_with(gate), clock)
-    with CapturedEvents() as captured:
-        consumer.start()
-        clock.advance(1.0)
-        assert len(captured.named("TASK_WITHOUT_LEASE_EXPIRY")) == 1
-    clock.advance(7199)
-    assert gate.cancelled == []
-    clock.advance(1)
-    assert gate.cancelled == [6]
 
 
 def test_shutdown_stops_leasing_lets_running_tasks_finish_and_report():
@@ -564,18 +378,3 @@ def test_hibernating_worker_still_reports_progress_every_poll_interval():
     clock.pump([1.0] * 50)
     assert len(queue.leases) == leases  # still hibernating: no lease call
     assert len(progress) - before >= 45
-
-
-@pytest.mark.parametrize("log_debug", [True, False])
-def test_the_success_line_is_built_only_when_debug_lines_are_wanted(log_debug):
-    clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(1, expires=10_000), make_task(2, expires=10_000)]
-    consumer, _ = make_consumer(
-        queue, registry_with(succeed_handler), clock, poll_interval=1.0, log_debug=log_debug
-    )
-    with CapturedEvents() as captured:
-        consumer.start()
-        clock.advance(1.0)
-    assert [r.task_id for r in queue.reports] == [1, 2]
-    expected = [1, 2] if log_debug else []
-    assert [e["task_id"] for e in captured.named("TASK_SUCCEEDED")] == expected

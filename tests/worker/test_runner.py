@@ -1,0 +1,120 @@
+"""One task under its lease, seen through the consume loop on an injected
+clock (gorge/worker/runner.py)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+
+from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
+
+from .fakes import (
+    CapturedEvents,
+    FakeQueue,
+    Gate,
+    make_consumer,
+    make_task,
+    registry_with,
+    succeed_handler,
+)
+
+
+def test_handler_outliving_its_lease_is_abandoned_not_reported():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(3, expires=31)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        assert gate.started == [3]
+        clock.advance(29.9)
+        assert gate.cancelled == []
+        clock.advance(0.1)
+        assert gate.cancelled == [3]
+        clock.advance(10)
+        assert len(captured.named("TASK_ABANDONED")) == 1
+    assert queue.attempts == []
+    assert consumer.counters.unreported == 1 and consumer.active == 0
+
+
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (None, ("complete", {})),
+        (PermanentFailure("bad data"), ("fail", {"permanent": True, "retryWait": None})),
+        (RetryLater("later", retry_wait=42), ("fail", {"permanent": False, "retryWait": 42})),
+        (ValueError("boom"), ("fail", {"permanent": False, "retryWait": None})),
+        (Yield(2), ("yield", {"duration": 5})),
+        (Yield(90), ("yield", {"duration": 90})),
+    ],
+)
+def test_outcomes_map_to_reports_and_counters(raised, expected):
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(5)]
+
+    def handler(task, data):
+        clock.advance(0.25)
+        if raised is not None:
+            raise RuntimeError("wrapped") from raised
+
+    consumer, _ = make_consumer(queue, registry_with(handler), clock)
+    consumer.start()
+    clock.advance(1.0)
+    (report,) = queue.reports
+    kind, args = expected
+    assert report.kind == kind and report.task_id == 5
+    for key, value in args.items():
+        assert report.args[key] == value
+    if kind == "complete":
+        assert report.args["duration"] == 250_000
+        assert consumer.counters.processed == 1
+    elif kind == "fail":
+        assert consumer.counters.failed == 1
+    else:
+        assert consumer.counters.yielded == 1
+
+
+def test_unsupported_class_is_failed_temporarily_without_counting():
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(11, "SomethingElse")]
+    consumer, metrics = make_consumer(queue, registry_with(succeed_handler), clock)
+    consumer.start()
+    clock.advance(1.0)
+    (report,) = queue.reports
+    assert (report.kind, report.args["permanent"], report.args["retryWait"]) == ("fail", False, 60)
+    assert consumer.counters.failed == 0 and consumer.counters.processed == 0
+    assert (
+        metrics.get_sample_value(
+            "gorge_worker_tasks_total", {"task_class": "SomethingElse", "outcome": "skipped"}
+        )
+        == 1
+    )
+
+
+def test_task_without_lease_expiry_gets_two_hours():
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    queue.waiting = [make_task(6, expires=None)]
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        assert len(captured.named("TASK_WITHOUT_LEASE_EXPIRY")) == 1
+    clock.advance(7199)
+    assert gate.cancelled == []
+    clock.advance(1)
+    assert gate.cancelled == [6]
+
+
+@pytest.mark.parametrize("log_debug", [True, False])
+def test_the_success_line_is_built_only_when_debug_lines_are_wanted(log_debug):
+    clock, queue = Clock(), FakeQueue()
+    queue.waiting = [make_task(1, expires=10_000), make_task(2, expires=10_000)]
+    consumer, _ = make_consumer(
+        queue, registry_with(succeed_handler), clock, poll_interval=1.0, log_debug=log_debug
+    )
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+    assert [r.task_id for r in queue.reports] == [1, 2]
+    expected = [1, 2] if log_debug else []
+    assert [e["task_id"] for e in captured.named("TASK_SUCCEEDED")] == expected
