@@ -41,23 +41,39 @@ def parse_redis_addr(addr: str) -> tuple[str, int]:
 
 
 def make_redis(settings: RedisSettings, reactor: Any = None):
-    """A lazy txredisapi connection pool (no connection attempt until used).
+    """A lazy txredisapi connection pool (no connection attempt until used),
+    connecting through ``reactor`` (the global one when None).
+
+    txredisapi's own connection functions always take the global reactor;
+    the factory they build is public, so it is built here with an endpoint on
+    the reactor the daemon was given. (Its retry timers still run on the
+    global reactor, which is the same one in a daemon.)
 
     ``convertNumbers=False``: the default turns ``"0012"`` into ``12``.
     """
     import txredisapi
+    from twisted.internet.endpoints import HostnameEndpoint
 
-    return txredisapi.lazyConnectionPool(
-        host=settings.host,
-        port=settings.port,
-        dbid=settings.db or None,  # 0 is the default; SELECT 0 on a closing pool only adds noise
-        password=settings.password or None,
-        poolsize=settings.poolsize,
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = global_reactor
+    factory = txredisapi.RedisFactory(
+        f"{settings.host}:{settings.port}",
+        settings.db or None,  # 0 is the default; SELECT 0 on a closing pool only adds noise
+        settings.poolsize,
+        isLazy=True,
+        handler=txredisapi.ConnectionHandler,
         charset="utf-8",
-        convertNumbers=False,
-        connectTimeout=settings.connect_timeout,
+        password=settings.password or None,
         replyTimeout=settings.reply_timeout,
+        convertNumbers=False,
     )
+    factory.reconnect = True
+    factory.startConnecting(
+        HostnameEndpoint(reactor, settings.host, settings.port, timeout=settings.connect_timeout)
+    )
+    return factory.handler
 
 
 class LuaScript:

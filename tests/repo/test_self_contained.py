@@ -46,8 +46,10 @@ def clone(tmp_path):
 def test_the_suite_passes_in_a_clone_with_nothing_beside_it(clone):
     env = dict(os.environ, PYTHONPATH=str(clone), **{NESTED: "1"})
     # The real-Phorge tests need a checkout outside the clone; the outer run
-    # covers them.
+    # covers them, so the inner one finds none (an empty cache) and fetches none.
     env.pop("GORGE_PHORGE_ROOT", None)
+    env["GORGE_PHORGE_CACHE"] = str(clone.parent.parent / "no-phorge")
+    env["GORGE_PHORGE_FETCH"] = "0"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x"],
         cwd=clone,
