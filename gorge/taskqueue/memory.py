@@ -15,8 +15,6 @@ from gorge.taskqueue.model import (
     LEASED,
     MIN_YIELD,
     NOT_LEASED,
-    RESULT_CANCELLED,
-    RESULT_FAILURE,
     RESULT_SUCCESS,
     SUCCEEDED,
     YIELD_OWNER,
@@ -34,15 +32,8 @@ from gorge.taskqueue.model import (
     sort_key,
     unarchived,
 )
-from gorge.taskqueue.report_rule import RowFacts, Step, Verdict, judge, refuse
+from gorge.taskqueue.report_rule import RowFacts, Step, Verdict, archive_result, judge, refuse
 from gorge.taskqueue.store import TaskNotFound, TaskStateError, report_each
-
-# The archive result each archiving verdict records.
-_RESULTS = {
-    Verdict.ARCHIVE_SUCCESS: RESULT_SUCCESS,
-    Verdict.ARCHIVE_FAILURE: RESULT_FAILURE,
-    Verdict.ARCHIVE_CANCELLED: RESULT_CANCELLED,
-}
 
 
 class MemoryTaskStore:
@@ -111,7 +102,10 @@ class MemoryTaskStore:
 
     def _archive_as(self, verdict: Verdict, task_id: int, duration: int) -> ArchivedTask:
         archived = archive_of(
-            self._active.pop(task_id), result=_RESULTS[verdict], duration=duration, now=self._now()
+            self._active.pop(task_id),
+            result=archive_result(verdict),
+            duration=duration,
+            now=self._now(),
         )
         self._archived[task_id] = archived
         return archived

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from gorge.taskqueue.model import (
     REPORT_COMPLETE,
     REPORT_FAIL,
+    RESULT_CANCELLED,
     RESULT_FAILURE,
     RESULT_SUCCESS,
     ArchivedTask,
@@ -108,6 +109,19 @@ def judge(step: Step, fence: str | None, row: RowFacts) -> Verdict:
         if fence is not None:
             return Verdict.CONFLICT
     return Verdict.NOT_FOUND
+
+
+# The archive result each archiving verdict records.
+_ARCHIVE_RESULTS = {
+    Verdict.ARCHIVE_SUCCESS: RESULT_SUCCESS,
+    Verdict.ARCHIVE_FAILURE: RESULT_FAILURE,
+    Verdict.ARCHIVE_CANCELLED: RESULT_CANCELLED,
+}
+
+
+def archive_result(verdict: Verdict) -> int:
+    """The result an archiving verdict records (KeyError for any other)."""
+    return _ARCHIVE_RESULTS[verdict]
 
 
 def step_of(report: Report) -> Step:

@@ -14,7 +14,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from gorge.taskqueue import counts, sqlstore
+from gorge.taskqueue import counts, sql_calls, sql_lease, sql_reads, sqlstore
 from gorge.taskqueue.model import EnqueueRequest
 from tests.taskqueue.conftest import LEASE, T0, open_mysql_store
 
@@ -167,6 +167,10 @@ def reads_too_much(steps: list[dict]) -> list[dict]:
     ]
 
 
+# Where the SQL store's statements live.
+STATEMENT_MODULES = (sqlstore, sql_calls, sql_lease, sql_reads)
+
+
 async def test_no_statement_of_the_mysql_store_reads_a_whole_table(grown, clock):
     store, conn, statements = grown
     await exercise(store, clock)
@@ -183,7 +187,8 @@ async def test_no_statement_of_the_mysql_store_reads_a_whole_table(grown, clock)
         "YIELD",
         "GET",
     ):
-        template = getattr(sqlstore, name).format(classes="", lock="", ids="%s")
+        home = next(m for m in STATEMENT_MODULES if hasattr(m, name))
+        template = getattr(home, name).format(classes="", lock="", ids="%s")
         assert any(s.startswith(template.split("%s")[0][:60]) for s in issued), name
     checked = set()
     for statement, args in statements:

@@ -11,7 +11,7 @@ import pytest
 import pytest_twisted
 
 from gorge.taskqueue.model import EnqueueRequest
-from gorge.taskqueue.sqlstore import (
+from gorge.taskqueue.sql_lease import (
     PHASE1_CANDIDATES,
     PHASE1_CLAIM,
     PHASE2_CANDIDATES,
