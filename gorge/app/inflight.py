@@ -19,7 +19,7 @@ class InFlight:
     def track(self, d: Deferred) -> Deferred:
         self._pending.add(d)
 
-        def forget(result):
+        def forget(result: object) -> object:
             self._pending.discard(d)
             return result
 
@@ -48,7 +48,7 @@ class InFlight:
 
         timer = clock.callLater(timeout, expire)
 
-        def finished(_):
+        def finished(_: object) -> None:
             if timer.active():
                 timer.cancel()
             if not result.called:
@@ -62,7 +62,7 @@ def _observe(d: Deferred) -> Deferred:
     """A Deferred that fires when ``d`` does, without touching ``d``'s chain."""
     observer: Deferred = Deferred()
 
-    def passthrough(result):
+    def passthrough(result: object) -> object:
         observer.callback(None)
         return result
 

@@ -176,7 +176,7 @@ class FunctionService(Service):
         if self._start is not None:
             self._start()
 
-    def stopService(self):
+    def stopService(self) -> Deferred | None:
         super().stopService()
         if self._stop is None:
             return succeed(None)

@@ -82,7 +82,7 @@ class _Endpoints:
 
 
 def make_pool(
-    reactor, *, max_per_host: int, retry_automatically: bool = False
+    reactor: Any, *, max_per_host: int, retry_automatically: bool = False
 ) -> HTTPConnectionPool:
     """A persistent connection pool; pair it with :class:`QuietEndpoint`s.
 
@@ -99,7 +99,11 @@ def make_pool(
 
 
 def make_agent(
-    reactor, *, max_per_host: int, connect_timeout: float = 10, retry_automatically: bool = False
+    reactor: Any,
+    *,
+    max_per_host: int,
+    connect_timeout: float = 10,
+    retry_automatically: bool = False,
 ) -> tuple[Agent, HTTPConnectionPool]:
     """A service's one ``Agent`` over a :func:`make_pool` pool: ``(agent, pool)``."""
     pool = make_pool(reactor, max_per_host=max_per_host, retry_automatically=retry_automatically)

@@ -18,7 +18,7 @@ and in the ``gorge_sql_*`` metrics (docs/operations.md, "SQL transactions"):
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from gorge.config import MySQLSettings
-from gorge.db.engine import Engine, MySQLEngine, SQLiteEngine
+from gorge.db.engine import Engine, MySQLEngine, SQLiteEngine, Txn
 from gorge.log.logger import Logger
 
 __all__ = ["ATTEMPTS", "DEADLINE", "Database", "TransactionTimeout", "Transactions"]
@@ -68,7 +68,7 @@ class Transactions:
 
 
 def _pinned(engine: Engine, seconds: int, fn: Callable[..., T]) -> Callable[..., T]:
-    def interaction(txn, *args) -> T:
+    def interaction(txn: Txn, *args: Any) -> T:
         engine.pin_clock(txn, seconds)
         return fn(txn, *args)
 
@@ -142,7 +142,7 @@ class Database:
     def mysql(
         cls,
         settings: MySQLSettings,
-        reactor,
+        reactor: Any,
         *,
         name: str,
         autocommit: bool = False,
@@ -155,7 +155,7 @@ class Database:
     def sqlite(
         cls,
         path: str,
-        reactor,
+        reactor: Any,
         *,
         name: str,
         schema: str = "",
@@ -226,7 +226,7 @@ class Database:
         finally:
             stats.seconds += reactor.seconds() - started
 
-    def execute(self, txn, statement: str, params=()) -> None:
+    def execute(self, txn: Txn, statement: str, params: Sequence[Any] = ()) -> None:
         """Run one statement written in MySQL's spelling (in a pool thread)."""
         self.engine.execute(txn, statement, params)
 

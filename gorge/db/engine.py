@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import sqlite3
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from twisted.enterprise import adbapi
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
@@ -26,7 +26,28 @@ from twisted.internet.interfaces import IReactorTime
 from gorge.config import MySQLSettings
 from gorge.db import mysql as mysql
 
-__all__ = ["Engine", "MySQLEngine", "SQLiteEngine"]
+__all__ = ["Engine", "MySQLEngine", "SQLiteEngine", "Txn"]
+
+
+class Txn(Protocol):
+    """The transaction a store's interaction runs in, in a pool thread:
+    adbapi's ``Transaction`` over a pymysql or sqlite3 cursor. Statements are
+    written once, in MySQL's spelling; :meth:`Engine.execute` adapts them."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    @property
+    def lastrowid(self) -> int: ...
+
+    def execute(self, statement: str, args: Sequence[Any] = ...) -> Any: ...
+
+    def executemany(self, statement: str, args: Sequence[Sequence[Any]]) -> Any: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> Sequence[Any]: ...
+
 
 # LiskDAO::loadNextCounterValue: both branches publish the value through
 # LAST_INSERT_ID(expr), so the insert id is exactly this call's counter value.
@@ -81,7 +102,7 @@ def _sqlite_spelling(statement: str) -> str:
     return statement.replace("%s", "?").replace(" DIV ", " / ").replace("GREATEST(", "MAX(")
 
 
-def _select_one(txn) -> None:
+def _select_one(txn: Txn) -> None:
     txn.execute("SELECT 1")
     txn.fetchall()
 
@@ -102,22 +123,22 @@ class Engine:
     def sql(self, statement: str) -> str:
         return statement
 
-    def execute(self, txn, statement: str, params=()) -> None:
+    def execute(self, txn: Txn, statement: str, params: Sequence[Any] = ()) -> None:
         txn.execute(self.sql(statement), tuple(params))
 
-    def begin_write(self, txn, *, read_committed: bool = False) -> None:
+    def begin_write(self, txn: Txn, *, read_committed: bool = False) -> None:
         """Start a transaction that will write. ``read_committed``: later reads in it
         see what other transactions committed meanwhile."""
 
-    def begin_atomic(self, txn) -> None:
+    def begin_atomic(self, txn: Txn) -> None:
         """Start a few statements that must commit together, whatever the connection's
         mode (an autocommit one included); :meth:`commit_atomic` ends them."""
         self.begin_write(txn)
 
-    def commit_atomic(self, txn) -> None:
+    def commit_atomic(self, txn: Txn) -> None:
         """Commit what :meth:`begin_atomic` started (a raise before it rolls back)."""
 
-    def rollback_atomic(self, txn) -> None:
+    def rollback_atomic(self, txn: Txn) -> None:
         """Undo what :meth:`begin_atomic` started, and go on in the same interaction."""
         txn.execute(SQL_ROLLBACK)
 
@@ -125,18 +146,18 @@ class Engine:
         """Read in the reactor thread before each transaction; see :meth:`pin_clock`."""
         return None
 
-    def pin_clock(self, txn, seconds: int) -> None:
+    def pin_clock(self, txn: Txn, seconds: int) -> None:
         """Make the database's clock read ``seconds`` for this transaction."""
 
-    def next_counter(self, txn, name: str) -> int:
+    def next_counter(self, txn: Txn, name: str) -> int:
         """Advance Phorge's ``lisk_counter`` row ``name`` by one; the new value."""
         raise NotImplementedError
 
-    def reserve_counter(self, txn, name: str, count: int) -> int:
+    def reserve_counter(self, txn: Txn, name: str, count: int) -> int:
         """Take ``count`` consecutive values from the counter; the first one."""
         raise NotImplementedError
 
-    def set_counter(self, txn, name: str, value: int) -> None:
+    def set_counter(self, txn: Txn, name: str, value: int) -> None:
         raise NotImplementedError
 
     def retryable(self, exc: BaseException) -> bool:
@@ -180,26 +201,26 @@ class MySQLEngine(Engine):
         super().__init__(clock=clock)
         self.autocommit = autocommit
 
-    def make_pool(self, settings: MySQLSettings, reactor) -> adbapi.ConnectionPool:
+    def make_pool(self, settings: MySQLSettings, reactor: Any) -> adbapi.ConnectionPool:
         pool = mysql.make_pool(settings, reactor, autocommit=self.autocommit)
         if self.autocommit:
             pool.connectionFactory = _AutocommitConnection
         return pool
 
-    def begin_write(self, txn, *, read_committed: bool = False) -> None:
+    def begin_write(self, txn: Txn, *, read_committed: bool = False) -> None:
         if self.autocommit:
             raise RuntimeError("a write transaction on an autocommit connection")
         # Without autocommit the first statement opens the transaction.
         if read_committed:
             txn.execute(MYSQL_READ_COMMITTED)
 
-    def begin_atomic(self, txn) -> None:
+    def begin_atomic(self, txn: Txn) -> None:
         if self.autocommit:
             txn.execute(MYSQL_START_TRANSACTION)
         else:
             self.begin_write(txn)
 
-    def commit_atomic(self, txn) -> None:
+    def commit_atomic(self, txn: Txn) -> None:
         # adbapi's own commit is skipped on an autocommit connection.
         if self.autocommit:
             txn.execute(MYSQL_COMMIT)
@@ -207,18 +228,18 @@ class MySQLEngine(Engine):
     def clock_pin(self) -> int | None:
         return None if self.clock is None else int(self.clock.seconds())
 
-    def pin_clock(self, txn, seconds: int) -> None:
+    def pin_clock(self, txn: Txn, seconds: int) -> None:
         txn.execute(MYSQL_PIN_CLOCK, (seconds,))
 
-    def next_counter(self, txn, name: str) -> int:
+    def next_counter(self, txn: Txn, name: str) -> int:
         txn.execute(MYSQL_NEXT_COUNTER, (name,))
         return int(txn.lastrowid)
 
-    def reserve_counter(self, txn, name: str, count: int) -> int:
+    def reserve_counter(self, txn: Txn, name: str, count: int) -> int:
         txn.execute(MYSQL_RESERVE_COUNTER, (name, count, count))
         return int(txn.lastrowid) - count + 1
 
-    def set_counter(self, txn, name: str, value: int) -> None:
+    def set_counter(self, txn: Txn, name: str, value: int) -> None:
         txn.execute(MYSQL_SET_COUNTER, (name, value, value))
 
     def retryable(self, exc: BaseException) -> bool:
@@ -276,7 +297,7 @@ class SQLiteEngine(Engine):
         if self._schema:
             connection.executescript(self._schema)
 
-    def make_pool(self, path: str, reactor) -> adbapi.ConnectionPool:
+    def make_pool(self, path: str, reactor: Any) -> adbapi.ConnectionPool:
         # One connection: SQLite serialises writers anyway, and one connection
         # keeps BEGIN IMMEDIATE from ever waiting on ourselves.
         return adbapi.ConnectionPool(
@@ -291,19 +312,19 @@ class SQLiteEngine(Engine):
             cp_reactor=reactor,
         )
 
-    def begin_write(self, txn, *, read_committed: bool = False) -> None:
+    def begin_write(self, txn: Txn, *, read_committed: bool = False) -> None:
         # Writers are serialised: every read after BEGIN IMMEDIATE sees all commits.
         txn.execute(SQLITE_BEGIN_WRITE)
 
-    def next_counter(self, txn, name: str) -> int:
+    def next_counter(self, txn: Txn, name: str) -> int:
         txn.execute(SQLITE_NEXT_COUNTER, (name,))
         return int(txn.fetchone()[0])
 
-    def reserve_counter(self, txn, name: str, count: int) -> int:
+    def reserve_counter(self, txn: Txn, name: str, count: int) -> int:
         txn.execute(SQLITE_RESERVE_COUNTER, (name, count, count))
         return int(txn.fetchone()[0]) - count + 1
 
-    def set_counter(self, txn, name: str, value: int) -> None:
+    def set_counter(self, txn: Txn, name: str, value: int) -> None:
         txn.execute(SQLITE_SET_COUNTER, (name, value, value))
 
     def retryable(self, exc: BaseException) -> bool:

@@ -39,7 +39,7 @@ _REASONS = {
 }
 
 
-def _set_session(connection) -> None:
+def _set_session(connection: Any) -> None:
     # Epoch columns are written from our clock, but NOW()-style defaults and
     # strict mode must not depend on the server's configuration.
     with connection.cursor() as cursor:
@@ -80,14 +80,14 @@ def _connect_with(settings: MySQLSettings) -> Callable[..., Any]:
     class _PreferredTLS(pymysql.connections.Connection):
         # pymysql (1.2 and later) asks for a context of its own ({} options)
         # in its "preferred" mode, which is what this mode is.
-        def _create_ssl_ctx(self, sslp):
+        def _create_ssl_ctx(self, sslp: Any) -> Any:
             return context if sslp == {} else super()._create_ssl_ctx(sslp)
 
     return _PreferredTLS
 
 
 def make_pool(
-    settings: MySQLSettings, reactor, *, autocommit: bool = False
+    settings: MySQLSettings, reactor: Any, *, autocommit: bool = False
 ) -> adbapi.ConnectionPool:
     """``autocommit``: every statement commits on its own."""
     pool = adbapi.ConnectionPool(

@@ -40,7 +40,7 @@ def parse_redis_addr(addr: str) -> tuple[str, int]:
     return (match.group(1) or match.group(2)), port
 
 
-def make_redis(settings: RedisSettings, reactor: Any = None):
+def make_redis(settings: RedisSettings, reactor: Any = None) -> Any:
     """A lazy txredisapi connection pool (no connection attempt until used),
     connecting through ``reactor`` (the global one when None).
 
@@ -84,12 +84,12 @@ class LuaScript:
         self.source = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
 
-    def run(self, conn, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Deferred:
+    def run(self, conn: Any, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> Deferred:
         """The script's answer. A plain Deferred chain rather than a
         coroutine: this runs for every queue call."""
         keys, args = list(keys), [str(a) if not isinstance(a, (str, bytes)) else a for a in args]
 
-        def load_and_run(failure):
+        def load_and_run(failure: Any) -> Any:
             e = failure.value
             if "NOSCRIPT" not in str(e) and type(e).__name__ != "ScriptDoesNotExist":
                 return failure
@@ -98,7 +98,7 @@ class LuaScript:
         return conn.evalsha(self.sha, keys=keys, args=args).addErrback(load_and_run)
 
 
-async def ping(conn, clock: IReactorTime, timeout: float = 5) -> str | None:
+async def ping(conn: Any, clock: IReactorTime, timeout: float = 5) -> str | None:
     """None when Redis answers PING in time, else a short reason."""
     try:
         d: Deferred = conn.ping()

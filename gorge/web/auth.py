@@ -5,12 +5,12 @@ from __future__ import annotations
 import hmac
 from urllib.parse import parse_qs
 
-from gorge.web.envelope import fail
+from gorge.web.envelope import PlainRequest, fail
 
 TOKEN_FAILURE_MESSAGE = "missing or invalid service token"
 
 
-def _presented_token(request) -> bytes:
+def _presented_token(request: PlainRequest) -> bytes:
     header = request.getHeader(b"x-service-token")
     if header:
         return header.encode("utf-8", "surrogateescape") if isinstance(header, str) else header
@@ -19,7 +19,7 @@ def _presented_token(request) -> bytes:
     return values[0].encode("latin-1") if values else b""
 
 
-def token_refusal(request, token: bytes) -> bytes | None:
+def token_refusal(request: PlainRequest, token: bytes) -> bytes | None:
     """The 401 answer for a request without the service token, or None when
     it has it (or ``token`` is empty: no gate)."""
     if token and not hmac.compare_digest(_presented_token(request), token):

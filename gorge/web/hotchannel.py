@@ -84,7 +84,7 @@ class HotRequest:
     def setResponseCode(self, code: int) -> None:
         self.code = code
 
-    def getClientAddress(self):
+    def getClientAddress(self) -> Any:
         return self.channel.transport.getPeer()
 
     def head(self) -> bytes:

@@ -29,7 +29,7 @@ class HTTPListener(Service):
     """
 
     def __init__(
-        self, endpoint: str, site, *, drain_timeout: float, reactor: Any, clock: IReactorTime
+        self, endpoint: str, site: Any, *, drain_timeout: float, reactor: Any, clock: IReactorTime
     ) -> None:
         self.site = site
         self.listening_port: IListeningPort | None = None
@@ -79,7 +79,7 @@ class HTTPListener(Service):
 
 def listener(
     endpoint: str,
-    site,
+    site: Any,
     *,
     drain_timeout: float = HTTP_DRAIN_TIMEOUT,
     reactor: Any = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+from typing import Any
 
 
 class OpenApiDocument:
@@ -21,7 +22,7 @@ class OpenApiDocument:
             raise ValueError(f"{package}/{name} is not an OpenAPI document")
         self.raw = raw
 
-    def render(self, request) -> bytes:
+    def render(self, request: Any) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"content-length", str(len(self.raw)).encode("ascii"))
         return self.raw

@@ -26,13 +26,13 @@ class _Discard:
     def write(self, data: bytes) -> None:
         pass
 
-    def seek(self, *args) -> int:
+    def seek(self, *args: Any) -> int:
         return 0
 
     def tell(self) -> int:
         return 0
 
-    def read(self, *args) -> bytes:
+    def read(self, *args: Any) -> bytes:
         return b""
 
     def close(self) -> None:
@@ -54,7 +54,7 @@ class RequestIds:
         return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def stamp_request(request, ids: RequestIds | None) -> str:
+def stamp_request(request: Any, ids: RequestIds | None) -> str:
     """Give ``request`` its id and its start, which :func:`log_request` reads,
     and echo the id in ``X-Request-Id``; returns the id. The client's id is
     kept if it is fit to echo and log, else one is made from ``ids``."""
@@ -96,13 +96,13 @@ class LimitedRequest(server.Request):
     request_id = ""
     started = 0.0
 
-    def __init__(self, channel, *args, **kwargs) -> None:
+    def __init__(self, channel: Any, *args: Any, **kwargs: Any) -> None:
         # Every body is JSON: parsing it as a form (Twisted's default for POST)
         # builds an email.message per request to read the content type.
         kwargs.setdefault("parsePOSTFormSubmission", False)
         super().__init__(channel, *args, **kwargs)
 
-    def gotLength(self, length):
+    def gotLength(self, length: int | None) -> None:
         if length is not None and length > self.limit:
             self._too_large = True
             self.content = _Discard()
@@ -150,7 +150,7 @@ class LimitedRequest(server.Request):
         finally:
             request_id_var.reset(token)
 
-    def _log_access(self, result) -> None:
+    def _log_access(self, result: object) -> None:
         log_request(type(self), self)
 
 

@@ -71,7 +71,7 @@ class GorgeRoot(Resource):
         self._registry = registry
         self._clock = clock
 
-    def render(self, request):
+    def render(self, request: Any) -> Any:
         path = request.path
         if path.startswith(self.prefix) or path == self.prefix.rstrip(b"/"):
             refusal = token_refusal(request, self._token)
@@ -89,7 +89,7 @@ class GorgeRoot(Resource):
             return envelope(request, 200, {"status": "ok"})
         return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
 
-    def _render_readyz(self, request):
+    def _render_readyz(self, request: Any) -> Any:
         async def check() -> str | None:
             try:
                 return await Deferred.fromCoroutine(self._readiness()).addTimeout(
@@ -145,7 +145,7 @@ class GorgeChannel(_KnownToSite, http.HTTPChannel):
 
     site: GorgeSite
 
-    def checkPersistence(self, request, version) -> bool:
+    def checkPersistence(self, request: Any, version: bytes) -> bool:
         # A request whose head completes during the drain is the last one
         # on its connection.
         if self.site.draining:
@@ -183,14 +183,14 @@ class DirectRoutes(Resource):
         self._routes = routes
         self._fallback = fallback
 
-    def render(self, request):
+    def render(self, request: Any) -> Any:
         handler = self._routes.get(request.path) if request.method == b"POST" else None
         if handler is None:
             return self._fallback.render(request)
         gone = False
         running: Deferred | None = None
 
-        def finished(result):
+        def finished(result: object) -> None:
             nonlocal gone
             gone = True
             # The client went away: stop the work, as Klein does.
@@ -347,13 +347,13 @@ class GorgeSite(server.Site):
     #: Set by :func:`build_site` when the service has hot routes.
     hot_routes: HotRoutes | None = None
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.draining = False
         self._closed: dict[GorgeChannel, Deferred] = {}
         self._connections = InFlight()
 
-    def log(self, request) -> None:
+    def log(self, request: Any) -> None:
         pass
 
     @property
@@ -438,7 +438,7 @@ def build_site(
     return site
 
 
-def stub_client(site: server.Site):
+def stub_client(site: server.Site) -> Any:
     """A StubTreq that dispatches through ``site``'s request factory.
 
     StubTreq builds its own Site around the resource; giving it our request
@@ -449,7 +449,7 @@ def stub_client(site: server.Site):
     stub = StubTreq(site.resource)
     # treq offers no public way to the Site it builds; its private
     # ``_agent._serverFactory`` is read here and nowhere else, and
-    # tests/platform/test_stub_client.py fails loudly if treq renames it.
+    # tests/web/test_stub_client.py fails loudly if treq renames it.
     server_factory: Any = stub._agent._serverFactory
     server_factory.requestFactory = site.requestFactory
     server_factory.displayTracebacks = False
