@@ -64,6 +64,45 @@ def send_failed(message: str) -> Answer:
     return Answer(502, "ERR_SEND_FAILED", _cap(message))
 
 
+def _final_answer(backend: Backend, outcome: Outcome, attempt: int) -> Answer | None:
+    """The answer an outcome settles the send with, whatever is left to
+    try; None when another attempt or backend may still succeed."""
+    kind = outcome.kind
+    if kind is Kind.ACCEPTED:
+        log.info(
+            "MAILER_SENT mailer={mailer} type={type} attempt={attempt}",
+            mailer=backend.key,
+            type=backend.type,
+            attempt=attempt,
+        )
+        return Answer(200, None, mailer_key=backend.key, message_id=outcome.message_id)
+    if kind is Kind.REJECTED_MESSAGE:
+        return Answer(
+            422,
+            "ERR_PERMANENT_FAILURE",
+            _cap(f"{backend.key} ({backend.type}): {outcome.cause}"),
+            mailer_key=backend.key,
+        )
+    if kind is Kind.UNKNOWN:
+        return Answer(
+            502,
+            "ERR_OUTCOME_UNKNOWN",
+            _cap(f"{backend.key} ({backend.type}): outcome unknown: {outcome.cause}"),
+            mailer_key=backend.key,
+        )
+    return None
+
+
+def _all_failed(last: tuple[Backend, Outcome], finals: list[Kind]) -> Answer:
+    """Every candidate failed: permanent only when each one's last outcome
+    rejected the message without naming a scope."""
+    backend, outcome = last
+    text = f"all mailers failed, last error: {backend.key} ({backend.type}): {outcome.cause}"
+    if finals and all(k is Kind.REJECTED_UNSCOPED for k in finals):
+        return Answer(422, "ERR_PERMANENT_FAILURE", _cap(text))
+    return send_failed(text)
+
+
 class Dispatch:
     """One running send; see the module docstring."""
 
@@ -102,8 +141,9 @@ class Dispatch:
         return answer
 
     async def _walk(self) -> Answer:
+        """Each candidate in turn, each with its retries, until one answers
+        for good, the dispatch is stopped, or all have failed."""
         d = self._dispatcher
-        clock = d.clock
         last: tuple[Backend, Outcome] | None = None
         finals: list[Kind] = []  # the last outcome of each finished backend
         for index, backend in enumerate(self._candidates):
@@ -111,62 +151,49 @@ class Dispatch:
                 d.metrics.failovers.inc()
             attempt = 0
             while True:
-                if self.cancelled is None and clock.seconds() >= self.deadline:
+                if self.cancelled is None and d.clock.seconds() >= self.deadline:
                     self.cancelled = "deadline reached"  # the timer may not have run yet
                 if self.cancelled is not None:
                     return self._stopped(last)
                 attempt += 1
                 outcome = await self._attempt(backend, attempt)
                 last = (backend, outcome)
-                kind = outcome.kind
-                if kind is Kind.ACCEPTED:
-                    log.info(
-                        "MAILER_SENT mailer={mailer} type={type} attempt={attempt}",
-                        mailer=backend.key,
-                        type=backend.type,
-                        attempt=attempt,
-                    )
-                    return Answer(200, None, mailer_key=backend.key, message_id=outcome.message_id)
-                if kind is Kind.REJECTED_MESSAGE:
-                    return Answer(
-                        422,
-                        "ERR_PERMANENT_FAILURE",
-                        _cap(f"{backend.key} ({backend.type}): {outcome.cause}"),
-                        mailer_key=backend.key,
-                    )
-                if kind is Kind.UNKNOWN:
-                    return Answer(
-                        502,
-                        "ERR_OUTCOME_UNKNOWN",
-                        _cap(f"{backend.key} ({backend.type}): outcome unknown: {outcome.cause}"),
-                        mailer_key=backend.key,
-                    )
+                final = _final_answer(backend, outcome, attempt)
+                if final is not None:
+                    return final
                 if self.cancelled is not None:
                     return self._stopped(last)
-                if kind is not Kind.TRANSIENT or attempt > d.max_retries:
-                    finals.append(kind)
+                wait = self._retry_wait(outcome, attempt)
+                if wait is None:
+                    finals.append(outcome.kind)
                     break
-                wait = d.retry_wait
-                if outcome.retry_after is not None:
-                    wait = max(wait, outcome.retry_after)
-                    if clock.seconds() + wait > self.deadline:
-                        # Fail over instead of waiting past the deadline.
-                        finals.append(kind)
-                        break
-                if wait > 0:
-                    self._current = deferLater(clock, wait)
-                    try:
-                        await self._current
-                    except CancelledError:
-                        return self._stopped(last)
-                    finally:
-                        self._current = None
+                if wait > 0 and not await self._pause(wait):
+                    return self._stopped(last)
         assert last is not None
-        backend, outcome = last
-        text = f"all mailers failed, last error: {backend.key} ({backend.type}): {outcome.cause}"
-        if finals and all(k is Kind.REJECTED_UNSCOPED for k in finals):
-            return Answer(422, "ERR_PERMANENT_FAILURE", _cap(text))
-        return send_failed(text)
+        return _all_failed(last, finals)
+
+    def _retry_wait(self, outcome: Outcome, attempt: int) -> float | None:
+        """Seconds before the same backend is tried again; None fails over."""
+        d = self._dispatcher
+        if outcome.kind is not Kind.TRANSIENT or attempt > d.max_retries:
+            return None
+        wait = d.retry_wait
+        if outcome.retry_after is not None:
+            wait = max(wait, outcome.retry_after)
+            if d.clock.seconds() + wait > self.deadline:
+                return None  # fail over instead of waiting past the deadline
+        return wait
+
+    async def _pause(self, wait: float) -> bool:
+        """Wait between attempts; False when the dispatch was cancelled."""
+        self._current = deferLater(self._dispatcher.clock, wait)
+        try:
+            await self._current
+        except CancelledError:
+            return False
+        finally:
+            self._current = None
+        return True
 
     def _stopped(self, last: tuple[Backend, Outcome] | None) -> Answer:
         text = f"send stopped: {self.cancelled}"

@@ -7,6 +7,7 @@ real constructor (tests and the demo call it with their own reactor).
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -26,7 +27,7 @@ from gorge.web.site import build_site
 
 from .api import MailerApi
 from .backends import build_backend
-from .backends.base import Reloadable
+from .backends.base import Backend, Reloadable
 from .dispatcher import Dispatcher
 from .metrics import MailerMetrics
 from .settings import MailerSettings, load_mailer_settings
@@ -96,11 +97,7 @@ def build_mailer_service(
     )
     api = MailerApi(dispatcher, metrics=metrics, body_limit=settings.body_limit)
 
-    async def readiness() -> str | None:
-        # Never dials out: a 200 only says an attempt can be made.
-        if backends:
-            return None
-        return settings.config_problem or "no mailers configured"
+    readiness = _readiness(settings, backends)
 
     site = build_site(
         api_resource=api.resource(),
@@ -113,9 +110,47 @@ def build_mailer_service(
     )
 
     # One budget for the stop: the listener answers the requests already
-    # received (a send arrives as one), this step waits for sends whose
+    # received (a send arrives as one), the drain step waits for sends whose
     # client has gone and cancels what outlives the budget.
     budget = StopBudget(settings.drain_budget, reactor)
+    started, stopping = _ready_steps(settings, len(backends), api, budget, notifier)
+
+    tree = ServiceTree("gorge-mailer")
+    tree.add("mailer-http-pool", stop=pool.closeCachedConnections)
+    tree.add("mailer-drain", stop=_drain_step(api, budget, reactor))
+    if reloadable:
+        tree.add("mailer-reload", _reload_on_hangup(reloadable, reactor))
+    if listen:
+        tree.add(
+            "listener",
+            listener(
+                settings.http.endpoint, site, drain_timeout=settings.drain_budget, clock=reactor
+            ),
+        )
+    tree.add("mailer-ready", start=started, stop=stopping)
+    if notifier is not None and notifier.watchdog_interval is not None:
+        tree.add("mailer_watchdog", watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))
+    tree.keep("site", site)
+    tree.keep("api", api)
+    tree.keep("dispatcher", dispatcher)
+    tree.keep("metrics-registry", registry)
+    return tree
+
+
+def _readiness(
+    settings: MailerSettings, backends: list[Backend]
+) -> Callable[[], Coroutine[Any, Any, str | None]]:
+    async def readiness() -> str | None:
+        # Never dials out: a 200 only says an attempt can be made.
+        if backends:
+            return None
+        return settings.config_problem or "no mailers configured"
+
+    return readiness
+
+
+def _drain_step(api: MailerApi, budget: StopBudget, reactor: Any) -> Callable[[], Awaitable[None]]:
+    """The stop step that waits for sends in flight within the budget."""
 
     async def drain() -> None:
         if not len(api.inflight):
@@ -132,11 +167,24 @@ def build_mailer_service(
         # give it a moment to flush them.
         await deferLater(reactor, FLUSH_WAIT)
 
+    return drain
+
+
+def _ready_steps(
+    settings: MailerSettings,
+    mailers: int,
+    api: MailerApi,
+    budget: StopBudget,
+    notifier: SystemdNotifier | None,
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """What the tree does once started (READY) and when its stop begins
+    (the budget starts, STOPPING)."""
+
     def started() -> None:
         log.info(
             "MAILER_STARTED listen={listen} mailers={mailers}",
             listen=settings.http.listen_addr,
-            mailers=len(backends),
+            mailers=mailers,
         )
         if notifier is not None:
             notifier.ready()
@@ -152,28 +200,12 @@ def build_mailer_service(
                 budget=budget.seconds,
             )
 
-    tree = ServiceTree("gorge-mailer")
-    tree.add("mailer-http-pool", stop=pool.closeCachedConnections)
-    tree.add("mailer-drain", stop=drain)
-    if reloadable:
+    return started, stopping
 
-        def reload_backends() -> None:
-            for backend in reloadable:
-                backend.reload()
 
-        tree.add("mailer-reload", ReloadOnHangup(reload_backends, reactor, name="mailer-reload"))
-    if listen:
-        tree.add(
-            "listener",
-            listener(
-                settings.http.endpoint, site, drain_timeout=settings.drain_budget, clock=reactor
-            ),
-        )
-    tree.add("mailer-ready", start=started, stop=stopping)
-    if notifier is not None and notifier.watchdog_interval is not None:
-        tree.add("mailer_watchdog", watchdog_heartbeat(notifier, reactor, "mailer_watchdog"))
-    tree.keep("site", site)
-    tree.keep("api", api)
-    tree.keep("dispatcher", dispatcher)
-    tree.keep("metrics-registry", registry)
-    return tree
+def _reload_on_hangup(reloadable: Sequence[Reloadable], reactor: Any) -> ReloadOnHangup:
+    def reload_backends() -> None:
+        for backend in reloadable:
+            backend.reload()
+
+    return ReloadOnHangup(reload_backends, reactor, name="mailer-reload")
