@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from twisted.logger import LogLevel
 
@@ -20,8 +21,10 @@ __all__ = [
     "ConfigError",
     "Env",
     "HttpSettings",
+    "JsonFields",
     "MYSQL_TLS_MODES",
     "MySQLSettings",
+    "TypedReader",
     "load_http_settings",
     "load_mysql_tls",
     "parse_bool",
@@ -134,38 +137,35 @@ def parse_level(text: str) -> LogLevel:
         ) from None
 
 
-class Env:
-    """Typed reads of environment variables, with legacy aliases.
+class TypedReader:
+    """Typed getters over one source of settings, shared by :class:`Env`
+    (environment variables, text) and :class:`JsonFields` (a JSON object,
+    typed values), so both bound values alike and name the setting alike in
+    their one-line :class:`ConfigError`.
 
-    ``names`` is one variable name or a tuple (canonical first, then legacy
-    aliases): the first non-empty one wins. An empty value counts as unset.
-    A legacy alias in use adds one line to :attr:`warnings`, which the
-    service logs at start-up.
+    A subclass says how names are looked up (:meth:`_lookup`: the setting as
+    an error names it, and its raw value or None when unset) and how a raw
+    value becomes an int, a float, a bool or a size (``_to_*``, raising
+    ``ValueError`` with the reason).
     """
 
-    def __init__(self, environ: Mapping[str, str], service: str = "gorge") -> None:
-        self._environ = environ
-        self.service = service
-        self.warnings: list[str] = []
+    def _lookup(self, names: str | Sequence[str]) -> tuple[str, object | None]:
+        raise NotImplementedError
 
-    def _lookup(self, names: str | Sequence[str]) -> tuple[str, str | None]:
-        candidates = (names,) if isinstance(names, str) else tuple(names)
-        for index, name in enumerate(candidates):
-            value = self._environ.get(name, "")
-            if value != "":
-                if index > 0:
-                    warning = f"{name} is deprecated, use {candidates[0]}"
-                    if warning not in self.warnings:
-                        self.warnings.append(warning)
-                return name, value
-        return candidates[0], None
+    def _to_int(self, value: object) -> builtins.int:
+        raise NotImplementedError
 
-    def raw(self, names: str | Sequence[str]) -> str | None:
-        return self._lookup(names)[1]
+    def _to_float(self, value: object) -> builtins.float:
+        raise NotImplementedError
 
-    def str(self, names: str | Sequence[str], default: str = "") -> str:
-        value = self._lookup(names)[1]
-        return default if value is None else value
+    def _to_bool(self, value: object) -> builtins.bool:
+        raise NotImplementedError
+
+    def _to_size(self, value: object) -> builtins.int:
+        raise NotImplementedError
+
+    def _to_str(self, value: object) -> builtins.str:
+        raise NotImplementedError
 
     def _typed(self, names, default, parse, minimum=None, maximum=None):
         name, value = self._lookup(names)
@@ -181,30 +181,163 @@ class Env:
             raise ConfigError(name, f"must be <= {maximum}, got {value!r}")
         return parsed
 
-    def int(self, names, default: int, *, min: int | None = None, max: int | None = None) -> int:
-        return self._typed(names, default, parse_int, min, max)
+    def str(
+        self, names: builtins.str | Sequence[builtins.str], default: builtins.str = ""
+    ) -> builtins.str:
+        return self._typed(names, default, self._to_str)
+
+    def int(
+        self,
+        names,
+        default: builtins.int,
+        *,
+        min: builtins.int | None = None,
+        max: builtins.int | None = None,
+    ) -> builtins.int:
+        return self._typed(names, default, self._to_int, min, max)
 
     def float(
-        self, names, default: float, *, min: float | None = None, max: float | None = None
-    ) -> float:
-        return self._typed(names, default, parse_float, min, max)
+        self,
+        names,
+        default: builtins.float,
+        *,
+        min: builtins.float | None = None,
+        max: builtins.float | None = None,
+    ) -> builtins.float:
+        return self._typed(names, default, self._to_float, min, max)
 
-    def bool(self, names, default: bool) -> bool:
-        return self._typed(names, default, parse_bool)
+    def bool(self, names, default: builtins.bool) -> builtins.bool:
+        return self._typed(names, default, self._to_bool)
 
     def size(
         self, names, default: builtins.int, *, min: builtins.int | None = None
     ) -> builtins.int:
-        return self._typed(names, default, parse_size, min)
+        return self._typed(names, default, self._to_size, min)
 
     def choice(self, names, default: builtins.str, choices: Sequence[builtins.str]) -> builtins.str:
         name, value = self._lookup(names)
         if value is None:
             return default
-        if value not in choices:
+        text = self._to_str(value)
+        if text not in choices:
             accepted = ", ".join(choices)
-            raise ConfigError(name, f"unknown value {value!r} (accepted: {accepted})")
+            raise ConfigError(name, f"unknown value {text!r} (accepted: {accepted})")
+        return text
+
+
+class Env(TypedReader):
+    """Typed reads of environment variables, with legacy aliases.
+
+    ``names`` is one variable name or a tuple (canonical first, then legacy
+    aliases): the first non-empty one wins. An empty value counts as unset.
+    A legacy alias in use adds one line to :attr:`warnings`, which the
+    service logs at start-up.
+    """
+
+    def __init__(
+        self, environ: Mapping[builtins.str, builtins.str], service: builtins.str = "gorge"
+    ) -> None:
+        self._environ = environ
+        self.service = service
+        self.warnings: list[builtins.str] = []
+
+    def _lookup(self, names: builtins.str | Sequence[builtins.str]) -> tuple[builtins.str, Any]:
+        candidates = (names,) if isinstance(names, builtins.str) else tuple(names)
+        for index, name in enumerate(candidates):
+            value = self._environ.get(name, "")
+            if value != "":
+                if index > 0:
+                    warning = f"{name} is deprecated, use {candidates[0]}"
+                    if warning not in self.warnings:
+                        self.warnings.append(warning)
+                return name, value
+        return candidates[0], None
+
+    def raw(self, names: builtins.str | Sequence[builtins.str]) -> builtins.str | None:
+        return self._lookup(names)[1]
+
+    def str(
+        self, names: builtins.str | Sequence[builtins.str], default: builtins.str = ""
+    ) -> builtins.str:
+        value = self._lookup(names)[1]
+        return default if value is None else value
+
+    def _to_int(self, value: Any) -> builtins.int:
+        return parse_int(value)
+
+    def _to_float(self, value: Any) -> builtins.float:
+        return parse_float(value)
+
+    def _to_bool(self, value: Any) -> builtins.bool:
+        return parse_bool(value)
+
+    def _to_size(self, value: Any) -> builtins.int:
+        return parse_size(value)
+
+    def _to_str(self, value: Any) -> builtins.str:
         return value
+
+
+class JsonFields(TypedReader):
+    """Typed reads of the fields of one JSON object (a config file, one entry
+    of a list in it). JSON ``null`` counts as unset; a value of the wrong
+    JSON type is refused, never converted from text. Errors name the setting
+    as ``prefix`` + field (``"GORGE_MAILER_CONFIG_FILE maxRetries"``)."""
+
+    def __init__(self, doc: Mapping[builtins.str, Any], prefix: builtins.str = "") -> None:
+        self._doc = doc
+        self._prefix = prefix
+
+    def _lookup(self, names: builtins.str | Sequence[builtins.str]) -> tuple[builtins.str, Any]:
+        name = names if isinstance(names, builtins.str) else names[0]
+        return self._prefix + name, self._doc.get(name)
+
+    def _to_int(self, value: Any) -> builtins.int:
+        # JSON has one number type: 2.0 is the integer 2, 2.5 is not one.
+        if isinstance(value, builtins.float) and value.is_integer():
+            return builtins.int(value)
+        if isinstance(value, builtins.bool) or not isinstance(value, builtins.int):
+            raise ValueError(f"not an integer: {_shown(value)}")
+        return value
+
+    def _to_float(self, value: Any) -> builtins.float:
+        if isinstance(value, builtins.bool) or not isinstance(value, builtins.int | builtins.float):
+            raise ValueError(f"not a number: {_shown(value)}")
+        return builtins.float(value)
+
+    def _to_bool(self, value: Any) -> builtins.bool:
+        if not isinstance(value, builtins.bool):
+            raise ValueError(f"not a boolean (use true or false): {_shown(value)}")
+        return value
+
+    def _to_size(self, value: Any) -> builtins.int:
+        # A byte count, or the environment's text form ("10M").
+        if isinstance(value, builtins.str):
+            return parse_size(value)
+        return self._to_int(value)
+
+    def _to_str(self, value: Any) -> builtins.str:
+        if not isinstance(value, builtins.str):
+            raise ValueError(f"not a string: {_shown(value)}")
+        return value
+
+    def object(self, name: builtins.str) -> dict[builtins.str, Any]:
+        """A nested JSON object; unset gives an empty one."""
+        setting, value = self._lookup(name)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(setting, f"not an object: {_shown(value)}")
+        return value
+
+
+def _shown(value: Any) -> builtins.str:
+    """A JSON value for an error line: its type for a container (it may hold
+    secrets), else its repr, cut short."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gorge.config import ConfigError, Env, HttpSettings, load_http_settings, parse_listen_addr
+from gorge.config import (
+    ConfigError,
+    Env,
+    HttpSettings,
+    JsonFields,
+    load_http_settings,
+    parse_listen_addr,
+)
 
 from .backends.base import BackendEntry
 
@@ -113,38 +120,38 @@ def parse_backend_list(text: str, source: str) -> list[BackendEntry] | None:
 def entries_from_json(doc: Any, source: str) -> list[BackendEntry]:
     if not isinstance(doc, list):
         raise MalformedList("the mailer list must be a JSON array")
-    raw_entries = []
-    for i, item in enumerate(doc):
-        where = f"element {i}"
-        if not isinstance(item, dict):
-            raise MalformedList(f"{where} is not an object")
-        # Absent (or null) is not a shape error but an empty value, which
-        # the semantic checks below reject in both modes (required).
-        key, typ = item.get("key", ""), item.get("type", "")
-        key = "" if key is None else key
-        typ = "" if typ is None else typ
-        if not isinstance(key, str) or not isinstance(typ, str):
-            raise MalformedList(f"{where}: key and type must be strings")
-        priority = item.get("priority")
-        if priority is None:
-            priority = 0
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            if isinstance(priority, float) and priority.is_integer():
-                priority = int(priority)
-            else:
-                raise MalformedList(f"{where}: priority must be an integer")
-        options = item.get("options")
-        if options is None:
-            options = {}
-        if not isinstance(options, dict):
-            raise MalformedList(f"{where}: options must be an object")
-        coerced = {}
-        for name, value in options.items():
-            if isinstance(value, (dict, list)):
-                raise MalformedList(f"{where}: option {name[:40]!r} must be a scalar")
-            coerced[name] = _scalar(value)
-        raw_entries.append((key, typ, priority, coerced))
+    return _with_priorities([_entry_shape(item, i) for i, item in enumerate(doc)], source)
 
+
+def _entry_shape(item: Any, index: int) -> tuple[str, str, int, dict[str, str]]:
+    """One element's fields, typed; a wrong JSON type is a shape error,
+    raised as :class:`MalformedList` naming the field."""
+    where = f"element {index}"
+    if not isinstance(item, dict):
+        raise MalformedList(f"{where} is not an object")
+    fields = JsonFields(item, prefix=f"{where}.")
+    try:
+        # Absent (or null) is not a shape error but an empty value, which
+        # _with_priorities rejects in both modes (required).
+        key = fields.str("key", "")
+        typ = fields.str("type", "")
+        priority = fields.int("priority", 0)
+        options = fields.object("options")
+    except ConfigError as e:
+        raise MalformedList(str(e)) from None
+    coerced = {}
+    for name, value in options.items():
+        if isinstance(value, (dict, list)):
+            raise MalformedList(f"{where}: option {name[:40]!r} must be a scalar")
+        coerced[name] = _scalar(value)
+    return key, typ, priority, coerced
+
+
+def _with_priorities(
+    raw_entries: list[tuple[str, str, int, dict[str, str]]], source: str
+) -> list[BackendEntry]:
+    """The semantic checks (required, unique keys) and effective priorities:
+    an unset priority counts down from -1 in declaration order."""
     seen: set[str] = set()
     entries = []
     auto = 0
@@ -271,6 +278,36 @@ def _from_file(
     from_option: bool,
 ) -> MailerSettings:
     setting = "--config" if from_option else "GORGE_MAILER_CONFIG_FILE"
+    doc = _read_json_object(path, setting)
+    warnings = [
+        f"{name} is ignored because a config file is used"
+        for name in _ENV_ONLY
+        if environ.get(name, "")
+    ]
+    unknown = sorted(set(doc) - _FILE_KEYS)
+    if unknown:
+        warnings.append(f"unknown config file keys ignored: {', '.join(k[:40] for k in unknown)}")
+    fields = JsonFields(doc, prefix=f"{setting} ")
+    http = _file_http(env, fields, listen, setting, "serviceToken" in doc)
+    entries: list[BackendEntry] = []
+    if doc.get("mailers") is not None:
+        try:
+            entries = entries_from_json(doc["mailers"], "GORGE_MAILER_CONFIG_FILE")
+        except MalformedList as e:
+            raise ConfigError(f"{setting} mailers", str(e)) from None
+    return MailerSettings(
+        http=http,
+        entries=tuple(entries),
+        max_retries=fields.int("maxRetries", 2, min=0),
+        retry_wait=float(fields.int("retryWaitSec", 2, min=0)),
+        body_limit=fields.int("bodyLimit", 524288),
+        send_timeout=float(fields.int("sendTimeoutSec", 25, min=1)),
+        strict=strict,
+        warnings=tuple(warnings),
+    )
+
+
+def _read_json_object(path: str, setting: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -284,61 +321,22 @@ def _from_file(
         raise ConfigError(setting, "invalid JSON") from None
     if not isinstance(doc, dict):
         raise ConfigError(setting, "the config file must hold a JSON object")
-    warnings = [
-        f"{name} is ignored because a config file is used"
-        for name in _ENV_ONLY
-        if environ.get(name, "")
-    ]
-    unknown = sorted(set(doc) - _FILE_KEYS)
-    if unknown:
-        warnings.append(f"unknown config file keys ignored: {', '.join(k[:40] for k in unknown)}")
+    return doc
 
-    def number(key: str, default: int, minimum: int | None) -> int:
-        value = doc.get(key)
-        if value is None:
-            return default
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or (isinstance(value, float) and not value.is_integer())
-        ):
-            raise ConfigError(f"{setting} {key}", "must be an integer")
-        if minimum is not None and value < minimum:
-            raise ConfigError(f"{setting} {key}", f"must be >= {minimum}")
-        return int(value)
 
-    def string(key: str, default: str) -> str:
-        value = doc.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise ConfigError(f"{setting} {key}", "must be a string")
-        return value
-
-    listen_addr = listen or string("listenAddr", "") or DEFAULT_LISTEN
+def _file_http(
+    env: Env, fields: JsonFields, listen: str | None, setting: str, has_token: bool
+) -> HttpSettings:
+    """The listener of file mode: ``--listen`` over ``listenAddr``; the
+    file's ``serviceToken`` (even an empty one) over the environment's."""
+    listen_addr = listen or fields.str("listenAddr", "") or DEFAULT_LISTEN
     try:
         endpoint = parse_listen_addr(listen_addr)
     except ValueError as e:
         raise ConfigError("--listen" if listen else f"{setting} listenAddr", str(e)) from None
     token = env.str(("GORGE_SERVICE_TOKEN", "SERVICE_TOKEN"), "")
-    if "serviceToken" in doc:
-        token = string("serviceToken", "")
-    http = HttpSettings(
+    if has_token:
+        token = fields.str("serviceToken", "")
+    return HttpSettings(
         listen_addr=listen_addr, endpoint=endpoint, token=token, body_limit=TRANSPORT_BODY_LIMIT
-    )
-    entries: list[BackendEntry] = []
-    if doc.get("mailers") is not None:
-        try:
-            entries = entries_from_json(doc["mailers"], "GORGE_MAILER_CONFIG_FILE")
-        except MalformedList as e:
-            raise ConfigError(f"{setting} mailers", str(e)) from None
-    return MailerSettings(
-        http=http,
-        entries=tuple(entries),
-        max_retries=number("maxRetries", 2, 0),
-        retry_wait=float(number("retryWaitSec", 2, 0)),
-        body_limit=number("bodyLimit", 524288, None),
-        send_timeout=float(number("sendTimeoutSec", 25, 1)),
-        strict=strict,
-        warnings=tuple(warnings),
     )

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gorge.config import ConfigError
+from gorge.config import ConfigError, Env, JsonFields
 from gorge.mailer.service import Options, build_mailer_service, makeService
 from gorge.mailer.settings import MalformedList, load_mailer_settings, parse_backend_list
 
@@ -392,3 +392,65 @@ def test_file_mode_warns_about_every_ignored_variable(tmp_path, name):
     s = load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(path), name: "v4lue"})
     assert any(w.startswith(f"{name} is ignored") for w in s.warnings), s.warnings
     assert not any("v4lue" in w for w in s.warnings)
+
+
+# -- the file and the environment read numbers alike (gorge.config.TypedReader)
+
+
+@pytest.mark.parametrize(
+    "content,setting,reason",
+    [
+        ('{"maxRetries": "2"}', "GORGE_MAILER_CONFIG_FILE maxRetries", "not an integer: '2'"),
+        ('{"maxRetries": true}', "GORGE_MAILER_CONFIG_FILE maxRetries", "not an integer: True"),
+        ('{"retryWaitSec": 1.5}', "GORGE_MAILER_CONFIG_FILE retryWaitSec", "not an integer: 1.5"),
+        ('{"maxRetries": -1}', "GORGE_MAILER_CONFIG_FILE maxRetries", "must be >= 0, got -1"),
+        ('{"sendTimeoutSec": 0}', "GORGE_MAILER_CONFIG_FILE sendTimeoutSec", "must be >= 1, got 0"),
+        ('{"listenAddr": 8110}', "GORGE_MAILER_CONFIG_FILE listenAddr", "not a string: 8110"),
+        ('{"serviceToken": []}', "GORGE_MAILER_CONFIG_FILE serviceToken", "not a string: an array"),
+    ],
+)
+def test_a_bad_file_value_is_named_and_bounded_like_a_variable(tmp_path, content, setting, reason):
+    path = tmp_path / "mailer.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(path)})
+    assert (e.value.setting, e.value.reason) == (setting, reason)
+
+
+def test_integral_json_numbers_are_integers(tmp_path):
+    path = tmp_path / "mailer.json"
+    path.write_text('{"maxRetries": 3.0, "bodyLimit": null}')
+    s = load_mailer_settings({"GORGE_MAILER_CONFIG_FILE": str(path)})
+    assert (s.max_retries, s.body_limit) == (3, 524288)
+
+
+@given(value=st.integers(-5, 5), minimum=st.integers(-3, 3))
+def test_property_file_and_environment_agree_on_bounds(value, minimum):
+    def outcome(read):
+        try:
+            return read()
+        except ConfigError as e:
+            return e.reason.replace("'", "")
+
+    from_env = outcome(lambda: Env({"N": str(value)}).int("N", 0, min=minimum))
+    from_json = outcome(lambda: JsonFields({"N": value}).int("N", 0, min=minimum))
+    assert from_env == from_json
+
+
+@pytest.mark.parametrize(
+    "element,cause",
+    [
+        (
+            '{"key": "a", "type": "test", "priority": 1.5}',
+            "element 0.priority: not an integer: 1.5",
+        ),
+        ('{"key": "a", "type": 5}', "element 0.type: not a string: 5"),
+        (
+            '{"key": "a", "type": "test", "options": []}',
+            "element 0.options: not an object: an array",
+        ),
+    ],
+)
+def test_a_malformed_element_names_its_field(element, cause):
+    s = load_mailer_settings({"GORGE_MAILER_CONFIG": f"[{element}]"})
+    assert s.config_problem == f"mailer configuration invalid: {cause}"
