@@ -11,9 +11,9 @@ from __future__ import annotations
 import builtins
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.logger import LogLevel
 
@@ -137,6 +137,11 @@ def parse_level(text: str) -> LogLevel:
         ) from None
 
 
+#: One setting name, or a canonical name and its legacy aliases.
+Names = str | Sequence[str]
+T = TypeVar("T")
+
+
 class TypedReader:
     """Typed getters over one source of settings, shared by :class:`Env`
     (environment variables, text) and :class:`JsonFields` (a JSON object,
@@ -149,7 +154,7 @@ class TypedReader:
     ``ValueError`` with the reason).
     """
 
-    def _lookup(self, names: str | Sequence[str]) -> tuple[str, object | None]:
+    def _lookup(self, names: Names) -> tuple[builtins.str, Any]:
         raise NotImplementedError
 
     def _to_int(self, value: object) -> builtins.int:
@@ -167,7 +172,14 @@ class TypedReader:
     def _to_str(self, value: object) -> builtins.str:
         raise NotImplementedError
 
-    def _typed(self, names, default, parse, minimum=None, maximum=None):
+    def _typed(
+        self,
+        names: Names,
+        default: T,
+        parse: Callable[[Any], T],
+        minimum: Any = None,
+        maximum: Any = None,
+    ) -> T:
         name, value = self._lookup(names)
         if value is None:
             return default
@@ -181,14 +193,12 @@ class TypedReader:
             raise ConfigError(name, f"must be <= {maximum}, got {value!r}")
         return parsed
 
-    def str(
-        self, names: builtins.str | Sequence[builtins.str], default: builtins.str = ""
-    ) -> builtins.str:
+    def str(self, names: Names, default: builtins.str = "") -> builtins.str:
         return self._typed(names, default, self._to_str)
 
     def int(
         self,
-        names,
+        names: Names,
         default: builtins.int,
         *,
         min: builtins.int | None = None,
@@ -198,7 +208,7 @@ class TypedReader:
 
     def float(
         self,
-        names,
+        names: Names,
         default: builtins.float,
         *,
         min: builtins.float | None = None,
@@ -206,15 +216,17 @@ class TypedReader:
     ) -> builtins.float:
         return self._typed(names, default, self._to_float, min, max)
 
-    def bool(self, names, default: builtins.bool) -> builtins.bool:
+    def bool(self, names: Names, default: builtins.bool) -> builtins.bool:
         return self._typed(names, default, self._to_bool)
 
     def size(
-        self, names, default: builtins.int, *, min: builtins.int | None = None
+        self, names: Names, default: builtins.int, *, min: builtins.int | None = None
     ) -> builtins.int:
         return self._typed(names, default, self._to_size, min)
 
-    def choice(self, names, default: builtins.str, choices: Sequence[builtins.str]) -> builtins.str:
+    def choice(
+        self, names: Names, default: builtins.str, choices: Sequence[builtins.str]
+    ) -> builtins.str:
         name, value = self._lookup(names)
         if value is None:
             return default
