@@ -223,8 +223,8 @@ class Bench:
         batch = self.concurrency * 8
 
         async def one(candidate):
-            if await store.claim(candidate):
-                await store.finish(
+            if await store.claims.claim(candidate):
+                await store.claims.finish(
                     candidate,
                     "sent",
                     "okay",
@@ -234,7 +234,7 @@ class Bench:
         meter = self.meter()
         started = time.perf_counter()
         while True:
-            rows = await store.candidates(limit=batch, lease=30, backoff=60)
+            rows = await store.claims.candidates(limit=batch, lease=30, backoff=60)
             if not rows:
                 break
             await gatherResults(

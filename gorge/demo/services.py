@@ -26,6 +26,7 @@ from gorge.demo.handlers import (
     YieldOnce,
     observed_handlers,
 )
+from gorge.demo.herald_schema import HERALD_SCHEMA
 from gorge.demo.seed import Endpoint
 from gorge.mailer.backends.base import BackendEntry
 from gorge.mailer.service import build_mailer_service
@@ -144,7 +145,7 @@ def build_stack(
     settings: DemoSettings, reactor, on_task_run: Callable[[TaskRun], None]
 ) -> DemoStack:
     """The services, not started; the worker stays apart (see :class:`DemoStack`)."""
-    webhook_store = WebhookStore.sqlite(settings.webhook_db, reactor)
+    webhook_store = WebhookStore.sqlite(settings.webhook_db, reactor, schema=HERALD_SCHEMA)
     task_store = SQLiteTaskStore.open(settings.taskqueue.sqlite_path, reactor)
     handlers = observed_handlers(
         {

@@ -15,7 +15,8 @@ from klein import Klein
 from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
 from gorge.web.openapi import OpenApiDocument
 from gorge.webhook.deliverylog import DeliveryLog, NotReplayable
-from gorge.webhook.store import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, RESULT_OKAY, SENT, Stats
+from gorge.webhook.observation import Stats
+from gorge.webhook.rows import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, RESULT_OKAY, SENT
 
 PREFIX = "/api/webhook/"
 

@@ -2,7 +2,7 @@
 breaker and backlog (docs/webhook.md, "Delivery log and replay").
 
 This module says what the answers mean; gorge/webhook/api.py reads and checks
-the HTTP side, gorge/webhook/store.py runs the statements.
+the HTTP side, gorge/webhook/history.py runs the statements.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 from gorge.log.logger import Logger
 from gorge.webhook import payload
+from gorge.webhook.history import NotReplayable, Replay, RequestRow
 from gorge.webhook.metrics import WebhookMetrics
-from gorge.webhook.store import NotReplayable, Replay, RequestRow, WebhookStore
+from gorge.webhook.store import WebhookStore
 
 log = Logger()
 
@@ -102,21 +103,21 @@ class DeliveryLog:
         result: str | None,
         since: int | None,
     ) -> dict:
-        page = await self._store.list_requests(
+        page = await self._store.history.list_requests(
             limit=limit, cursor=cursor, hook=hook, status=status, result=result, since=since
         )
         return {"requests": [describe(row) for row in page.rows], "nextCursor": page.next_cursor}
 
     async def show(self, request: int | str) -> dict | None:
-        row = await self._store.request(request)
+        row = await self._store.history.request(request)
         if row is None:
             return None
-        return describe(row, detail=True, held_until=self._store.held_until(row.id))
+        return describe(row, detail=True, held_until=self._store.claims.held_until(row.id))
 
     async def replay(self, request: int | str) -> dict | None:
         """The request after it was put back in the queue; None when it does not
         exist. Raises NotReplayable when it is queued."""
-        replay = await self._store.replay(request)
+        replay = await self._store.history.replay(request)
         if replay is None:
             return None
         self._replayed(replay)
@@ -132,7 +133,7 @@ class DeliveryLog:
         after_id: int,
         limit: int,
     ) -> dict:
-        done = await self._store.replay_range(
+        done = await self._store.history.replay_range(
             hook=hook, since=since, until=until, statuses=statuses, after_id=after_id, limit=limit
         )
         for replay in done.replayed:
@@ -147,7 +148,7 @@ class DeliveryLog:
         }
 
     async def hooks(self) -> dict:
-        states = await self._store.hook_states(self._window)
+        states = await self._store.observation.hook_states(self._window)
         return {
             "threshold": self._threshold,
             "window": self._window,

@@ -32,19 +32,12 @@ from gorge.log.logger import Logger
 from gorge.webhook import payload, retryafter
 from gorge.webhook.batching import Coalescer
 from gorge.webhook.breaker import Breaker
+from gorge.webhook.claims import Candidate, Outcome
 from gorge.webhook.metrics import WebhookMetrics
+from gorge.webhook.observation import Hook
+from gorge.webhook.rows import FAILED, QUEUED, RESULT_FAIL, RESULT_OKAY, SENT
 from gorge.webhook.settings import WebhookSettings
-from gorge.webhook.store import (
-    FAILED,
-    QUEUED,
-    RESULT_FAIL,
-    RESULT_OKAY,
-    SENT,
-    Candidate,
-    Hook,
-    Outcome,
-    WebhookStore,
-)
+from gorge.webhook.store import WebhookStore
 from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
 
@@ -162,10 +155,10 @@ class Dispatcher:
         # Claims wait for no window: those asked for in one turn of the reactor
         # (a tick's slots), or while a claim runs, go together.
         self._claims: Coalescer[Candidate, bool] = Coalescer(
-            store.claim_many, batch_clock, window=0.0, cap=self._cap
+            store.claims.claim_many, batch_clock, window=0.0, cap=self._cap
         )
         self._writes: Coalescer[Outcome, int] = Coalescer(
-            store.finish_many, batch_clock, window=WRITE_WINDOW, cap=WRITE_BATCH
+            store.claims.finish_many, batch_clock, window=WRITE_WINDOW, cap=WRITE_BATCH
         )
 
     def set_wake(self, wake: Callable[[], None]) -> None:
@@ -201,7 +194,7 @@ class Dispatcher:
         try:
             await self._breaker.recheck_due()
             limit = self._batch + self._active
-            rows = await self._store.candidates(
+            rows = await self._store.claims.candidates(
                 limit=limit,
                 lease=self._settings.effective_lease,
                 backoff=self._settings.retry_backoff,
@@ -213,7 +206,7 @@ class Dispatcher:
             return
         try:
             # One lookup per tick for every hook of the batch.
-            hooks = await self._store.load_hooks(sorted({c.hook_phid for c in rows}))
+            hooks = await self._store.observation.load_hooks(sorted({c.hook_phid for c in rows}))
         except Exception as e:
             self._poll_failed(e, HOOK_LOOKUP_FAILED)
             return
@@ -238,7 +231,7 @@ class Dispatcher:
 
     async def _renew_holds(self) -> None:
         """Keep the leases of rows held for a Retry-After (docs/webhook.md)."""
-        for request_id in await self._store.renew_holds():
+        for request_id in await self._store.claims.renew_holds():
             self._metrics.retry_after.labels(result="lost").inc()
             log.info(
                 "WEBHOOK_HOLD_LOST request_id={request_id} reason={reason}",
@@ -703,7 +696,7 @@ class Dispatcher:
             return None
         try:
             delay = min(asked, float(self._settings.retry_after_max))
-            not_before = await self._store.hold(candidate, delay)
+            not_before = await self._store.claims.hold(candidate, delay)
         except Exception as e:
             # Not held: the row is retried after the fixed retry, like any failure.
             log.error(
@@ -739,7 +732,9 @@ class Dispatcher:
         if self._stopping:
             return
         properties = payload.with_outcome(document, payload.ERROR_TYPE_HOOK, code)
-        changed = await self._write(candidate, lambda: self._store.retire(candidate, properties))
+        changed = await self._write(
+            candidate, lambda: self._store.claims.retire(candidate, properties)
+        )
         if changed:
             self._summary.config_failures += 1
             self._metrics.deliveries.labels(outcome="config_failure").inc()

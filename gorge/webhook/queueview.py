@@ -2,7 +2,7 @@
 
 Phorge's schema has no index on ``status``, so "which rows are queued" can
 only be answered cheaply by remembering it. This object is that memory; the
-store (gorge/webhook/store.py) issues the reads it asks for and feeds their
+store (gorge/webhook/observation.py) issues the reads it asks for and feeds their
 answers back. It does no I/O. The design is explained for operators in
 docs/webhook.md, "Polling":
 

@@ -199,7 +199,7 @@ def build_webhook_service(
         )
     )
     breaker = Breaker(
-        store,
+        store.observation,
         threshold=settings.breaker_threshold,
         window=settings.breaker_window,
         clock=clock,
@@ -223,7 +223,7 @@ def build_webhook_service(
         breaker_window=settings.breaker_window,
     )
     site = build_site(
-        api_resource=WebhookApi(store, deliveries).resource(),
+        api_resource=WebhookApi(store.observation, deliveries).resource(),
         prefix=PREFIX,
         token=settings.http.token,
         body_limit=settings.http.body_limit,

@@ -13,8 +13,10 @@ from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
+from gorge.demo.herald_schema import HERALD_SCHEMA
 from gorge.webhook.batching import Coalescer
-from gorge.webhook.store import Candidate, Outcome, WebhookStore
+from gorge.webhook.claims import Candidate, Outcome
+from gorge.webhook.store import WebhookStore
 from tests.webhook.conftest import T0
 
 # -- the coalescer, on a test clock ------------------------------------------
@@ -137,7 +139,7 @@ async def race(herald, stores: list[WebhookStore], rng: random.Random) -> None:
     batches = [[offer(i) for i in rng.sample(ids, rng.randint(0, 8))] for _ in stores]
     answers = await gatherResults(
         [
-            Deferred.fromCoroutine(store.claim_many(batch))
+            Deferred.fromCoroutine(store.claims.claim_many(batch))
             for store, batch in zip(stores, batches, strict=True)
         ]
     )
@@ -170,7 +172,9 @@ async def test_stores_batch_claiming_the_same_rows_never_both_win_one(
 async def test_a_batch_claim_on_sqlite_wins_the_current_rows_only(tmp_path):
     clock = task.Clock()
     clock.advance(T0)
-    store = WebhookStore.sqlite(str(tmp_path / "herald.sqlite"), reactor, db_clock=clock)
+    store = WebhookStore.sqlite(
+        str(tmp_path / "herald.sqlite"), reactor, schema=HERALD_SCHEMA, db_clock=clock
+    )
     try:
 
         def seed(txn) -> None:
@@ -183,19 +187,19 @@ async def test_a_batch_claim_on_sqlite_wins_the_current_rows_only(tmp_path):
                 )
 
         await store.db.run("seed", seed)
-        first = await store.candidates(limit=10, lease=30, backoff=60)
+        first = await store.claims.candidates(limit=10, lease=30, backoff=60)
         assert len(first) == 3
         stale = first[0]
-        assert await store.claim_many([first[0]]) == [True]
-        assert await store.claim_many([first[1], stale, first[2]]) == [True, False, True]
-        assert await store.claim_many(first) == [False, False, False]
+        assert await store.claims.claim_many([first[0]]) == [True]
+        assert await store.claims.claim_many([first[1], stale, first[2]]) == [True, False, True]
+        assert await store.claims.claim_many(first) == [False, False, False]
         versions = await store.db.run(
             "versions",
             lambda txn: txn.execute("SELECT dateModified FROM herald_webhookrequest").fetchall(),
         )
         assert [v for (v,) in versions] == [T0 + 1] * 3
         outcomes = [Outcome(c, "sent", "okay", f'{{"n":{c.id}}}') for c in first]
-        assert await store.finish_many(outcomes) == [1, 1, 1]
+        assert await store.claims.finish_many(outcomes) == [1, 1, 1]
         rows = await store.db.run(
             "rows",
             lambda txn: txn.execute(
@@ -228,8 +232,8 @@ async def test_a_batch_write_rolled_back_by_a_deadlock_is_written_once_in_full(
     hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
     ids = [herald.insert_request(hook=hook, created=T0) for _ in range(3)]
     padding = [herald.insert_request(hook=hook, status="sent") for _ in range(10)]
-    claimed = await store.candidates(limit=10, lease=30, backoff=60)
-    assert await store.claim_many(claimed) == [True, True, True]
+    claimed = await store.claims.candidates(limit=10, lease=30, backoff=60)
+    assert await store.claims.claim_many(claimed) == [True, True, True]
     rows_claimed = {i: herald.request(i) for i in ids}
 
     # Another writer holds the last row of the batch, and has changed more rows than
@@ -250,7 +254,9 @@ async def test_a_batch_write_rolled_back_by_a_deadlock_is_written_once_in_full(
                     "UPDATE herald_webhookrequest SET properties = 'other' WHERE id = %s",
                     (request_id,),
                 )
-        writer: Coalescer[Outcome, int] = Coalescer(store.finish_many, reactor, window=0, cap=3)
+        writer: Coalescer[Outcome, int] = Coalescer(
+            store.claims.finish_many, reactor, window=0, cap=3
+        )
         outcomes = [
             Outcome(c, "queued", "fail", json.dumps({"n": c.id}, separators=(",", ":")))
             for c in claimed

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from twisted.internet import reactor
 
 from gorge.config import HttpSettings, MySQLSettings
+from gorge.demo.herald_schema import HERALD_SCHEMA
 from gorge.web.site import stub_client
 from gorge.webhook.service import build_webhook_service
 from gorge.webhook.store import WebhookStore
@@ -55,7 +56,7 @@ def contract_site(tmp_path):
 
     async def make(available: bool):
         path = str(tmp_path / "herald.sqlite") if available else str(tmp_path / "missing" / "x")
-        store = WebhookStore.sqlite(path, reactor)
+        store = WebhookStore.sqlite(path, reactor, schema=HERALD_SCHEMA)
         made.append(store)
         if available:
             assert await store.ping() is None  # creates the tables

@@ -95,7 +95,7 @@ async def test_a_listing_call_reads_a_bounded_number_of_ids(herald, make_harness
     # Windows of 5 ids, 10 ids per call: the one matching row is found by paging.
     pages, cursor = [], None
     while True:
-        page = await harness.store.list_requests(
+        page = await harness.store.history.list_requests(
             limit=10, cursor=cursor, hook=hook, window=5, budget=10
         )
         pages.append([row.id for row in page.rows])

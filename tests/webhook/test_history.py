@@ -15,8 +15,8 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 
-from gorge.webhook import queueview
-from gorge.webhook import store as store_module
+from gorge.webhook import claims, observation, queueview
+from gorge.webhook import history as delivery_history
 from gorge.webhook.store import WebhookStore
 from gorge_testing.herald_history import fill_history
 from tests.webhook.conftest import T0
@@ -76,7 +76,7 @@ async def test_start_up_finds_every_queued_row_under_the_history(herald, receive
     fill_history(herald.conn, HISTORY, [hook], created=OLD)
     newest = herald.insert_request(hook=hook, created=T0)
     harness = make_harness()
-    stats = await harness.store.stats()
+    stats = await harness.store.observation.stats()
     assert (stats.queued, stats.sent, stats.failed) == (2, HISTORY * 9 // 10, HISTORY // 10)
     await harness.run_tick()
     assert [r.body for r in receiver.requests] and receiver.count("/a") == 2
@@ -142,7 +142,7 @@ async def test_two_replicas_deliver_each_new_row_exactly_once(
     won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
     assert won == 30
     for harness in (one, two):
-        stats = await harness.store.stats()
+        stats = await harness.store.observation.stats()
         assert (stats.queued, stats.sent) == (0, HISTORY * 9 // 10 + 30)
 
 
@@ -180,8 +180,8 @@ async def test_a_row_claimed_by_a_replica_that_died_goes_out_after_the_lease(
     if second is not None:
         await second.run_tick()
     request_id = herald.insert_request(hook=hook, created=int(first.clock.seconds()))
-    (candidate,) = await first.store.candidates(limit=10, lease=30, backoff=60)
-    assert await first.store.claim(candidate)  # and then the process died
+    (candidate,) = await first.store.claims.candidates(limit=10, lease=30, backoff=60)
+    assert await first.store.claims.claim(candidate)  # and then the process died
     if second is None:
         second = make_harness(clock=first.clock)
     first.clock.advance(29)
@@ -229,7 +229,7 @@ async def test_a_lower_id_committed_after_a_higher_one_is_picked_up(
 
 async def sweep_until(harness, done) -> None:
     """Poll once a second (of the test clock) until ``done``, within one full recount."""
-    polls = harness.store.view.cursor // int(store_module.SWEEP_RATE) + 3
+    polls = harness.store.view.cursor // int(observation.SWEEP_RATE) + 3
     for _ in range(polls):
         harness.clock.advance(1)
         await harness.run_tick()
@@ -296,11 +296,11 @@ async def test_garbage_collected_rows_are_forgotten_and_a_recreated_table_reload
         modified=now,
     )  # waiting for its retry
     await harness.run_tick()
-    assert (await harness.store.stats()).queued == 1
+    assert (await harness.store.observation.stats()).queued == 1
     # Phorge's collector deletes by dateCreated, whatever the status.
     herald.execute("DELETE FROM herald_webhookrequest WHERE dateCreated < %s", (T0,))
     await harness.run_tick()
-    stats = await harness.store.stats()
+    stats = await harness.store.observation.stats()
     assert (stats.queued, stats.sent, stats.failed) == (0, 0, 0)
     harness.clock.advance(120)
     await harness.run_tick()
@@ -326,7 +326,7 @@ async def test_stats_are_kept_not_counted(herald, history, receiver, make_harnes
     herald.insert_request(hook=failing, created=now, properties={"retry": "forever"})
     await harness.run_tick()
     before = rows_read(herald)
-    stats = await harness.store.stats()
+    stats = await harness.store.observation.stats()
     assert rows_read(herald) - before < 20  # the hook table only
     expected = herald.status_counts()
     assert (stats.queued, stats.sent, stats.failed) == (
@@ -342,13 +342,14 @@ class RecordingStore:
 
     def __init__(self, store: WebhookStore) -> None:
         self.statements: list[tuple[str, tuple]] = []
-        execute = store._execute
+        # Every part of the store sends its statements through the one database.
+        execute = store.db.execute
 
         def recording(txn, statement, params=()):
             self.statements.append((statement, tuple(params)))
             return execute(txn, statement, params)
 
-        store._execute = recording
+        store.db.execute = recording
 
 
 def explain(herald, statement: str, params: tuple, how: str = "EXPLAIN") -> list[dict]:
@@ -369,12 +370,12 @@ def full_scans(plan: list[dict]) -> list[dict]:
     The start-up pass reads LOAD_CHUNK ids per statement, the largest range
     any statement may cover; the history is more than twice that.
     """
-    assert HISTORY > 2 * store_module.LOAD_CHUNK
+    assert HISTORY > 2 * observation.LOAD_CHUNK
     return [
         step
         for step in plan
         if step["table"] == "herald_webhookrequest"
-        and (step["type"] in ("ALL", "index") or _rows(step) > 1.5 * store_module.LOAD_CHUNK)
+        and (step["type"] in ("ALL", "index") or _rows(step) > 1.5 * observation.LOAD_CHUNK)
     ]
 
 
@@ -410,38 +411,38 @@ async def test_every_statement_of_the_store_uses_an_index_range(
     await harness.run_tick()  # holes, the background recount, a retry
     harness.clock.advance(1)
     await harness.run_tick()
-    await harness.store.stats()
-    await harness.store.hook_total()
+    await harness.store.observation.stats()
+    await harness.store.observation.hook_total()
 
     issued = {statement for statement, _ in recorder.statements}
-    for name in (
-        "SQL_BOUNDS",
-        "SQL_NEW_ROWS",
-        "SQL_BLOCK_COUNTS",
-        "SQL_RANGE_COUNTS",
-        "SQL_ROWS_BY_ID",
-        "SQL_QUEUED_IN_RANGE",
-        "SQL_CANDIDATES",
-        "SQL_CLAIM",
-        "SQL_FINISH",
-        "SQL_RETIRE",
-        "SQL_BREAKER_COUNT",
-        "SQL_ACTIVE_HOOKS",
-        "SQL_HOOK_TOTAL",
+    for module, name in (
+        (observation, "SQL_BOUNDS"),
+        (observation, "SQL_NEW_ROWS"),
+        (observation, "SQL_BLOCK_COUNTS"),
+        (observation, "SQL_RANGE_COUNTS"),
+        (observation, "SQL_ROWS_BY_ID"),
+        (observation, "SQL_QUEUED_IN_RANGE"),
+        (claims, "SQL_CANDIDATES"),
+        (claims, "SQL_CLAIM"),
+        (claims, "SQL_FINISH"),
+        (claims, "SQL_RETIRE"),
+        (observation, "SQL_BREAKER_COUNT"),
+        (observation, "SQL_ACTIVE_HOOKS"),
+        (observation, "SQL_HOOK_TOTAL"),
     ):
-        template = getattr(store_module, name)
+        template = getattr(module, name)
         pattern = re.escape(template).replace(r"\{ids\}", ".*").replace(r"\{marks\}", ".*")
         assert any(re.fullmatch(pattern, s) for s in issued), f"{name} was not exercised"
     checked = set()
     for statement, params in recorder.statements:
-        if statement in checked or statement == store_module.SQL_NOW:
+        if statement in checked or statement == observation.SQL_NOW:
             continue
         checked.add(statement)
         plan = explain(herald, statement, params)
         assert full_scans(plan) == [], (statement, plan)
         analyzed = explain(herald, statement, params, "ANALYZE")
         assert full_scans(analyzed) == [], (statement, analyzed)
-        if statement == store_module.SQL_BREAKER_COUNT:
+        if statement == observation.SQL_BREAKER_COUNT:
             assert [(s["key"], s["type"]) for s in plan] == [("key_ratelimit", "range")]
 
 
@@ -462,39 +463,39 @@ async def test_the_delivery_log_statements_read_bounded_ranges(
     await harness.run_tick()  # the Retry-After hold is renewed
     store = harness.store
 
-    page = await store.list_requests(limit=10)
+    page = await store.history.list_requests(limit=10)
     assert [row.id for row in page.rows][:4] == [held, *live[::-1]]
     # A filter nothing under the live rows matches: the budget ends the call.
-    page = await store.list_requests(limit=10, hook=ok, status="failed")
-    assert page.rows == [] and page.next_cursor == held + 1 - store_module.LIST_BUDGET
-    page = await store.list_requests(limit=10, since=now)
+    page = await store.history.list_requests(limit=10, hook=ok, status="failed")
+    assert page.rows == [] and page.next_cursor == held + 1 - delivery_history.LIST_BUDGET
+    page = await store.history.list_requests(limit=10, since=now)
     assert [row.id for row in page.rows] == [held, *live[::-1]] and page.next_cursor is None
-    page = await store.list_requests(limit=10, since=now, result="fail")
+    page = await store.history.list_requests(limit=10, since=now, result="fail")
     assert len(page.rows) == 1 and page.next_cursor is None
-    row = await store.request(live[0])
-    assert await store.request(row.phid) == row
-    assert (await store.replay(live[0])).after.status == "queued"
-    done = await store.replay_range(hook=ok, since=now, until=now + 1, statuses=("sent",))
+    row = await store.history.request(live[0])
+    assert await store.history.request(row.phid) == row
+    assert (await store.history.replay(live[0])).after.status == "queued"
+    done = await store.history.replay_range(hook=ok, since=now, until=now + 1, statuses=("sent",))
     assert [r.after.id for r in done.replayed] == live[1:]
-    assert len(await store.hook_states(300)) == 2
+    assert len(await store.observation.hook_states(300)) == 2
 
     issued = {statement for statement, _ in recorder.statements}
-    for name in (
-        "SQL_LIST_WINDOW",
-        "SQL_FIRST_ID_SINCE",
-        "SQL_REQUEST_BY_ID",
-        "SQL_REQUEST_BY_PHID",
-        "SQL_REPLAY_RANGE",
-        "SQL_REPLAY",
-        "SQL_HOOK_LIST",
-        "SQL_RENEW_HOLD",
+    for module, name in (
+        (delivery_history, "SQL_LIST_WINDOW"),
+        (delivery_history, "SQL_FIRST_ID_SINCE"),
+        (delivery_history, "SQL_REQUEST_BY_ID"),
+        (delivery_history, "SQL_REQUEST_BY_PHID"),
+        (delivery_history, "SQL_REPLAY_RANGE"),
+        (delivery_history, "SQL_REPLAY"),
+        (observation, "SQL_HOOK_LIST"),
+        (claims, "SQL_RENEW_HOLD"),
     ):
-        template = getattr(store_module, name)
+        template = getattr(module, name)
         pattern = re.escape(template).replace(r"\{filters\}", ".*").replace(r"\{statuses\}", ".*")
         assert any(re.fullmatch(pattern, s) for s in issued), f"{name} was not exercised"
     checked = set()
     for statement, params in recorder.statements:
-        if statement in checked or statement == store_module.SQL_NOW:
+        if statement in checked or statement == observation.SQL_NOW:
             continue
         checked.add(statement)
         for how in ("EXPLAIN", "ANALYZE"):
@@ -503,4 +504,4 @@ async def test_the_delivery_log_statements_read_bounded_ranges(
             if statement.startswith("SELECT id, phid") and "id < %s AND id >= %s" in statement:
                 (step,) = plan
                 assert step["key"] == "PRIMARY" and step["type"] == "range", plan
-                assert _rows(step) <= store_module.LIST_WINDOW
+                assert _rows(step) <= delivery_history.LIST_WINDOW

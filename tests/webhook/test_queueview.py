@@ -25,10 +25,10 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, fail, succeed
 
 from gorge.db import Database, SQLiteEngine
-from gorge.webhook import queueview
-from gorge.webhook import store as store_module
+from gorge.demo.herald_schema import HERALD_SCHEMA
+from gorge.webhook import observation, queueview
 from gorge.webhook.queueview import QueueView, Seen
-from gorge.webhook.store import DATABASE_NAME, SQLITE_SCHEMA, WebhookStore
+from gorge.webhook.store import DATABASE_NAME, WebhookStore
 from tests.webhook.conftest import T0
 
 LEASE, BACKOFF = 30, 60
@@ -79,7 +79,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock = task.Clock()
         self.clock.advance(T0)
         self.conn = sqlite3.connect(":memory:", isolation_level=None)
-        self.engine = SQLiteEngine(schema=SQLITE_SCHEMA, clock=self.clock)
+        self.engine = SQLiteEngine(schema=HERALD_SCHEMA, clock=self.clock)
         self.engine.open_connection(self.conn)
         self.next_id = 1
         self.reserved: list[Reserved] = []
@@ -223,16 +223,18 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule()
     def poll(self) -> None:
-        self.candidates = done(self.store.candidates(limit=10_000, lease=LEASE, backoff=BACKOFF))
-        done(self.store.renew_holds())  # as every tick does after its candidates
+        self.candidates = done(
+            self.store.claims.candidates(limit=10_000, lease=LEASE, backoff=BACKOFF)
+        )
+        done(self.store.claims.renew_holds())  # as every tick does after its candidates
         returned = [c.id for c in self.candidates]
         assert returned == sorted(returned)
         due = self.due_in_table()
         assert set(returned) <= due, "a candidate that is not due"
-        assert not [i for i in returned if self.store.held_until(i)], "offered while held"
+        assert not [i for i in returned if self.store.claims.held_until(i)], "offered while held"
         # A row held for a Retry-After is not offered before its time, even when
         # its lease lapsed because no poll renewed it for longer than the lease.
-        held = {i for i in due if self.store.held_until(i)}
+        held = {i for i in due if self.store.claims.held_until(i)}
         missing = due - set(returned) - self.surprises - held
         assert not missing, f"due rows not returned: {sorted(missing)}"
         known = set(self.store.view._rows)
@@ -246,7 +248,7 @@ class QueueMachine(RuleBasedStateMachine):
     def replay_here(self, data) -> None:
         """Through this store: offered at the next poll, no recount needed."""
         request_id = data.draw(st.sampled_from([r[0] for r in self.rows("status <> 'queued'")]))
-        replay = done(self.store.replay(request_id))
+        replay = done(self.store.history.replay(request_id))
         assert replay is not None and replay.after.status == "queued"
         assert self.store.view.knows(request_id)
 
@@ -261,9 +263,9 @@ class QueueMachine(RuleBasedStateMachine):
         candidate = data.draw(st.sampled_from(self.candidates))
         self.candidates = [c for c in self.candidates if c.id != candidate.id]
         if outcome == "retire":
-            done(self.store.retire(candidate, "{}"))
+            done(self.store.claims.retire(candidate, "{}"))
             return
-        if not done(self.store.claim(candidate)):
+        if not done(self.store.claims.claim(candidate)):
             return
         if outcome == "claim-and-die":
             self.store = self.new_store()
@@ -274,9 +276,12 @@ class QueueMachine(RuleBasedStateMachine):
             "retry": ("queued", "fail"),
             "retry-after": ("queued", "fail"),
         }[outcome]
-        if done(self.store.finish(candidate, status, result, "{}")) and outcome == "retry-after":
+        if (
+            done(self.store.claims.finish(candidate, status, result, "{}"))
+            and outcome == "retry-after"
+        ):
             delay = data.draw(st.sampled_from([5, 100, 300]))
-            until = done(self.store.hold(candidate, delay))
+            until = done(self.store.claims.hold(candidate, delay))
             assert until is None or until > self.now
 
     @rule()
@@ -288,7 +293,7 @@ class QueueMachine(RuleBasedStateMachine):
     def settle(self) -> None:
         """Poll once a second through one full background recount: nothing may stay unseen."""
         view = self.store.view
-        for _ in range(view.cursor // int(store_module.SWEEP_RATE) + 3):
+        for _ in range(view.cursor // int(observation.SWEEP_RATE) + 3):
             self.clock.advance(1)
             self.poll()
         self.surprises = set()
@@ -320,7 +325,7 @@ QueueMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=
 @pytest.fixture
 def small_start_up(monkeypatch):
     # The start-up pass and its hand-over to the new-id scan on tables of a few dozen rows.
-    monkeypatch.setattr(store_module, "START_OVERLAP", 3)
+    monkeypatch.setattr(observation, "START_OVERLAP", 3)
 
 
 def test_the_view_follows_the_table(small_start_up):

@@ -144,7 +144,7 @@ async def test_retry_after_seconds_delays_the_next_attempt_on_every_replica(
     )
     (rejected,) = captured_log.named("WEBHOOK_DELIVERY_REJECTED")
     assert rejected["not_before"] == start + 600
-    assert one.store.held_until(request_id) == start + 600
+    assert one.store.claims.held_until(request_id) == start + 600
 
     # Both replicas poll every 5 s; the fixed retry (60 s) would have gone at start + 60.
     posts = await _tick_until([one, two], receiver, start + 700)
@@ -220,7 +220,7 @@ async def test_a_retry_never_request_fails_whatever_retry_after_says(
     )
     await harness.run_tick()
     assert herald.request(request_id)["status"] == "failed"
-    assert harness.store.held_until(request_id) is None
+    assert harness.store.claims.held_until(request_id) is None
 
 
 @pytest.mark.integration
@@ -232,7 +232,7 @@ async def test_a_hold_changed_by_another_writer_is_dropped(
     start = int(harness.clock.seconds())
     request_id = herald.insert_request(hook=hook, created=start, properties=FOREVER)
     await harness.run_tick()
-    assert harness.store.held_until(request_id) == start + 3600
+    assert harness.store.claims.held_until(request_id) == start + 3600
     # Someone else writes the row (an operator's UPDATE, another tool) before a renewal.
     herald.execute(
         "UPDATE herald_webhookrequest SET dateModified = dateModified + 1 WHERE id = %s",
@@ -242,7 +242,7 @@ async def test_a_hold_changed_by_another_writer_is_dropped(
     await harness.run_tick()
     assert [e["request_id"] for e in captured_log.named("WEBHOOK_HOLD_LOST")] == [request_id]
     assert harness.metric("gorge_webhook_retry_after_total", result="lost") == 1
-    assert harness.store.held_until(request_id) is None
+    assert harness.store.claims.held_until(request_id) is None
 
 
 @pytest.mark.integration

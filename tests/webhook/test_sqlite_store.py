@@ -11,6 +11,7 @@ from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred
 
 from gorge.config import MySQLSettings
+from gorge.demo.herald_schema import HERALD_SCHEMA
 from gorge.webhook.service import build_webhook_service
 from gorge.webhook.store import WebhookStore
 from tests.webhook.conftest import T0, webhook_settings
@@ -51,7 +52,7 @@ def sqlite_service(tmp_path):
     path = str(tmp_path / "herald.sqlite")
     clock = task.Clock()
     clock.advance(T0)
-    store = WebhookStore.sqlite(path, reactor, db_clock=clock)
+    store = WebhookStore.sqlite(path, reactor, schema=HERALD_SCHEMA, db_clock=clock)
     service = build_webhook_service(
         webhook_settings(MySQLSettings(database="demo_herald")),
         reactor,
@@ -134,13 +135,15 @@ async def test_claim_and_stats_on_sqlite(sqlite_service, receiver):
             dateModified=T0,
         ),
     )
-    (candidate,) = await service.part("store").candidates(limit=5, lease=30, backoff=60)
-    assert await service.part("store").claim(candidate) is True
-    assert await service.part("store").claim(candidate) is False  # same second, version moved
+    (candidate,) = await service.part("store").claims.candidates(limit=5, lease=30, backoff=60)
+    assert await service.part("store").claims.claim(candidate) is True
+    assert (
+        await service.part("store").claims.claim(candidate) is False
+    )  # same second, version moved
     assert db.request(request_id)["dateModified"] == T0 + 1
-    stats = await service.part("store").stats()
+    stats = await service.part("store").observation.stats()
     assert (stats.queued, stats.sent, stats.failed, stats.active_hooks) == (1, 0, 0, 1)
-    assert await service.part("store").hook_total() == 1
+    assert await service.part("store").observation.hook_total() == 1
 
 
 async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, receiver):
@@ -177,7 +180,7 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
             for n in range(3000)
         ],
     )
-    stats = await service.part("store").stats()
+    stats = await service.part("store").observation.stats()
     assert (stats.queued, stats.sent, stats.failed) == (1, 2250, 750)
     await run_tick(service)
     assert db.request(old)["status"] == "sent" and receiver.count("/a") == 1
@@ -191,7 +194,7 @@ async def test_history_start_up_pass_and_recount_on_sqlite(sqlite_service, recei
         clock.advance(1)
         await run_tick(service)
     assert receiver.count("/a") == 2
-    stats = await service.part("store").stats()
+    stats = await service.part("store").observation.stats()
     assert (stats.queued, stats.sent, stats.failed) == (0, 2251, 750)
 
 

@@ -89,8 +89,8 @@ async def test_abandoned_claim_waits_one_effective_lease(herald, receiver, make_
     harness = make_harness(claim_lease=5, delivery_timeout=15)
     hook = herald.insert_hook(uri=f"{receiver.base}/a")
     herald.insert_request(hook=hook, created=int(harness.clock.seconds()))
-    (candidate,) = await harness.store.candidates(limit=5, lease=15, backoff=60)
-    assert await harness.store.claim(candidate)  # a claimer that then died
+    (candidate,) = await harness.store.claims.candidates(limit=5, lease=15, backoff=60)
+    assert await harness.store.claims.claim(candidate)  # a claimer that then died
     claimed_at = int(harness.clock.seconds())
     harness.clock.advance(14)
     await harness.run_tick()

@@ -1,4 +1,4 @@
-"""Issue point 3 (in-process part): the claim protocol on a real MariaDB."""
+"""The claim protocol on a real MariaDB (gorge/webhook/claims.py): one owner per row."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 
-from gorge.webhook import store as store_module
+from gorge.webhook import claims
 from gorge.webhook.store import WebhookStore
 from tests.webhook.conftest import T0
 
@@ -15,19 +15,17 @@ pytestmark = pytest.mark.integration
 
 def test_protocol_statements_are_the_specified_ones():
     # These statements decide who may act (DESIGN.md): changing them is a protocol change.
-    assert store_module.SQL_CLAIM == (
+    assert claims.SQL_CLAIM == (
         "UPDATE herald_webhookrequest"
         " SET dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())"
         " WHERE id = %s AND status = 'queued' AND dateModified = %s"
     )
-    assert " WHERE status = 'queued'" in store_module.SQL_CANDIDATES
-    assert "AND (dateModified = dateCreated OR dateModified <= %s)" in store_module.SQL_CANDIDATES
-    assert (
-        "AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s)" in store_module.SQL_CANDIDATES
-    )
-    assert store_module.SQL_CANDIDATES.endswith(" ORDER BY id ASC LIMIT %s")
-    assert "dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())" in store_module.SQL_FINISH
-    assert "AND dateModified = %s" in store_module.SQL_RETIRE
+    assert " WHERE status = 'queued'" in claims.SQL_CANDIDATES
+    assert "AND (dateModified = dateCreated OR dateModified <= %s)" in claims.SQL_CANDIDATES
+    assert "AND (lastRequestResult <> 'fail' OR lastRequestEpoch <= %s)" in claims.SQL_CANDIDATES
+    assert claims.SQL_CANDIDATES.endswith(" ORDER BY id ASC LIMIT %s")
+    assert "dateModified = GREATEST(dateModified + 1, UNIX_TIMESTAMP())" in claims.SQL_FINISH
+    assert "AND dateModified = %s" in claims.SQL_RETIRE
 
 
 async def test_same_second_claim_changes_the_version(mariadb, herald, make_harness):
@@ -35,15 +33,15 @@ async def test_same_second_claim_changes_the_version(mariadb, herald, make_harne
     hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
     request_id = herald.insert_request(hook=hook, created=T0)
     harness.clock.advance(T0 - harness.clock.seconds())  # the insert's own second
-    (candidate,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    (candidate,) = await harness.store.claims.candidates(limit=10, lease=30, backoff=60)
     assert candidate.version == T0
 
-    assert await harness.store.claim(candidate) is True
+    assert await harness.store.claims.claim(candidate) is True
     assert herald.request(request_id)["dateModified"] == T0 + 1
     # A second claimant holding the same old version must lose, in the same second.
-    assert await harness.store.claim(candidate) is False
+    assert await harness.store.claims.claim(candidate) is False
     # And the claimed row is no longer a fresh-row candidate.
-    rows = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    rows = await harness.store.claims.candidates(limit=10, lease=30, backoff=60)
     assert rows == []
 
 
@@ -53,11 +51,15 @@ async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, her
     first = make_harness()
     second = WebhookStore.mysql(mariadb.settings(herald_db), reactor, db_clock=first.clock)
     try:
-        a = await first.store.candidates(limit=50, lease=30, backoff=60)
-        b = await second.candidates(limit=50, lease=30, backoff=60)
+        a = await first.store.claims.candidates(limit=50, lease=30, backoff=60)
+        b = await second.claims.candidates(limit=50, lease=30, backoff=60)
         assert [c.id for c in a] == [c.id for c in b] == ids
         results = await gatherResults(
-            [Deferred.fromCoroutine(s.claim(c)) for c in a for s in (first.store, second)]
+            [
+                Deferred.fromCoroutine(s.claim(c))
+                for c in a
+                for s in (first.store.claims, second.claims)
+            ]
         )
     finally:
         second.close()
@@ -76,8 +78,8 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(
     # Both dispatchers must reach the claim of a row before either may run it.
     arrivals: dict[int, list[Deferred]] = {}
 
-    def gated(store):
-        claim = store.claim
+    def gated(claims):
+        claim = claims.claim
 
         async def both_hold_it(candidate):
             waiting: Deferred = Deferred()
@@ -88,10 +90,10 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(
             await waiting.addTimeout(10, reactor)
             return await claim(candidate)
 
-        store.claim = both_hold_it
+        claims.claim = both_hold_it
 
-    gated(one.store)
-    gated(two.store)
+    gated(one.store.claims)
+    gated(two.store.claims)
     await gatherResults(
         [
             Deferred.fromCoroutine(one.dispatcher.tick()),
@@ -148,17 +150,19 @@ async def test_a_stale_configuration_failure_never_overwrites_a_delivered_row(he
     hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
     request_id = herald.insert_request(hook=hook, created=T0)
     harness.clock.advance(T0 - harness.clock.seconds())
-    (stale,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
-    (fresh,) = await harness.store.candidates(limit=10, lease=30, backoff=60)
-    assert await harness.store.claim(fresh)
+    (stale,) = await harness.store.claims.candidates(limit=10, lease=30, backoff=60)
+    (fresh,) = await harness.store.claims.candidates(limit=10, lease=30, backoff=60)
+    assert await harness.store.claims.claim(fresh)
     assert (
-        await harness.store.finish(
+        await harness.store.claims.finish(
             fresh, "queued", "fail", '{"retry":"forever","errorType":"http","errorCode":500}'
         )
         == 1
     )
     delivered = herald.request(request_id)
-    assert await harness.store.retire(stale, '{"errorType":"hook","errorCode":"disabled"}') == 0
+    assert (
+        await harness.store.claims.retire(stale, '{"errorType":"hook","errorCode":"disabled"}') == 0
+    )
     assert herald.request(request_id) == delivered
 
 
@@ -167,9 +171,9 @@ async def test_a_batch_says_whether_more_rows_are_due_behind_it(mariadb, herald,
     hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
     for _ in range(5):
         herald.insert_request(hook=hook, created=T0)
-    some = await harness.store.candidates(limit=3, lease=30, backoff=60)
+    some = await harness.store.claims.candidates(limit=3, lease=30, backoff=60)
     assert (len(some), some.more) == (3, True)
-    every = await harness.store.candidates(limit=10, lease=30, backoff=60)
+    every = await harness.store.claims.candidates(limit=10, lease=30, backoff=60)
     assert (len(every), every.more) == (5, False)
 
 
@@ -184,10 +188,10 @@ async def test_rows_claimed_elsewhere_shorten_a_batch_but_not_what_is_waiting(
     first = make_harness()
     second = WebhookStore.mysql(mariadb.settings(herald_db), reactor, db_clock=first.clock)
     try:
-        known = await first.store.candidates(limit=10, lease=30, backoff=60)
-        taken = await second.candidates(limit=2, lease=30, backoff=60)
-        assert await second.claim_many(taken) == [True, True]
-        batch = await first.store.candidates(limit=4, lease=30, backoff=60)
+        known = await first.store.claims.candidates(limit=10, lease=30, backoff=60)
+        taken = await second.claims.candidates(limit=2, lease=30, backoff=60)
+        assert await second.claims.claim_many(taken) == [True, True]
+        batch = await first.store.claims.candidates(limit=4, lease=30, backoff=60)
     finally:
         second.close()
     assert len(known) == 6
