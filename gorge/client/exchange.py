@@ -98,7 +98,7 @@ def _transport_under(consumer: Any) -> Any:
     The Agent wraps the transport in ``twisted.web._newclient``'s
     ``LengthEnforcingConsumer``, which offers no public way to it; its
     private ``_consumer`` is read here and nowhere else, and
-    tests/platform/test_httpclient.py fails loudly if a new Twisted renames it.
+    tests/client/test_exchange.py fails loudly if a new Twisted renames it.
     """
     return getattr(consumer, "_consumer", consumer)
 

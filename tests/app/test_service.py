@@ -1,4 +1,4 @@
-"""gorge.service: ordered lifecycle, poll loop, drains, start-up refusal, systemd notify."""
+"""gorge.app: ordered lifecycle, poll loop, drains, start-up refusal, systemd notify."""
 
 import os
 import socket

@@ -1,4 +1,4 @@
-"""gorge.mysql (through the SQL layer's MySQL engine) and gorge.redis against the
+"""gorge.db.mysql (through the SQL layer's MySQL engine) and gorge.db.redis against the
 throwaway servers."""
 
 import pytest

@@ -27,7 +27,7 @@ from gorge.demo.smtp import SinkFactory, SmtpSink
 from gorge.demo.state import Check, DemoState
 from gorge.worker.outcome import RetryLater, Yield, classify
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO_BOUND = 150  # seconds; the demo itself settles in under 10
 
 

@@ -1,4 +1,4 @@
-"""gorge.logging: level filter, text/JSON lines, redaction."""
+"""gorge.log: level filter, text/JSON lines, redaction."""
 
 import io
 import json

@@ -1,6 +1,7 @@
 """The import layers hold: the platform knows no service, and no service knows another.
 
-The platform modules (``gorge/*.py``) are what every daemon stands on; a
+The platform (``gorge/config.py``, ``gorge/log``, ``gorge/app``, ``gorge/web``,
+``gorge/client``, ``gorge/db``) is what every daemon stands on; a
 service package (``gorge/webhook``, ``gorge/mailer``, ``gorge/taskqueue``,
 ``gorge/worker``) may use the platform but never a sibling service: the
 worker reaches the queue over HTTP only. Only the command line and the demo,

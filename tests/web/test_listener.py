@@ -13,10 +13,10 @@ from twisted.internet.error import ConnectionRefusedError
 from gorge.web.listener import listener
 from gorge.web.site import build_site
 from gorge_testing.procs import free_port
-from tests.platform.test_web import ExampleApi, Readiness
 from tests.support.logcapture import logged_events
 from tests.support.slowclient import connect, parse_response, post
 from tests.support.twistd import healthz
+from tests.web.test_site import ExampleApi, Readiness
 
 BODY = json.dumps({"text": "x" * 200_000}).encode()
 
