@@ -10,13 +10,13 @@ import pytest_twisted
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gorge.taskqueue.api import parse_followups
 from gorge.taskqueue.model import (
     PRIORITY_DEFAULT,
     EnqueueRequest,
     Followup,
     Report,
 )
+from gorge.taskqueue.requests import parse_followups
 from gorge.taskqueue.store import LeaseConflict, TaskNotFound
 from gorge.web.envelope import ApiError
 from tests.taskqueue.conftest import T0

@@ -1,0 +1,279 @@
+"""The ``/api/queue`` request parsers: a JSON body's fields, the query
+string and the path, checked against the columns' limits; a malformed field
+is a 400 (ApiError) naming it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gorge.taskqueue.model import (
+    DEFAULT_LIST_LIMIT,
+    MAX_FOLLOWUPS,
+    MAX_LEASE_LIMIT,
+    MAX_LIST_LIMIT,
+    MAX_OWNER_CHARS,
+    MAX_PHID_BYTES,
+    MAX_TASK_CLASS_CHARS,
+    PRIORITY_DEFAULT,
+    REPORT_COMPLETE,
+    REPORT_FAIL,
+    REPORT_OUTCOMES,
+    RESULT_NAMES,
+    UINT32_MAX,
+    EnqueueRequest,
+    Followup,
+    Report,
+)
+from gorge.taskqueue.wakeup import MAX_WAIT
+from gorge.web.envelope import ApiError
+
+INT64_MAX = 2**63 - 1
+MISSING = object()
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "ERR_BAD_REQUEST", message)
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "ERR_NOT_FOUND", "task not found")
+
+
+def is_int(value: Any) -> bool:
+    # bool is an int subclass; JSON true must not pass as 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def field(body: dict, key: str) -> Any:
+    value = body.get(key, MISSING)
+    return MISSING if value is None else value
+
+
+def int_field(
+    body: dict, key: str, default: Any, *, minimum: int | None = 0, maximum: int = UINT32_MAX
+) -> Any:
+    value = field(body, key)
+    if value is MISSING:
+        return default
+    if not is_int(value):
+        raise bad_request(f"{key} must be an integer")
+    if minimum is not None and value < minimum:
+        raise bad_request(f"{key} must be >= {minimum}")
+    if value > maximum:
+        raise bad_request(f"{key} must be <= {maximum}")
+    return value
+
+
+def str_field(body: dict, key: str, default: Any) -> Any:
+    value = field(body, key)
+    if value is MISSING:
+        return default
+    if not isinstance(value, str):
+        raise bad_request(f"{key} must be a string")
+    return value
+
+
+def task_id_field(body: dict) -> int:
+    value = field(body, "taskID")
+    if value is MISSING:
+        raise bad_request("taskID is required")
+    if not is_int(value):
+        raise bad_request("taskID must be an integer")
+    if value <= 0:
+        raise bad_request("taskID is required")
+    if value > INT64_MAX:
+        raise bad_request("invalid task ID")
+    return value
+
+
+def id_list(body: dict, key: str, maximum: int = MAX_LEASE_LIMIT) -> list[int]:
+    """A required, non-empty list of at most ``maximum`` integer task ids."""
+    ids = field(body, key)
+    if ids is MISSING or ids == []:
+        raise bad_request(f"{key} is required")
+    if not isinstance(ids, list) or not all(is_int(i) for i in ids):
+        raise bad_request(f"{key} must be a list of integers")
+    if len(ids) > maximum:
+        raise bad_request(f"{key} must have at most {maximum} ids")
+    return ids
+
+
+def phid_field(body: dict, key: str) -> str | None:
+    value = str_field(body, key, "")
+    if len(value.encode("utf-8")) > MAX_PHID_BYTES:
+        raise bad_request(f"{key} must be at most {MAX_PHID_BYTES} bytes")
+    return value or None
+
+
+def parse_enqueue(body: dict) -> EnqueueRequest:
+    task_class = str_field(body, "taskClass", "")
+    if task_class == "":
+        raise bad_request("taskClass is required")
+    if len(task_class) > MAX_TASK_CLASS_CHARS:
+        raise bad_request(f"taskClass must be at most {MAX_TASK_CLASS_CHARS} characters")
+    data = str_field(body, "data", "")
+    priority = int_field(body, "priority", PRIORITY_DEFAULT)
+    object_phid = phid_field(body, "objectPHID")
+    container_phid = phid_field(body, "containerPHID")
+    delay = int_field(body, "delayUntil", 0)
+    return EnqueueRequest(
+        task_class=task_class,
+        data=data,
+        priority=priority,
+        object_phid=object_phid,
+        container_phid=container_phid,
+        delay_until=delay if delay > 0 else None,
+    )
+
+
+def parse_followups(body: dict) -> tuple[Followup, ...]:
+    """A success report's follow-up tasks (docs/taskqueue.md, Follow-up
+    tasks): each entry validated exactly as an enqueue, a bad one answered
+    with its index, so nothing is archived for a list that cannot be stored."""
+    items = field(body, "followups")
+    if items is MISSING:
+        return ()
+    if not isinstance(items, list):
+        raise bad_request("followups must be a list of objects")
+    if len(items) > MAX_FOLLOWUPS:
+        raise bad_request(f"followups must have at most {MAX_FOLLOWUPS} entries, got {len(items)}")
+    followups = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise bad_request(f"followups[{index}] must be an object")
+        try:
+            request = parse_enqueue(item)
+        except ApiError as e:
+            raise bad_request(f"followups[{index}]: {e.message}") from None
+        # No priority (or null): the parent's, which only the store reads.
+        inherits = field(item, "priority") is MISSING
+        followups.append(Followup(request, inherits_priority=inherits))
+    return tuple(followups)
+
+
+def permanent_field(body: dict) -> bool:
+    permanent = field(body, "permanent")
+    if permanent is MISSING:
+        return False
+    if not isinstance(permanent, bool):
+        raise bad_request("permanent must be a boolean")
+    return permanent
+
+
+def parse_report(item: Any, retry_wait: int) -> Report:
+    """One entry of a batched report: the fields its single call takes."""
+    if not isinstance(item, dict):
+        raise bad_request("each report must be an object")
+    task_id = task_id_field(item)
+    outcome = field(item, "outcome")
+    if outcome not in REPORT_OUTCOMES:
+        raise bad_request("outcome must be one of " + ", ".join(REPORT_OUTCOMES))
+    if outcome == REPORT_COMPLETE:
+        duration = int_field(item, "duration", 0, maximum=INT64_MAX)
+        return Report(task_id, outcome, duration=duration, followups=parse_followups(item))
+    if outcome == REPORT_FAIL:
+        permanent = permanent_field(item)
+        wait = int_field(item, "retryWait", retry_wait)
+        str_field(item, "message", "")
+        return Report(task_id, outcome, permanent=permanent, retry_wait=wait)
+    return Report(task_id, outcome, duration=int_field(item, "duration", 0, minimum=None))
+
+
+def parse_wait(body: dict) -> float:
+    """Seconds a lease call may be held while nothing is runnable (0: answer at once)."""
+    value = field(body, "wait")
+    if value is MISSING:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad_request("wait must be a number of seconds")
+    if not 0 <= value <= MAX_WAIT:
+        raise bad_request(f"wait must be between 0 and {MAX_WAIT} seconds")
+    return float(value)
+
+
+def parse_task_classes(body: dict) -> list[str] | None:
+    value = field(body, "taskClasses")
+    if value is MISSING:
+        return None
+    if not isinstance(value, list):
+        raise bad_request("taskClasses must be a list of strings")
+    for item in value:
+        if not isinstance(item, str):
+            raise bad_request("taskClasses must be a list of strings")
+    return value or None
+
+
+def header_text(request, name: bytes) -> str:
+    raw = request.getHeader(name)
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (raw or "")
+
+
+def fence_owner(request, body: dict) -> str | None:
+    """The lease owner a result report is fenced by, or None (unfenced, r4).
+
+    Given as the ``X-Lease-Owner`` header (as on lease) or the ``leaseOwner``
+    body field; empty counts as absent.  Both given and different is a
+    client bug worth a 400 rather than a guess.
+    """
+    header = header_text(request, b"x-lease-owner")
+    field = str_field(body, "leaseOwner", "")
+    if header and field and header != field:
+        raise bad_request("leaseOwner and X-Lease-Owner name different owners")
+    owner = field or header
+    if len(owner) > MAX_OWNER_CHARS:
+        raise bad_request(f"leaseOwner must be at most {MAX_OWNER_CHARS} characters")
+    return owner or None
+
+
+_DECIMAL = re.compile(rb"[+-]?[0-9]+")
+
+
+def query_int(request, name: bytes) -> int | None:
+    """An optional sign and ASCII digits, as the reference's Atoi reads them;
+    anything else (``1_0``, surrounding spaces) is unparsable."""
+    values = request.args.get(name)
+    if not values or not _DECIMAL.fullmatch(values[0]):
+        return None
+    return int(values[0], 10)
+
+
+# Result names and Phorge's numbers alike.
+RESULT_FILTERS = {**RESULT_NAMES, **{str(v): v for v in RESULT_NAMES.values()}}
+
+
+def query_text(request, name: bytes) -> str | None:
+    values = request.args.get(name)
+    if not values:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request(f"{name.decode()} must be UTF-8") from None
+
+
+def page(request) -> tuple[int, int]:
+    """``limit`` (absent/unparsable/<= 0: 100, at most 1000) and ``offset``
+    (absent/unparsable/negative: 0) of a list endpoint."""
+    limit = query_int(request, b"limit")
+    if limit is None or limit <= 0:
+        limit = DEFAULT_LIST_LIMIT
+    limit = min(limit, MAX_LIST_LIMIT)
+    offset = query_int(request, b"offset")
+    offset = 0 if offset is None or offset < 0 else min(offset, INT64_MAX)
+    return limit, offset
+
+
+def path_id(text: str) -> int:
+    """A task id in a path: base-10 64-bit with an optional sign, as the
+    reference's ParseInt reads it (400 otherwise); ids no column can hold are
+    simply not found."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise bad_request("invalid task ID")
+    parsed = int(text, 10)
+    if not -(2**63) <= parsed <= INT64_MAX:
+        raise bad_request("invalid task ID")
+    if not 0 < parsed <= UINT32_MAX:
+        raise not_found()
+    return parsed
