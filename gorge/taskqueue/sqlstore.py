@@ -6,6 +6,13 @@ style, the lisk_counter upsert, row locks, transaction start, which errors
 are worth a retry) is the engine's (gorge/db/engine.py), so the methods
 below have no per-backend branches. Every transaction runs through
 :meth:`gorge.db.database.Database.run`, named after the store method.
+
+This module holds enqueue and the reports (complete, fail, yield, cancel,
+batched), each deciding by the report rule (:mod:`gorge.taskqueue.report_rule`)
+on the row it read with a lock; the lease, the reads, the operator verbs and
+the migration calls are :mod:`~gorge.taskqueue.sql_lease`,
+:mod:`~gorge.taskqueue.sql_reads`, :mod:`~gorge.taskqueue.sql_operator` and
+:mod:`~gorge.taskqueue.sql_migration`, over :mod:`~gorge.taskqueue.sql_calls`.
 """
 
 from __future__ import annotations
