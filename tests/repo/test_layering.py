@@ -5,7 +5,10 @@ The platform (``gorge/config.py``, ``gorge/log``, ``gorge/app``, ``gorge/web``,
 service package (``gorge/webhook``, ``gorge/mailer``, ``gorge/taskqueue``,
 ``gorge/worker``) may use the platform but never a sibling service: the
 worker reaches the queue over HTTP only. Only the command line and the demo,
-which put the four together, may import them all.
+which put the four together, may import them all. Nothing in ``gorge/``
+imports the test launchers (``gorge_testing/``, which the wheel does not
+hold), and the launchers use the platform only: a daemon under test runs as
+a process of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from tests.support.paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "gorge"
+LAUNCHERS = REPO_ROOT / "gorge_testing"
 SERVICES = ("webhook", "mailer", "taskqueue", "worker")
 COMPOSERS = {"cli", "demo"}
 
@@ -31,7 +35,7 @@ def _imported_gorge_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name == "gorge" or name.startswith("gorge.")}
+    return {name for name in found if name.split(".")[0] in {"gorge", "gorge_testing"}}
 
 
 def _layer(module: str) -> str | None:
@@ -59,17 +63,40 @@ def test_imports_stay_within_their_layer(layer, path):
         for module in _imported_gorge_modules(path)
         if _layer(module) in set(SERVICES) - allowed
         or (_layer(module) or "").split("_")[0] in COMPOSERS
+        or module.split(".")[0] == "gorge_testing"
+    )
+    assert crossing == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(path, id=str(path.relative_to(REPO_ROOT)))
+        for path in sorted(LAUNCHERS.rglob("*.py"))
+    ],
+)
+def test_the_launchers_use_the_platform_only(path):
+    crossing = sorted(
+        module
+        for module in _imported_gorge_modules(path)
+        if module.startswith("gorge.")
+        and (_layer(module) in SERVICES or (_layer(module) or "").split("_")[0] in COMPOSERS)
     )
     assert crossing == []
 
 
 def test_the_rule_notices_a_crossing(tmp_path):
     source = tmp_path / "bad.py"
-    source.write_text("from gorge.taskqueue.store import TaskStore\nimport gorge.web\n")
+    source.write_text(
+        "from gorge.taskqueue.store import TaskStore\nimport gorge.web\n"
+        "from gorge_testing.procs import free_port\nimport gorgeous\n"
+    )
     assert _imported_gorge_modules(source) == {
         "gorge.taskqueue.store",
         "gorge.taskqueue.store.TaskStore",
         "gorge.web",
+        "gorge_testing.procs",
+        "gorge_testing.procs.free_port",
     }
 
 

@@ -27,7 +27,9 @@ from tests.support.paths import REPO_ROOT
 LIBRARY = REPO_ROOT / "phorge" / "src"
 MAP = "__phutil_library_map__.php"
 PHP_FILES = sorted(
-    path for folder in ("phorge", "gorge", "tests") for path in (REPO_ROOT / folder).rglob("*.php")
+    path
+    for folder in ("phorge", "gorge", "gorge_testing", "tests")
+    for path in (REPO_ROOT / folder).rglob("*.php")
 )
 
 
