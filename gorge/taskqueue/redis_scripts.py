@@ -99,9 +99,7 @@ def script_source(name: str) -> str:
 
 def load_scripts() -> RedisScripts:
     """Every script, read and registered (not sent: the first run loads it)."""
-    return RedisScripts(
-        *(LuaScript(script_source(name)) for name in script_names())
-    )
+    return RedisScripts(*(LuaScript(script_source(name)) for name in script_names()))
 
 
 # What the operator scripts answer when the task is in the wrong state.
