@@ -9,9 +9,9 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from .phorge import BOUND, STEP, PhorgeSite
-from .procs import free_port
-from .twistd import TwistdDaemon, daemon_environ
+from gorge_testing.phorge import BOUND, STEP, PhorgeSite
+from gorge_testing.procs import free_port
+from gorge_testing.twistd import TwistdDaemon, daemon_environ
 
 QUEUE_TOKEN = "queue-token"
 MAILER_TOKEN = "mailer-token"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pymysql
 
-from .phorge_schema import create_statements
-from .procs import ServerUnavailable, ThrowawayServer, find_binary
+from gorge_testing.phorge_schema import create_statements
+from gorge_testing.procs import ServerUnavailable, ThrowawayServer, find_binary
 
 HOST = "127.0.0.1"
 USER = "gorge"

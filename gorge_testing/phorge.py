@@ -35,7 +35,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
 
-from .procs import free_port
+from gorge_testing.procs import free_port
 
 ROOT_VARIABLE = "GORGE_PHORGE_ROOT"
 CACHE_VARIABLE = "GORGE_PHORGE_CACHE"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from .procs import ThrowawayServer, find_binary
-from .resp import RespClient
+from gorge_testing.procs import ThrowawayServer, find_binary
+from gorge_testing.resp import RespClient
 
 HOST = "127.0.0.1"
 

@@ -9,12 +9,11 @@ from twisted.python.failure import Failure
 
 from gorge.app.inflight import InFlight
 from gorge.log.logger import Logger
+from gorge.mailer.dispatcher import Answer, Dispatch, Dispatcher
+from gorge.mailer.message import MessageError, parse_send_body
+from gorge.mailer.metrics import MailerMetrics
 from gorge.web.envelope import ApiError, add_error_handlers, fail, ok
 from gorge.web.openapi import OpenApiDocument
-
-from .dispatcher import Answer, Dispatch, Dispatcher
-from .message import MessageError, parse_send_body
-from .metrics import MailerMetrics
 
 log = Logger()
 

@@ -19,11 +19,10 @@ from twisted.internet.task import deferLater
 from twisted.logger import LogLevel
 
 from gorge.log.logger import Logger
-
-from .backends.base import Backend
-from .message import Message
-from .metrics import MailerMetrics
-from .outcome import Kind, Outcome
+from gorge.mailer.backends.base import Backend
+from gorge.mailer.message import Message
+from gorge.mailer.metrics import MailerMetrics
+from gorge.mailer.outcome import Kind, Outcome
 
 log = Logger()
 

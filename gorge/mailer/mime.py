@@ -19,8 +19,7 @@ from email.utils import format_datetime
 from urllib.parse import quote
 
 from gorge.log.logger import Logger
-
-from .message import Attachment, Message, encode_words, format_address
+from gorge.mailer.message import Attachment, Message, encode_words, format_address
 
 log = Logger()
 

@@ -22,15 +22,14 @@ from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
 from gorge.client.agent import make_agent
 from gorge.log.logger import Logger
+from gorge.mailer.api import MailerApi
+from gorge.mailer.backends import build_backend
+from gorge.mailer.backends.base import Backend, Reloadable
+from gorge.mailer.dispatcher import Dispatcher
+from gorge.mailer.metrics import MailerMetrics
+from gorge.mailer.settings import MailerSettings, load_mailer_settings
 from gorge.web.listener import listener
 from gorge.web.site import build_site
-
-from .api import MailerApi
-from .backends import build_backend
-from .backends.base import Backend, Reloadable
-from .dispatcher import Dispatcher
-from .metrics import MailerMetrics
-from .settings import MailerSettings, load_mailer_settings
 
 log = Logger()
 
@@ -74,7 +73,7 @@ def build_mailer_service(
     """
 
     for warning in settings.warnings:
-        log.warn("MAILER_CONFIG_WARNING {warning}", warning=warning)
+        log.warn("MAILER_CONFIG_WARNING warning={warning}", warning=warning)
     if settings.config_problem:
         log.error("MAILER_CONFIG_INVALID cause={cause}", cause=settings.config_problem)
 

@@ -22,8 +22,7 @@ from gorge.config import (
     load_http_settings,
     parse_listen_addr,
 )
-
-from .backends.base import BackendEntry
+from gorge.mailer.backends.base import BackendEntry
 
 SERVICE = "gorge-mailer"
 DEFAULT_LISTEN = ":8110"

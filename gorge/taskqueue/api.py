@@ -378,7 +378,7 @@ class TaskQueueApi:
     async def _operated(self, verb: str, coro) -> Any:
         task: Task = await self._call(verb, coro)
         log.info(
-            "TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
+            "TASKQUEUE_TASK_" + verb.upper() + " task_id={task_id} task_class={task_class}",
             task_id=task.id,
             task_class=task.task_class,
         )
@@ -464,7 +464,8 @@ class TaskQueueApi:
             self._metrics.requeued.labels(task.task_class).inc()
             self._runnable(task)
             log.info(
-                "TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} task_class={task_class}",
+                "TASKQUEUE_TASK_REQUEUED task_id={task_id} new_task_id={new_task_id} "
+                "task_class={task_class}",
                 task_id=task_id,
                 new_task_id=task.id,
                 task_class=task.task_class,

@@ -130,7 +130,10 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         )
         d.addErrback(
             lambda f: log.failure(
-                "LEASE_HAND_BACK_FAILED task_ids={task_ids}", f, level=LogLevel.error, task_ids=ids
+                "TASKQUEUE_LEASE_HAND_BACK_FAILED task_ids={task_ids}",
+                f,
+                level=LogLevel.error,
+                task_ids=ids,
             )
         )
 

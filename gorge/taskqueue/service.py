@@ -211,7 +211,7 @@ def makeService(options: Options) -> IService:
         warnings: list[str] = []
         settings = load_settings(os.environ, listen=options["listen"], warnings=warnings)
         for warning in warnings:
-            log.warn("CONFIG_WARNING {warning}", warning=warning)
+            log.warn("TASKQUEUE_CONFIG_WARNING warning={warning}", warning=warning)
         return build_taskqueue_service(
             settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
         )

@@ -138,7 +138,10 @@ class SqlLeasing(SqlCalls):
         d = self._giving_back.track(Deferred.fromCoroutine(self.db.run("give_back", give_back)))
         d.addErrback(
             lambda f: log.failure(
-                "LEASE_HAND_BACK_FAILED task_ids={task_ids}", f, level=LogLevel.error, task_ids=ids
+                "TASKQUEUE_LEASE_HAND_BACK_FAILED task_ids={task_ids}",
+                f,
+                level=LogLevel.error,
+                task_ids=ids,
             )
         )
 

@@ -355,7 +355,7 @@ def outliving_caller(work: Deferred, abandoned: Callable[[Any], None]) -> Deferr
         if not answer.called:
             answer.callback(result)
         elif isinstance(result, Failure):
-            log.failure("ABANDONED_CALL_FAILED", result, level=LogLevel.warn)
+            log.failure("TASKQUEUE_ABANDONED_CALL_FAILED", result, level=LogLevel.warn)
         else:
             abandoned(result)
 
@@ -365,7 +365,7 @@ def outliving_caller(work: Deferred, abandoned: Callable[[Any], None]) -> Deferr
 
 def log_handed_back(owner: str, task_ids: list[int]) -> None:
     log.warn(
-        "LEASE_HANDED_BACK owner={owner} task_ids={task_ids} reason={reason}",
+        "TASKQUEUE_LEASE_HANDED_BACK owner={owner} task_ids={task_ids} reason={reason}",
         owner=owner,
         task_ids=task_ids,
         reason="the caller went away during the lease",

@@ -141,7 +141,7 @@ class LeaseWaiters:
         self._checking = True
         self._check_started = self._clock.seconds()
         d = Deferred.fromCoroutine(self._check_once())
-        d.addErrback(lambda f: log.failure("WAKE_CHECK_CRASHED", f, level=LogLevel.error))
+        d.addErrback(lambda f: log.failure("TASKQUEUE_WAKE_CHECK_CRASHED", f, level=LogLevel.error))
         d.addBoth(self._checked)
 
     def _checked(self, _) -> None:
@@ -159,11 +159,11 @@ class LeaseWaiters:
             # One line per failing streak: the backend's trouble shows on
             # every request already; held calls simply end at their wait.
             if not self._failing:
-                log.warn("WAKE_CHECK_FAILED error={error}", error=type(e).__name__)
+                log.warn("TASKQUEUE_WAKE_CHECK_FAILED error={error}", error=type(e).__name__)
                 self._failing = True
             return
         if self._failing:
-            log.info("WAKE_CHECK_RECOVERED")
+            log.info("TASKQUEUE_WAKE_CHECK_RECOVERED")
             self._failing = False
         # The first check has nothing to compare with: wake, in case a task
         # came in between a waiting call's lease and this check.

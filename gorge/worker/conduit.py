@@ -295,7 +295,7 @@ class DelegationPause:
     def _pause(self, reason: str) -> None:
         if self.reason is None:
             self._since = self._clock.seconds()
-            log.warn("DELEGATION_PAUSED reason={reason}", reason=reason)
+            log.warn("WORKER_DELEGATION_PAUSED reason={reason}", reason=reason)
         # The latest reason is the one /readyz shows; a new reason is not a
         # new state (the probe logs its own changes).
         self.reason = reason
@@ -304,7 +304,7 @@ class DelegationPause:
         if self.reason is None:
             return
         log.info(
-            "DELEGATION_RESUMED paused_sec={paused_sec}",
+            "WORKER_DELEGATION_RESUMED paused_sec={paused_sec}",
             paused_sec=round(self._clock.seconds() - self._since, 3),
         )
         self.reason = None

@@ -271,7 +271,7 @@ class Consumer:
         self.lease_attempted = True
         self._state.more_waiting = False
         if self.lease_error is None:
-            log.warn("LEASE_FAILED error={error}", error=error, task_ids=task_ids)
+            log.warn("WORKER_LEASE_FAILED error={error}", error=error, task_ids=task_ids)
             self._failing_since_count = 1
             self._failing_summary_at = now
         else:
@@ -280,14 +280,14 @@ class Consumer:
                 # A different failure is a new state; it also names the rows
                 # of a rejected answer, which stay leased to us.
                 log.warn(
-                    "LEASE_ERROR_CHANGED failures={failures} error={error}",
+                    "WORKER_LEASE_ERROR_CHANGED failures={failures} error={error}",
                     failures=self._failing_since_count,
                     error=error,
                     task_ids=task_ids,
                 )
             elif now - self._failing_summary_at >= FAILING_SUMMARY_INTERVAL:
                 log.warn(
-                    "LEASE_STILL_FAILING failures={failures} error={error}",
+                    "WORKER_LEASE_STILL_FAILING failures={failures} error={error}",
                     failures=self._failing_since_count,
                     error=error,
                 )
@@ -299,7 +299,9 @@ class Consumer:
     def _lease_succeeded(self, count: int) -> None:
         self._metrics.lease_requests.labels(result="tasks" if count else "empty").inc()
         if self.lease_error is not None:
-            log.info("LEASE_RECOVERED failures={failures}", failures=self._failing_since_count)
+            log.info(
+                "WORKER_LEASE_RECOVERED failures={failures}", failures=self._failing_since_count
+            )
         self.lease_error = None
         self.lease_attempted = True
         self._first_lease()
@@ -346,7 +348,7 @@ class Consumer:
         task_id = task["id"]
         if task_id in self._runs:
             log.warn(
-                "TASK_DUPLICATE_LEASE task_id={task_id} task_class={task_class}",
+                "WORKER_TASK_DUPLICATE_LEASE task_id={task_id} task_class={task_class}",
                 task_id=task_id,
                 task_class=task["taskClass"],
             )
@@ -361,7 +363,10 @@ class Consumer:
         self._inflight.track(d)
         d.addErrback(
             lambda f: log.failure(
-                "TASK_PROCESSING_FAILED task_id={task_id}", f, level=LogLevel.error, task_id=task_id
+                "WORKER_TASK_PROCESSING_FAILED task_id={task_id}",
+                f,
+                level=LogLevel.error,
+                task_id=task_id,
             )
         )
         d.addBoth(lambda _: self._finished(run))
@@ -411,7 +416,8 @@ class Consumer:
             run.abandoned = True
             if run.counted:
                 log.error(
-                    "TASK_ABANDONED task_id={task_id} task_class={task_class} reason={reason}",
+                    "WORKER_TASK_ABANDONED "
+                    "task_id={task_id} task_class={task_class} reason={reason}",
                     task_id=run.id,
                     task_class=run.task_class,
                     reason="drain budget expired at shutdown",

@@ -140,7 +140,7 @@ class LeaseKeeper:
     def _crashed(self, failure: Failure) -> None:
         if not failure.check(CancelledError):
             log.failure(
-                "LEASE_RENEW_CRASHED task_id={task_id}",
+                "WORKER_LEASE_RENEW_CRASHED task_id={task_id}",
                 failure,
                 level=LogLevel.error,
                 task_id=self._task_id,
@@ -160,7 +160,8 @@ class LeaseKeeper:
             if not self._failing:
                 self._failing = True
                 log.warn(
-                    "LEASE_RENEW_FAILED task_id={task_id} task_class={task_class} error={error}",
+                    "WORKER_LEASE_RENEW_FAILED "
+                    "task_id={task_id} task_class={task_class} error={error}",
                     task_id=self._task_id,
                     task_class=self._task_class,
                     error=str(exc),
@@ -172,7 +173,7 @@ class LeaseKeeper:
         if expires is None:
             self._on_result("lost")
             log.warn(
-                "TASK_LEASE_LOST task_id={task_id} task_class={task_class}",
+                "WORKER_TASK_LEASE_LOST task_id={task_id} task_class={task_class}",
                 task_id=self._task_id,
                 task_class=self._task_class,
             )
@@ -181,9 +182,9 @@ class LeaseKeeper:
         self._on_result("renewed")
         if self._failing:
             self._failing = False
-            log.info("LEASE_RENEW_RECOVERED task_id={task_id}", task_id=self._task_id)
+            log.info("WORKER_LEASE_RENEW_RECOVERED task_id={task_id}", task_id=self._task_id)
         log.debug(
-            "LEASE_RENEWED task_id={task_id} lease_expires={lease_expires}",
+            "WORKER_LEASE_RENEWED task_id={task_id} lease_expires={lease_expires}",
             task_id=self._task_id,
             lease_expires=expires,
         )

@@ -97,7 +97,7 @@ class Reporter:
         self._metrics.tasks.labels(task_class=run.task_class, outcome=metric).inc()
         if not logged:
             log.error(
-                "TASK_UNREPORTED task_id={task_id} task_class={task_class} "
+                "WORKER_TASK_UNREPORTED task_id={task_id} task_class={task_class} "
                 "outcome={outcome} reason={reason} error={error}",
                 task_id=run.id,
                 task_class=run.task_class,
@@ -110,7 +110,7 @@ class Reporter:
         """An uncounted run (hand-back, skip) whose report did not get through:
         its lease runs out at the queue instead."""
         log.warn(
-            "TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
+            "WORKER_TASK_HANDBACK_UNREPORTED task_id={task_id} task_class={task_class} "
             "outcome={outcome} reason={reason} error={error}",
             task_id=run.id,
             task_class=run.task_class,

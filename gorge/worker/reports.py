@@ -121,7 +121,9 @@ class ReportBatcher:
         while self._pending:
             batch = self._next_batch()
             d = Deferred.fromCoroutine(self._send(batch))
-            d.addErrback(lambda f: log.failure("REPORT_BATCH_FAILED", f, level=LogLevel.error))
+            d.addErrback(
+                lambda f: log.failure("WORKER_REPORT_BATCH_FAILED", f, level=LogLevel.error)
+            )
 
     def _next_batch(self) -> list[_Pending]:
         """The oldest pending reports, as many as ``max_size`` allows and
@@ -169,7 +171,7 @@ class ReportBatcher:
     def _fall_back(self, error: str) -> None:
         if self.enabled:
             self.enabled = False
-            log.warn("REPORT_BATCHING_DISABLED error={error}", error=error)
+            log.warn("WORKER_REPORT_BATCHING_DISABLED error={error}", error=error)
 
     def _settle_with(self, item: _Pending, single: Coroutine[Any, Any, None]) -> None:
         d: Deferred[None] = Deferred.fromCoroutine(single)
@@ -180,7 +182,7 @@ def _settle(item: _Pending, result: Any) -> None:
     """Fire the item's Deferred unless its caller has cancelled it."""
     if item.done.called:
         if isinstance(result, Failure) and not result.check(CancelledError, QueueError):
-            log.failure("REPORT_FAILED_AFTER_CANCEL", result, level=LogLevel.error)
+            log.failure("WORKER_REPORT_FAILED_AFTER_CANCEL", result, level=LogLevel.error)
         return
     item.done.callback(result)
 

@@ -119,7 +119,7 @@ class TaskRunner:
             return
         run.deadline = self._clock.seconds() + DEFAULT_LEASE_SECONDS
         log.warn(
-            "TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
+            "WORKER_TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
             task_id=run.id,
             task_class=run.task_class,
         )
@@ -140,7 +140,7 @@ class TaskRunner:
         run.counted = False
         run.intended = "temporary"
         log.info(
-            "TASK_SKIPPED task_id={task_id} task_class={task_class}",
+            "WORKER_TASK_SKIPPED task_id={task_id} task_class={task_class}",
             task_id=run.id,
             task_class=run.task_class,
         )
@@ -199,7 +199,8 @@ class TaskRunner:
                 error = exc  # the handler's own timeout, not our deadline
             else:
                 log.error(
-                    "TASK_ABANDONED task_id={task_id} task_class={task_class} reason={reason}",
+                    "WORKER_TASK_ABANDONED "
+                    "task_id={task_id} task_class={task_class} reason={reason}",
                     task_id=run.id,
                     task_class=run.task_class,
                     reason="handler outlived its lease",
@@ -232,13 +233,13 @@ class TaskRunner:
         if outcome.kind == "complete":
             if self._log_debug:
                 log.debug(
-                    "TASK_SUCCEEDED task_id={task_id} task_class={task_class}",
+                    "WORKER_TASK_SUCCEEDED task_id={task_id} task_class={task_class}",
                     task_id=run.id,
                     task_class=run.task_class,
                 )
             return
         log.info(
-            "TASK_OUTCOME task_id={task_id} task_class={task_class} "
+            "WORKER_TASK_OUTCOME task_id={task_id} task_class={task_class} "
             "outcome={outcome} message={message}",
             task_id=run.id,
             task_class=run.task_class,
@@ -279,4 +280,4 @@ class TaskRunner:
         """A queue without renewal (404) or one refusing ours: stop asking."""
         if self._renewals:
             self._renewals = False
-            log.warn("LEASE_RENEWAL_DISABLED error={error}", error=str(exc))
+            log.warn("WORKER_LEASE_RENEWAL_DISABLED error={error}", error=str(exc))

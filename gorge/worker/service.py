@@ -108,9 +108,9 @@ class ConduitProbe:
         reason = result.reason
         if reason != self.reason or not self.completed:
             if reason is None:
-                log.info("CONDUIT_PROBE_PASSED")
+                log.info("WORKER_CONDUIT_PROBE_PASSED")
             else:
-                log.warn("CONDUIT_PROBE_FAILED reason={reason}", reason=reason)
+                log.warn("WORKER_CONDUIT_PROBE_FAILED reason={reason}", reason=reason)
         self.reason = reason
         self.completed = True
         if self.pause is not None:
@@ -437,9 +437,9 @@ class ConsumeLoop:
     def start(self) -> None:
         settings, plan = self._settings, self._plan
         for warning in settings.warnings:
-            log.warn("CONFIG_WARNING warning={warning}", warning=warning)
+            log.warn("WORKER_CONFIG_WARNING warning={warning}", warning=warning)
         for name in plan.unrunnable_filter_entries:
-            log.warn("FILTER_CLASS_NOT_RUNNABLE task_class={task_class}", task_class=name)
+            log.warn("WORKER_FILTER_CLASS_NOT_RUNNABLE task_class={task_class}", task_class=name)
         log.info(
             "WORKER_STARTING owner={owner} supported={supported} "
             "task_classes={task_classes} config={config}",
@@ -471,7 +471,7 @@ async def close_pool(pool, clock) -> None:
     try:
         await pool.closeCachedConnections().addTimeout(5, clock)
     except TimeoutError:
-        log.warn("HTTP_POOL_CLOSE_TIMED_OUT")
+        log.warn("WORKER_HTTP_POOL_CLOSE_TIMED_OUT")
 
 
 def makeService(options) -> tservice.IService:

@@ -215,7 +215,7 @@ def test_worker_whose_queue_is_unreachable_keeps_pinging_and_is_not_ready(tmp_pa
     assert notify.wait_until(
         lambda: notify.count_after("WATCHDOG=1", ready_at) >= 2, 3 * WATCHDOG_USEC / 1e6
     ), notify.names()
-    assert "LEASE_FAILED" in daemon.log_text()
+    assert "WORKER_LEASE_FAILED" in daemon.log_text()
     with pytest.raises(urllib.error.HTTPError) as answer:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10)
     assert answer.value.code == 503

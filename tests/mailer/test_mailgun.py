@@ -16,8 +16,7 @@ from gorge.config import ConfigError
 from gorge.mailer.backends import mailgun
 from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.outcome import Kind
-
-from .test_providers_support import (
+from tests.mailer.test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,

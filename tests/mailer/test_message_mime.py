@@ -102,7 +102,7 @@ def test_no_caller_string_starts_a_header(value, subject, name):
 
 
 def test_stuff_mime_equals_full_dot_stuffing():
-    from gorge.mailer.backends.smtp import dot_stuff, stuff_mime
+    from gorge.mailer.backends.smtp_data import dot_stuff, stuff_mime
 
     raw = build(
         headers=[{"name": ".dotted", "value": "x"}],

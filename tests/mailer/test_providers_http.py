@@ -28,8 +28,13 @@ from twisted.web.server import NOT_DONE_YET, Site
 from gorge.config import ConfigError
 from gorge.mailer.backends import http
 from gorge.mailer.outcome import Kind
-
-from .test_providers_support import MemoryHttp, entry, response, self_signed, split_request
+from tests.mailer.test_providers_support import (
+    MemoryHttp,
+    entry,
+    response,
+    self_signed,
+    split_request,
+)
 
 URL = "http://127.0.0.1:8025/v3/mail/send"
 

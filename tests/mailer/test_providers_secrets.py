@@ -9,9 +9,8 @@ from twisted.logger import formatEvent
 
 from gorge.mailer.backends import mailgun, postmark, sendgrid, ses
 from gorge.mailer.outcome import Kind
+from tests.mailer.test_providers_support import LoopbackServer, Scripted, entry, full_message
 from tests.support.logcapture import logged_events
-
-from .test_providers_support import LoopbackServer, Scripted, entry, full_message
 
 SECRET = "Zq9-credential-4711"
 

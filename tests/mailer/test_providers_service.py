@@ -9,10 +9,9 @@ import json
 from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock
 
+from tests.mailer.conftest import make_harness
+from tests.mailer.test_providers_support import response, split_request
 from tests.support.memoryhttp import TcpStringTransport
-
-from .conftest import make_harness
-from .test_providers_support import response, split_request
 
 TOKEN = "contract-token"
 

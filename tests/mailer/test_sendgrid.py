@@ -12,8 +12,7 @@ from gorge.config import ConfigError
 from gorge.mailer.backends import sendgrid
 from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.outcome import Kind
-
-from .test_providers_support import (
+from tests.mailer.test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,

@@ -20,8 +20,7 @@ from gorge.mailer.backends.http import HttpReply
 from gorge.mailer.message import format_address
 from gorge.mailer.mime import build_mime
 from gorge.mailer.outcome import Kind
-
-from .test_providers_support import (
+from tests.mailer.test_providers_support import (
     LoopbackServer,
     MemoryHttp,
     Scripted,

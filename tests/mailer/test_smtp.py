@@ -12,7 +12,9 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 
 from gorge.mailer.backends.base import BackendEntry
-from gorge.mailer.backends.smtp import SmtpBackend, SmtpConfig, build, classify_reply, dot_stuff
+from gorge.mailer.backends.smtp import SmtpBackend, SmtpConfig, build
+from gorge.mailer.backends.smtp_data import dot_stuff
+from gorge.mailer.backends.smtp_reply import classify_reply
 from gorge.mailer.outcome import Kind
 from tests.mailer.conftest import TOKEN, make_harness
 from tests.mailer.conftest import parsed_message as message

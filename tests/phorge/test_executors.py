@@ -118,7 +118,7 @@ async def test_an_executor_killed_mid_task_costs_that_task_one_temporary_failure
     assert row["result"] == SUCCESS
     after = set(_executor_pids(worker.pid))
     assert after and not (after & before)
-    assert "EXECUTOR_EXITED" in worker.log_text()
+    assert "WORKER_EXECUTOR_EXITED" in worker.log_text()
 
 
 class _LosesOneAnswer(resource.Resource):

@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import formatEvent
 from twisted.web.http_headers import Headers
 
-from .stubpump import pumped
+from tests.support.stubpump import pumped
 
 CONTRACT_TOKEN = "contract-token"
 

@@ -15,8 +15,7 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.protocol import ProcessProtocol
 
 from gorge_testing.twistd import DAEMON_ARGS, TWISTD, TwistdDaemon, daemon_environ
-
-from .paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 __all__ = ["DAEMON_ARGS", "TWISTD", "TwistdDaemon", "TwistdProcess", "daemon_environ", "healthz"]
 

@@ -191,12 +191,14 @@ async def test_caller_gone_while_its_lease_ran_gets_nothing_stranded(backend_sto
         for _ in range(2000):
             # The event first: a read sent before the hand-back was logged may
             # predate the claim itself and see the task unleased.
-            if any(e.get("log_format", "").startswith("LEASE_HANDED_BACK") for e in events) and (
-                (await backend_store.get_task(other.id)).lease_owner is None
-            ):
+            if any(
+                e.get("log_format", "").startswith("TASKQUEUE_LEASE_HANDED_BACK") for e in events
+            ) and ((await backend_store.get_task(other.id)).lease_owner is None):
                 break
             await _settle()
-    handed = [e for e in events if e.get("log_format", "").startswith("LEASE_HANDED_BACK")]
+    handed = [
+        e for e in events if e.get("log_format", "").startswith("TASKQUEUE_LEASE_HANDED_BACK")
+    ]
     assert [e["task_ids"] for e in handed] == [[other.id]]
     back = await backend_store.get_task(other.id)
     assert (back.lease_owner, back.lease_expires) == (None, int(clock.seconds()))

@@ -4,7 +4,7 @@ import pytest
 import pytest_twisted
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from .rawhttp import RawServer
+from tests.worker.rawhttp import RawServer
 
 
 @pytest.fixture

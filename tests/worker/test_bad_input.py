@@ -16,8 +16,7 @@ from gorge.worker.handlers.feed_http import FeedHttpHandler
 from gorge.worker.handlers.test_worker import TestWorker
 from gorge.worker.queueclient import QueueClient, QueueEndpoint
 from gorge.worker.registry import Registry
-
-from .fakes import CapturedEvents, FakeQueue, make_consumer, make_task
+from tests.worker.fakes import CapturedEvents, FakeQueue, make_consumer, make_task
 
 
 class Queue(Resource):
@@ -59,7 +58,7 @@ def test_hanging_queue_on_report_is_bounded_and_the_loop_goes_on():
     resource = Queue([make_task(21, expires=600)], "hang")
     with CapturedEvents() as captured:
         consumer = run_against(resource, clock, registry, 200)
-        (line,) = captured.named("TASK_UNREPORTED")
+        (line,) = captured.named("WORKER_TASK_UNREPORTED")
         assert captured.failures() == []
     assert line["task_id"] == 21 and "timed out after 30s" in line["error"]
     assert resource.paths.count(b"/api/queue/complete") == 5
@@ -74,7 +73,7 @@ def test_queue_answering_500_on_report_leaves_the_lease():
     resource = Queue([make_task(22, expires=600)], "500")
     with CapturedEvents() as captured:
         consumer = run_against(resource, clock, registry, 10)
-        (line,) = captured.named("TASK_UNREPORTED")
+        (line,) = captured.named("WORKER_TASK_UNREPORTED")
     assert line["task_id"] == 22 and "api error [ERR_INTERNAL]" in line["error"]
     assert resource.paths.count(b"/api/queue/complete") == 5
     assert consumer.counters.unreported == 1 and consumer.counters.processed == 0
@@ -127,7 +126,7 @@ def test_bad_task_data_and_class_names_fail_permanently_with_the_task_id():
     with CapturedEvents() as captured:
         consumer.start()
         clock.advance(1.0)
-        lines = {e["task_id"]: e["message"] for e in captured.named("TASK_OUTCOME")}
+        lines = {e["task_id"]: e["message"] for e in captured.named("WORKER_TASK_OUTCOME")}
         assert captured.failures() == []
     reports = {r.task_id: (r.kind, r.args.get("permanent")) for r in queue.reports}
     assert reports == {

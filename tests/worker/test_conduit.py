@@ -15,9 +15,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from gorge.worker.conduit import ConduitClient, ConduitError, parse_conduit_answer, snippet
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.registry import Registry
-
-from .fakes import CapturedEvents, run_through_consumer
-from .rawhttp import Answer
+from tests.worker.fakes import CapturedEvents, run_through_consumer
+from tests.worker.rawhttp import Answer
 
 TOKEN = "conduit-secret"
 DATA = '{"documentPHID":"PHID-TASK-abc","context":{"x":"\\u00e9"}}'
@@ -189,7 +188,7 @@ async def test_html_answer_fails_temporarily_with_status_and_snippet_in_the_log(
     task = {"id": 77, "taskClass": "SomeWorker", "failureCount": 0}
     with CapturedEvents() as captured:
         report, _ = await run_through_consumer(reactor, registry, task)
-        (line,) = [e for e in captured.named("TASK_OUTCOME") if e["task_id"] == 77]
+        (line,) = [e for e in captured.named("WORKER_TASK_OUTCOME") if e["task_id"] == 77]
     assert_wire_format(server.requests[0], task_id=77, task_class="SomeWorker", data="")
     assert report.kind == "fail" and report.args["permanent"] is False
     expected = (

@@ -31,10 +31,9 @@ from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.outcome import NotReached
 from gorge.worker.registry import LeasePlan, Registry
 from gorge.worker.service import PROBE_UNREACHED_RETRY_SEC
-
-from .fakes import CapturedEvents, FakeQueue, make_task, run_through_consumer
-from .rawhttp import Answer
-from .test_service import FakeQueueResource, delegating_service, readyz
+from tests.worker.fakes import CapturedEvents, FakeQueue, make_task, run_through_consumer
+from tests.worker.rawhttp import Answer
+from tests.worker.test_service import FakeQueueResource, delegating_service, readyz
 
 TOKEN = "conduit-secret"
 DELEGATED = "PhabricatorSearchWorker"
@@ -365,7 +364,7 @@ def test_a_call_that_never_reached_php_pauses_delegation_at_once():
     # The first refusal paused delegation: the second task went back unrun.
     assert outage.delegate.calls == [1]
     assert outage.pause.paused and outage.rechecks == 1  # the probe looks again soon
-    (paused,) = captured.named("DELEGATION_PAUSED")
+    (paused,) = captured.named("WORKER_DELEGATION_PAUSED")
     assert paused["reason"] == "conduit worker.execute for id=1 not reached"
     assert outage.pause.readiness_reason() == (
         "conduit: conduit worker.execute for id=1 not reached; delegated classes paused"
@@ -401,8 +400,8 @@ def test_while_paused_only_native_classes_are_leased_and_work_resumes_after_a_pa
     assert outage.queue.leases[leases_while_paused][1] is None  # every class again
     assert outage.delegate.calls == [3]
     assert outage.queue.reports[-1].kind == "complete"
-    assert len(captured.named("DELEGATION_PAUSED")) == 1
-    (resumed,) = captured.named("DELEGATION_RESUMED")
+    assert len(captured.named("WORKER_DELEGATION_PAUSED")) == 1
+    (resumed,) = captured.named("WORKER_DELEGATION_RESUMED")
     assert resumed["paused_sec"] >= 11.0
 
 
@@ -485,9 +484,9 @@ def test_the_service_pauses_retries_every_few_seconds_and_resumes():
             stub.flush()
     assert readyz(svc.part("site")) == (200, {"status": "ok"})
     assert "taskClasses" not in phorge.lease_bodies[-1]
-    assert len(captured.named("DELEGATION_PAUSED")) == 1
-    assert len(captured.named("DELEGATION_RESUMED")) == 1
+    assert len(captured.named("WORKER_DELEGATION_PAUSED")) == 1
+    assert len(captured.named("WORKER_DELEGATION_RESUMED")) == 1
     # One probe line per change of reason, not one per retry.
-    assert len(captured.named("CONDUIT_PROBE_FAILED")) == 1
+    assert len(captured.named("WORKER_CONDUIT_PROBE_FAILED")) == 1
     probe.stop()
     Deferred.fromCoroutine(consumer.stop())

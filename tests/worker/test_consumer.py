@@ -13,8 +13,7 @@ from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.outcome import RetryLater
 from gorge.worker.queueclient import QueueError
 from gorge.worker.registry import LeasePlan, Registry
-
-from .fakes import (
+from tests.worker.fakes import (
     CapturedEvents,
     FakeQueue,
     Gate,
@@ -160,11 +159,11 @@ def test_lease_errors_set_readiness_and_log_by_state_change():
         consumer.start()
         clock.pump([1.0] * 150)
         assert consumer.readiness_reason().startswith("taskqueue: lease: http:")
-        assert len(captured.named("LEASE_FAILED")) == 1
-        assert 1 <= len(captured.named("LEASE_STILL_FAILING")) <= 3
+        assert len(captured.named("WORKER_LEASE_FAILED")) == 1
+        assert 1 <= len(captured.named("WORKER_LEASE_STILL_FAILING")) <= 3
         clock.advance(1.0)
         assert consumer.readiness_reason() is None
-        assert len(captured.named("LEASE_RECOVERED")) == 1
+        assert len(captured.named("WORKER_LEASE_RECOVERED")) == 1
     assert len(queue.leases) == 151
 
 
@@ -178,7 +177,7 @@ def test_a_task_already_running_is_neither_run_nor_reported_again():
         queue.waiting = [make_task(4)]
         clock.advance(1.0)
         assert gate.started == [4]
-        assert len(captured.named("TASK_DUPLICATE_LEASE")) == 1
+        assert len(captured.named("WORKER_TASK_DUPLICATE_LEASE")) == 1
     gate.finish(4)
     assert [r.kind for r in queue.reports] == ["complete"]
 
@@ -231,7 +230,7 @@ def test_drain_budget_expiry_abandons_running_tasks_unreported():
         stopped = Deferred.fromCoroutine(consumer.stop())
         clock.advance(5)
         assert stopped.called
-        assert [e["task_id"] for e in captured.named("TASK_ABANDONED")] == [1]
+        assert [e["task_id"] for e in captured.named("WORKER_TASK_ABANDONED")] == [1]
     assert gate.cancelled == [1]
     assert queue.attempts == []
     assert consumer.counters.unreported == 1
@@ -290,7 +289,7 @@ def test_ids_of_a_rejected_lease_answer_are_logged_even_while_leasing_fails():
     with CapturedEvents() as captured:
         consumer.start()
         clock.advance(1.0)
-        assert len(captured.named("LEASE_FAILED")) == 1
+        assert len(captured.named("WORKER_LEASE_FAILED")) == 1
         clock.advance(1.0)
         assert len(queue.leases) == 2
         assert any(

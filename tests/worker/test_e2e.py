@@ -20,8 +20,7 @@ from gorge.taskqueue.settings import TaskQueueSettings
 from gorge.worker.outcome import Yield
 from gorge.worker.service import build_worker_service
 from gorge.worker.settings import load_worker_settings
-
-from .rawhttp import Answer
+from tests.worker.rawhttp import Answer
 
 pytestmark = pytest.mark.integration
 

@@ -23,9 +23,8 @@ from gorge.worker.outcome import PermanentFailure, RetryLater
 from gorge.worker.registry import Registry
 from tests.support.logcapture import logged_events
 from tests.support.paths import FIXTURES_DIR
-
-from .fakes import run_through_consumer
-from .rawhttp import Answer
+from tests.worker.fakes import run_through_consumer
+from tests.worker.rawhttp import Answer
 
 FEED_DIR = FIXTURES_DIR / "feed"
 CASES = sorted(p.name for p in FEED_DIR.iterdir() if p.is_dir())
@@ -250,14 +249,14 @@ def test_policy_file_is_read_once_not_per_task(tmp_path):
     path.write_text('{"silent": true, "uris": []}')
     with logged_events() as events:
         policy = FeedPolicy(str(path))
-    assert [e["log_format"].split()[0] for e in events] == ["FEED_POLICY_LOADED"]
+    assert [e["log_format"].split()[0] for e in events] == ["WORKER_FEED_POLICY_LOADED"]
     handler = FeedHttpHandler(client, Clock(), policy=policy)
     path.unlink()  # a task must not look at the file again
     data = json.dumps({"storyID": 3, "uri": "http://h/x"})
     assert _call(handler, data).called and client.calls == []
     with logged_events() as events:
         policy.reload()
-    assert [e["log_format"].split()[0] for e in events] == ["FEED_POLICY_UNUSABLE"]
+    assert [e["log_format"].split()[0] for e in events] == ["WORKER_FEED_POLICY_UNUSABLE"]
     errors = []
     _call(handler, data).addErrback(errors.append)
     assert errors[-1].check(RetryLater) and "FileNotFoundError" in str(errors[-1].value)

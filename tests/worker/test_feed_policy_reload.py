@@ -64,7 +64,7 @@ async def test_sighup_makes_the_running_worker_read_the_policy_again(tmp_path, h
         assert await run_task() is None  # silent: done without sending
         policy.write_text('{"silent": false, "uris": ["http://hook.test/other"]}')
         assert await run_task() is None  # the edit alone changes nothing
-        with first_event("FEED_POLICY_LOADED") as loaded:
+        with first_event("WORKER_FEED_POLICY_LOADED") as loaded:
             os.kill(os.getpid(), signal.SIGHUP)
             event = await loaded.addTimeout(10, reactor)
         assert (event["silent"], event["uris"]) == (False, 1)

@@ -13,9 +13,8 @@ from gorge.worker.conduit import ConduitClient
 from gorge.worker.handlers.conduit import ConduitDelegate
 from gorge.worker.queueclient import QueueError
 from gorge.worker.registry import Registry
-
-from .fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
-from .test_consumer import Gate, registry_with, succeed_handler
+from tests.worker.fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
+from tests.worker.test_consumer import Gate, registry_with, succeed_handler
 
 
 def started(queue, gate, *, expires, **loop):
@@ -60,9 +59,9 @@ def test_a_lost_lease_cancels_the_handler_and_reports_nothing():
         clock.advance(100)  # t=101: renewal answers "lost"
         assert gate.cancelled == [4]
         clock.advance(1000)
-        assert len(captured.named("TASK_LEASE_LOST")) == 1
-        assert captured.named("TASK_UNREPORTED") == []
-        assert captured.named("TASK_ABANDONED") == []
+        assert len(captured.named("WORKER_TASK_LEASE_LOST")) == 1
+        assert captured.named("WORKER_TASK_UNREPORTED") == []
+        assert captured.named("WORKER_TASK_ABANDONED") == []
     assert queue.attempts == []
     assert consumer.active == 0
     assert consumer.counters.unreported == 1 and consumer.counters.failed == 0
@@ -84,8 +83,8 @@ def test_a_failed_renewal_is_tried_again_before_the_deadline():
         assert len(queue.renewals) == 1
         clock.advance(200)  # t=501: a third of what was left
         assert len(queue.renewals) == 2
-        assert len(captured.named("LEASE_RENEW_FAILED")) == 1
-        assert len(captured.named("LEASE_RENEW_RECOVERED")) == 1
+        assert len(captured.named("WORKER_LEASE_RENEW_FAILED")) == 1
+        assert len(captured.named("WORKER_LEASE_RENEW_RECOVERED")) == 1
     clock.advance(901 - 501 + 10)
     assert gate.cancelled == []
     gate.finish(4)
@@ -101,7 +100,7 @@ def test_a_queue_without_renewal_keeps_the_lease_deadline_and_is_asked_no_more()
     ]
     with CapturedEvents() as captured:
         clock.advance(100)
-        assert len(captured.named("LEASE_RENEWAL_DISABLED")) == 1
+        assert len(captured.named("WORKER_LEASE_RENEWAL_DISABLED")) == 1
     clock.advance(200)  # the original deadline cuts the handler
     assert gate.cancelled == [4]
     queue.waiting = [make_task(5, expires=int(clock.seconds()) + 300)]

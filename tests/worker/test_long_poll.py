@@ -10,8 +10,7 @@ from twisted.internet.task import Clock
 from gorge.worker.consumer import Consumer, LoopSettings
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.registry import LeasePlan, Registry
-
-from .fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
+from tests.worker.fakes import CapturedEvents, FakeQueue, make_consumer, make_task, server_error
 
 WAIT = 20.0
 
@@ -119,7 +118,7 @@ def test_stop_hangs_up_a_held_call_at_once():
         clock.advance(0)
         assert stopped.called
     assert queue.hung_up == 1
-    assert events.named("LEASE_FAILED") == []
+    assert events.named("WORKER_LEASE_FAILED") == []
     assert len(queue.lease_waits) == 2
 
 

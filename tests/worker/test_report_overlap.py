@@ -6,8 +6,7 @@ from __future__ import annotations
 from twisted.internet.task import Clock
 
 from gorge.worker.registry import Registry
-
-from .fakes import FakeQueue, make_consumer, make_task
+from tests.worker.fakes import FakeQueue, make_consumer, make_task
 
 
 def test_reports_in_flight_do_not_hold_slots_but_are_bounded():

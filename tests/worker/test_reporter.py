@@ -9,8 +9,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from gorge.worker.queueclient import QueueError
-
-from .fakes import (
+from tests.worker.fakes import (
     CapturedEvents,
     FakeQueue,
     make_consumer,
@@ -38,7 +37,7 @@ def test_report_retries_five_times_with_growing_waits_then_keeps_the_lease():
         assert len(queue.attempts) == 5
         clock.advance(60)
         assert len(queue.attempts) == 5
-        unreported = captured.named("TASK_UNREPORTED")
+        unreported = captured.named("WORKER_TASK_UNREPORTED")
     assert len(unreported) == 1 and unreported[0]["task_id"] == 7
     assert consumer.counters.unreported == 1 and consumer.counters.processed == 0
     assert metrics.get_sample_value("gorge_worker_report_retries_total") == 4
@@ -69,7 +68,7 @@ def test_a_refused_report_is_not_retried():
         consumer.start()
         clock.pump([1.0] * 3)
         assert len(queue.attempts) == 1
-        assert "may already be recorded" in captured.named("TASK_UNREPORTED")[0]["reason"]
+        assert "may already be recorded" in captured.named("WORKER_TASK_UNREPORTED")[0]["reason"]
 
 
 def test_a_report_refused_for_a_lost_lease_says_so_and_is_not_retried():
@@ -87,6 +86,6 @@ def test_a_report_refused_for_a_lost_lease_says_so_and_is_not_retried():
         consumer.start()
         clock.pump([1.0] * 3)
         assert len(queue.attempts) == 1
-        (line,) = captured.named("TASK_UNREPORTED")
+        (line,) = captured.named("WORKER_TASK_UNREPORTED")
     assert line["reason"] == "lease lost: another holder has the task"
     assert consumer.counters.unreported == 1 and consumer.counters.processed == 0

@@ -15,8 +15,7 @@ from twisted.web.resource import Resource
 
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, QueueError
 from gorge.worker.reports import FOLLOWUP_BATCH_BYTES, ReportBatcher
-
-from .fakes import CapturedEvents
+from tests.worker.fakes import CapturedEvents
 
 OWNER = "host:1:2:gorge-worker"
 
@@ -216,7 +215,7 @@ def test_an_older_queue_gets_single_calls_from_then_on():
         (b"/api/queue/fail", {"taskID": 3, "permanent": True}, OWNER.encode()),
     ]
     assert not client.batching_reports
-    assert len(events.named("REPORT_BATCHING_DISABLED")) == 1
+    assert len(events.named("WORKER_REPORT_BATCHING_DISABLED")) == 1
 
 
 def test_a_report_cancelled_before_it_is_sent_is_not_sent():

@@ -7,8 +7,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from gorge.worker.outcome import PermanentFailure, RetryLater, Yield
-
-from .fakes import (
+from tests.worker.fakes import (
     CapturedEvents,
     FakeQueue,
     Gate,
@@ -32,7 +31,7 @@ def test_handler_outliving_its_lease_is_abandoned_not_reported():
         clock.advance(0.1)
         assert gate.cancelled == [3]
         clock.advance(10)
-        assert len(captured.named("TASK_ABANDONED")) == 1
+        assert len(captured.named("WORKER_TASK_ABANDONED")) == 1
     assert queue.attempts == []
     assert consumer.counters.unreported == 1 and consumer.active == 0
 
@@ -98,7 +97,7 @@ def test_task_without_lease_expiry_gets_two_hours():
     with CapturedEvents() as captured:
         consumer.start()
         clock.advance(1.0)
-        assert len(captured.named("TASK_WITHOUT_LEASE_EXPIRY")) == 1
+        assert len(captured.named("WORKER_TASK_WITHOUT_LEASE_EXPIRY")) == 1
     clock.advance(7199)
     assert gate.cancelled == []
     clock.advance(1)
@@ -117,4 +116,4 @@ def test_the_success_line_is_built_only_when_debug_lines_are_wanted(log_debug):
         clock.advance(1.0)
     assert [r.task_id for r in queue.reports] == [1, 2]
     expected = [1, 2] if log_debug else []
-    assert [e["task_id"] for e in captured.named("TASK_SUCCEEDED")] == expected
+    assert [e["task_id"] for e in captured.named("WORKER_TASK_SUCCEEDED")] == expected

@@ -215,7 +215,7 @@ async def test_a_noop_class_completes_with_one_line():
     handler = svc.part("registry").get("RetiredWorker")
     with logged_events() as events:
         assert await handler({"id": 42, "failureCount": 0}, '{"anything": 1}') is None
-    (line,) = [e for e in events if e.get("log_format", "").startswith("NOOP_TASK")]
+    (line,) = [e for e in events if e.get("log_format", "").startswith("WORKER_NOOP_TASK")]
     assert (line["task_class"], line["task_id"]) == ("RetiredWorker", 42)
     assert settings_of(GORGE_WORKER_NOOP_CLASSES="RetiredWorker").describe()["noop_classes"] == [
         "RetiredWorker"
@@ -234,7 +234,7 @@ async def test_a_noop_class_builds_no_line_the_log_level_would_drop():
     handler = svc.part("registry").get("RetiredWorker")
     with logged_events() as events:
         assert await handler({"id": 42, "failureCount": 0}, None) is None
-    assert not [e for e in events if e.get("log_format", "").startswith("NOOP_TASK")]
+    assert not [e for e in events if e.get("log_format", "").startswith("WORKER_NOOP_TASK")]
 
 
 def test_allow_list_without_conduit_warns():

@@ -16,8 +16,7 @@ from twisted.internet.task import deferLater
 
 from gorge_testing.procs import free_port
 from tests.support.paths import REPO_ROOT
-
-from .test_e2e import Stack
+from tests.worker.test_e2e import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

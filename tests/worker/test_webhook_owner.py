@@ -20,9 +20,8 @@ from gorge.worker.handlers.herald_webhook import LeftToGorgeWebhook, request_phi
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.service import build_registry, build_worker_service
 from gorge.worker.settings import load_worker_settings
-
-from .fakes import CapturedEvents, run_through_consumer
-from .rawhttp import Answer
+from tests.worker.fakes import CapturedEvents, run_through_consumer
+from tests.worker.rawhttp import Answer
 
 WEBHOOK = "HeraldWebhookWorker"
 SETTING = "GORGE_WORKER_WEBHOOK_OWNER"
@@ -245,7 +244,7 @@ async def test_owner_gorge_webhook_completes_the_task_and_never_calls_conduit(
     assert (other.kind, other.task_id) == ("complete", 42)
     # The same Conduit receiver got the other class, and nothing for webhooks.
     assert delegated_classes(server) == ["PhabricatorSearchWorker"]
-    (line,) = captured.named("WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK")
+    (line,) = captured.named("WORKER_WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK")
     assert (line["task_id"], line["request_phid"]) == (41, REQUEST_PHID)
     assert line["log_level"].name == "debug"
     assert metrics.get_sample_value("gorge_worker_webhook_tasks_left_to_gorge_webhook_total") == 1.0

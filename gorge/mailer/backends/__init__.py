@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gorge.log.logger import Logger
-
-from .base import Backend, BackendEntry
+from gorge.mailer.backends.base import Backend, BackendEntry
 
 log = Logger()
 

@@ -59,9 +59,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from gorge.config import ConfigError
-
-from ..message import Message
-from ..outcome import Outcome
+from gorge.mailer.message import Message
+from gorge.mailer.outcome import Outcome
 
 _TRUE = frozenset({"1", "t", "true", "yes", "y", "on"})
 _FALSE = frozenset({"0", "f", "false", "no", "n", "off"})

@@ -38,9 +38,8 @@ from twisted.web.client import ResponseFailed
 from gorge.client.exchange import Reply, exchange
 from gorge.client.failure import Cause, TransportFailure
 from gorge.log.redaction import scrub
-
-from ..outcome import Outcome, parse_retry_after
-from .base import BackendEntry
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.outcome import Outcome, parse_retry_after
 
 #: Whole exchange, body read included (always clipped to the dispatch deadline).
 REQUEST_CAP = 20.0

@@ -9,10 +9,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from ..message import Message, format_address
-from ..outcome import Outcome
-from .base import BackendEntry
-from .http import (
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.backends.http import (
     HttpBackend,
     HttpReply,
     ProviderRequest,
@@ -20,6 +18,8 @@ from .http import (
     endpoint_url,
     json_object,
 )
+from gorge.mailer.message import Message, format_address
+from gorge.mailer.outcome import Outcome
 
 DEFAULT_API_HOSTNAME = "api.mailgun.net"
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?$")

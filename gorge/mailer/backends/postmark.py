@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..message import Message, format_address
-from ..outcome import Outcome, parse_retry_after
-from .base import BackendEntry
-from .http import (
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.backends.http import (
     HttpBackend,
     HttpReply,
     ProviderRequest,
@@ -17,6 +15,8 @@ from .http import (
     json_body,
     json_object,
 )
+from gorge.mailer.message import Message, format_address
+from gorge.mailer.outcome import Outcome, parse_retry_after
 
 DEFAULT_ORIGIN = "https://api.postmarkapp.com"
 PATH = "/email"

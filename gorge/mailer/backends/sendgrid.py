@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..message import Address, Message
-from ..outcome import Outcome
-from .base import BackendEntry
-from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url, json_body
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.backends.http import (
+    HttpBackend,
+    HttpReply,
+    ProviderRequest,
+    classify_status,
+    endpoint_url,
+    json_body,
+)
+from gorge.mailer.message import Address, Message
+from gorge.mailer.outcome import Outcome
 
 DEFAULT_ORIGIN = "https://api.sendgrid.com"
 PATH = "/v3/mail/send"

@@ -14,11 +14,10 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from gorge.log.logger import Logger
-
-from ..message import Message
-from ..mime import build_mime
-from ..outcome import Outcome
-from .base import BackendEntry
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.message import Message
+from gorge.mailer.mime import build_mime
+from gorge.mailer.outcome import Outcome
 
 OUTPUT_LIMIT = 64 * 1024
 PIPE_GRACE = 1.0

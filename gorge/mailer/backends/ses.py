@@ -10,12 +10,19 @@ from typing import Any
 from urllib.parse import quote_plus, urlsplit
 from xml.etree import ElementTree
 
-from .. import sigv4
-from ..message import Message, format_address
-from ..mime import build_mime
-from ..outcome import Outcome, parse_retry_after
-from .base import BackendEntry
-from .http import HttpBackend, HttpReply, ProviderRequest, classify_status, endpoint_url, excerpt
+from gorge.mailer import sigv4
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.backends.http import (
+    HttpBackend,
+    HttpReply,
+    ProviderRequest,
+    classify_status,
+    endpoint_url,
+    excerpt,
+)
+from gorge.mailer.message import Message, format_address
+from gorge.mailer.mime import build_mime
+from gorge.mailer.outcome import Outcome, parse_retry_after
 
 SERVICE = "ses"
 DEFAULT_REGION = "us-east-1"

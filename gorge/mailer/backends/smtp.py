@@ -14,13 +14,11 @@ the outcome classification needs (docs/mailer.md, Backends):
   offers PLAIN credentials a second time);
 * MAIL, every RCPT and DATA go out in one write when the server offers
   PIPELINING (RFC 2920), which the stock client does not do;
-* a deadline or cancel always yields a classified outcome.
-"""
+* a deadline or cancel always yields a classified outcome."""
 
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,34 +39,16 @@ from twisted.mail.smtp import (
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from ..message import Message
-from ..mime import build_mime
-from ..outcome import Outcome
-from .base import BackendEntry
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.backends.smtp_data import CHUNK_SIZE, _Content, stuff_mime
+from gorge.mailer.backends.smtp_reply import _STAGE_NAMES, classify_reply
+from gorge.mailer.message import Message
+from gorge.mailer.mime import build_mime
+from gorge.mailer.outcome import Outcome
 
 ATTEMPT_CAP = 60.0
 CONNECT_CAP = 30.0
 PROTOCOLS = ("", "none", "plain", "ssl", "smtps", "tls", "starttls")
-#: Content goes to the transport in pieces this big; the transport pulls the
-#: next one only once it flushed the previous, and large pieces keep a 1 MiB
-#: message to a handful of reactor turns.
-CHUNK_SIZE = 256 * 1024
-
-_ENHANCED = re.compile(r"^([245])\.(\d{1,3})\.(\d{1,3})(?:\s|$)")
-_BACKEND_ENHANCED = {(1, 7), (1, 8), (7, 4), (7, 8), (7, 9), (7, 10), (7, 11)}
-_STAGE_NAMES = {
-    "greeting": "greeting",
-    "ehlo": "EHLO",
-    "helo": "HELO",
-    "starttls": "STARTTLS",
-    "tls-ehlo": "EHLO after STARTTLS",
-    "auth": "AUTH",
-    "mail": "MAIL FROM",
-    "rcpt": "RCPT TO",
-    "data": "DATA",
-    "content": "message content",
-    "dot": "end of DATA",
-}
 #: The stage a command's reply belongs to, by the first four bytes of the
 #: command as the stock client writes it (STARTTLS included).
 _COMMAND_STAGES = {
@@ -111,103 +91,6 @@ def _is_tls_failure(reason: Failure) -> bool:
     return bool(reason.check(SSL.Error)) or type(reason.value).__module__.startswith(
         "service_identity"
     )
-
-
-def enhanced_code(text: str) -> tuple[int, int, int] | None:
-    """The RFC 3463 code at the start of a reply text, if any."""
-    m = _ENHANCED.match(text)
-    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
-
-
-def classify_reply(stage: str, code: int, text: str) -> Outcome:
-    """Outcome of a non-2xx reply at ``stage`` (docs/mailer.md, first match wins).
-
-    ``stage`` is one of greeting, ehlo, helo, starttls, tls-ehlo, auth,
-    mail, rcpt, data, dot."""
-    where = _STAGE_NAMES.get(stage, stage)
-    cause = f"smtp: {where}: {code} {text}".rstrip()
-    after_dot = stage == "dot"
-    if not 400 <= code < 600:
-        return (Outcome.unknown if after_dot else Outcome.transient)(
-            f"smtp: {where}: unexpected reply {code}"
-        )
-    if code < 500:
-        return Outcome.transient(cause)
-    if code == 530:
-        return Outcome.rejected_backend(cause)
-    if stage in ("greeting", "ehlo", "helo", "starttls", "tls-ehlo", "auth"):
-        return Outcome.rejected_backend(cause)
-    enhanced = enhanced_code(text)
-    if enhanced is not None and enhanced[0] != 5:
-        enhanced = None
-    sub = enhanced[1:] if enhanced is not None else None
-    if stage == "mail":
-        if sub == (3, 4):
-            return Outcome.rejected_message(cause)
-        return Outcome.rejected_backend(cause)
-    if (code == 552 and sub is None and stage == "rcpt") or sub == (5, 3):
-        return Outcome.transient(cause)
-    if sub == (2, 2):
-        return Outcome.transient(cause)
-    if sub is not None:
-        subject, detail = sub
-        if subject == 1 and detail not in (7, 8):
-            return Outcome.rejected_message(cause)
-        if subject == 2 or sub == (3, 4) or subject == 6:
-            return Outcome.rejected_message(cause)
-        if sub in _BACKEND_ENHANCED:
-            return Outcome.rejected_backend(cause)
-    return Outcome.rejected_unscoped(cause)
-
-
-def dot_stuff(data: bytes, *, terminate: bool = True) -> bytes:
-    """Dot-stuffed DATA content ending in CRLF, followed by the terminating
-    ``.\\r\\n`` unless ``terminate`` is false. ``data`` must already use CRLF
-    line ends only, as :func:`gorge.mailer.mime.build_mime` guarantees."""
-    if data.startswith(b"."):
-        data = b"." + data
-    data = data.replace(b"\r\n.", b"\r\n..")
-    if not data.endswith(b"\r\n"):
-        data += b"\r\n"
-    return data + b".\r\n" if terminate else data
-
-
-def stuff_mime(data: bytes) -> bytes:
-    """:func:`dot_stuff` (without the dot) for :func:`build_mime` output.
-
-    Only the top header block can hold a line starting with ``.`` (a custom
-    header name may); below it every line is a boundary, one of our part
-    headers or base64, none of which can. Stuffing just the head spares a
-    scan of a multi-megabyte body."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return dot_stuff(data, terminate=False)
-    head = dot_stuff(data[: end + 2], terminate=False)
-    body = data[end + 2 :]
-    return head + (body if body.endswith(b"\r\n") else body + b"\r\n")
-
-
-class _Content:
-    """The dot-stuffed DATA content as ``FileSender`` reads it.
-
-    Every read returns the next :data:`CHUNK_SIZE` bytes, whatever size the
-    sender asks for (its own chunks are 16 KiB). With ``terminate`` the last
-    piece carries the terminating dot, so a small message and its dot leave
-    in one write."""
-
-    def __init__(self, data: bytes, *, terminate: bool) -> None:
-        self._data = (data + b".\r\n") if terminate else data
-        self._offset = 0
-        self.terminate = terminate
-
-    def read(self, size: int = -1) -> bytes:
-        piece = self._data[self._offset : self._offset + CHUNK_SIZE]
-        self._offset += len(piece)
-        return piece
-
-    @property
-    def dot_taken(self) -> bool:
-        return self.terminate and self._offset >= len(self._data)
 
 
 class _Verbatim(Address):

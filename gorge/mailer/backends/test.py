@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..message import Message
-from ..outcome import Outcome
-from .base import BackendEntry
+from gorge.mailer.backends.base import BackendEntry
+from gorge.mailer.message import Message
+from gorge.mailer.outcome import Outcome
 
 FAIL_MODES = ("", "permanent", "temporary", "unknown", "backend", "unscoped")
 

@@ -261,7 +261,7 @@ class ExecutorPool:
         if not self._ever_ready:
             self._ever_ready = True
             log.info(
-                "EXECUTORS_READY size={size} pid={pid} php={php}",
+                "WORKER_EXECUTORS_READY size={size} pid={pid} php={php}",
                 size=self._settings.size,
                 pid=process.pid,
                 php=hello.get("php"),
@@ -275,7 +275,7 @@ class ExecutorPool:
         self._retiring.add(process)
         self.recycled += 1
         log.info(
-            "EXECUTOR_RECYCLED pid={pid} tasks={tasks} memory={memory}",
+            "WORKER_EXECUTOR_RECYCLED pid={pid} tasks={tasks} memory={memory}",
             pid=process.pid,
             tasks=process.tasks,
             memory=process.memory,
@@ -301,7 +301,7 @@ class ExecutorPool:
             self.last_error = how
             delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (self._failures_in_a_row - 1))
             log.error(
-                "EXECUTOR_START_FAILED pid={pid} error={error} retry_in={retry_in}",
+                "WORKER_EXECUTOR_START_FAILED pid={pid} error={error} retry_in={retry_in}",
                 pid=process.pid,
                 error=how,
                 retry_in=delay,
@@ -309,7 +309,7 @@ class ExecutorPool:
             self._restarts = [c for c in self._restarts if c.active()]
             self._restarts.append(self._reactor.callLater(delay, self._spawn))
             return
-        log.warn("EXECUTOR_EXITED pid={pid} how={how}", pid=process.pid, how=how)
+        log.warn("WORKER_EXECUTOR_EXITED pid={pid} how={how}", pid=process.pid, how=how)
         self._spawn()
 
 

@@ -162,7 +162,9 @@ class ExecutorProcess(ProcessProtocol):
             self._broken(f"an answer nobody asked for: {line[:200]!r}")
 
     def _broken(self, what: str) -> None:
-        log.error("EXECUTOR_WIRE_BROKEN pid={pid} problem={problem}", pid=self.pid, problem=what)
+        log.error(
+            "WORKER_EXECUTOR_WIRE_BROKEN pid={pid} problem={problem}", pid=self.pid, problem=what
+        )
         self._fail_pending(ExecutorFailed(f"the PHP executor sent {what}"))
         self.kill()
 
@@ -186,7 +188,7 @@ class ExecutorProcess(ProcessProtocol):
         if not text:
             return
         log.warn(
-            "EXECUTOR_OUTPUT pid={pid} stream={stream} line={line}",
+            "WORKER_EXECUTOR_OUTPUT pid={pid} stream={stream} line={line}",
             pid=self.pid,
             stream="stdout" if fd == 1 else "stderr",
             line=text[:OUTPUT_LINE_CHARS],

@@ -122,14 +122,14 @@ class FeedPolicy:
         except RetryLater as problem:
             self._policy, self._problem = None, str(problem)
             log.warn(
-                "FEED_POLICY_UNUSABLE path={path} reason={reason}",
+                "WORKER_FEED_POLICY_UNUSABLE path={path} reason={reason}",
                 path=self.path,
                 reason=self._problem,
             )
             return
         self._policy, self._problem = (silent, frozenset(uris)), ""
         log.info(
-            "FEED_POLICY_LOADED path={path} silent={silent} uris={uris}",
+            "WORKER_FEED_POLICY_LOADED path={path} silent={silent} uris={uris}",
             path=self.path,
             silent=silent,
             uris=len(uris),

@@ -50,7 +50,8 @@ class LeftToGorgeWebhook:
 
     async def __call__(self, task: dict, data: str | None) -> None:
         log.debug(
-            "WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK task_id={task_id} request_phid={request_phid}",
+            "WORKER_WEBHOOK_TASK_LEFT_TO_GORGE_WEBHOOK "
+            "task_id={task_id} request_phid={request_phid}",
             task_id=task["id"],
             request_phid=request_phid(data),
         )

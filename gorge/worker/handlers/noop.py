@@ -24,7 +24,7 @@ def noop(task_class: str, *, log_each: bool = True):
         if not log_each:
             return
         log.info(
-            "NOOP_TASK task_class={task_class} task_id={task_id}",
+            "WORKER_NOOP_TASK task_class={task_class} task_id={task_id}",
             task_class=task_class,
             task_id=task["id"],
         )

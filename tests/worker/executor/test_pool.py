@@ -137,14 +137,19 @@ async def test_output_of_a_task_is_logged_and_never_read_as_an_answer(pools):
         pool = pools(_settings(size=1))
         answer = await _run(pool, "Print")
         await _until(
-            lambda: len([e for e in seen if "EXECUTOR_OUTPUT" in (e.get("log_format") or "")]) >= 2,
+            lambda: (
+                len([e for e in seen if "WORKER_EXECUTOR_OUTPUT" in (e.get("log_format") or "")])
+                >= 2
+            ),
             "both output lines logged",
         )
     finally:
         globalLogPublisher.removeObserver(seen.append)
     assert answer["result"] == "success"
     lines = {
-        (e["stream"], e["line"]) for e in seen if "EXECUTOR_OUTPUT" in (e.get("log_format") or "")
+        (e["stream"], e["line"])
+        for e in seen
+        if "WORKER_EXECUTOR_OUTPUT" in (e.get("log_format") or "")
     }
     assert lines == {("stdout", "a line on stdout"), ("stderr", "a line on stderr")}
 
