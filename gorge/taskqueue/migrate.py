@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from gorge.config import ConfigError
 from gorge.taskqueue.model import YIELD_OWNER, Task
-from gorge.taskqueue.settings import BACKENDS, load_settings
+from gorge.taskqueue.settings import BACKENDS, load_taskqueue_settings
 from gorge.taskqueue.store import TaskStore
 
 DEFAULT_BATCH = 500
@@ -212,7 +212,7 @@ def open_store(name: str, env: Mapping[str, str], reactor) -> TaskStore:
     """The backend ``name`` configured from ``env`` exactly as the daemon does."""
     from gorge.taskqueue.service import make_store
 
-    settings = load_settings({**env, "GORGE_TASKQUEUE_BACKEND": name})
+    settings = load_taskqueue_settings({**env, "GORGE_TASKQUEUE_BACKEND": name})
     return make_store(settings, reactor)
 
 

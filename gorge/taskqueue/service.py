@@ -18,7 +18,7 @@ from gorge.db.sqlmetrics import TransactionMetrics
 from gorge.log.logger import Logger
 from gorge.taskqueue.api import WORKER_PATHS, TaskQueueApi
 from gorge.taskqueue.metrics import TaskQueueMetrics
-from gorge.taskqueue.settings import TaskQueueSettings, load_settings
+from gorge.taskqueue.settings import TaskQueueSettings, load_taskqueue_settings
 from gorge.taskqueue.sqlstore import SqlTaskStore
 from gorge.taskqueue.store import TaskStore
 from gorge.taskqueue.wakeup import LeaseWaiters
@@ -208,9 +208,8 @@ def makeService(options: Options) -> IService:
     def build() -> IService:
         from twisted.internet import reactor  # the one place we touch it
 
-        warnings: list[str] = []
-        settings = load_settings(os.environ, listen=options["listen"], warnings=warnings)
-        for warning in warnings:
+        settings = load_taskqueue_settings(os.environ, listen=options["listen"])
+        for warning in settings.warnings:
             log.warn("TASKQUEUE_CONFIG_WARNING warning={warning}", warning=warning)
         return build_taskqueue_service(
             settings, reactor, notifier=SystemdNotifier(os.environ, reactor)

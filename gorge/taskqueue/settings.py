@@ -34,10 +34,12 @@ class TaskQueueSettings:
     stats_interval: float = 15.0
     # docs/taskqueue.md, Long-poll: the shared check while lease calls wait.
     wake_check_ms: int = 15
+    # What the daemon logs at start-up as TASKQUEUE_CONFIG_WARNING.
+    warnings: tuple[str, ...] = ()
 
 
-def load_settings(
-    environ: Mapping[str, str], *, listen: str | None = None, warnings: list[str] | None = None
+def load_taskqueue_settings(
+    environ: Mapping[str, str], *, listen: str | None = None
 ) -> TaskQueueSettings:
     """Parse once; the first bad value raises :class:`ConfigError` naming it."""
     env = Env(environ, "gorge-taskqueue")
@@ -85,7 +87,7 @@ def load_settings(
         ),
         retry_wait=env.int("GORGE_TASKQUEUE_RETRY_WAIT", DEFAULT_RETRY_WAIT, min=0, max=UINT32_MAX),
         wake_check_ms=env.int("GORGE_TASKQUEUE_WAKE_CHECK_MS", 15, min=1, max=60_000),
+        # Legacy names, collected by every getter above.
+        warnings=tuple(env.warnings),
     )
-    if warnings is not None:
-        warnings.extend(env.warnings)
     return settings

@@ -15,7 +15,6 @@ from gorge.app.poller import Poller
 from gorge.app.systemd import SystemdNotifier
 from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
-from gorge.config import Env
 from gorge.db.sqlmetrics import TransactionMetrics
 from gorge.log.logger import Logger
 from gorge.web.listener import listener
@@ -135,7 +134,7 @@ def webhook_tree(
     return tree
 
 
-def log_effective_settings(settings: WebhookSettings, engine: str, warnings: list[str]) -> None:
+def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
     log.info(
         "WEBHOOK_CONFIG poll_ms={poll_ms} max_concurrent={max_concurrent}"
         " timeout={timeout} lease={lease} retry_backoff={retry_backoff}"
@@ -157,7 +156,7 @@ def log_effective_settings(settings: WebhookSettings, engine: str, warnings: lis
         standard_headers=settings.standard_headers,
         retry_after_max=settings.retry_after_max,
     )
-    for warning in warnings + settings.startup_warnings():
+    for warning in settings.warnings:
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
 
 
@@ -171,7 +170,6 @@ def build_webhook_service(
     clock=None,
     registry: CollectorRegistry | None = None,
     resolver: Resolver | None = None,
-    config_warnings: list[str] | None = None,
 ) -> ServiceTree:
     """The real constructor; ``makeService`` only wires in the global reactor and environment.
 
@@ -231,7 +229,7 @@ def build_webhook_service(
         registry=registry,
         clock=reactor,
     )
-    log_effective_settings(settings, store.db.engine.name, config_warnings or [])
+    log_effective_settings(settings, store.db.engine.name)
     return webhook_tree(
         settings,
         reactor,
@@ -248,13 +246,9 @@ def makeService(options: Mapping) -> IService:
     from twisted.internet import reactor  # the one place the global reactor is used
 
     def build() -> IService:
-        env = Env(os.environ, "gorge-webhook")
-        settings = load_webhook_settings(os.environ, listen=options.get("listen"), env=env)
+        settings = load_webhook_settings(os.environ, listen=options.get("listen"))
         return build_webhook_service(
-            settings,
-            reactor,
-            notifier=SystemdNotifier(os.environ, reactor),
-            config_warnings=env.warnings,
+            settings, reactor, notifier=SystemdNotifier(os.environ, reactor)
         )
 
     return run_make_service("gorge-webhook", build, options=options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ class WebhookSettings:
     standard_headers: bool = False
     # The longest wait a receiver's Retry-After may impose on one request.
     retry_after_max: int = 3600
+    # What the daemon logs at start-up as WEBHOOK_CONFIG_WARNING.
+    warnings: tuple[str, ...] = ()
 
     @property
     def effective_lease(self) -> int:
@@ -153,7 +156,7 @@ def load_webhook_settings(
         tls=tls,
         tls_ca=tls_ca,
     )
-    return WebhookSettings(
+    settings = WebhookSettings(
         http=http,
         mysql=mysql,
         poll_interval=env.int(name("POLL_INTERVAL_MS"), 1000, min=1) / 1000.0,
@@ -167,3 +170,7 @@ def load_webhook_settings(
         standard_headers=env.bool("GORGE_WEBHOOK_STANDARD_HEADERS", False),
         retry_after_max=env.int("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", 3600, min=0),
     )
+    # Legacy names (collected by every getter above), then the combinations
+    # that work but not as one might expect.
+    warnings = tuple(dict.fromkeys([*env.warnings, *settings.startup_warnings()]))
+    return dataclasses.replace(settings, warnings=warnings)

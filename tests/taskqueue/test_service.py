@@ -10,7 +10,7 @@ import treq
 
 from gorge.config import ConfigError
 from gorge.taskqueue.service import Options, build_taskqueue_service, makeService
-from gorge.taskqueue.settings import load_settings
+from gorge.taskqueue.settings import load_taskqueue_settings
 from tests.taskqueue.helpers import Client, make_settings
 
 
@@ -18,7 +18,7 @@ from tests.taskqueue.helpers import Client, make_settings
     "value,expected", [("", "mysql"), ("mysql", "mysql"), ("redis", "redis"), ("sqlite", "sqlite")]
 )
 def test_backend_names(value, expected):
-    assert load_settings({"GORGE_TASKQUEUE_BACKEND": value}).backend == expected
+    assert load_taskqueue_settings({"GORGE_TASKQUEUE_BACKEND": value}).backend == expected
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_backend_names(value, expected):
 def test_bad_settings_name_the_variable_and_the_value(env, setting):
     """No fallback; the one line names the variable and the bad value."""
     with pytest.raises(ConfigError) as info:
-        load_settings(env)
+        load_taskqueue_settings(env)
     assert info.value.setting == setting
     assert env[setting] in info.value.reason
 
@@ -54,12 +54,12 @@ def test_bad_settings_name_the_variable_and_the_value(env, setting):
 def test_unknown_backend_names_the_accepted_values():
     """The error names the bad value and the accepted ones."""
     with pytest.raises(ConfigError) as info:
-        load_settings({"GORGE_TASKQUEUE_BACKEND": "redsi"})
+        load_taskqueue_settings({"GORGE_TASKQUEUE_BACKEND": "redsi"})
     assert all(name in info.value.reason for name in ("mysql", "redis", "sqlite"))
 
 
 def test_defaults():
-    s = load_settings({})
+    s = load_taskqueue_settings({})
     assert (s.backend, s.http.listen_addr, s.lease_duration, s.retry_wait) == (
         "mysql",
         ":8090",
@@ -76,7 +76,7 @@ def test_defaults():
         s.mysql.read_timeout,
         s.mysql.write_timeout,
     ) == ("127.0.0.1", 3306, 25, 5, 30, 30)
-    r = load_settings({"GORGE_TASKQUEUE_BACKEND": "redis"})
+    r = load_taskqueue_settings({"GORGE_TASKQUEUE_BACKEND": "redis"})
     assert (r.redis.host, r.redis.port, r.redis.db, r.redis.poolsize, r.redis_key_prefix) == (
         "127.0.0.1",
         6379,
@@ -84,7 +84,7 @@ def test_defaults():
         25,
         "gorge:tq:",
     )
-    s = load_settings(
+    s = load_taskqueue_settings(
         {
             "GORGE_TASKQUEUE_NAMESPACE": "phabricator",
             "GORGE_TASKQUEUE_BACKEND": "sqlite",
@@ -93,7 +93,9 @@ def test_defaults():
     )
     assert (s.mysql.database, s.sqlite_path) == ("phabricator_worker", "/tmp/q.db")
     assert "secret" not in repr(
-        load_settings({"GORGE_TASKQUEUE_MYSQL_PASS": "secret", "GORGE_SERVICE_TOKEN": "secret"})
+        load_taskqueue_settings(
+            {"GORGE_TASKQUEUE_MYSQL_PASS": "secret", "GORGE_SERVICE_TOKEN": "secret"}
+        )
     )
 
 

@@ -335,3 +335,11 @@ def test_bad_new_settings_name_themselves(name, value):
     with pytest.raises(ConfigError) as raised:
         load_webhook_settings({name: value})
     assert raised.value.setting == name
+
+
+def test_the_settings_carry_every_start_up_warning():
+    # Legacy names and the combinations that work but surprise, in one place
+    # (logged as WEBHOOK_CONFIG_WARNING), as every daemon's settings do.
+    s = load_webhook_settings({"MAX_CONCURRENT": "3", "GORGE_WEBHOOK_CLAIM_LEASE_SEC": "5"})
+    assert "MAX_CONCURRENT is deprecated, use GORGE_WEBHOOK_MAX_CONCURRENT" in s.warnings
+    assert any(w.startswith("GORGE_WEBHOOK_CLAIM_LEASE_SEC=5 raised") for w in s.warnings)
