@@ -13,7 +13,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from gorge_testing.procs import free_port
 from tests.support.paths import REPO_ROOT
 from tests.support.twistd import daemon_environ
-from tests.webhook.conftest import T0
+from tests.webhook.conftest import T0, receiver  # noqa: F401 - a fixture
 from tests.webhook.test_processes import Daemon, namespace_db, wait_for  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -57,7 +57,7 @@ async def test_every_verb_has_help(verb):
 async def test_the_verbs_against_a_running_daemon(
     mariadb,
     namespace_db,  # noqa: F811
-    receiver,
+    receiver,  # noqa: F811
     tmp_path,
 ):
     namespace, herald = namespace_db
