@@ -17,7 +17,7 @@ from twisted.internet import reactor
 
 from gorge.config import ConfigError, MySQLSettings
 from gorge.db.mysql import make_pool
-from gorge.taskqueue.settings import load_settings
+from gorge.taskqueue.settings import load_taskqueue_settings
 from gorge.webhook.settings import load_webhook_settings
 from gorge_testing.mariadb_server import MariaDBServer
 from tests.support.certs import self_signed
@@ -101,7 +101,7 @@ def test_the_connections_of_one_pool_share_one_tls_context(tls_mariadb):
     ("prefix", "load"),
     [
         ("GORGE_WEBHOOK_", load_webhook_settings),
-        ("GORGE_TASKQUEUE_", load_settings),
+        ("GORGE_TASKQUEUE_", load_taskqueue_settings),
     ],
 )
 def test_tls_settings_are_read_and_checked_at_start_up(tmp_path, prefix, load):
