@@ -1,5 +1,5 @@
 """A throwaway Phorge for the real-Phorge tests: the harness itself lives in
-gorge.testing.phorge (bench/phorge.py runs on it too); this module adds what
+gorge_testing.phorge (bench/phorge.py runs on it too); this module adds what
 only the tests need."""
 
 from __future__ import annotations
