@@ -156,7 +156,9 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         standard_headers=settings.standard_headers,
         retry_after_max=settings.retry_after_max,
     )
-    for warning in settings.warnings:
+    # The loader's warnings; the combination remarks again for settings built
+    # another way (a demo, a test), once each.
+    for warning in dict.fromkeys([*settings.warnings, *settings.startup_warnings()]):
         log.warn("WEBHOOK_CONFIG_WARNING warning={warning}", warning=warning)
 
 
