@@ -151,6 +151,22 @@ class Switched:
             self.token,
         )
 
+    async def published_story_key(self, title: str) -> str:
+        """A new Maniphest task's feed story, once its publishing is over: the
+        chronological key a FeedPublisherWorker task is scheduled with."""
+        first = self.task_marker()
+        task = await self.create_maniphest_task(title)
+        story = await self.until(
+            lambda: self.site.rows(
+                "feed",
+                "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
+                task["phid"],
+            ),
+            "feed story written",
+        )
+        await self.settled(first, "publishing the first time")
+        return str(story[0]["chronologicalKey"])
+
     def mail(self, mail_id: int) -> dict:
         return self.site.rows("metamta", "SELECT * FROM metamta_mail WHERE id = %s", mail_id)[0]
 

@@ -179,18 +179,7 @@ class _LosesOneAnswer(resource.Resource):
 
 async def test_follow_ups_are_enqueued_once_when_the_report_answer_is_lost(switched):
     s = switched
-    first = s.task_marker()
-    task = await s.create_maniphest_task("a story whose follow-up must come once")
-    story = await s.until(
-        lambda: s.site.rows(
-            "feed",
-            "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
-            task["phid"],
-        ),
-        "feed story written",
-    )
-    key = str(story[0]["chronologicalKey"])
-    await s.settled(first, "publishing the first time")
+    key = await s.published_story_key("a story whose follow-up must come once")
 
     proxy = _LosesOneAnswer(s.gorge.daemons["taskqueue"].url)
     site = server.Site(proxy)

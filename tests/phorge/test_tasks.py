@@ -99,18 +99,7 @@ async def test_php_only_permanent_failures_through_worker_execute(switched):
 
 
 async def test_follow_up_tasks_get_the_priority_of_the_task_that_queued_them(switched):
-    first = switched.task_marker()
-    task = await switched.create_maniphest_task("a story to publish again")
-    story = await switched.until(
-        lambda: switched.site.rows(
-            "feed",
-            "SELECT chronologicalKey FROM feed_storyreference WHERE objectPHID = %s",
-            task["phid"],
-        ),
-        "feed story written",
-    )
-    key = str(story[0]["chronologicalKey"])
-    await switched.settled(first, "publishing the first time")
+    key = await switched.published_story_key("a story to publish again")
     marker = switched.task_marker()
 
     # FeedPublisherWorker queues one FeedPublisherHTTPWorker per feed hook

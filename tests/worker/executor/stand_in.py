@@ -15,8 +15,8 @@ class says what to do:
 
 import json
 import os
+import signal
 import sys
-import time
 
 
 def say(out, message):
@@ -42,7 +42,7 @@ def main() -> int:
         elif kind == "Die":
             os._exit(3)
         elif kind == "Hang":
-            time.sleep(3600)
+            signal.pause()  # until the pool kills it
         elif kind == "Grow":
             memory = int(request["data"])
         answer["followups"] = request.get("followups", [])
