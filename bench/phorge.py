@@ -23,6 +23,10 @@ order per round (``--workloads`` picks the workloads; all by default):
   ``HeraldWebhookWorker`` tasks without delivering
   (``GORGE_WORKER_WEBHOOK_OWNER=gorge-webhook``), as a switched-over site
   runs. A delivery counts when the receiver has it.
+* few-hooks: the same, over F hooks (4 by default): the common shape of a
+  real site, where most traffic goes to a CI trigger, a chat bridge and an
+  automation hook. Each hook has at most one POST in flight on either side,
+  so this workload measures the cycle per hook, not the fan-out.
 * php: N ``PhabricatorTestWorker`` tasks scheduled the same way, but run in
   PHP on every side, as a site's PHP-only tasks are: by Phorge's default
   pool of four taskmasters (``bin/phd launch 4 PhabricatorTaskmasterDaemon``,
@@ -59,12 +63,13 @@ no-op ``tasks`` workload), after the measured rounds, and prints their top
 functions.
 
 Usage: GORGE_PHORGE_ROOT=/srv/phorge python bench/phorge.py [--tasks 3000]
-       [--webhooks 2000] [--hooks 50] [--php-tasks 2000] [--rounds 3]
-       [--pickup-samples 5] [--workloads tasks,webhooks,php,pickup]
+       [--webhooks 2000] [--hooks 50] [--few-hooks 4] [--php-tasks 2000]
+       [--rounds 3] [--pickup-samples 5]
+       [--workloads tasks,webhooks,few-hooks,php,pickup]
        [--plot FILE.png] [--profile DIR] [--quick] [--keep]
 
-``--quick`` is a smoke run (200 tasks, 100 webhooks over 5 hooks, 100 PHP
-tasks, one round, 2 pickups); a size given beside it still wins, so
+``--quick`` is a smoke run (200 tasks, 100 webhooks over 5 hooks and over 2,
+100 PHP tasks, one round, 2 pickups); a size given beside it still wins, so
 ``--quick --workloads php`` runs the PHP workload alone in well under a
 minute.
 """
@@ -115,7 +120,10 @@ EXECUTORS = "gorge executors"  # gorge-worker running PHP tasks in local executo
 CONDUIT = "gorge conduit"  # ... and through worker.execute on the web server
 # The gorge library for Phorge: worker.execute, for the conduit side.
 GORGE_LIBRARY = ROOT / "phorge" / "src"
-WORKLOADS = ("tasks", "webhooks", "php", "pickup")
+WORKLOADS = ("tasks", "webhooks", "few-hooks", "php", "pickup")
+# The workloads that deliver Herald webhooks, and the ones a run drains.
+WEBHOOK_WORKLOADS = ("webhooks", "few-hooks")
+DRAINED = ("tasks", *WEBHOOK_WORKLOADS, "php")
 BOT = "bench-bot"
 SUCCESS = 0  # worker_archivetask.result
 SAMPLE_SEC = 0.02  # completion curve resolution
@@ -128,7 +136,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 # Targets of the takeover, at the daemons' default settings.
 TARGET_TASKS = 2.0
-TARGET_WEBHOOKS = 8.0
+TARGET_WEBHOOKS = 8.0  # for 50 hooks and for 4 alike
+ITEM = {"tasks": "task", "webhooks": "webhook", "few-hooks": "webhook", "php": "task"}
 TARGET_PICKUP_MS = 30.0
 TARGET_PHP = 2.0  # gorge's executors against Phorge's four taskmasters
 
@@ -478,7 +487,7 @@ class GorgeSide(Side):
 
     async def start(self, workload: str) -> None:
         self.workload = workload
-        names = ["taskqueue", "worker"] + (["webhook"] if workload == "webhooks" else [])
+        names = ["taskqueue", "worker"] + (["webhook"] if workload in WEBHOOK_WORKLOADS else [])
         if self.php == "conduit":
             self.stack.worker_token = self.bench.token
         for name in names:
@@ -574,7 +583,7 @@ class Bench:
             await self.site.helper(
                 "hooks",
                 author=BOT,
-                count=self.args.hooks,
+                count=max(self.args.hooks, self.args.few_hooks),
                 name="bench",
                 uri=self.receiver.base + "/hook",
             )
@@ -625,8 +634,15 @@ class Bench:
         return {
             "tasks": self.args.tasks,
             "webhooks": self.args.webhooks,
+            "few-hooks": self.args.webhooks,
             "php": self.args.php_tasks,
         }[workload]
+
+    def hooks_for(self, workload: str) -> list[str]:
+        """The hooks a webhook workload spreads its requests over."""
+        if workload == "few-hooks":
+            return self.hooks[: self.args.few_hooks]
+        return self.hooks[: self.args.hooks]
 
     async def run(self, side_name: str, workload: str, profile: Path | None = None) -> Run:
         side = self.sides[side_name]
@@ -643,7 +659,7 @@ class Bench:
 
         samples: list[tuple[float, int]] = []
 
-        task_class = WEBHOOK_WORKER if workload == "webhooks" else TEST_WORKER
+        task_class = WEBHOOK_WORKER if workload in WEBHOOK_WORKLOADS else TEST_WORKER
 
         def archived() -> int:
             return self.site.rows(
@@ -666,7 +682,7 @@ class Bench:
             else:
                 batch = await self.site.helper(
                     "webhook-batch",
-                    hookPHIDs=self.hooks,
+                    hookPHIDs=self.hooks_for(workload),
                     objectPHID=self.target["phid"],
                     transactionPHIDs=self.target["transactionPHIDs"],
                     count=n,
@@ -718,7 +734,7 @@ class Bench:
                 "worker", "SELECT taskClass, result FROM worker_archivetask WHERE id > %s", marker
             )
         )
-        expected = WEBHOOK_WORKER if run.workload == "webhooks" else TEST_WORKER
+        expected = WEBHOOK_WORKER if run.workload in WEBHOOK_WORKLOADS else TEST_WORKER
         mine = {key: count for key, count in results.items() if key[0] == expected}
         if mine != {(expected, SUCCESS): run.n}:
             problems.append(
@@ -746,7 +762,7 @@ class Bench:
         # Phorge's code may queue a task of its own on the way (a search
         # index update): reported, not counted.
         run.others = {key: count for key, count in results.items() if key[0] != expected}
-        if run.workload == "webhooks":
+        if run.workload in WEBHOOK_WORKLOADS:
             statuses = Counter(
                 row["status"]
                 for row in self.site.rows("herald", "SELECT status FROM herald_webhookrequest")
@@ -917,7 +933,7 @@ def report(bench: Bench, args) -> list[str]:
         )
         return text
 
-    pair = [w for w in ("tasks", "webhooks") if w in args.workloads]
+    pair = [w for w in ("tasks", *WEBHOOK_WORKLOADS) if w in args.workloads]
     if pair or bench.pickups["Phorge"]:
         lines.append(
             f"{'median of ' + str(args.rounds) + ' round(s)':32s} "
@@ -939,7 +955,7 @@ def report(bench: Bench, args) -> list[str]:
         )
         lines.append(
             row(
-                f"CPU per {workload[:-1]}, daemons",
+                f"CPU per {ITEM[workload]}, daemons",
                 median([r.cpu_ms_per_item for r in p]),
                 median([r.cpu_ms_per_item for r in g]),
                 "ms",
@@ -948,7 +964,7 @@ def report(bench: Bench, args) -> list[str]:
         )
         lines.append(
             row(
-                f"CPU per {workload[:-1]}, MariaDB",
+                f"CPU per {ITEM[workload]}, MariaDB",
                 median([r.db_ms_per_item for r in p]),
                 median([r.db_ms_per_item for r in g]),
                 "ms",
@@ -988,11 +1004,12 @@ def report(bench: Bench, args) -> list[str]:
             f"tasks {ratios['tasks']:.2f}x (target >= {TARGET_TASKS:g}x): "
             f"{_met(ratios['tasks'] >= TARGET_TASKS)}"
         )
-    if "webhooks" in ratios:
-        verdict.append(
-            f"webhooks {ratios['webhooks']:.2f}x (target >= {TARGET_WEBHOOKS:g}x): "
-            f"{_met(ratios['webhooks'] >= TARGET_WEBHOOKS)}"
-        )
+    for workload in WEBHOOK_WORKLOADS:
+        if workload in ratios:
+            verdict.append(
+                f"{workload} {ratios[workload]:.2f}x (target >= {TARGET_WEBHOOKS:g}x): "
+                f"{_met(ratios[workload] >= TARGET_WEBHOOKS)}"
+            )
     if "tasks" in ratios:
         cpu_p = median([r.cpu_ms_per_item for r in figures("tasks", "Phorge")])
         cpu_g = median([r.cpu_ms_per_item for r in figures("tasks", "gorge")])
@@ -1084,7 +1101,7 @@ def plot(bench: Bench, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"Phorge": "#b5651d", "gorge": "#1f6fb4", EXECUTORS: "#1f6fb4", CONDUIT: "#6a3d9a"}
-    workloads = [w for w in ("tasks", "webhooks", "php") if w in bench.args.workloads]
+    workloads = [w for w in DRAINED if w in bench.args.workloads]
     if not workloads:
         return
     figure, panels = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.8))
@@ -1117,11 +1134,14 @@ def plot(bench: Bench, path: Path) -> None:
                 alpha=0.8,
                 label=label,
             )
-        noun = "webhooks delivered" if workload == "webhooks" else "tasks archived"
+        noun = "webhooks delivered" if workload in WEBHOOK_WORKLOADS else "tasks archived"
         panel.set_title(
             {
                 "tasks": f"{bench.args.tasks} no-op tasks",
                 "webhooks": f"{bench.args.webhooks} Herald webhooks, {bench.args.hooks} hooks",
+                "few-hooks": (
+                    f"{bench.args.webhooks} Herald webhooks, {bench.args.few_hooks} hooks"
+                ),
                 "php": (
                     f"{bench.args.php_tasks} no-op tasks run in PHP"
                     f" (Phorge: {PHP_TASKMASTERS} taskmasters)"
@@ -1156,7 +1176,7 @@ async def benchmark(
         for round_no in range(1, args.rounds + 1):
             # Alternate who goes first, so load from elsewhere hits both alike.
             order: tuple[str, ...] = ("Phorge", "gorge") if round_no % 2 else ("gorge", "Phorge")
-            for workload in ("tasks", "webhooks", "php"):
+            for workload in DRAINED:
                 if workload not in args.workloads:
                     continue
                 sides = order
@@ -1206,6 +1226,7 @@ QUICK = {
     "tasks": 200,
     "webhooks": 100,
     "hooks": 5,
+    "few_hooks": 2,
     "php_tasks": 100,
     "rounds": 1,
     "pickup_samples": 2,
@@ -1220,6 +1241,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--hooks", type=int, default=50, help="hooks the requests are spread over (50)"
+    )
+    parser.add_argument(
+        "--few-hooks",
+        type=int,
+        default=4,
+        help="hooks the few-hooks workload spreads the same requests over (4)",
     )
     parser.add_argument(
         "--rounds",
@@ -1252,7 +1279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help=(
-            "a smoke test: 200 tasks, 100 webhooks over 5 hooks, 100 PHP tasks, 1 round, 2 pickups"
+            "a smoke test: 200 tasks, 100 webhooks over 5 hooks and over 2, 100 PHP tasks,"
+            " 1 round, 2 pickups"
         ),
     )
     parser.add_argument(
@@ -1265,7 +1293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # Smaller defaults; a size given on the command line still wins.
         parser.set_defaults(**QUICK)
         args = parser.parse_args(argv)
-    for name in ("tasks", "webhooks", "hooks", "rounds", "php_tasks"):
+    for name in ("tasks", "webhooks", "hooks", "few_hooks", "rounds", "php_tasks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -1295,7 +1323,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"workloads={','.join(args.workloads)} tasks={args.tasks} webhooks={args.webhooks} "
-        f"hooks={args.hooks} php tasks={args.php_tasks} rounds={args.rounds} "
+        f"hooks={args.hooks} few hooks={args.few_hooks} php tasks={args.php_tasks} "
+        f"rounds={args.rounds} "
         f"pickup samples={args.pickup_samples}/side/round",
         flush=True,
     )

@@ -64,7 +64,7 @@ def test_an_unknown_workload_is_a_usage_error(tmp_path):
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.splitlines()[-1].endswith(
-        "--workloads: nightly; choose from tasks,webhooks,php,pickup"
+        "--workloads: nightly; choose from tasks,webhooks,few-hooks,php,pickup"
     )
 
 
@@ -88,7 +88,7 @@ def test_a_quick_run_measures_every_side_and_draws_the_chart(tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
     lines = done.stdout.splitlines()
-    for workload in ("tasks", "webhooks"):
+    for workload in ("tasks", "webhooks", "few-hooks"):
         for side in ("Phorge", "gorge"):
             assert any(
                 line.startswith(f"round 1 {workload}") and f" {side} " in line for line in lines
