@@ -58,9 +58,9 @@ during a run still counts.
 
 ``--plot FILE.png`` draws completed items over time for every side, one panel
 per workload (needs matplotlib: the ``bench`` extra). ``--profile DIR``
-records the gorge processes with py-spy during one more task run (the
-no-op ``tasks`` workload), after the measured rounds, and prints their top
-functions.
+records the gorge processes with py-spy during one more run after the
+measured rounds (the no-op ``tasks`` workload, or the one
+``--profile-workload`` names), and prints their top functions.
 
 Usage: GORGE_PHORGE_ROOT=/srv/phorge python bench/phorge.py [--tasks 3000]
        [--webhooks 2000] [--hooks 50] [--few-hooks 4] [--php-tasks 2000]
@@ -1205,10 +1205,17 @@ async def benchmark(
             print(f"chart: {args.plot}")
         if args.profile:
             directory = Path(args.profile)
-            run = await bench.run("gorge", "tasks", profile=directory)
-            print(f"profiled run (py-spy attached, not a measurement): {run.bulk_rate:.0f} tasks/s")
+            workload = args.profile_workload
+            run = await bench.run("gorge", workload, profile=directory)
+            print(
+                f"profiled {workload} run (py-spy attached, not a measurement): "
+                f"{run.bulk_rate:.0f} {ITEM[workload]}s/s"
+            )
             for name in sorted(run.cpu):
-                print(f"py-spy, gorge-{name}, {args.tasks} tasks ({directory / (name + '.txt')}):")
+                print(
+                    f"py-spy, gorge-{name}, {run.n} {ITEM[workload]}s "
+                    f"({directory / (name + '.txt')}):"
+                )
                 for line in profile_summary(directory / f"{name}.txt", args.profile_top):
                     print(line)
     finally:
@@ -1272,7 +1279,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         metavar="DIR",
-        help="one more gorge task run under py-spy; raw profiles go to DIR",
+        help="one more gorge run under py-spy; raw profiles go to DIR",
+    )
+    parser.add_argument(
+        "--profile-workload",
+        default="tasks",
+        choices=[w for w in WORKLOADS if w in DRAINED and w != "php"],
+        help="the workload of the profiled run (tasks)",
     )
     parser.add_argument("--profile-top", type=int, default=12, help="functions shown per profile")
     parser.add_argument(
