@@ -16,7 +16,8 @@
 #   With a Phorge checkout for the real-Phorge tests in tests/phorge
 #   (GORGE_PHORGE_ROOT, or the pinned one scripts/phorge-checkout.sh keeps in
 #   the per-user cache), --test also installs PHP's command line and the
-#   extensions Phorge needs.
+#   extensions Phorge needs, and Debian's chromium, the headless browser the
+#   console's browser test drives through Playwright (no browser download).
 #
 # Idempotent: when everything is in place it only checks and returns.
 set -euo pipefail
@@ -73,6 +74,9 @@ venv_works() {
 # --- Debian packages ----------------------------------------------------------
 
 php_packages=(php-cli php-mysql php-curl php-mbstring php-xml php-zip php-gd php-intl)
+# The browser tests/phorge/test_console_browser.py drives (Playwright with
+# executable_path=/usr/bin/chromium).
+browser_packages=(chromium)
 
 if [ "$print_packages" = 1 ]; then
     echo python3
@@ -81,7 +85,7 @@ if [ "$print_packages" = 1 ]; then
         echo mariadb-server
         echo redis-server
         if have_phorge; then
-            printf '%s\n' "${php_packages[@]}"
+            printf '%s\n' "${php_packages[@]}" "${browser_packages[@]}"
         fi
     fi
     exit 0
@@ -97,6 +101,9 @@ if ! venv_works && ! find_python >/dev/null; then
 fi
 if [ "$mode" = test ] && have_phorge && ! php_works; then
     packages+=("${php_packages[@]}")
+fi
+if [ "$mode" = test ] && have_phorge && ! [ -x /usr/bin/chromium ]; then
+    packages+=("${browser_packages[@]}")
 fi
 
 if [ "${#packages[@]}" -gt 0 ]; then
