@@ -38,6 +38,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer
 from zope.interface import implementer
 
+from gorge.app.private_names import body_consumer_transport
 from gorge.client.failure import (
     BodyCutShort,
     BodyTooLarge,
@@ -97,10 +98,9 @@ def _transport_under(consumer: Any) -> Any:
 
     The Agent wraps the transport in ``twisted.web._newclient``'s
     ``LengthEnforcingConsumer``, which offers no public way to it; its
-    private ``_consumer`` is read here and nowhere else, and
-    tests/client/test_exchange.py fails loudly if a new Twisted renames it.
+    private ``_consumer`` is read through :mod:`gorge.app.private_names`.
     """
-    return getattr(consumer, "_consumer", consumer)
+    return body_consumer_transport(consumer)
 
 
 # ---------------------------------------------------------------- the exchange

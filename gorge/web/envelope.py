@@ -17,6 +17,9 @@ from gorge.log.redaction import redact_uri
 
 log = Logger()
 
+#: The methods gorge answers anywhere; every route takes one of them.
+SERVED_METHODS = (b"GET", b"HEAD", b"POST")
+
 
 class ApiError(Exception):
     """An expected failure, answered with its status and error code."""
@@ -85,8 +88,10 @@ def render_failure(request: PlainRequest, failure: Failure) -> bytes:
     e = failure.value
     if isinstance(e, ApiError):
         return fail(request, e.status, e.code, e.message)
-    if isinstance(e, (NotFound, MethodNotAllowed)):
-        # A wrong method under the API prefix is a 404.
+    if isinstance(e, MethodNotAllowed):
+        request.setHeader(b"allow", allow_value(e.valid_methods or []))
+        return fail(request, 405, "ERR_METHOD_NOT_ALLOWED", "Method Not Allowed")
+    if isinstance(e, NotFound):
         return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
     if isinstance(e, HTTPException):
         code = getattr(e, "code", 500) or 500
@@ -106,6 +111,13 @@ def render_failure(request: PlainRequest, failure: Failure) -> bytes:
     )
     request.gorge_error = failure.getErrorMessage()  # type: ignore[attr-defined]  # read by the access line
     return fail(request, 500, "ERR_INTERNAL", "internal server error")
+
+
+def allow_value(methods: Any) -> bytes:
+    """The ``Allow`` field for a route's methods (werkzeug's names, which
+    add OPTIONS): the ones gorge answers, in a fixed order."""
+    named = {m.encode("ascii") if isinstance(m, str) else m for m in methods}
+    return b", ".join(m for m in SERVED_METHODS if m in named)
 
 
 def add_error_handlers(app: Klein) -> None:

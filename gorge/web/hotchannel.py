@@ -29,6 +29,8 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
+from gorge.app.private_names import unsent_writes
+
 __all__ = ["HotChannel", "HotRequest", "MAX_HEAD", "write_now"]
 
 #: The longest request head read here; a longer one goes to twisted.web.
@@ -110,7 +112,7 @@ def write_now(transport: Any, data: bytes) -> None:
     """
     # twisted's queue of writes not yet handed to the socket: if a release
     # renames it, every write simply takes the queued path again.
-    queued = getattr(transport, "_tempDataBuffer", None)
+    queued = unsent_writes(transport)
     if (
         isinstance(transport, tcp.Connection)
         and queued == []
@@ -143,6 +145,7 @@ class HotChannel(Protocol):
     body_limit = 2 * 1024 * 1024
     timeOut: float | None = None
     transport: Any
+    factory: Any
     callLater: Callable[..., IDelayedCall] | None = None
 
     def __init__(self) -> None:
@@ -154,7 +157,7 @@ class HotChannel(Protocol):
         self._reading = False  # inside _next: an answer written now must not re-enter it
         self._closing = False  # an answer said close: nothing more is read
         self._paused = False
-        self._active = True  # bytes arrived since the idle timer last looked
+        self._last_active = 0.0  # when the last byte arrived or the last answer left
         self._idle_timer: IDelayedCall | None = None
         self.delegate: Any = None  # the twisted.web channel, once handed off
         self.gone = False
@@ -165,15 +168,26 @@ class HotChannel(Protocol):
         if ITCPTransport.providedBy(self.transport):
             # Small answers must not wait for Nagle's algorithm.
             self.transport.setTcpNoDelay(True)
-        if self.timeOut is not None and self.callLater is not None:
+        self._touch()
+
+    def _touch(self) -> None:
+        """Something happened: the idle period starts again from now."""
+        if self.timeOut is None or self.callLater is None:
+            return
+        self._last_active = self._seconds()
+        if self._idle_timer is None:
             self._idle_timer = self.callLater(self.timeOut, self._idle_check)
+
+    def _seconds(self) -> float:
+        # The clock the site's callLater runs on (twisted.web sets both).
+        return float(self.factory.reactor.seconds())
 
     def dataReceived(self, data: bytes) -> None:
         if self.delegate is not None:
             self.delegate.dataReceived(data)
             return
         self._buffer += data
-        self._active = True
+        self._touch()
         self._next()
         if self._busy and not self._paused and len(self._buffer) > self.body_limit + MAX_HEAD:
             # The next request waits for this answer; a client that keeps
@@ -206,16 +220,18 @@ class HotChannel(Protocol):
             self.transport.resumeProducing()
 
     def _idle_check(self) -> None:
+        """The timer is one per connection, moved on only when it fires (a
+        reset per read would cost more than the check): the connection
+        closes ``timeOut`` after its last byte or answer, as twisted.web's
+        does; while a request is being answered there is no timeout."""
         self._idle_timer = None
-        if self.delegate is not None or self.gone:
+        if self.delegate is not None or self.gone or self._busy:
+            return  # an answer starts the period again (respond)
+        assert self.callLater is not None and self.timeOut is not None
+        left = self._last_active + self.timeOut - self._seconds()
+        if left > 0:
+            self._idle_timer = self.callLater(left, self._idle_check)
             return
-        if self._active or self._busy:
-            self._active = False
-            assert self.callLater is not None and self.timeOut is not None
-            self._idle_timer = self.callLater(self.timeOut, self._idle_check)
-            return
-        # A full period with no byte and no answer under way, as twisted.web
-        # times out an idle client.
         self.transport.loseConnection()
 
     # -- requests
@@ -292,11 +308,16 @@ class HotChannel(Protocol):
             if name == b"content-length":
                 if length is not None or not value.isdigit():
                     return HAND_OFF
-                length = int(value)
+                digits = value.lstrip(b"0")
+                if len(digits) > 18:  # over any limit; int() would refuse 4300 digits
+                    return HAND_OFF
+                length = int(digits or b"0")
             elif name == b"connection":
                 value = value.lower()
                 if value not in (b"close", b"keep-alive"):
                     return HAND_OFF
+                if fields.get(name) == b"close":
+                    continue  # a close in any Connection field closes
             elif name in _NOT_PLAIN:
                 return HAND_OFF
             # As twisted.web's getHeader: the last of repeated fields.
@@ -332,6 +353,7 @@ class HotChannel(Protocol):
             self._closing = True
             self.transport.loseConnection()
             return
+        self._touch()
         self._resume()
         self._next()
 

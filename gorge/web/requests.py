@@ -90,6 +90,8 @@ class LimitedRequest(server.Request):
     debug_log: bool = False
 
     _too_large = False
+    #: The head announced a body over the limit: the channel answers at once.
+    declared_too_large = False
     _received = 0
     gorge_error: str | None = None
     # Set by stamp_request() when the request is processed.
@@ -105,6 +107,7 @@ class LimitedRequest(server.Request):
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self.limit:
             self._too_large = True
+            self.declared_too_large = True
             self.content = _Discard()
             return
         # The limit bounds what is kept, so memory serves every body; Twisted

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -29,10 +30,11 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from gorge.app.inflight import InFlight
+from gorge.app.private_names import klein_url_map, stub_server_factory
 from gorge.log.logger import Logger
 from gorge.log.output import request_id_var
 from gorge.web.auth import token_refusal
-from gorge.web.envelope import envelope, fail, render_failure
+from gorge.web.envelope import SERVED_METHODS, allow_value, envelope, fail, render_failure
 from gorge.web.hotchannel import HotChannel, HotRequest
 from gorge.web.requests import LimitedRequest, _request_factory, log_request, stamp_request
 
@@ -40,6 +42,10 @@ from gorge.web.requests import LimitedRequest, _request_factory, log_request, st
 Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
 
 READINESS_TIMEOUT = 5.0
+
+_PROBE_METHODS = b"GET, HEAD"
+# The tokens of a Connection field: a comma-separated list (RFC 9110, 7.6.1).
+_TOKEN_SEPARATORS = re.compile(rb"[\s,]+")
 
 log = Logger()
 
@@ -62,9 +68,11 @@ class GorgeRoot(Resource):
         readiness: Callable[[], Coroutine[Any, Any, str | None]],
         registry: CollectorRegistry,
         clock: IReactorTime,
+        allowed_methods: Callable[[bytes], list[str]] | None = None,
     ) -> None:
         super().__init__()
         self._api = api_resource
+        self._allowed_methods = allowed_methods or (lambda path: [])
         self.prefix = prefix.encode("ascii")
         self._token = token.encode("utf-8")
         self._readiness = readiness
@@ -77,9 +85,12 @@ class GorgeRoot(Resource):
             refusal = token_refusal(request, self._token)
             if refusal is not None:
                 return refusal
+            if request.method not in SERVED_METHODS:
+                return self._refuse_method(request)
             return self._api.render(request)
         if path in (b"/", b"/healthz", b"/readyz", b"/metrics"):
             if request.method not in (b"GET", b"HEAD"):
+                request.setHeader(b"allow", _PROBE_METHODS)
                 return fail(request, 405, "ERR_METHOD_NOT_ALLOWED", "Method Not Allowed")
             if path == b"/metrics":
                 request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
@@ -88,6 +99,19 @@ class GorgeRoot(Resource):
                 return self._render_readyz(request)
             return envelope(request, 200, {"status": "ok"})
         return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
+
+    def _refuse_method(self, request: Any) -> bytes:
+        """A method no route takes: 405 with the path's methods, or 404 for
+        a path no route has.
+
+        Not left to Klein: werkzeug matches a method whatever its case
+        (``post`` as ``POST``) where HTTP's are case-sensitive (RFC 9110,
+        9.1), and it would answer OPTIONS itself."""
+        allowed = self._allowed_methods(request.path)
+        if not allowed:
+            return fail(request, 404, "ERR_NOT_FOUND", "Not Found")
+        request.setHeader(b"allow", allow_value(allowed))
+        return fail(request, 405, "ERR_METHOD_NOT_ALLOWED", "Method Not Allowed")
 
     def _render_readyz(self, request: Any) -> Any:
         async def check() -> str | None:
@@ -145,13 +169,37 @@ class GorgeChannel(_KnownToSite, http.HTTPChannel):
 
     site: GorgeSite
 
+    def headerReceived(self, line: bytes) -> bool:
+        name, colon, value = line.partition(b":")
+        if colon and name.lower() == b"content-length":
+            # twisted.web reads the length with int(), which refuses more
+            # than 4300 digits with a ValueError out of dataReceived: pass
+            # on the same number, in few enough digits.
+            line = b"Content-Length: " + short_length(value.strip(b" \t"))
+        return bool(super().headerReceived(line))
+
+    def allHeadersReceived(self) -> None:
+        super().allHeadersReceived()
+        request = self.requests[-1]
+        if getattr(request, "declared_too_large", False):
+            # Answer the 413 now and close, reading none of the body: a
+            # length of zero makes twisted.web process the request at once.
+            self.persistent = False
+            self.length = 0
+
     def checkPersistence(self, request: Any, version: bytes) -> bool:
         # A request whose head completes during the drain is the last one
         # on its connection.
         if self.site.draining:
             request.responseHeaders.setRawHeaders(b"connection", [b"close"])
             return False
-        return super().checkPersistence(request, version)
+        # twisted.web reads the first Connection field only, its tokens split
+        # at spaces; a proxy reads every field, split at commas. A "close"
+        # anywhere closes, as the hot channel's parser reads it.
+        if version == b"HTTP/1.1" and b"close" in connection_tokens(request.requestHeaders):
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return bool(super().checkPersistence(request, version))
 
     def finish_and_close(self) -> None:
         """Close now if no request has arrived, else after its answer."""
@@ -162,6 +210,26 @@ class GorgeChannel(_KnownToSite, http.HTTPChannel):
         for request in self.requests:
             if not request.startedWriting:
                 request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+
+def short_length(value: bytes) -> bytes:
+    """A Content-Length value as few digits: its leading zeros dropped, and
+    a number of more than 18 digits (over any body limit) as 19 nines. Not
+    digits: unchanged, for twisted.web to refuse."""
+    if not value.isdigit():
+        return value
+    digits = value.lstrip(b"0") or b"0"
+    return digits if len(digits) <= 18 else b"9" * 19
+
+
+def connection_tokens(headers: Any) -> set[bytes]:
+    """The lower-cased tokens of every Connection field of ``headers``."""
+    return {
+        token.lower()
+        for value in headers.getRawHeaders(b"connection", [])
+        for token in _TOKEN_SEPARATORS.split(value)
+        if token
+    }
 
 
 class DirectRoutes(Resource):
@@ -414,6 +482,14 @@ def build_site(
     are answered by :class:`GorgeHotChannel` while a connection carries only
     plain requests to them, and by :class:`DirectRoutes` in front of
     ``api_resource`` once it carries anything else."""
+    url_map = klein_url_map(api_resource)
+
+    def allowed_methods(path: bytes) -> list[str]:
+        methods: list[str] = ["POST"] if hot_routes and path in hot_routes else []
+        if url_map is not None:
+            methods += url_map.bind("localhost").allowed_methods(path.decode("utf-8", "replace"))
+        return methods
+
     if hot_routes:
         api_resource = DirectRoutes(hot_routes, api_resource)
     root = GorgeRoot(
@@ -423,6 +499,7 @@ def build_site(
         readiness=readiness,
         registry=registry,
         clock=clock,
+        allowed_methods=allowed_methods,
     )
     site = GorgeSite(
         root, requestFactory=_request_factory(body_limit, access_log, quiet_paths, debug_log)
@@ -447,10 +524,7 @@ def stub_client(site: server.Site) -> Any:
     from treq.testing import StubTreq
 
     stub = StubTreq(site.resource)
-    # treq offers no public way to the Site it builds; its private
-    # ``_agent._serverFactory`` is read here and nowhere else, and
-    # tests/web/test_stub_client.py fails loudly if treq renames it.
-    server_factory: Any = stub._agent._serverFactory
+    server_factory: Any = stub_server_factory(stub)
     server_factory.requestFactory = site.requestFactory
     server_factory.displayTracebacks = False
     hot_routes = getattr(site, "hot_routes", None)

@@ -214,7 +214,7 @@ async def test_list_mailers_in_dispatch_order_without_options():
 @pytest.mark.parametrize(
     "method,path,token,status,code",
     [
-        ("GET", "/api/mailer/send", TOKEN, 404, "ERR_NOT_FOUND"),
+        ("GET", "/api/mailer/send", TOKEN, 405, "ERR_METHOD_NOT_ALLOWED"),
         ("POST", "/api/mailer/send/", TOKEN, 404, "ERR_NOT_FOUND"),
         ("POST", "/api/mailer/deliver", TOKEN, 404, "ERR_NOT_FOUND"),
         ("GET", "/api/mailer/nothing", None, 401, "ERR_UNAUTHORIZED"),

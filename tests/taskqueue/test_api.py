@@ -419,8 +419,8 @@ async def test_auth_routing_and_methods(client):
     assert (code, answer["error"]["code"]) == (401, "ERR_UNAUTHORIZED")
     code, answer = await client.get("nope")
     assert (code, answer["error"]["code"]) == (404, "ERR_NOT_FOUND")
-    code, answer = await client.get("enqueue")  # wrong method is a 404 under the prefix
-    assert (code, answer["error"]["code"]) == (404, "ERR_NOT_FOUND")
+    code, answer = await client.get("enqueue")  # a known path, the wrong method
+    assert (code, answer["error"]["code"]) == (405, "ERR_METHOD_NOT_ALLOWED")
     assert (await client.get("tasks/"))[0] == 404
     assert await client.get("/healthz", token=None) == (200, {"status": "ok"})
     assert await client.get("/readyz", token=None) == (200, {"status": "ok"})

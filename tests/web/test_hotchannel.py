@@ -402,16 +402,22 @@ def test_a_request_arriving_while_the_site_drains_is_answered_with_close():
 # -- idle clients
 
 
-def test_an_idle_connection_closes_after_the_site_timeout():
+@pytest.mark.parametrize("hot", [True, False], ids=["hot", "twisted.web"])
+def test_an_idle_connection_closes_after_the_site_timeout_to_the_second(hot):
+    # Both channels close a connection timeOut after its last byte or its
+    # last answer, no later.
     clock = task.Clock()
-    site = make_site(True, clock=clock)
+    site = make_site(hot, clock=clock)
     site.timeOut = 10
     channel, transport = connect(site)
-    clock.advance(10)
-    channel.dataReceived(request())
-    clock.advance(10)
-    assert not transport.disconnecting  # it was busy in the last period
-    clock.advance(10)
+    clock.advance(9)
+    channel.dataReceived(request())  # answered at once
+    clock.advance(9.5)
+    assert not transport.disconnecting
+    channel.dataReceived(b"POST /api/hot/echo HTTP/1.1\r\n")  # a slow client's first line
+    clock.advance(9.5)
+    assert not transport.disconnecting
+    clock.advance(0.5)
     assert transport.disconnecting
 
 
@@ -424,6 +430,11 @@ def test_a_connection_with_a_request_under_way_is_not_idle():
     channel.dataReceived(request(HELD))
     clock.advance(50)
     assert not transport.disconnecting
+    handlers.gates[0].callback("done")
+    clock.advance(9.5)  # the period starts again with the answer
+    assert not transport.disconnecting
+    clock.advance(0.5)
+    assert transport.disconnecting
 
 
 # -- over a real socket
@@ -577,3 +588,81 @@ def test_a_handler_that_answers_after_its_client_left_is_logged_once():
     names = [str(e.get("log_format", "")).split(" ")[0] for e in events]
     assert names.count("REQUEST") == 1
     assert transport.value() == b""
+
+
+# -- limits that hold, on both channels alike
+
+both = pytest.mark.parametrize("hot", [True, False], ids=["hot", "twisted.web"])
+
+
+def status_of(raw: bytes) -> int:
+    return int(raw.split(b" ", 2)[1])
+
+
+def head(length: bytes, extra: bytes = b"") -> bytes:
+    return (
+        b"POST /api/hot/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Service-Token: hot-token\r\n"
+        b"Content-Length: " + length + b"\r\n" + extra + b"\r\n"
+    )
+
+
+@both
+@pytest.mark.parametrize(
+    "length", [b"%d" % (LIMIT + 1), b"1" * 30, b"7" * 5000], ids=["over", "huge", "5000-digits"]
+)
+def test_a_declared_length_over_the_limit_is_refused_at_once_and_closes(hot, length):
+    answer, closed, logged = exchange(hot, [head(length)])  # not one byte of the body
+    [(status, fields, body)] = answers(answer)
+    assert (status, fields[b"connection"]) == (413, b"close")
+    assert json.loads(body)["error"]["code"] == "ERR_TOO_LARGE"
+    assert closed
+    assert [name for name, _, _ in logged] == ["REQUEST"]  # and nothing raised
+
+
+@both
+def test_leading_zeros_do_not_make_a_length_long(hot):
+    answer, closed, _ = exchange(hot, [head(b"0" * 5000 + b"2") + b"{}"])
+    [(status, _, _)] = answers(answer)
+    assert (status, closed) == (200, False)
+
+
+@both
+@pytest.mark.parametrize("method", [b"post", b"Post", b"TRACE", b"OPTIONS"])
+def test_methods_are_case_sensitive_and_others_refused(hot, method):
+    raw = b"%s /api/hot/echo HTTP/1.1\r\nX-Service-Token: hot-token\r\nContent-Length: 2\r\n\r\n{}"
+    answer, _, _ = exchange(hot, [raw % method])
+    [(status, fields, body)] = answers(answer)
+    assert (status, fields[b"allow"]) == (405, b"POST")
+    assert json.loads(body)["error"]["code"] == "ERR_METHOD_NOT_ALLOWED"
+
+
+@both
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b"Connection: keep-alive\r\nConnection: close\r\n",
+        b"Connection: close\r\nConnection: keep-alive\r\n",
+        b"Connection: keep-alive, close\r\n",
+        b"Connection: keep-alive,close\r\n",
+    ],
+)
+def test_a_close_in_any_connection_field_closes(hot, fields):
+    answer, closed, _ = exchange(hot, [head(b"2", fields) + b"{}" + request()])
+    [(status, answer_fields, _)] = answers(answer)
+    assert (status, answer_fields[b"connection"], closed) == (200, b"close", True)
+
+
+@both
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b"Content-Length: 3\r\n",  # conflicting
+        b"Content-Length: 2\r\n",  # repeated
+        b"Transfer-Encoding: chunked\r\n",  # both framings
+        b"Transfer-Encoding: gzip\r\n",
+    ],
+)
+def test_ambiguous_framing_is_refused_and_closes(hot, fields):
+    answer, closed, _ = exchange(hot, [head(b"2", fields) + b"{}" + request()])
+    assert (status_of(answer), closed) == (400, True)
+    assert answer.count(b"HTTP/1.1 ") == 1  # the request behind it is never read

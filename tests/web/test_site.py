@@ -174,22 +174,26 @@ async def test_empty_token_disables_auth():
 
 
 @pytest.mark.parametrize(
-    "method,path,status,code",
+    "method,path,status,code,allow",
     [
-        ("GET", "/api/example/list/", 404, "ERR_NOT_FOUND"),  # strict routing
-        ("POST", "/api/example/list", 404, "ERR_NOT_FOUND"),  # wrong method under the prefix
-        ("DELETE", "/api/example/echo", 404, "ERR_NOT_FOUND"),
-        ("GET", "/elsewhere", 404, "ERR_NOT_FOUND"),
-        ("POST", "/healthz", 405, "ERR_METHOD_NOT_ALLOWED"),
-        ("DELETE", "/readyz", 405, "ERR_METHOD_NOT_ALLOWED"),
+        ("GET", "/api/example/list/", 404, "ERR_NOT_FOUND", None),  # strict routing
+        ("POST", "/api/example/list", 405, "ERR_METHOD_NOT_ALLOWED", b"GET, HEAD"),
+        ("DELETE", "/api/example/echo", 405, "ERR_METHOD_NOT_ALLOWED", b"POST"),
+        ("TRACE", "/api/example/echo", 405, "ERR_METHOD_NOT_ALLOWED", b"POST"),
+        ("OPTIONS", "/api/example/list", 405, "ERR_METHOD_NOT_ALLOWED", b"GET, HEAD"),
+        ("TRACE", "/api/example/nope", 404, "ERR_NOT_FOUND", None),
+        ("GET", "/elsewhere", 404, "ERR_NOT_FOUND", None),
+        ("POST", "/healthz", 405, "ERR_METHOD_NOT_ALLOWED", b"GET, HEAD"),
+        ("DELETE", "/readyz", 405, "ERR_METHOD_NOT_ALLOWED", b"GET, HEAD"),
     ],
 )
 @pytest_twisted.ensureDeferred
-async def test_routing_misses_are_enveloped(method, path, status, code):
+async def test_routing_misses_are_enveloped(method, path, status, code, allow):
     client, _, _ = make()
     response, body = await call(client, method, path, {"X-Service-Token": TOKEN})
     assert response.code == status
     assert envelope_of(body)["error"]["code"] == code
+    assert response.headers.getRawHeaders(b"allow", [None])[0] == allow
 
 
 @pytest.mark.parametrize("path", ["/", "/healthz"])

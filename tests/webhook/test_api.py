@@ -72,12 +72,12 @@ async def test_auth_and_routing(herald, make_harness, listen, path, headers, sta
     assert "data" not in json.loads(body)
 
 
-async def test_wrong_method_under_the_prefix_is_404(herald, make_harness, listen):
+async def test_wrong_method_under_the_prefix_is_405(herald, make_harness, listen):
     base = listen(make_harness(http=HTTP).service.part("site"))
     code, body, _ = await get(
         base + "/api/webhook/stats", method="POST", headers={"X-Service-Token": TOKEN}
     )
-    assert code == 404 and json.loads(body)["error"]["code"] == "ERR_NOT_FOUND"
+    assert code == 405 and json.loads(body)["error"]["code"] == "ERR_METHOD_NOT_ALLOWED"
 
 
 async def test_database_failure_is_an_opaque_500(mariadb, make_harness, listen, captured_log):
