@@ -43,6 +43,17 @@ switch ($command) {
   case 'webhook-batch':
     $result = gorge_test_webhook_batch($args);
     break;
+  case 'web-user':
+    $result = gorge_test_web_user($args);
+    break;
+  case 'setup-issue-keys':
+    $result = array(
+      'keys' => PhabricatorSetupCheck::getOpenSetupIssueKeysFromDatabase(),
+    );
+    break;
+  case 'user-logs':
+    $result = gorge_test_user_logs($args);
+    break;
   case 'lock-name':
     $result = array(
       'name' => PhabricatorGlobalLock::newLock(
@@ -285,7 +296,8 @@ function gorge_test_hooks(array $args) {
 // through queueCall()), round-robin over the hooks. Rows and tasks are
 // written in one transaction on each database and committed together, the
 // requests first, so a consumer that is already running sees all of them at
-// once, at "committedAt".
+// once, at "committedAt". "retryMode" (default "forever"): "never" makes a
+// request that fails once end "failed".
 function gorge_test_webhook_batch(array $args) {
   $hooks = id(new HeraldWebhookQuery())
     ->setViewer(PhabricatorUser::getOmnipotentUser())
@@ -303,7 +315,7 @@ function gorge_test_webhook_batch(array $args) {
       ->setObjectPHID($args['objectPHID'])
       ->setTransactionPHIDs($args['transactionPHIDs'])
       ->setTriggerPHIDs(array($hook->getPHID()))
-      ->setRetryMode(HeraldWebhookRequest::RETRY_FOREVER)
+      ->setRetryMode(idx($args, 'retryMode', HeraldWebhookRequest::RETRY_FOREVER))
       ->setIsSilentAction(false)
       ->setIsSecureAction(false)
       ->save();
@@ -316,4 +328,53 @@ function gorge_test_webhook_batch(array $args) {
     'count' => (int)$args['count'],
     'committedAt' => microtime(true),
   );
+}
+
+// A person (not a bot: bots cannot hold web sessions), an administrator or
+// not, with a web session: "sessionKey" is the value of the phsid cookie.
+function gorge_test_web_user(array $args) {
+  $username = $args['username'];
+
+  $user = id(new PhabricatorUser())
+    ->setUsername($username)
+    ->setRealName($username)
+    ->setIsApproved(1);
+
+  $email = id(new PhabricatorUserEmail())
+    ->setAddress($username.'@example.com')
+    ->setIsVerified(1);
+
+  id(new PhabricatorUserEditor())
+    ->setActor($user)
+    ->createNewUser($user, $email);
+
+  $user
+    ->setIsAdmin((int)$args['admin'])
+    ->setIsEmailVerified(1)
+    ->save();
+
+  $session_key = id(new PhabricatorAuthSessionEngine())->establishSession(
+    PhabricatorAuthSession::TYPE_WEB,
+    $user->getPHID(),
+    $partial = false);
+
+  return array(
+    'userPHID' => $user->getPHID(),
+    'sessionKey' => $session_key,
+  );
+}
+
+// The activity log entries of one type, newest first.
+function gorge_test_user_logs(array $args) {
+  $logs = id(new PhabricatorUserLog())->loadAllWhere(
+    'action = %s ORDER BY id DESC',
+    $args['action']);
+  $result = array();
+  foreach ($logs as $log) {
+    $result[] = array(
+      'actorPHID' => $log->getActorPHID(),
+      'details' => $log->getDetails(),
+    );
+  }
+  return array('logs' => $result);
 }

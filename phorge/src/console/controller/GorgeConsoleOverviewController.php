@@ -1,0 +1,138 @@
+<?php
+
+final class GorgeConsoleOverviewController extends GorgeConsoleController {
+
+  public function handleRequest(AphrontRequest $request) {
+    $daemons = GorgeDaemon::loadConfiguredDaemons();
+
+    $content = array();
+    if (!$daemons) {
+      $content[] = $this->newNotice(
+        pht('No gorge Daemons Configured'),
+        pht(
+          'Set %s with bin/config on this host (docs/phorge.md) to see the '.
+          'daemons here.',
+          phutil_tag('tt', array(), 'gorge.daemons')));
+    }
+
+    $health = GorgeDaemonHealth::probeAll($daemons);
+    $content[] = $this->buildDaemonsBox($health);
+    $content[] = $this->buildQueueBox();
+
+    $webhook = idx($daemons, GorgeDaemon::WEBHOOK);
+    if ($webhook) {
+      $content[] = $this->buildWebhookBox($webhook);
+    }
+
+    $content[] = id(new GorgeConsoleMailController())
+      ->setRequest($request)
+      ->buildMailerSummaryBox(idx($daemons, GorgeDaemon::MAILER));
+
+    return $this->newConsolePage('', pht('Overview'), $content);
+  }
+
+  private function buildDaemonsBox(array $health) {
+    $rows = array();
+    foreach ($health as $name => $item) {
+      $daemon = $item->getDaemon();
+      if ($item->isReady()) {
+        $state = id(new PHUIStatusItemView())
+          ->setIcon(PHUIStatusItemView::ICON_ACCEPT, 'green')
+          ->setTarget(pht('Ready'));
+      } else {
+        $state = id(new PHUIStatusItemView())
+          ->setIcon(PHUIStatusItemView::ICON_WARNING, 'red')
+          ->setTarget(pht('Not ready'))
+          ->setNote($item->getReadinessProblem());
+      }
+      $uptime = $item->getUptime();
+      $rows[] = array(
+        $daemon->getDisplayName(),
+        $daemon->getDisplayURI(),
+        id(new PHUIStatusListView())->addItem($state),
+        $item->getVersion(),
+        ($uptime === null)
+          ? phutil_tag('em', array(), pht('not reported'))
+          : phutil_format_relative_time($uptime),
+      );
+    }
+
+    $table = id(new AphrontTableView($rows))
+      ->setNoDataString(pht('No daemon is configured in gorge.daemons.'))
+      ->setHeaders(
+        array(
+          pht('Daemon'),
+          pht('Address'),
+          pht('Health'),
+          pht('API Version'),
+          pht('Uptime'),
+        ))
+      ->setColumnClasses(array('pri', '', 'wide', '', ''));
+
+    return $this->newBox(pht('Daemons'), $table);
+  }
+
+  /**
+   * Phorge's own worker tables, which gorge-taskqueue serves: what waits,
+   * per class and priority, and how long the oldest has waited.
+   */
+  public static function loadQueueSummary() {
+    $task_table = new PhabricatorWorkerActiveTask();
+    $now = PhabricatorTime::getNow();
+    return queryfx_all(
+      $task_table->establishConnection('r'),
+      'SELECT taskClass, priority,
+          SUM(leaseOwner IS NULL OR leaseExpires < %d) waiting,
+          MIN(IF(leaseOwner IS NULL OR leaseExpires < %d,
+            dateCreated, NULL)) oldestWaiting,
+          SUM(leaseOwner IS NOT NULL AND leaseExpires >= %d) leased,
+          SUM(failureCount > 0) failing
+        FROM %T
+        GROUP BY taskClass, priority
+        ORDER BY priority, taskClass',
+      $now,
+      $now,
+      $now,
+      $task_table->getTableName());
+  }
+
+  private function buildQueueBox() {
+    $rows = array();
+    foreach (self::loadQueueSummary() as $row) {
+      $rows[] = array(
+        $row['taskClass'],
+        self::getPriorityBand($row['priority']),
+        number_format((int)$row['waiting']),
+        $this->formatAge($row['oldestWaiting']),
+        number_format((int)$row['leased']),
+        number_format((int)$row['failing']),
+      );
+    }
+
+    $table = id(new AphrontTableView($rows))
+      ->setNoDataString(pht('The task queue is empty.'))
+      ->setHeaders(
+        array(
+          pht('Class'),
+          pht('Priority'),
+          pht('Waiting'),
+          pht('Oldest Waiting'),
+          pht('Leased'),
+          pht('Failing'),
+        ))
+      ->setColumnClasses(array('wide pri', '', 'n', '', 'n', 'n'));
+
+    return $this->newBox(pht('Task Queue'), $table);
+  }
+
+  private function buildWebhookBox(GorgeDaemon $webhook) {
+    $answer = $webhook->call('GET', '/api/webhook/hooks/state');
+    if (!$answer->isOK()) {
+      return $this->newDaemonFailure($webhook, $answer);
+    }
+    return GorgeConsoleWebhookListController::buildHookStateBox(
+      $this,
+      $answer->getData());
+  }
+
+}

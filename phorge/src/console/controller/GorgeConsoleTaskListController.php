@@ -1,0 +1,181 @@
+<?php
+
+final class GorgeConsoleTaskListController extends GorgeConsoleController {
+
+  const LIST_LIMIT = 50;
+
+  public function handleRequest(AphrontRequest $request) {
+    $content = array();
+    $content[] = $this->buildClassBox();
+    $content[] = $this->buildActiveBox(
+      pht('Failing Tasks'),
+      pht('No active task has failed.'),
+      $this->loadFailingTasks());
+    $content[] = $this->buildActiveBox(
+      pht('Leased Tasks'),
+      pht('No task is leased.'),
+      $this->loadLeasedTasks());
+
+    $queue = GorgeDaemon::loadDaemon(GorgeDaemon::TASKQUEUE);
+    if ($queue) {
+      $dead = $queue->call(
+        'GET',
+        '/api/queue/archived',
+        array('result' => 'failure', 'limit' => self::LIST_LIMIT));
+      if ($dead->isOK()) {
+        $content[] = $this->buildDeadBox((array)$dead->getData());
+      } else {
+        $content[] = $this->newDaemonFailure($queue, $dead);
+      }
+    } else {
+      $content[] = $this->newNotConfigured(GorgeDaemon::TASKQUEUE);
+    }
+
+    $content[] = $this->newNotice(
+      pht('Where the Errors Are'),
+      pht(
+        'Phorge\'s task tables keep a failure count and time, not the error '.
+        'text: gorge-worker logs each failure with the task\'s id '.
+        '(WORKER_TASK_OUTCOME task_id=...).'),
+      PHUIInfoView::SEVERITY_NOTICE);
+
+    return $this->newConsolePage('tasks', pht('Tasks'), $content);
+  }
+
+  private function buildClassBox() {
+    $rows = array();
+    foreach (GorgeConsoleOverviewController::loadQueueSummary() as $row) {
+      $rows[] = array(
+        $row['taskClass'],
+        self::getPriorityBand($row['priority']),
+        number_format((int)$row['waiting']),
+        number_format((int)$row['leased']),
+        number_format((int)$row['failing']),
+      );
+    }
+    $table = id(new AphrontTableView($rows))
+      ->setNoDataString(pht('The task queue is empty.'))
+      ->setHeaders(
+        array(
+          pht('Class'),
+          pht('Priority'),
+          pht('Waiting'),
+          pht('Leased'),
+          pht('Failing'),
+        ))
+      ->setColumnClasses(array('wide pri', '', 'n', 'n', 'n'));
+    return $this->newBox(pht('Active Tasks by Class'), $table);
+  }
+
+  private function loadFailingTasks() {
+    // key_failuretime: every failure sets failureTime.
+    return id(new PhabricatorWorkerActiveTask())->loadAllWhere(
+      'failureTime IS NOT NULL AND failureCount > 0
+        ORDER BY failureTime DESC LIMIT %d',
+      self::LIST_LIMIT);
+  }
+
+  private function loadLeasedTasks() {
+    return id(new PhabricatorWorkerActiveTask())->loadAllWhere(
+      'leaseOwner IS NOT NULL AND leaseExpires >= %d
+        ORDER BY leaseExpires LIMIT %d',
+      PhabricatorTime::getNow(),
+      self::LIST_LIMIT);
+  }
+
+  private function buildActiveBox($title, $empty, array $tasks) {
+    $now = PhabricatorTime::getNow();
+    $rows = array();
+    foreach ($tasks as $task) {
+      $leased = ($task->getLeaseOwner() !== null &&
+        $task->getLeaseExpires() >= $now);
+      $actions = array();
+      if ($leased) {
+        $actions[] = $this->newActionButton('free', $task->getID(), pht('Free'));
+      }
+      $actions[] = $this->newActionButton(
+        'priority', $task->getID(), pht('Priority'));
+      $actions[] = $this->newActionButton(
+        'cancel', $task->getID(), pht('Cancel'));
+
+      $rows[] = array(
+        phutil_tag(
+          'a',
+          array('href' => '/daemon/task/'.$task->getID().'/'),
+          $task->getID()),
+        $task->getTaskClass(),
+        self::getPriorityBand($task->getPriority()),
+        number_format((int)$task->getFailureCount()),
+        $this->formatDate($task->getFailureTime()),
+        $leased
+          ? pht(
+            '%s until %s',
+            $task->getLeaseOwner(),
+            $this->formatDate($task->getLeaseExpires()))
+          : null,
+        phutil_implode_html(' ', $actions),
+      );
+    }
+
+    $table = id(new AphrontTableView($rows))
+      ->setNoDataString($empty)
+      ->setHeaders(
+        array(
+          pht('ID'),
+          pht('Class'),
+          pht('Priority'),
+          pht('Failures'),
+          pht('Last Failure'),
+          pht('Lease'),
+          pht('Actions'),
+        ))
+      ->setColumnClasses(array('n', 'wide pri', '', 'n', '', '', 'action'));
+
+    return $this->newBox($title, $table);
+  }
+
+  private function buildDeadBox(array $tasks) {
+    $rows = array();
+    foreach ($tasks as $task) {
+      $id = (int)idx($task, 'id');
+      $rows[] = array(
+        phutil_tag('a', array('href' => '/daemon/task/'.$id.'/'), $id),
+        idx($task, 'taskClass'),
+        number_format((int)idx($task, 'failureCount')),
+        $this->formatDate(idx($task, 'archivedEpoch')),
+        phutil_implode_html(
+          ' ',
+          array(
+            $this->newActionButton('retry', $id, pht('Retry')),
+            $this->newActionButton('requeue', $id, pht('Requeue')),
+          )),
+      );
+    }
+
+    $table = id(new AphrontTableView($rows))
+      ->setNoDataString(pht('No task has failed permanently.'))
+      ->setHeaders(
+        array(
+          pht('ID'),
+          pht('Class'),
+          pht('Failures'),
+          pht('Archived'),
+          pht('Actions'),
+        ))
+      ->setColumnClasses(array('n', 'wide pri', 'n', '', 'action'));
+
+    return $this->newBox(pht('Dead Tasks (Failed Permanently)'), $table);
+  }
+
+  private function newActionButton($verb, $id, $label) {
+    return phutil_tag(
+      'a',
+      array(
+        'href' => $this->getApplicationURI('task/'.$verb.'/'.$id.'/'),
+        'class' => 'button button-grey small',
+        'data-gorge-action' => $verb.'-'.$id,
+      ),
+      $label);
+  }
+
+}

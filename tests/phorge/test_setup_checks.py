@@ -1,0 +1,161 @@
+"""The library's setup checks on a switched-over Phorge, and Phorge's own
+daemon console over the tables gorge-taskqueue serves.
+
+* After the switch-over (``phd.taskmasters`` 0, gorge-worker in
+  ``gorge.daemons``) Phorge's "Daemons Are Not Running" is ignored, and no
+  gorge issue is open while the daemons are healthy; with taskmasters
+  configured again (rollback) the stock issue is back.
+* gorge-worker stopped: "gorge-worker Is Not Running Tasks" opens on the next
+  run of the checks (the Setup Issues page runs them on every load; the wait
+  is bounded, never slept); started again: it is gone.
+* ``/daemon/`` lists the tasks gorge completed, leased and left queued."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import treq
+
+from gorge_testing.gorge_stack import QUEUE_TOKEN
+from tests.phorge.console import (
+    get_page,
+    give_tokens,
+    open_issue_keys,
+    person,
+    start_worker,
+    take_tokens_back,
+)
+from tests.phorge.site import wait
+
+pytestmark = [
+    pytest.mark.phorge,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.parametrize("switched", ["conduit"], indirect=True),
+]
+
+STOCK = "daemons.not-running"
+WORKER_DOWN = "gorge.worker.not-running"
+# Phorge's checks run once per web server process otherwise; the Setup
+# Issues page runs them on each load, so a minute is far more than needed.
+WITHIN = 60.0
+
+
+@pytest.fixture(scope="module")
+def console(switched):
+    wait(give_tokens(switched))
+    try:
+        yield switched
+    finally:
+        wait(take_tokens_back(switched))
+
+
+@pytest.fixture(scope="module")
+def admin(console):
+    return wait(person(console, "checkadmin", admin=True))
+
+
+async def test_switched_over_the_stock_daemons_issue_is_replaced_and_rollback_restores_it(
+    console, admin
+):
+    keys = await open_issue_keys(console, admin)
+    assert STOCK not in keys
+    assert [k for k in keys if k.startswith("gorge.")] == []
+
+    # The stock issue is still raised, marked ignored, where an operator
+    # looks for why.
+    code, page = await get_page(console, admin, f"/config/issue/{STOCK}/")
+    assert code == 200
+    assert "Daemons Are Not Running" in page
+
+    console.site.configure({"phd.taskmasters": None})  # rollback: Phorge's default again
+    try:
+        assert STOCK in await open_issue_keys(console, admin)
+    finally:
+        console.site.configure({"phd.taskmasters": 0})
+    assert STOCK not in await open_issue_keys(console, admin)
+
+
+async def test_a_stopped_worker_opens_a_gorge_issue_and_a_started_one_closes_it(console, admin):
+    marker = console.task_marker()
+    done = await console.site.helper(
+        "schedule", taskClass="PhabricatorTestWorker", data={"note": "completed by gorge"}
+    )
+    await console.settled(marker, "a test task")
+
+    await console.gorge.stop("worker")
+    try:
+
+        async def issue_open():
+            return WORKER_DOWN in await open_issue_keys(console, admin)
+
+        await until_async(console, issue_open, "gorge-worker issue open")
+        code, page = await get_page(console, admin, "/config/issue/")
+        assert "gorge-worker Is Not Running Tasks" in page
+        assert STOCK not in await open_issue_keys(console, admin)
+
+        # While nothing leases: one task waiting, one leased through
+        # gorge-taskqueue by a worker-style owner.
+        waiting = await console.site.helper(
+            "schedule", taskClass="PhabricatorTestWorker", data={"note": "waits"}
+        )
+        await console.site.helper(
+            "schedule", taskClass="GorgeConsoleLeasedWorker", data={"note": "leased"}
+        )
+        leased = await lease(console, "GorgeConsoleLeasedWorker")
+
+        code, page = await get_page(console, admin, "/daemon/")
+        assert code == 200
+        completed = page.split("Recently Completed Tasks", 1)[1].split("Active Daemons", 1)[0]
+        assert "PhabricatorTestWorker" in completed
+        leased_part = page.split("Leased Tasks", 1)[1].split("Queued Tasks", 1)[0]
+        assert f"/daemon/task/{leased['id']}/" in leased_part
+        assert "GorgeConsoleLeasedWorker" in leased_part
+        queued_part = page.split("Queued Tasks", 1)[1].split("Next In Queue", 1)[0]
+        assert "PhabricatorTestWorker" in queued_part
+        code, detail = await get_page(console, admin, f"/daemon/task/{done['taskID']}/")
+        assert code == 200 and "PhabricatorTestWorker" in detail
+
+        # gone from the queue so the worker does not run a class that does not exist
+        console.forget_task(leased["id"])
+        console.forget_task(waiting["taskID"])
+    finally:
+        if "worker" not in console.gorge.daemons:
+            await start_worker(console)
+
+    async def issue_closed():
+        return WORKER_DOWN not in await open_issue_keys(console, admin)
+
+    await until_async(console, issue_closed, "gorge-worker issue closed")
+
+
+async def lease(s, task_class: str) -> dict:
+    response = await treq.post(
+        f"http://127.0.0.1:{s.gorge.ports['taskqueue']}/api/queue/lease",
+        json.dumps({"limit": 1, "taskClasses": [task_class]}).encode(),
+        headers={
+            "X-Service-Token": QUEUE_TOKEN,
+            "X-Lease-Owner": "console-test:1:1:gorge-worker",
+            "Content-Type": "application/json",
+        },
+        timeout=30,
+    )
+    body = json.loads(await response.content())
+    assert response.code == 200, body
+    [task] = body["data"]
+    return task
+
+
+async def until_async(s, check, what: str, bound: float = WITHIN) -> None:
+    """``until`` for a check that needs the reactor (a page load)."""
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    deadline = reactor.seconds() + bound
+    while not await check():
+        for process in s.watched:
+            process.require_alive()
+        if reactor.seconds() > deadline:
+            raise AssertionError(f"not reached within {bound:g}s: {what}")
+        await deferLater(reactor, 0.2)
