@@ -52,12 +52,14 @@ class Coalescer(Generic[T, R]):
         """Items waiting for a batch (not counting the one running)."""
         return len(self._pending)
 
-    def submit(self, item: T) -> Deferred[R]:
+    def submit(self, item: T, *, urgent: bool = False) -> Deferred[R]:
+        """``urgent``: someone waits on this item; it goes now, with whatever
+        is pending, unless a batch is running (then right after it)."""
         result: Deferred[R] = Deferred()
         self._pending.append((item, result))
         if self._running:
             return result  # goes when the running batch ends
-        if len(self._pending) >= self._cap:
+        if urgent or len(self._pending) >= self._cap:
             self._start()
         elif self._timer is None:
             self._timer = self._clock.callLater(self._window, self._start)

@@ -4,10 +4,14 @@ Scheduling (gorge/webhook/lines.py): a slot only starts a candidate whose
 hook is idle, so a slow or broken hook never holds more than one slot, and a
 hook's rows go out one at a time and in order. While a slot posts a row it
 already checks and claims the oldest row of another idle hook, and goes on
-with that one; a row dealt with before its POST (retired, skipped, lost)
-lets the slot go on with the next row of the same hook. Each tick replaces
-the lines with fresh candidates; rows not started by then are simply read
-again.
+with that one. With no idle hook (traffic to a few hooks) it keeps to its
+own hook instead: once a POST has succeeded, the row's result is written
+(at once, not after the write window) while the hook's next row is checked
+and claimed, and that row is posted when both are done. A hook's cycle is
+then its POST and one database round trip. A row dealt with before its
+POST (retired, skipped, lost) lets the slot go on with the next row of the
+same hook. Each tick replaces the lines with fresh candidates; rows not
+started by then are simply read again.
 
 The steps of one row are gorge/webhook/delivery.py's up to the POST and
 gorge/webhook/writeback.py's after it.
@@ -211,13 +215,31 @@ class Dispatcher:
                 current = self._lines.continue_after(current, stopping=self._stopping)
                 continue
             # The next row's checks and claim run while this one is posted.
-            upcoming = None
+            upcoming = following = None
             if self._look_ahead and not self._stopping:
                 upcoming = self._lines.take_next()
             if upcoming is not None:
                 ahead = Deferred.fromCoroutine(self._delivery.prepare(upcoming))
-            if not await self._post(claimed, claimed_ahead=claimed_ahead):
+            elif not self._stopping:
+                # No idle hook: this hook's next row, taken now so the hook
+                # stays busy (and this slot's) until it is posted.
+                following = self._lines.take_following(current)
+            posted = await self._post(claimed, claimed_ahead=claimed_ahead, urgent=bool(following))
+            if posted is None:
                 self._lines.release(current)
+            if following is not None:
+                if posted is not None:
+                    written, delivered = posted
+                    if delivered:
+                        # Claimed while the row before it is written; after
+                        # a failure the checks wait for that write (the
+                        # breaker counts it).
+                        ahead = Deferred.fromCoroutine(self._delivery.prepare(following))
+                    # One POST at a time per hook, in order, each after the
+                    # result of the one before is kept.
+                    await written
+                current = following
+                continue
             if upcoming is None and not self._stopping:
                 upcoming = self._lines.take_next()
             current = upcoming
@@ -236,17 +258,23 @@ class Dispatcher:
         self._more_waiting = False
         self._wake()
 
-    async def _post(self, claimed: Claimed, *, claimed_ahead: bool) -> bool:
-        """The POST of a claimed row; True when its result is being written (the row
-        and its hook stay busy until then)."""
+    async def _post(
+        self, claimed: Claimed, *, claimed_ahead: bool, urgent: bool
+    ) -> tuple[Deferred[None], bool] | None:
+        """The POST of a claimed row. Once its result is being written (the row and
+        its hook stay busy until then): the write, which fires when it has ended,
+        and whether the receiver took the request. Else None.
+
+        ``urgent``: a row of the same hook waits for this write, which goes to
+        the database at once instead of after the write window."""
         candidate, hook = claimed.candidate, claimed.hook
         try:
             if claimed_ahead and not self._delivery.claim_still_covers(claimed):
-                return False
+                return None
             attempt, duration = await self._delivery.deliver(claimed)
         except Exception:
             process_failed(candidate)
-            return False
+            return None
         if attempt.aborted:
             self._metrics.deliveries.labels(outcome="abandoned").inc()
             log.warn(
@@ -254,13 +282,16 @@ class Dispatcher:
                 request=candidate.phid,
                 hook=hook.phid,
             )
-            return False
-        self._inflight.track(
-            Deferred.fromCoroutine(
-                self._write_back(candidate, hook.phid, claimed.props, attempt, duration)
-            )
+            return None
+        written = Deferred.fromCoroutine(
+            self._write_back(candidate, hook.phid, claimed.props, attempt, duration, urgent)
         )
-        return True
+        self._inflight.track(written)
+        # A Deferred of the slot's own to wait on: the in-flight tracking
+        # keeps the write's.
+        ended: Deferred[None] = Deferred()
+        written.addBoth(lambda _: ended.callback(None))
+        return ended, attempt.ok
 
     async def _write_back(
         self,
@@ -269,10 +300,13 @@ class Dispatcher:
         props: payload.Properties,
         attempt: Attempt,
         duration: float,
+        urgent: bool = False,
     ) -> None:
         """Step 8, beside the slot: record the attempt, then free the row and its hook."""
         try:
-            await self._results.record(candidate, hook_phid, props, attempt, duration)
+            await self._results.record(
+                candidate, hook_phid, props, attempt, duration, urgent=urgent
+            )
         except Exception:
             process_failed(candidate)
         finally:

@@ -1,10 +1,12 @@
 """The per-hook lines a tick's candidates wait in, and which hooks the slots are working.
 
 A slot only starts a candidate whose hook is idle, so a slow or broken hook
-never holds more than one slot. A hook stays busy until its row's result is
-written, so its rows go out one at a time and in order. Each tick replaces
-the lines with fresh candidates; rows not started by then are simply read
-again.
+never holds more than one slot. A hook stays busy while any of its rows is
+in process: until its row's result is written, and while the slot that posts
+it has already taken the hook's next row to claim ahead
+(:meth:`HookLines.take_following`). So its rows go out one at a time and in
+order. Each tick replaces the lines with fresh candidates; rows not started
+by then are simply read again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class HookLines:
     def __init__(self) -> None:
         self._lines: dict[str, deque[Candidate]] = {}
         self._hooks: dict[str, Hook] = {}
-        self._busy: set[str] = set()
+        # Rows in process per hook: a hook is busy while it has any.
+        self._busy: dict[str, int] = {}
         self._in_process: set[int] = set()
 
     def replace(self, rows: Iterable[Candidate], hooks: dict[str, Hook]) -> None:
@@ -57,21 +60,36 @@ class HookLines:
         """The oldest waiting candidate of any idle hook, marked as being worked."""
         return self._take(self._next_idle())
 
+    def take_following(self, candidate: Candidate) -> Candidate | None:
+        """The next waiting row of ``candidate``'s hook, taken while ``candidate``
+        is still in process (its hook stays busy until both are released): the
+        slot claims it during ``candidate``'s POST and posts it after."""
+        if candidate.id not in self._in_process:
+            return None
+        return self._take(self._next_of_hook(candidate.hook_phid))
+
     def continue_after(self, candidate: Candidate, *, stopping: bool) -> Candidate | None:
         """A row dealt with before its POST: the slot goes on with the next row of the
         same hook, else with the oldest row of any idle hook (none once stopping)."""
-        self._in_process.discard(candidate.id)
         following = None if stopping else self._next_of_hook(candidate.hook_phid)
-        if following is None:
-            self._busy.discard(candidate.hook_phid)
-            if not stopping:
-                following = self._next_idle()
-        return self._take(following)
+        if following is not None:
+            self._take(following)
+        self.release(candidate)
+        if following is None and not stopping:
+            following = self._take(self._next_idle())
+        return following
 
     def release(self, candidate: Candidate) -> None:
-        """The row's result is written (or abandoned): its hook is idle again."""
+        """The row's result is written (or abandoned): its hook is idle again,
+        unless another of its rows is in process."""
+        if candidate.id not in self._in_process:
+            return
         self._in_process.discard(candidate.id)
-        self._busy.discard(candidate.hook_phid)
+        left = self._busy.get(candidate.hook_phid, 0) - 1
+        if left > 0:
+            self._busy[candidate.hook_phid] = left
+        else:
+            self._busy.pop(candidate.hook_phid, None)
 
     def _next_idle(self) -> Candidate | None:
         best: deque[Candidate] | None = None
@@ -85,7 +103,7 @@ class HookLines:
         return line.popleft() if line else None
 
     def _take(self, candidate: Candidate | None) -> Candidate | None:
-        if candidate is not None:
-            self._busy.add(candidate.hook_phid)
+        if candidate is not None and candidate.id not in self._in_process:
+            self._busy[candidate.hook_phid] = self._busy.get(candidate.hook_phid, 0) + 1
             self._in_process.add(candidate.id)
         return candidate

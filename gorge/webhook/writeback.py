@@ -69,8 +69,12 @@ class WriteBack:
         props: payload.Properties,
         attempt: Attempt,
         duration: float,
+        *,
+        urgent: bool = False,
     ) -> None:
-        """The attempt's outcome over the claimed row, then its log line."""
+        """The attempt's outcome over the claimed row, then its log line.
+        ``urgent``: written at once, not after the write window (the hook's
+        next row waits for it)."""
         if attempt.ok:
             status, result, outcome = SENT, RESULT_OKAY, "sent"
         else:
@@ -82,7 +86,7 @@ class WriteBack:
             self._breaker.failed(hook_phid)
         self._note_gone(candidate, hook_phid, attempt)
         written = Outcome(candidate, status, result, properties)
-        changed = await self._write(candidate, lambda: self._writes.submit(written))
+        changed = await self._write(candidate, lambda: self._writes.submit(written, urgent=urgent))
         if changed is None:
             return
         self._metrics.deliveries.labels(outcome=outcome).inc()

@@ -325,3 +325,16 @@ async def test_a_row_claimed_ahead_is_posted_only_while_its_lease_covers_an_atte
     )
     (expired,) = captured_log.named("WEBHOOK_CLAIM_EXPIRED")
     assert expired["request"] == row["phid"] and expired["waited"] == 15
+
+
+def test_an_urgent_item_goes_at_once_with_what_is_pending():
+    clock, flushes = task.Clock(), Flushes()
+    writer: Coalescer[str, str] = Coalescer(flushes, clock, window=0.003, cap=10)
+    writer.submit("a")
+    writer.submit("b", urgent=True)  # someone waits on it: no window
+    assert flushes.batches == [["a", "b"]]
+    writer.submit("c", urgent=True)  # a batch runs: right after it
+    assert flushes.batches == [["a", "b"]]
+    flushes.answer(0)
+    assert flushes.batches == [["a", "b"], ["c"]]
+    assert clock.getDelayedCalls() == []

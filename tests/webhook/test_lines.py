@@ -73,3 +73,22 @@ def test_dropping_a_hook_forgets_its_waiting_rows_only():
     assert lines.waiting() == 1
     lines.clear()
     assert lines.waiting() == 0 and lines.take_next() is None
+
+
+def test_a_hooks_following_row_keeps_the_hook_busy_until_both_are_released():
+    lines = HookLines()
+    lines.replace([candidate(1, "a"), candidate(2, "a"), candidate(3, "a")], {})
+    first = lines.take_next()
+    following = lines.take_following(first)
+    assert following.id == 2
+    lines.release(first)
+    assert lines.take_next() is None  # row 2 still holds the hook
+    lines.release(following)
+    assert lines.take_next().id == 3
+
+
+def test_only_a_row_in_process_has_a_following_row():
+    lines = HookLines()
+    lines.replace([candidate(1, "a"), candidate(2, "a")], {})
+    assert lines.take_following(candidate(1, "a")) is None
+    assert lines.waiting() == 2
