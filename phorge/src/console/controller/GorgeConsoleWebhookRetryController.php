@@ -24,7 +24,11 @@ final class GorgeConsoleWebhookRetryController
     if ($request->isFormPost()) {
       $request_id = GorgeDaemon::newActorRequestID($viewer);
       $future = $webhook->newFuture(
-        'POST', '/api/webhook/requests/'.$id.'/retry', array(), array())
+        'POST',
+        '/api/webhook/requests/'.$id.'/retry',
+        array(),
+        // "{}": the route takes an empty object, not a list.
+        new stdClass())
         ->addHeader('X-Request-Id', $request_id);
       $answer = GorgeDaemonAnswer::newFromFuture($future);
 

@@ -1,0 +1,229 @@
+"""The gorge console at /gorge/ in a headless Chromium (Debian's
+``chromium``, driven by Playwright with the system browser): an
+administrator sees a dead task and a failed webhook request this test made,
+requeues and retries them from the page, and the rows change in Phorge's
+tables; the daemons log who acted; a non-administrator gets Phorge's access
+denied page; no page carries a daemon's token."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from twisted.internet.threads import deferToThread
+
+from tests.phorge.console import (
+    TOKENS,
+    Person,
+    give_tokens,
+    person,
+    start_worker,
+    take_tokens_back,
+)
+from tests.phorge.site import wait
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.phorge,
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.parametrize("switched", ["conduit"], indirect=True),
+    pytest.mark.skipif(
+        not CHROMIUM.exists() or shutil.which("chromium") is None,
+        reason="no /usr/bin/chromium (scripts/install-deps.sh installs Debian's chromium)",
+    ),
+]
+
+DEAD_CLASS = "GorgeConsoleNoSuchWorker"  # worker.execute fails it for good
+FAILURE = 1
+BROWSER_TIMEOUT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def console(switched):
+    wait(give_tokens(switched))
+    try:
+        yield switched
+    finally:
+        wait(take_tokens_back(switched))
+
+
+def browse(base: str, admin: Person, member: Person, dead: list[int], request_id: int) -> dict:
+    """The browser's part, in a thread of its own (Playwright's sync API
+    blocks): returns what it saw."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict = {"sources": {}}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+
+            def page_for(who: Person):
+                context = browser.new_context()
+                context.add_cookies([{"name": "phsid", "value": who.session, "url": base + "/"}])
+                page = context.new_page()
+                page.set_default_timeout(BROWSER_TIMEOUT_MS)
+                return page
+
+            page = page_for(admin)
+
+            def visit(path: str) -> None:
+                response = page.goto(base + path)
+                assert response is not None and response.status == 200, (path, response)
+                seen["sources"][path] = page.content()
+
+            def act(selector: str, path_after: str) -> None:
+                page.click(selector)
+                page.wait_for_selector("button[name=__submit__]")
+                seen["sources"][page.url] = page.content()
+                with page.expect_navigation():
+                    page.click("button[name=__submit__]")
+                # A refused action shows the dialog again, with the daemon's error.
+                assert page.url == base + path_after, page.inner_text("body")[:3000]
+                seen["sources"][page.url + "#after"] = page.content()
+
+            visit("/gorge/")
+            seen["overview"] = page.inner_text("body")
+            visit("/gorge/tasks/")
+            seen["tasks"] = page.inner_text("body")
+            act(f'[data-gorge-action="requeue-{dead[0]}"]', "/gorge/tasks/")
+            act(f'[data-gorge-action="retry-{dead[1]}"]', "/gorge/tasks/")
+            visit("/gorge/webhooks/")
+            seen["webhooks"] = page.inner_text("body")
+            act(f'[data-gorge-action="retry-webhook-{request_id}"]', "/gorge/webhooks/")
+            visit("/gorge/mail/")
+
+            outsider = page_for(member)
+            response = outsider.goto(base + "/gorge/")
+            assert response is not None
+            seen["member_page"] = outsider.inner_text("body")
+            seen["sources"]["/gorge/ (member)"] = outsider.content()
+        finally:
+            browser.close()
+    return seen
+
+
+async def test_an_administrator_requeues_and_retries_from_the_console(console):
+    s = console
+    admin = await person(s, "consoleadmin", admin=True)
+    member = await person(s, "consolemember", admin=False)
+
+    # Two tasks gorge-worker fails for good (no such class in PHP).
+    dead = [
+        (await s.site.helper("schedule", taskClass=DEAD_CLASS, data={"n": n}))["taskID"]
+        for n in (1, 2)
+    ]
+    await s.until(lambda: all(s.archived(i) for i in dead), "both dead tasks archived")
+    assert [s.archived(i)["result"] for i in dead] == [FAILURE, FAILURE]
+
+    # A webhook request that fails once and, retried never, ends "failed".
+    [hook] = (
+        await s.site.helper(
+            "hooks",
+            author="gorge-worker",
+            name="console",
+            count=1,
+            uri=s.receiver.base + "/status/500",
+        )
+    )["hookPHIDs"]
+    obj = await s.site.helper("maniphest-task", author="gorge-worker", title="console hook")
+    await s.site.helper(
+        "webhook-batch",
+        hookPHIDs=[hook],
+        count=1,
+        objectPHID=obj["phid"],
+        transactionPHIDs=obj["transactionPHIDs"],
+        retryMode="never",
+    )
+
+    def failed_request():
+        rows = s.site.rows(
+            "herald",
+            "SELECT * FROM herald_webhookrequest WHERE webhookPHID = %s AND status = 'failed'",
+            hook,
+        )
+        return rows[0] if rows else None
+
+    request = await s.until(failed_request, "the webhook request failed")
+    # The receiver is fixed before the retry: the replay is then delivered.
+    s.site.execute(
+        "herald",
+        "UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
+        s.receiver.base + "/console-ok",
+        hook,
+    )
+
+    # Nothing leases while the browser acts, so the rows stay as it left them.
+    marker = s.task_marker()
+    await s.gorge.stop("worker")
+    try:
+        seen = await deferToThread(browse, s.site.base_uri, admin, member, dead, request["id"])
+
+        # What the administrator saw.
+        assert "gorge-taskqueue" in seen["overview"] and "Task Queue" in seen["overview"]
+        assert DEAD_CLASS in seen["tasks"]
+        assert "console 0" in seen["webhooks"] and "http/500" in seen["webhooks"]
+
+        # Requeue: a new active task from the first; its archive row stays.
+        [requeued] = [r for r in s.tasks_since(marker) if r["taskClass"] == DEAD_CLASS]
+        assert requeued["table"] == "worker_activetask"
+        assert requeued["failureCount"] == 0 and requeued["leaseOwner"] is None
+        assert s.archived(dead[0])["result"] == FAILURE
+        # Retry: the second is active again under its own id.
+        retried = s.task(dead[1])
+        assert retried["table"] == "worker_activetask" and retried["failureCount"] == 0
+
+        # Phorge's activity log and the daemons' logs name the administrator.
+        logs = (await s.site.helper("user-logs", action="gorge-console"))["logs"]
+        mine = [entry for entry in logs if entry["actorPHID"] == admin.phid]
+        assert sorted(e["details"]["action"] for e in mine) == [
+            "requeue",
+            "retry",
+            "retry-webhook-request",
+        ]
+        assert all(e["details"]["outcome"] == "done" for e in mine)
+        actor = f"request_id=phorge:{admin.username}:"
+        queue_log = s.gorge.daemons["taskqueue"].log_text()
+        assert any(
+            "TASKQUEUE_TASK_REQUEUED" in line and actor in line for line in queue_log.splitlines()
+        )
+        assert any(
+            "TASKQUEUE_TASK_RETRIED" in line and actor in line for line in queue_log.splitlines()
+        )
+
+        # The non-administrator: Phorge's own access denied page.
+        # (Phorge answers a policy rejection with its dialog, status 200.)
+        denied = seen["sources"]["/gorge/ (member)"]
+        assert "aphront-access-dialog" in denied
+        assert "<title>You Shall Not Pass: Restricted Application</title>" in denied
+        assert "gorge-taskqueue" not in seen["member_page"]
+
+        # No page the browser got carries a token.
+        for where, source in seen["sources"].items():
+            for name, token in TOKENS.items():
+                assert token not in source, f"{name}'s token in the page source of {where}"
+    finally:
+        for row in s.tasks_since(marker):
+            if row["table"] == "worker_activetask":
+                s.forget_task(row["id"])
+        s.forget_task(dead[1])
+        if "worker" not in s.gorge.daemons:
+            await start_worker(s)
+
+    # The replayed request is delivered to the fixed receiver, once.
+    def sent():
+        row = s.site.rows(
+            "herald", "SELECT * FROM herald_webhookrequest WHERE id = %s", request["id"]
+        )[0]
+        return row if row["status"] == "sent" else None
+
+    row = await s.until(sent, "the retried webhook request delivered")
+    assert row["lastRequestResult"] == "okay"
+    assert s.receiver.count("/console-ok") == 1
+    webhook_log = s.gorge.daemons["webhook"].log_text()
+    assert any(
+        "WEBHOOK_REQUEST_REPLAYED" in line and f"request_id=phorge:{admin.username}:" in line
+        for line in webhook_log.splitlines()
+    )
