@@ -19,6 +19,7 @@ import treq
 
 from gorge_testing.gorge_stack import QUEUE_TOKEN
 from tests.phorge.console import (
+    daemons_setting,
     get_page,
     give_tokens,
     open_issue_keys,
@@ -75,6 +76,34 @@ async def test_switched_over_the_stock_daemons_issue_is_replaced_and_rollback_re
     finally:
         console.site.configure({"phd.taskmasters": 0})
     assert STOCK not in await open_issue_keys(console, admin)
+
+
+async def test_a_refused_token_and_a_mailer_out_of_cluster_mailers_are_issues(console, admin):
+    good = daemons_setting(console)
+    wrong_token = {**good, "webhook": {**good["webhook"], "token": "not-the-token"}}
+    console.site.configure({"gorge.daemons": wrong_token})
+    try:
+        keys = await open_issue_keys(console, admin)
+        assert "gorge.daemon.webhook.version" in keys
+        code, page = await get_page(console, admin, "/config/issue/gorge.daemon.webhook.version/")
+        assert "refused the service token" in page
+        assert "not-the-token" not in page
+
+        elsewhere = {**good, "mailer": {**good["mailer"], "uri": "http://127.0.0.1:9"}}
+        console.site.configure({"gorge.daemons": elsewhere})
+        keys = await open_issue_keys(console, admin)
+        assert "gorge.mailer.uri-mismatch" in keys
+        assert "gorge.daemon.mailer" in keys  # nothing listens on port 9
+
+        mailers = console.site.config["cluster.mailers"]
+        console.site.configure({"gorge.daemons": good, "cluster.mailers": None})
+        try:
+            assert "gorge.mailer.not-in-cluster-mailers" in await open_issue_keys(console, admin)
+        finally:
+            console.site.configure({"cluster.mailers": mailers})
+    finally:
+        console.site.configure({"gorge.daemons": good})
+    assert [k for k in await open_issue_keys(console, admin) if k.startswith("gorge.")] == []
 
 
 async def test_a_stopped_worker_opens_a_gorge_issue_and_a_started_one_closes_it(console, admin):

@@ -131,7 +131,7 @@ final class GorgeDaemonsSetupCheck extends PhabricatorSetupCheck {
       $what = pht('gorge-worker is not ready: %s', $problem);
     } else {
       $what = pht(
-        'gorge-worker at %s does not answer (%s)',
+        'gorge-worker at %s: %s',
         $daemon->getDisplayURI(),
         $problem);
     }

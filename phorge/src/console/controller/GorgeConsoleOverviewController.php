@@ -67,7 +67,7 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
           pht('API Version'),
           pht('Uptime'),
         ))
-      ->setColumnClasses(array('pri', '', 'wide', '', ''));
+      ->setColumnClasses(array('pri', '', 'wide wrap', '', ''));
 
     return $this->newBox(pht('Daemons'), $table);
   }

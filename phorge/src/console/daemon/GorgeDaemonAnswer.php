@@ -24,7 +24,7 @@ final class GorgeDaemonAnswer extends Phobject {
       $answer->httpStatus = (int)$status->getStatusCode();
     } else {
       // cURL's own failure: refused, timed out, unresolvable.
-      $answer->transportError = $status->getMessage();
+      $answer->transportError = self::describeTransportFailure($status);
       return $answer;
     }
 
@@ -38,6 +38,29 @@ final class GorgeDaemonAnswer extends Phobject {
     }
     $answer->body = $decoded;
     return $answer;
+  }
+
+  /**
+   * A short cause: cURL's own messages are paragraphs, and name the URI,
+   * which the page shows beside it anyway.
+   */
+  private static function describeTransportFailure(
+    HTTPFutureResponseStatus $status) {
+
+    if ($status instanceof HTTPFutureCURLResponseStatus) {
+      $code = $status->getStatusCode();
+      $causes = array(
+        CURLE_COULDNT_CONNECT => pht('connection refused'),
+        CURLE_OPERATION_TIMEOUTED => pht('timed out'),
+        CURLE_COULDNT_RESOLVE_HOST => pht('host not found'),
+        CURLE_SSL_CONNECT_ERROR => pht('TLS handshake failed'),
+      );
+      return idx($causes, $code, pht('cURL error %d', $code));
+    }
+    if ($status->isTimeout()) {
+      return pht('timed out');
+    }
+    return pht('transport error %s', $status->getStatusCode());
   }
 
   public function isReachable() {
