@@ -7,12 +7,15 @@ denied page; no page carries a daemon's token."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import treq
 from twisted.internet.threads import deferToThread
 
+from gorge_testing.gorge_stack import QUEUE_TOKEN
 from tests.phorge.console import (
     TOKENS,
     Person,
@@ -38,6 +41,9 @@ pytestmark = [
 
 DEAD_CLASS = "GorgeConsoleNoSuchWorker"  # worker.execute fails it for good
 FAILURE = 1
+CANCELLED = 2
+WAITING_CLASS = "GorgeConsoleWaitingWorker"  # never leased: the worker is stopped
+NEW_PRIORITY = 1234
 BROWSER_TIMEOUT_MS = 60_000
 
 
@@ -50,7 +56,9 @@ def console(switched):
         wait(take_tokens_back(switched))
 
 
-def browse(base: str, admin: Person, member: Person, dead: list[int], request_id: int) -> dict:
+def browse(
+    base: str, admin: Person, member: Person, dead: list[int], request_id: int, active: dict
+) -> dict:
     """The browser's part, in a thread of its own (Playwright's sync API
     blocks): returns what it saw."""
     from playwright.sync_api import sync_playwright
@@ -90,6 +98,13 @@ def browse(base: str, admin: Person, member: Person, dead: list[int], request_id
             seen["tasks"] = page.inner_text("body")
             act(f'[data-gorge-action="requeue-{dead[0]}"]', "/gorge/tasks/")
             act(f'[data-gorge-action="retry-{dead[1]}"]', "/gorge/tasks/")
+            act(f'[data-gorge-action="free-{active["free"]}"]', "/gorge/tasks/")
+            act(f'[data-gorge-action="cancel-{active["cancel"]}"]', "/gorge/tasks/")
+            page.click(f'[data-gorge-action="priority-{active["priority"]}"]')
+            page.fill("input[name=priority]", str(NEW_PRIORITY))
+            with page.expect_navigation():
+                page.click("button[name=__submit__]")
+            assert page.url == base + "/gorge/tasks/", page.inner_text("body")[:3000]
             visit("/gorge/webhooks/")
             seen["webhooks"] = page.inner_text("body")
             act(f'[data-gorge-action="retry-webhook-{request_id}"]', "/gorge/webhooks/")
@@ -159,7 +174,18 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
     marker = s.task_marker()
     await s.gorge.stop("worker")
     try:
-        seen = await deferToThread(browse, s.site.base_uri, admin, member, dead, request["id"])
+        active = {
+            verb: (await s.site.helper("schedule", taskClass=WAITING_CLASS, data={"v": verb}))[
+                "taskID"
+            ]
+            for verb in ("free", "cancel", "priority")
+        }
+        [held] = await lease(s, WAITING_CLASS, limit=1)
+        assert held["id"] == active["free"]
+
+        seen = await deferToThread(
+            browse, s.site.base_uri, admin, member, dead, request["id"], active
+        )
 
         # What the administrator saw.
         assert "gorge-taskqueue" in seen["overview"] and "Task Queue" in seen["overview"]
@@ -167,6 +193,12 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
         assert "console 0" in seen["webhooks"] and "http/500" in seen["webhooks"]
 
         # Requeue: a new active task from the first; its archive row stays.
+        # Free, cancel, priority on waiting and leased tasks.
+        freed = s.task(active["free"])
+        assert freed["table"] == "worker_activetask" and freed["leaseOwner"] is None
+        assert s.archived(active["cancel"])["result"] == CANCELLED
+        assert s.task(active["priority"])["priority"] == NEW_PRIORITY
+
         [requeued] = [r for r in s.tasks_since(marker) if r["taskClass"] == DEAD_CLASS]
         assert requeued["table"] == "worker_activetask"
         assert requeued["failureCount"] == 0 and requeued["leaseOwner"] is None
@@ -179,6 +211,9 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
         logs = (await s.site.helper("user-logs", action="gorge-console"))["logs"]
         mine = [entry for entry in logs if entry["actorPHID"] == admin.phid]
         assert sorted(e["details"]["action"] for e in mine) == [
+            "cancel",
+            "free",
+            "priority",
             "requeue",
             "retry",
             "retry-webhook-request",
@@ -227,3 +262,21 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
         "WEBHOOK_REQUEST_REPLAYED" in line and f"request_id=phorge:{admin.username}:" in line
         for line in webhook_log.splitlines()
     )
+
+
+async def lease(s, task_class: str, limit: int) -> list[dict]:
+    """Lease through gorge-taskqueue as a worker would (owner ends in
+    ``:gorge-worker``)."""
+    response = await treq.post(
+        f"http://127.0.0.1:{s.gorge.ports['taskqueue']}/api/queue/lease",
+        json.dumps({"limit": limit, "taskClasses": [task_class]}).encode(),
+        headers={
+            "X-Service-Token": QUEUE_TOKEN,
+            "X-Lease-Owner": "console-test:1:1:gorge-worker",
+            "Content-Type": "application/json",
+        },
+        timeout=30,
+    )
+    body = json.loads(await response.content())
+    assert response.code == 200, body
+    return body["data"]

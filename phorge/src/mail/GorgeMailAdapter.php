@@ -5,6 +5,13 @@
  * (`POST {uri}/api/mailer/send`) and turns its answer into the outcome
  * Phorge acts on.
  *
+ * Every mail carries an `Idempotency-Key`: the PHID of its
+ * PhabricatorMetaMTAMail, which stays the same when Phorge retries the mail
+ * (the body does not: Phorge stamps a fresh X-Phabricator-Send-Attempt into
+ * it each time). gorge-mailer answers a repeated key with the outcome of its
+ * first send instead of sending again, so a retry after an answer that was
+ * lost (a timeout, a dropped connection) delivers nothing twice.
+ *
  * Example `cluster.mailers` entry:
  *
  *   {
@@ -23,6 +30,8 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
 
   const SEND_PATH = '/api/mailer/send';
   const DEFAULT_TIMEOUT = 30;
+  const IDEMPOTENCY_HEADER = 'Idempotency-Key';
+  const MAIL_ID_HEADER = 'X-Phabricator-Mail-ID';
 
   public function getSupportedMessageTypes() {
     return array(
@@ -101,9 +110,44 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
       $future->addHeader('X-Service-Token', $token);
     }
 
+    $key = $this->newIdempotencyKey($message);
+    if ($key !== null) {
+      $future->addHeader(self::IDEMPOTENCY_HEADER, $key);
+    }
+
     list($status, $response_body) = $future->resolve();
 
     $this->interpretAnswer($uri, $status, $response_body);
+  }
+
+  /**
+   * The PHID of the mail this message was built from, found through the
+   * mail ID Phorge writes into its headers; null for a message that names no
+   * stored mail (it is then sent without a key, as before).
+   */
+  private function newIdempotencyKey(PhabricatorMailExternalMessage $message) {
+    if (!($message instanceof PhabricatorMailEmailMessage)) {
+      return null;
+    }
+
+    $mail_id = null;
+    foreach ($message->getHeaders() as $header) {
+      $name = phutil_utf8_strtolower((string)$header->getName());
+      if ($name === phutil_utf8_strtolower(self::MAIL_ID_HEADER)) {
+        $mail_id = (string)$header->getValue();
+      }
+    }
+
+    if ($mail_id === null || !ctype_digit($mail_id)) {
+      return null;
+    }
+
+    $mail = id(new PhabricatorMetaMTAMail())->load((int)$mail_id);
+    if (!$mail || !phutil_nonempty_string($mail->getPHID())) {
+      return null;
+    }
+
+    return $mail->getPHID();
   }
 
   private function interpretAnswer(
@@ -112,9 +156,10 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
     $response_body) {
 
     if (!($status instanceof HTTPFutureHTTPResponseStatus)) {
-      // No HTTP answer at all (refused, reset, timed out): nothing was
-      // accepted that we know of, so Phorge may try its next mailer and
-      // retry later.
+      // No HTTP answer at all (refused, reset, timed out): Phorge may try
+      // its next mailer and retry later. gorge-mailer may have sent the mail
+      // meanwhile; the retry carries the same Idempotency-Key, so it is
+      // answered with that send's outcome instead of being sent again.
       throw new Exception(
         pht(
           'gorge-mailer at "%s" did not answer: %s',

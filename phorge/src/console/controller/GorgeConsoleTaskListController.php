@@ -15,6 +15,10 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
       pht('Leased Tasks'),
       pht('No task is leased.'),
       $this->loadLeasedTasks());
+    $content[] = $this->buildActiveBox(
+      pht('Next in Queue'),
+      pht('No task is waiting.'),
+      $this->loadWaitingTasks());
 
     $queue = GorgeDaemon::loadDaemon(GorgeDaemon::TASKQUEUE);
     if ($queue) {
@@ -80,6 +84,13 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
       'leaseOwner IS NOT NULL AND leaseExpires >= %d
         ORDER BY leaseExpires LIMIT %d',
       PhabricatorTime::getNow(),
+      self::LIST_LIMIT);
+  }
+
+  private function loadWaitingTasks() {
+    // key_owner (leaseOwner, priority, id) reads these in lease order.
+    return id(new PhabricatorWorkerActiveTask())->loadAllWhere(
+      'leaseOwner IS NULL ORDER BY priority, id LIMIT %d',
       self::LIST_LIMIT);
   }
 
