@@ -51,6 +51,9 @@ switch ($command) {
       'keys' => PhabricatorSetupCheck::getOpenSetupIssueKeysFromDatabase(),
     );
     break;
+  case 'validate-option':
+    $result = gorge_test_validate_option($args);
+    break;
   case 'user-logs':
     $result = gorge_test_user_logs($args);
     break;
@@ -377,4 +380,23 @@ function gorge_test_user_logs(array $args) {
     );
   }
   return array('logs' => $result);
+}
+
+// What Phorge's own validation (bin/config set, the repair of a bad stored
+// value) says of a value for an option, and whether the option is locked
+// and hidden.
+function gorge_test_validate_option(array $args) {
+  $options = PhabricatorApplicationConfigOptions::loadAllOptions();
+  $option = $options[$args['key']];
+  $error = null;
+  try {
+    $option->getGroup()->validateOption($option, $args['value']);
+  } catch (PhabricatorConfigValidationException $ex) {
+    $error = $ex->getMessage();
+  }
+  return array(
+    'error' => $error,
+    'locked' => (bool)$option->getLocked(),
+    'hidden' => (bool)$option->getHidden(),
+  );
 }

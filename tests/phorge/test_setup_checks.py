@@ -19,6 +19,7 @@ import treq
 
 from gorge_testing.gorge_stack import QUEUE_TOKEN
 from tests.phorge.console import (
+    TOKENS,
     daemons_setting,
     get_page,
     give_tokens,
@@ -76,6 +77,35 @@ async def test_switched_over_the_stock_daemons_issue_is_replaced_and_rollback_re
     finally:
         console.site.configure({"phd.taskmasters": 0})
     assert STOCK not in await open_issue_keys(console, admin)
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ({"queue": {"uri": "http://127.0.0.1:8090"}}, 'unknown daemon "queue"'),
+        ({"worker": {"uri": "127.0.0.1:8170"}}, "gorge.daemons.worker.uri must be"),
+        ({"worker": {"uri": "http://127.0.0.1:8170/api"}}, "no path"),
+        ({"mailer": {"uri": "http://h", "token": 7}}, "token must be a string"),
+        ({"mailer": {"uri": "http://h", "tokn": "x"}}, 'unknown key "tokn"'),
+        (["http://h"], 'unknown daemon "0"'),
+        ({"taskqueue": {"uri": "https://queue.example:8090/", "token": "t"}}, None),
+    ],
+)
+async def test_the_daemons_option_is_locked_hidden_and_validated(console, value, error):
+    answer = await console.site.helper("validate-option", key="gorge.daemons", value=value)
+    assert answer["locked"] and answer["hidden"]
+    if error is None:
+        assert answer["error"] is None
+    else:
+        assert error in (answer["error"] or "")
+
+
+async def test_the_options_page_shows_no_token(console, admin):
+    code, page = await get_page(console, admin, "/config/edit/gorge.daemons/")
+    assert code == 200
+    assert "gorge.daemons" in page
+    for token in TOKENS.values():
+        assert token not in page
 
 
 async def test_a_refused_token_and_a_mailer_out_of_cluster_mailers_are_issues(console, admin):
