@@ -367,6 +367,9 @@ class HttpSettings:
     # Whether it lets debug lines through: the REQUEST line of routine worker
     # traffic (gorge.web, build_site's ``quiet_paths``) is one of them.
     debug_log: bool = False
+    # GORGE_HTTP_FAST: hot routes answered by gorge's own channel (llhttp's
+    # parser) rather than twisted.web's; off is the way out if it misbehaves.
+    fast: bool = True
 
 
 def load_http_settings(
@@ -377,7 +380,8 @@ def load_http_settings(
     listen_override: str | None = None,
     legacy_names: bool = False,
 ) -> HttpSettings:
-    """``GORGE_LISTEN_ADDR``, ``GORGE_SERVICE_TOKEN`` and ``GORGE_BODY_LIMIT``.
+    """``GORGE_LISTEN_ADDR``, ``GORGE_SERVICE_TOKEN``, ``GORGE_BODY_LIMIT`` and
+    ``GORGE_HTTP_FAST``.
 
     ``listen_override`` comes from the twistd ``--listen`` option and wins
     over the environment. ``legacy_names`` accepts the bare ``LISTEN_ADDR`` /
@@ -404,6 +408,7 @@ def load_http_settings(
         body_limit=limit,
         access_log=_logs_at(env.str("GORGE_LOG_LEVEL", "info"), "info"),
         debug_log=_logs_at(env.str("GORGE_LOG_LEVEL", "info"), "debug"),
+        fast=env.bool("GORGE_HTTP_FAST", True),
     )
 
 

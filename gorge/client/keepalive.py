@@ -5,24 +5,24 @@ Twisted's ``Agent`` builds a request object, a header map, a body producer,
 a response object with its own body protocol and a pooled-connection record
 for every exchange: about 0.7 ms of CPU per request, most of what a webhook
 delivery cost. Here a request is one write of bytes and the answer one
-incremental parse (:class:`ResponseParser`) on a connection kept per origin
+incremental parse by llhttp (:class:`ResponseParser`) on a connection kept per origin
 (:class:`ConnectionPool`).
 
 An exchange ends with what :mod:`gorge.httpclient` says for the other
 senders: a :class:`~gorge.httpclient.Reply`, or a
 :class:`~gorge.httpclient.TransportFailure` whose :class:`~gorge.httpclient.Cause`
 each caller maps to its own vocabulary. The framing rules are HTTP/1.1's
-(RFC 9112): no body after 1xx, 204 and 304; chunked when the last transfer
-coding is ``chunked``; else ``Content-Length``; else the body ends when the
-connection does. Interim 1xx answers are skipped. A connection is reused only
+(RFC 9112), as llhttp applies them: no body after 1xx, 204 and 304; chunked
+when the last transfer coding is ``chunked``; else ``Content-Length``; else
+the body ends when the connection does. Interim 1xx answers are skipped. A connection is reused only
 after an HTTP/1.1 answer without ``Connection: close`` whose end was framed."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable
 from typing import Any, cast
 
+import httptools
 from twisted.internet import error
 from twisted.internet.defer import Deferred, DeferredList, fail
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
@@ -45,10 +45,6 @@ __all__ = [
 MAX_HEAD = 64 * 1024
 #: An idle connection is closed after this long (Twisted's pool keeps 240 s).
 IDLE_TIMEOUT = 240.0
-
-_STATUS_CODE = re.compile(rb"[0-9]{3}")
-_VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
-_HEX_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 #: Opens a connection for the pool: ``connect(factory)`` fires with the protocol
 #: the factory built (an endpoint's ``connect``).
@@ -73,26 +69,43 @@ def host_line(netloc: str, scheme: str, port: int) -> str:
 
 # ---------------------------------------------------------------- the answer
 
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+_HEAD, _BODY, _DONE = range(3)
+
+
+class _Extra(Exception):
+    """Raised in llhttp's callback when a second answer begins: the bytes
+    after the end of the answer stop the parse."""
 
 
 class ResponseParser:
-    """One answer, fed in whatever pieces the connection delivers.
+    """One answer, fed in whatever pieces the connection delivers, and read by
+    llhttp (through ``httptools``).
 
     :meth:`feed` returns True once the answer is complete; :meth:`lost` says
     what a connection that ended before that leaves the caller with.
+
+    As a client reads answers (RFC 9112), obsolete line folding and a bare LF
+    are accepted; an answer framed two ways (``Transfer-Encoding`` beside
+    ``Content-Length``, or two different lengths) is refused, as a server
+    sending it may be trying to split answers.
     """
 
     def __init__(self, keep: int | None = None) -> None:
         """``keep``: body bytes kept for :meth:`reply` (one more raises
-        :class:`~gorge.httpclient.BodyTooLarge`); None keeps none."""
+        :class:`~gorge.httpclient.BodyTooLarge`, as soon as the head declares
+        a longer body); None keeps none."""
         self._keep = keep
         self._parts: list[bytes] = []
         self._kept = 0
-        self._buffer = b""
         self._state = _HEAD
         self._head_bytes = 0
-        self._remaining = 0  # body bytes, or bytes of the current chunk
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._interim = False
+        self._until_close = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._parser.set_dangerous_leniencies(
+            lenient_headers=True, lenient_optional_cr_before_lf=True
+        )
         self.got_bytes = False
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -106,14 +119,6 @@ class ResponseParser:
     def reply(self) -> Reply:
         return Reply(self.status, self.headers, b"".join(self._parts))
 
-    def _body(self, data: bytes) -> None:
-        if self._keep is None or not data:
-            return
-        self._kept += len(data)
-        if self._kept > self._keep:
-            raise BodyTooLarge(self._keep)
-        self._parts.append(data)
-
     def feed(self, data: bytes) -> bool:
         """Take the next bytes; True when the answer is complete.
 
@@ -126,158 +131,90 @@ class ResponseParser:
         if self._state == _DONE:
             self.extra = True
             return True
-        if self._buffer:
-            data = self._buffer + data
-            self._buffer = b""
-        position = 0
-        while position < len(data) or self._state == _DONE:
-            state = self._state
-            if state == _DONE:
-                if position < len(data):
-                    self.extra = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            # A 101: the answer ends with its head; what follows is not ours.
+            self._state = _DONE
+            self.extra = self.extra or int(upgrade.args[0]) < len(data)
+        except httptools.HttpParserCallbackError as e:
+            cause = e.__context__
+            if isinstance(cause, _Extra):
                 return True
-            if state == _HEAD:
-                position = self._read_head(data, position)
-                if position < 0:
-                    return False
-            elif state == _LENGTH or state == _CHUNK_DATA:
-                position = self._counted(data, position)
-                if not self._remaining:
-                    self._state = _DONE if state == _LENGTH else _CHUNK_END
-            elif state == _UNTIL_CLOSE:
-                self._body(data[position:])
-                return False
-            else:
-                line_end = data.find(b"\n", position)
-                if line_end < 0:
-                    self._hold(data[position:])
-                    return False
-                line = data[position:line_end].rstrip(b"\r")
-                position = line_end + 1
-                self._chunk_line(line)
-        return self._state == _DONE
-
-    def _counted(self, data: bytes, position: int) -> int:
-        """Body bytes of a known length (the body's, or a chunk's) from
-        ``position``; the position after them."""
-        taken = min(self._remaining, len(data) - position)
-        self._body(data[position : position + taken])
-        self._remaining -= taken
-        return position + taken
-
-    def _hold(self, rest: bytes) -> None:
-        if len(rest) > MAX_HEAD:
-            raise MalformedResponse("a line longer than the limit")
-        self._buffer = rest
-
-    def _read_head(self, data: bytes, position: int) -> int:
-        """Header lines from ``position``; the position after the head, or -1
-        when more bytes are needed (what is left is kept)."""
-        while True:
-            line_end = data.find(b"\n", position)
-            if line_end < 0:
-                rest = data[position:]
-                if self._head_bytes + len(rest) > MAX_HEAD:
-                    raise MalformedResponse("response head over the limit")
-                self._buffer = rest
-                return -1
-            self._head_bytes += line_end + 1 - position
+            if isinstance(cause, (MalformedResponse, BodyTooLarge)):
+                raise cause from None
+            raise MalformedResponse(f"{e}: {cause!r}") from cause
+        except httptools.HttpParserError as e:
+            raise MalformedResponse(str(e)) from None
+        if self._state == _HEAD:
+            self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD:
                 raise MalformedResponse("response head over the limit")
-            line = data[position:line_end].rstrip(b"\r")
-            position = line_end + 1
-            if not self.status:
-                self._status_line(line)
-            elif line:
-                self._header_line(line)
-            else:
-                self._end_of_head()
-                if self._state != _HEAD:
-                    return position
+        return self._state == _DONE
 
-    def _status_line(self, line: bytes) -> None:
-        parts = line.split(b" ", 2)
-        if len(parts) < 2:
-            raise MalformedResponse(f"bad status line {line[:80]!r}")
-        version = _VERSION.fullmatch(parts[0])
-        if version is None or not _STATUS_CODE.fullmatch(parts[1]):
-            raise MalformedResponse(f"bad status line {line[:80]!r}")
-        self._version = (int(version.group(1)), int(version.group(2)))
-        self.status = int(parts[1])
-        if self.status < 100:
-            raise MalformedResponse(f"bad status code {self.status}")
-        self._fields: list[tuple[str, str]] = []
+    # -- llhttp's callbacks
 
-    def _header_line(self, line: bytes) -> None:
-        if line[:1] in (b" ", b"\t"):  # obsolete folding: part of the previous value
-            if not self._fields:
-                raise MalformedResponse("a continuation line before any header")
-            folded, before = self._fields[-1]
-            more = line.strip(b" \t").decode("latin-1")
-            self._fields[-1] = (folded, f"{before} {more}")
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:
+            self.extra = True
+            raise _Extra()
+        self._fields = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields.append((name, value))  # the trailers too: never read
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 100 or status > 999:
+            raise MalformedResponse(f"bad status code {status}")
+        if status < 200 and status != 101:
+            self._interim = True  # the final answer follows
             return
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
-            raise MalformedResponse(f"bad header line {line[:80]!r}")
-        self._fields.append((name.decode("latin-1").lower(), value.strip(b" \t").decode("latin-1")))
+        self.status = status
+        # Lower-cased names, the last of repeated fields (llhttp keeps the
+        # blanks after a value).
+        headers = {
+            name.decode("latin-1").lower(): value.rstrip(b" \t").decode("latin-1")
+            for name, value in self._fields
+        }
+        self.headers = headers
+        self._state = _BODY  # the status line stands, whatever the body does
+        length = headers.get("content-length")
+        if "transfer-encoding" in headers:
+            # Every field, as one list: "chunked" last means chunked.
+            codings = b",".join(v for n, v in self._fields if n.lower() == b"transfer-encoding")
+            chunked = codings.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
+            self._until_close = not chunked
+        else:
+            self._until_close = length is None
+        if status in (101, 204, 304):
+            self._until_close = False
+        self.reusable = (
+            not self._until_close
+            and status != 101
+            and parser.should_keep_alive()
+            and parser.get_http_version() == "1.1"
+        )
+        if length is not None and self._keep is not None and status not in (204, 304):
+            digits = length.lstrip("0")  # llhttp checked they are digits
+            if len(digits) > 18 or int(digits or "0") > self._keep:
+                raise BodyTooLarge(self._keep)
 
-    def _end_of_head(self) -> None:
-        status = self.status
-        if 100 <= status < 200 and status != 101:
-            self.status = 0  # an interim answer: the final one follows
+    def on_body(self, body: bytes) -> None:
+        if self._keep is None:
+            return
+        self._kept += len(body)
+        if self._kept > self._keep:
+            raise BodyTooLarge(self._keep)
+        self._parts.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
             self._head_bytes = 0
             return
-        headers: dict[str, str] = {}
-        lengths: set[str] = set()
-        codings = ""
-        close = False
-        for name, value in self._fields:
-            headers[name] = value
-            if name == "content-length":
-                lengths.update(v.strip() for v in value.split(","))
-            elif name == "transfer-encoding":
-                codings = value
-            elif name == "connection":
-                close = close or "close" in (t.strip().lower() for t in value.split(","))
-        self.headers = headers
-        persistent = self._version == (1, 1) and not close and status != 101
-        if status in (101, 204, 304) or 100 <= status < 200:
-            self._state = _DONE
-        elif codings:
-            if lengths:
-                persistent = False  # both framings: close after it (RFC 9112, 6.3)
-            if codings.rsplit(",", 1)[-1].strip().lower() == "chunked":
-                self._state = _CHUNK_SIZE
-            else:
-                self._state = _UNTIL_CLOSE
-                persistent = False
-        elif lengths:
-            if len(lengths) > 1:
-                raise MalformedResponse("conflicting Content-Length headers")
-            (length,) = lengths
-            if not length.isdigit() or not length.isascii():
-                raise MalformedResponse(f"bad Content-Length {length[:40]!r}")
-            self._remaining = int(length)
-            self._state = _LENGTH if self._remaining else _DONE
-        else:
-            self._state = _UNTIL_CLOSE
-            persistent = False
-        self.reusable = persistent
-
-    def _chunk_line(self, line: bytes) -> None:
-        state = self._state
-        if state == _CHUNK_SIZE:
-            size = line.split(b";", 1)[0].strip(b" \t")
-            if not _HEX_SIZE.fullmatch(size):
-                raise MalformedResponse(f"bad chunk size {size[:20]!r}")
-            self._remaining = int(size, 16)
-            self._state = _CHUNK_DATA if self._remaining else _TRAILERS
-        elif state == _CHUNK_END:
-            if line:
-                raise MalformedResponse("chunk data longer than its size")
-            self._state = _CHUNK_SIZE
-        elif not line:  # _TRAILERS: they end with an empty line
-            self._state = _DONE
+        self._state = _DONE
 
     def lost(self, reason: Failure) -> Reply:
         """The connection ended before :meth:`feed` said the answer was complete:
@@ -291,7 +228,7 @@ class ResponseParser:
             else:
                 cause = Cause.HEAD_CUT
             raise TransportFailure(cause, reason.value, submitted=True)
-        if self._state == _UNTIL_CLOSE:
+        if self._until_close:
             self._state = _DONE
             return self.reply()
         failure = TransportFailure(tls or Cause.BODY_CUT, reason.value, submitted=True)

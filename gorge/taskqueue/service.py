@@ -163,6 +163,7 @@ def build_taskqueue_service(
         quiet_paths=WORKER_PATHS,
         debug_log=settings.http.debug_log,
         hot_routes=api.hot_routes(),
+        fast=settings.http.fast,
     )
     depth = QueueDepth(store, metrics, notifier, settings.stats_interval, reactor)
 

@@ -18,11 +18,11 @@ plain ones."""
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Container
 from io import BytesIO
 from typing import Any
 
+import httptools
 from twisted.internet import tcp
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.internet.protocol import Protocol, connectionDone
@@ -36,11 +36,28 @@ __all__ = ["HotChannel", "HotRequest", "MAX_HEAD", "write_now"]
 #: The longest request head read here; a longer one goes to twisted.web.
 MAX_HEAD = 16 * 1024
 
-_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-# Control characters other than a tab and the CR LF that end lines.
-_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-# Fields whose presence means a request this channel does not frame itself.
-_NOT_PLAIN = frozenset({b"transfer-encoding", b"expect"})
+# The key of a _Head's target: no field name can be it (names are tokens).
+_URL = b" url"
+
+
+class _Head(dict[bytes, bytes]):
+    """llhttp's callbacks for one request head: its fields by lower-cased
+    name, the last of repeated ones as twisted.web's ``getHeader`` gives
+    them, except that a ``close`` in any Connection field stays; its target
+    under ``_URL``."""
+
+    def on_url(self, url: bytes) -> None:
+        self[_URL] = self.get(_URL, b"") + url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"connection":
+            value = value.lower()
+            if self.get(name) == b"close":
+                return  # a close in any Connection field closes
+        # llhttp drops the leading blanks only.
+        self[name] = value.rstrip(b" \t")
+
 
 HAND_OFF = object()
 
@@ -161,6 +178,8 @@ class HotChannel(Protocol):
         self._idle_timer: IDelayedCall | None = None
         self.delegate: Any = None  # the twisted.web channel, once handed off
         self.gone = False
+        self._head = _Head()
+        self._parser = httptools.HttpRequestParser(self._head)
 
     # -- the connection
 
@@ -271,7 +290,11 @@ class HotChannel(Protocol):
         if len(buffer) < end:
             return None
         self._pending = None
-        request = HotRequest(self, path, fields, buffer[start:end])
+        body = buffer[start:end]
+        if body:
+            # The parser counts the body off, to be at the next head.
+            self._parser.feed_data(body)
+        request = HotRequest(self, path, fields, body)
         if self._close_next:
             request.close = True
         return request, end
@@ -282,50 +305,36 @@ class HotChannel(Protocol):
         head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
         if head_end < 0:
             return HAND_OFF if len(buffer) > MAX_HEAD else None
-        head = buffer[:head_end]
-        if _CONTROL.search(head):
+        start = head_end + 4
+        head = buffer[:start]
+        fields = self._head
+        fields.clear()
+        try:
+            self._parser.feed_data(head)
+        except httptools.HttpParserError:
+            # llhttp's strict mode refuses a bare CR or LF, a folded line, a
+            # control character, a length twice or beside Transfer-Encoding:
+            # twisted.web gives the refusal (or reads it as it reads it).
             return HAND_OFF
-        lines = head.split(b"\r\n")
-        breaks = len(lines) - 1
-        if head.count(b"\n") != breaks or head.count(b"\r") != breaks:
-            return HAND_OFF  # a bare CR or LF
-        parts = lines[0].split(b" ")
+        path = fields.pop(_URL, b"")
+        # llhttp has checked the length is digits, once, not beside a
+        # Transfer-Encoding; int() refuses more than 4300 of them.
+        declared = fields.get(b"content-length")
+        digits = declared.lstrip(b"0") if declared is not None else b""
         if (
-            len(parts) != 3
-            or parts[0] != b"POST"
-            or parts[2] != b"HTTP/1.1"
-            or parts[1] not in self.routes
+            declared is None
+            or len(digits) > 18
+            or b"transfer-encoding" in fields
+            or b"expect" in fields
+            or fields.get(b"connection", b"close") not in (b"close", b"keep-alive")
+            or not buffer.startswith(b"POST " + path + b" HTTP/1.1\r\n")
+            or path not in self.routes
         ):
             return HAND_OFF
-        fields: dict[bytes, bytes] = {}
-        length = None
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not _NAME.match(name):
-                return HAND_OFF
-            value = value.strip(b" \t")
-            name = name.lower()
-            if name == b"content-length":
-                if length is not None or not value.isdigit():
-                    return HAND_OFF
-                digits = value.lstrip(b"0")
-                if len(digits) > 18:  # over any limit; int() would refuse 4300 digits
-                    return HAND_OFF
-                length = int(digits or b"0")
-            elif name == b"connection":
-                value = value.lower()
-                if value not in (b"close", b"keep-alive"):
-                    return HAND_OFF
-                if fields.get(name) == b"close":
-                    continue  # a close in any Connection field closes
-            elif name in _NOT_PLAIN:
-                return HAND_OFF
-            # As twisted.web's getHeader: the last of repeated fields.
-            fields[name] = value
-        if length is None or length > self.body_limit:
-            return HAND_OFF
-        start = head_end + 4
-        return parts[1], fields, start, start + length
+        length = int(digits or b"0")
+        if length > self.body_limit:
+            return HAND_OFF  # twisted.web's 413
+        return path, fields, start, start + length
 
     def _hand_off(self) -> None:
         delegate = self.fallback()

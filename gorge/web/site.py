@@ -469,6 +469,7 @@ def build_site(
     quiet_paths: frozenset[bytes] = frozenset(),
     debug_log: bool = False,
     hot_routes: dict[bytes, Handler] | None = None,
+    fast: bool = True,
 ) -> server.Site:
     """The one Site a service listens with (or hands to :func:`stub_client`).
 
@@ -481,7 +482,10 @@ def build_site(
     ``hot_routes`` (exact POST paths under ``prefix``, each with its handler)
     are answered by :class:`GorgeHotChannel` while a connection carries only
     plain requests to them, and by :class:`DirectRoutes` in front of
-    ``api_resource`` once it carries anything else."""
+    ``api_resource`` once it carries anything else. ``fast`` False
+    (``GORGE_HTTP_FAST=off``) leaves every request to twisted.web's channel:
+    the hot routes are then answered by :class:`DirectRoutes` alone, with the
+    same answers."""
     url_map = klein_url_map(api_resource)
 
     def allowed_methods(path: bytes) -> list[str]:
@@ -511,7 +515,8 @@ def build_site(
         if outside:
             raise ValueError(f"hot routes outside the API prefix {prefix}: {outside}")
         site.hot_routes = HotRoutes(hot_routes, token)
-        site.protocol = GorgeHotChannel  # type: ignore[assignment]
+        if fast:
+            site.protocol = GorgeHotChannel  # type: ignore[assignment]
     return site
 
 
@@ -528,7 +533,7 @@ def stub_client(site: server.Site) -> Any:
     server_factory.requestFactory = site.requestFactory
     server_factory.displayTracebacks = False
     hot_routes = getattr(site, "hot_routes", None)
-    if hot_routes is not None:
+    if hot_routes is not None and site.protocol is GorgeHotChannel:
         # The hot routes take the same path as on a real connection; treq's
         # Site knows nothing of a drain, so the channel is not tracked.
         server_factory.hot_routes = hot_routes

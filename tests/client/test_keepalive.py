@@ -167,7 +167,8 @@ def test_a_malformed_answer_is_refused(wire):
 def test_folded_header_lines_join_the_value_before():
     parser = ResponseParser()
     assert parser.feed(b"HTTP/1.1 307 Moved\r\nLocation: /a\r\n  /b\r\nContent-Length: 0\r\n\r\n")
-    assert parser.headers["location"] == "/a /b"
+    # The fold and its blanks become spaces (RFC 9112, 5.2).
+    assert parser.headers["location"] == "/a  /b"
 
 
 def test_the_last_of_repeated_headers_wins_and_names_are_lower_case():
@@ -178,10 +179,50 @@ def test_the_last_of_repeated_headers_wins_and_names_are_lower_case():
     assert parser.headers["retry-after"] == "7"
 
 
-def test_both_framings_go_by_chunked_and_close_after():
-    parser = ResponseParser()
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b"Content-Length: 99\r\nTransfer-Encoding: chunked\r\n",
+        b"Transfer-Encoding: chunked\r\nContent-Length: 99\r\n",
+        b"Content-Length: 2\r\nContent-Length: 3\r\n",
+        b"Content-Length: 2\r\nContent-Length: 2\r\n",
+        b"Content-Length: 2, 2\r\n",
+    ],
+)
+def test_an_answer_framed_two_ways_is_refused(fields):
+    # RFC 9112, 6.3: such an answer "ought to be handled as an error"; a
+    # proxy on the way may have read it otherwise.
+    with pytest.raises(MalformedResponse):
+        ResponseParser().feed(b"HTTP/1.1 200 OK\r\n" + fields + b"\r\n2\r\nok\r\n0\r\n\r\n")
+
+
+def test_repeated_transfer_encoding_fields_are_one_list():
+    # "chunked" in the last field is the last coding: the body is chunked.
+    parser = ResponseParser(keep=100)
     wire = (
-        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"2\r\nok\r\n0\r\n\r\n"
     )
-    assert parser.feed(wire) and not parser.reusable
+    assert parser.feed(wire) and parser.reusable and parser.reply().body == b"ok"
+    # "chunked" first and another coding after it: the body runs to the close.
+    parser = ResponseParser(keep=100)
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\nraw"
+    assert not parser.feed(wire) and not parser.reusable
+    assert parser.lost(Failure(error.ConnectionDone())).body == b"raw"
+
+
+@pytest.mark.parametrize(
+    "length,refusal",
+    [(b"65", BodyTooLarge), (b"9" * 30, MalformedResponse), (b"9" * 5000, MalformedResponse)],
+)
+def test_a_declared_body_over_the_limit_is_refused_at_once(length, refusal):
+    # Before a byte of the body; a length past 2**64 is malformed (llhttp).
+    parser = ResponseParser(keep=64)
+    with pytest.raises(refusal):
+        parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\n")
+
+
+def test_a_long_length_of_zeros_is_a_small_number():
+    parser = ResponseParser(keep=64)
+    assert parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: " + b"0" * 5000 + b"2\r\n\r\nok")
+    assert parser.reply().body == b"ok"

@@ -22,6 +22,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
+from gorge.config import ConfigError
 from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
 from gorge.web.hotchannel import MAX_HEAD, HotChannel
 from gorge.web.site import GorgeChannel, GorgeHotChannel, build_site
@@ -89,12 +90,11 @@ def make_site(hot: bool, handlers: Handlers | None = None, clock=None, **kw):
         registry=CollectorRegistry(),
         clock=task.Clock(),
         hot_routes=handlers.routes(),
+        # Off (GORGE_HTTP_FAST=off): the same site with its twisted.web path
+        # only, DirectRoutes answering the hot routes in front of Klein.
+        fast=hot,
         **kw,
     )
-    if not hot:
-        # The same site with its twisted.web path only: DirectRoutes
-        # answers the hot routes in front of the API's Klein resource.
-        site.protocol = GorgeChannel
     # Channels time idle clients out with the site's reactor: never the real one here.
     site.reactor = clock or task.Clock()
     return site
@@ -666,3 +666,17 @@ def test_ambiguous_framing_is_refused_and_closes(hot, fields):
     answer, closed, _ = exchange(hot, [head(b"2", fields) + b"{}" + request()])
     assert (status_of(answer), closed) == (400, True)
     assert answer.count(b"HTTP/1.1 ") == 1  # the request behind it is never read
+
+
+def test_the_switch_leaves_every_request_to_twisted_web():
+    from gorge.config import Env, load_http_settings
+
+    def fast(environ):
+        return load_http_settings(Env(environ), default_listen=":1").fast
+
+    assert fast({}) is True
+    assert fast({"GORGE_HTTP_FAST": "off"}) is False
+    with pytest.raises(ConfigError, match="GORGE_HTTP_FAST"):
+        fast({"GORGE_HTTP_FAST": "sometimes"})
+    assert make_site(True).protocol is GorgeHotChannel
+    assert make_site(False).protocol is GorgeChannel
