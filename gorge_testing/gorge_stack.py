@@ -167,6 +167,8 @@ class GorgeStack:
                 "GORGE_MAILER_MAX_RETRIES": "0",
                 "GORGE_MAILER_SEND_TIMEOUT": "20",
                 "GORGE_MAILER_STRICT": "1",
+                # The site's own record of keyed sends, not one in the source tree.
+                "GORGE_MAILER_IDEMPOTENCY_DB": str(self.dir / "mailer-idempotency.sqlite3"),
             }
         if name == "webhook":
             return {

@@ -10,6 +10,7 @@ from twisted.python.failure import Failure
 from gorge.app.inflight import InFlight
 from gorge.log.logger import Logger
 from gorge.mailer.dispatcher import Answer, Dispatch, Dispatcher
+from gorge.mailer.idempotency import KEY_HEADER, REPLAYED_HEADER, BadKey, KeyedSends, parse_key
 from gorge.mailer.message import MessageError, parse_send_body
 from gorge.mailer.metrics import MailerMetrics
 from gorge.web.envelope import ApiError, add_error_handlers, fail, ok
@@ -28,8 +29,12 @@ class MailerApi:
         metrics: MailerMetrics,
         body_limit: int,
         inflight: InFlight | None = None,
+        running: set[Dispatch] | None = None,
+        keyed: KeyedSends | None = None,
     ) -> None:
         self._dispatcher = dispatcher
+        #: Sends with an Idempotency-Key; None ignores the header.
+        self._keyed = keyed
         self._metrics = metrics
         self._body_limit = body_limit
         self._openapi = OpenApiDocument(__package__)
@@ -38,7 +43,7 @@ class MailerApi:
         #: A send that arrives during the drain began arriving before it
         #: (the listener no longer accepts, and idle kept-alive connections
         #: are closed), so it is sent like any other.
-        self.running: set[Dispatch] = set()
+        self.running: set[Dispatch] = running if running is not None else set()
 
     def resource(self):
         return self.app.resource()
@@ -61,8 +66,9 @@ class MailerApi:
     async def send(self, request):
         raw = request.content.read() if request.content is not None else b""
         try:
+            key = self._key(request)
             parsed = parse_send_body(raw)
-        except MessageError as e:
+        except (BadKey, MessageError) as e:
             self._metrics.requests.labels("ERR_BAD_REQUEST").inc()
             raise ApiError(400, "ERR_BAD_REQUEST", str(e)) from None
         message, truncated = parsed.message.truncated(self._body_limit)
@@ -73,6 +79,11 @@ class MailerApi:
                 bodies=truncated,
                 limit=self._body_limit,
             )
+        if key is not None and self._keyed is not None:
+            answer = self._dispatcher.refusal(parsed.mailer_keys)
+            if answer is None:
+                answer = await self._await_keyed(request, key, message, parsed.mailer_keys)
+            return self._render(request, answer)
         started = self._dispatcher.start(message, parsed.mailer_keys)
         if isinstance(started, Answer):
             answer = started
@@ -80,16 +91,35 @@ class MailerApi:
             answer = await self._await_dispatch(request, started)
         return self._render(request, answer)
 
+    def _key(self, request) -> str | None:
+        if self._keyed is None:
+            return None
+        return parse_key(request.requestHeaders.getRawHeaders(KEY_HEADER))
+
+    def _track_answer(self, request):
+        """The Deferred that fires when the answer has been written (or the
+        client went away): shutdown waits for that, not merely for the send,
+        so the last answers are not cut off by the reactor closing
+        connections."""
+        finished = request.notifyFinish()
+        self.inflight.track(finished)
+        return finished
+
+    async def _await_keyed(self, request, key: str, message, mailer_keys) -> Answer:
+        # No cancellation on disconnect: a keyed send goes on to its end and
+        # records its outcome, which the client's retry is then answered with.
+        self._track_answer(request).addErrback(lambda failure: None)
+        assert self._keyed is not None
+        keyed = await self._keyed.send(key, message, mailer_keys)
+        if keyed.replayed:
+            request.setHeader(REPLAYED_HEADER, b"true")
+        return keyed.answer
+
     async def _await_dispatch(self, request, dispatch: Dispatch) -> Answer:
         def disconnected(failure: Failure) -> None:
             dispatch.cancel("client disconnected")
 
-        # Fires when the answer has been written (or the client went away):
-        # shutdown waits for that, not merely for the dispatch, so the last
-        # answers are not cut off by the reactor closing connections.
-        finished = request.notifyFinish()
-        finished.addErrback(disconnected)
-        self.inflight.track(finished)
+        self._track_answer(request).addErrback(disconnected)
         self.running.add(dispatch)
         try:
             return await dispatch.result
@@ -112,6 +142,8 @@ class MailerApi:
 
     def cancel_all(self, reason: str) -> None:
         """Cancel every running dispatch (end of the shutdown drain)."""
+        if self._keyed is not None:
+            self._keyed.stop_waiting()
         for dispatch in list(self.running):
             dispatch.cancel(reason)
 

@@ -262,15 +262,21 @@ class Dispatcher:
         wanted = set(mailer_keys)
         return [b for b in self.backends if b.key in wanted]
 
+    def refusal(self, mailer_keys: Sequence[str] | None = None) -> Answer | None:
+        """The immediate answer when there is nothing to try, else None."""
+        if not self.backends:
+            return send_failed("no mailers configured")
+        if not self.candidates(mailer_keys):
+            shown = ", ".join(k[:64] for k in list(mailer_keys or ())[:20])
+            return send_failed(f"no matching mailers for keys: [{shown}]")
+        return None
+
     def start(
         self, message: Message, mailer_keys: Sequence[str] | None = None
     ) -> Dispatch | Answer:
         """A running :class:`Dispatch`, or an immediate :class:`Answer` when
         there is nothing to try."""
-        if not self.backends:
-            return send_failed("no mailers configured")
-        candidates = self.candidates(mailer_keys)
-        if not candidates:
-            shown = ", ".join(k[:64] for k in list(mailer_keys or ())[:20])
-            return send_failed(f"no matching mailers for keys: [{shown}]")
-        return Dispatch(self, message, candidates)
+        refused = self.refusal(mailer_keys)
+        if refused is not None:
+            return refused
+        return Dispatch(self, message, self.candidates(mailer_keys))

@@ -46,3 +46,15 @@ class MailerMetrics:
             ["code"],
             registry=registry,
         )
+        self.idempotent_sends = Counter(
+            "gorge_mailer_idempotent_sends_total",
+            "Sends with an Idempotency-Key by what became of the key: sent, replayed,"
+            " shared, in_progress, abandoned, store_unavailable.",
+            ["result"],
+            registry=registry,
+        )
+        self.idempotency_pruned = Counter(
+            "gorge_mailer_idempotency_pruned_total",
+            "Idempotency records removed for age or for the size bound.",
+            registry=registry,
+        )

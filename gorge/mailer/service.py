@@ -16,7 +16,8 @@ from twisted.internet.task import deferLater
 from twisted.python import usage
 
 from gorge.app.hangup import ReloadOnHangup
-from gorge.app.inflight import StopBudget
+from gorge.app.inflight import InFlight, StopBudget
+from gorge.app.poller import Poller
 from gorge.app.systemd import SystemdNotifier, watchdog_heartbeat
 from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
@@ -25,9 +26,11 @@ from gorge.log.logger import Logger
 from gorge.mailer.api import MailerApi
 from gorge.mailer.backends import build_backend
 from gorge.mailer.backends.base import Backend, Reloadable
-from gorge.mailer.dispatcher import Dispatcher
+from gorge.mailer.dispatcher import Dispatch, Dispatcher
+from gorge.mailer.idempotency import PRUNE_INTERVAL, KeyedSends
 from gorge.mailer.metrics import MailerMetrics
-from gorge.mailer.settings import MailerSettings, load_mailer_settings
+from gorge.mailer.sendrecords import SendRecords
+from gorge.mailer.settings import IdempotencySettings, MailerSettings, load_mailer_settings
 from gorge.web.listener import listener
 from gorge.web.site import build_site
 
@@ -69,7 +72,8 @@ def build_mailer_service(
     the tree. ``listen=False`` leaves out the TCP listener (in-process use
     through ``gorge.web.site.stub_client(service.part("site"))``).
 
-    Parts: ``site``, ``api``, ``dispatcher``, ``metrics-registry``.
+    Parts: ``site``, ``api``, ``dispatcher``, ``keyed-sends`` (None when
+    ``GORGE_MAILER_IDEMPOTENCY_STORE=off``), ``metrics-registry``.
     """
 
     for warning in settings.warnings:
@@ -94,7 +98,17 @@ def build_mailer_service(
         retry_wait=settings.retry_wait,
         send_timeout=settings.send_timeout,
     )
-    api = MailerApi(dispatcher, metrics=metrics, body_limit=settings.body_limit)
+    inflight = InFlight()
+    running: set[Dispatch] = set()
+    keyed = _keyed_sends(settings.idempotency, dispatcher, reactor, metrics, inflight, running)
+    api = MailerApi(
+        dispatcher,
+        metrics=metrics,
+        body_limit=settings.body_limit,
+        inflight=inflight,
+        running=running,
+        keyed=keyed,
+    )
 
     readiness = _readiness(settings, backends)
 
@@ -116,6 +130,10 @@ def build_mailer_service(
 
     tree = ServiceTree("gorge-mailer")
     tree.add("mailer-http-pool", stop=pool.closeCachedConnections)
+    if keyed is not None:
+        # Before the drain, so it stops after it: the last sends record their answers.
+        prune_start, prune_stop = _pruning(keyed, reactor)
+        tree.add("mailer-idempotency", start=prune_start, stop=prune_stop)
     tree.add("mailer-drain", stop=_drain_step(api, budget, reactor))
     if reloadable:
         tree.add("mailer-reload", _reload_on_hangup(reloadable, reactor))
@@ -132,8 +150,53 @@ def build_mailer_service(
     tree.keep("site", site)
     tree.keep("api", api)
     tree.keep("dispatcher", dispatcher)
+    tree.keep("keyed-sends", keyed)
     tree.keep("metrics-registry", registry)
     return tree
+
+
+def _keyed_sends(
+    settings: IdempotencySettings,
+    dispatcher: Dispatcher,
+    reactor: Any,
+    metrics: MailerMetrics,
+    inflight: InFlight,
+    running: set[Dispatch],
+) -> KeyedSends | None:
+    if settings.store == "off":
+        return None
+
+    def open_records() -> SendRecords:
+        if settings.mysql is not None:
+            return SendRecords.mysql(settings.mysql, reactor)
+        return SendRecords.sqlite(settings.sqlite_path, reactor)
+
+    return KeyedSends(
+        open_records,
+        dispatcher,
+        clock=reactor,
+        metrics=metrics,
+        inflight=inflight,
+        running=running,
+        retention=settings.retention,
+        max_entries=settings.max_entries,
+    )
+
+
+def _pruning(
+    keyed: KeyedSends, reactor: Any
+) -> tuple[Callable[[], None], Callable[[], Awaitable[None]]]:
+    """The prune loop's start and stop; the stop closes the store too."""
+    poller = Poller(keyed.prune, PRUNE_INTERVAL, reactor, "mailer-idempotency-prune")
+
+    def start() -> None:
+        poller.start(now=False)
+
+    async def stop() -> None:
+        await poller.stop()
+        keyed.close()
+
+    return start, stop
 
 
 def _readiness(

@@ -10,6 +10,8 @@ builder, also before listening.
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,7 +21,9 @@ from gorge.config import (
     Env,
     HttpSettings,
     JsonFields,
+    MySQLSettings,
     load_http_settings,
+    load_mysql_tls,
     parse_listen_addr,
 )
 from gorge.mailer.backends.base import BackendEntry
@@ -75,6 +79,30 @@ _ENV_ONLY = (
 )
 
 
+IDEMPOTENCY_STORES = ("sqlite", "mysql", "off")
+SQLITE_FILE_NAME = "gorge-mailer-idempotency.sqlite3"
+DEFAULT_RETENTION = 7 * 24 * 3600
+DEFAULT_MAX_ENTRIES = 1_000_000
+# An unquoted MySQL identifier: the table is created in it by name.
+_DATABASE_NAME = re.compile(r"[A-Za-z0-9_$]{1,64}")
+
+
+@dataclass(frozen=True)
+class IdempotencySettings:
+    """Where gorge-mailer keeps what it did with each ``Idempotency-Key``
+    (docs/mailer.md, "Sending once"), and for how long. Read from the
+    environment in both modes: the file mode's JSON has no such keys."""
+
+    store: str = "sqlite"
+    #: SQLite only; the default lies in the state directory (see
+    #: :func:`default_sqlite_path`).
+    sqlite_path: str = SQLITE_FILE_NAME
+    #: MySQL only: gorge-mailer's own database, never one of Phorge's.
+    mysql: MySQLSettings | None = None
+    retention: int = DEFAULT_RETENTION
+    max_entries: int = DEFAULT_MAX_ENTRIES
+
+
 class MalformedList(ValueError):
     """The backend list is not a well-formed JSON array of entries. The text
     is a short cause without option values (it reaches ``/readyz``)."""
@@ -89,6 +117,7 @@ class MailerSettings:
     body_limit: int = 524288
     send_timeout: float = 25.0
     strict: bool = False
+    idempotency: IdempotencySettings = IdempotencySettings()
     #: Lenient mode only: why the list was ignored (reported by /readyz).
     config_problem: str | None = None
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -212,7 +241,66 @@ def load_mailer_settings(
         setting = "GORGE_MAILER_CONFIG_FILE" if path else "GORGE_MAILER_CONFIG"
         reason = settings.config_problem or "no mailers configured"
         raise ConfigError(setting, f"{reason} (strict mode)")
-    return replace(settings, warnings=tuple(warnings))
+    idempotency = load_idempotency_settings(env, environ)
+    return replace(settings, idempotency=idempotency, warnings=tuple(warnings))
+
+
+def default_sqlite_path(environ: Mapping[str, str]) -> str:
+    """The state directory systemd hands a unit with ``StateDirectory=``
+    (the first one when it names several), else the working directory."""
+    state = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return os.path.join(state, SQLITE_FILE_NAME) if state else SQLITE_FILE_NAME
+
+
+def load_idempotency_settings(env: Env, environ: Mapping[str, str]) -> IdempotencySettings:
+    store = env.choice("GORGE_MAILER_IDEMPOTENCY_STORE", "sqlite", IDEMPOTENCY_STORES)
+    retention = env.int("GORGE_MAILER_IDEMPOTENCY_RETENTION_SEC", DEFAULT_RETENTION, min=3600)
+    max_entries = env.int("GORGE_MAILER_IDEMPOTENCY_MAX_ENTRIES", DEFAULT_MAX_ENTRIES, min=1000)
+    path = env.str("GORGE_MAILER_IDEMPOTENCY_DB", "") or default_sqlite_path(environ)
+    mysql = None
+    if store == "sqlite":
+        _require_writable(path, "GORGE_MAILER_IDEMPOTENCY_DB")
+    elif store == "mysql":
+        mysql = _idempotency_mysql(env)
+    return IdempotencySettings(
+        store=store,
+        sqlite_path=path,
+        mysql=mysql,
+        retention=retention,
+        max_entries=max_entries,
+    )
+
+
+def _require_writable(path: str, setting: str) -> None:
+    """The file is opened on the first keyed send, not at start-up (a mailer
+    that never gets a key makes no file), so check now that it can be."""
+    if os.path.isdir(path):
+        raise ConfigError(setting, f"{path!r} is a directory; name a file in it")
+    if os.path.exists(path):
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise ConfigError(setting, f"{path!r} is not readable and writable")
+        return
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(setting, f"directory {folder!r} does not exist or is not writable")
+
+
+def _idempotency_mysql(env: Env) -> MySQLSettings:
+    prefix = "GORGE_MAILER_IDEMPOTENCY_MYSQL_"
+    database = env.str(prefix + "DATABASE", "gorge_mailer")
+    if not _DATABASE_NAME.fullmatch(database):
+        raise ConfigError(prefix + "DATABASE", f"not a plain database name: {database[:64]!r}")
+    tls, tls_ca = load_mysql_tls(env, prefix + "TLS", prefix + "TLS_CA")
+    return MySQLSettings(
+        host=env.str(prefix + "HOST", "127.0.0.1"),
+        port=env.int(prefix + "PORT", 3306, min=1, max=65535),
+        user=env.str(prefix + "USER", "phorge"),
+        password=env.str(prefix + "PASS", ""),
+        database=database,
+        max_connections=4,
+        tls=tls,
+        tls_ca=tls_ca,
+    )
 
 
 def _from_env(

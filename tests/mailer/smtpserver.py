@@ -5,7 +5,9 @@ Speaks enough SMTP for a real client: EHLO/HELO, STARTTLS, AUTH PLAIN and
 LOGIN, MAIL, RCPT, DATA (dot-unstuffing), RSET, QUIT. ``script`` maps a
 stage (greeting, ehlo, starttls, auth, mail, rcpt, data, dot) to a reply
 line to send instead of the normal one, or to ``"drop"`` to close the
-connection at that point.
+connection at that point. At ``dot`` also ``"hang"`` (never answer, nothing
+delivered) and ``"hold"`` (the message is delivered, and the ``250`` waits
+until ``ServerState.release`` fires: a server slower than its client).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import base64
 from dataclasses import dataclass, field
 
 from twisted.internet import ssl
+from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory
 from twisted.protocols.basic import LineReceiver
 
@@ -43,6 +46,10 @@ class ServerState:
     deliveries: list[Delivery] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     tls_options: object = None
+    #: What a "hold" at ``dot`` waits for; fire it to let the replies go.
+    release: Deferred = field(default_factory=Deferred)
+    #: Messages delivered whose reply is held.
+    held: int = 0
 
 
 class ScriptedSMTP(LineReceiver):
@@ -141,6 +148,11 @@ class ScriptedSMTP(LineReceiver):
         else:
             self.sendLine(b"502 5.5.2 unknown command")
 
+    def held_reply(self, passed: object) -> object:
+        if self.connected:
+            self.sendLine(b"250 2.0.0 queued")
+        return passed
+
     def login_line(self, line: bytes) -> None:
         assert self.login is not None
         self.login.append(base64.b64decode(line).decode())
@@ -171,6 +183,13 @@ class ScriptedSMTP(LineReceiver):
                 self.transport.loseConnection()
                 return
             if self.state.script.get("dot") == "hang":
+                return
+            if self.state.script.get("dot") == "hold":
+                self.state.deliveries.append(
+                    Delivery(self.mail_from or "", list(self.rcpts), data, self.secure, self.authed)
+                )
+                self.state.held += 1
+                self.state.release.addCallback(self.held_reply)
                 return
             scripted = self.state.script.get("dot")
             if scripted is None or scripted.startswith("2"):
