@@ -149,12 +149,16 @@ class BatchConflict(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
-    """A delivery result to write over a row this process claimed."""
+    """A delivery result to write over a row this process claimed.
+
+    ``follow``: the same hook's next row, claimed in the same round trip once
+    this result is written (docs/webhook.md, "Claiming and writing back")."""
 
     candidate: Candidate
     status: str
     result: str
     properties: str
+    follow: Candidate | None = None
 
 
 class Claims:
@@ -308,17 +312,53 @@ class Claims:
     async def finish_many(self, outcomes: Sequence[Outcome]) -> list[int]:
         """Write several delivery outcomes in one transaction; the rows changed for
         each (0: row gone). A failure writes none of them."""
+        return [changed for changed, _ in await self.finish_and_follow(outcomes)]
+
+    async def finish_and_follow(self, outcomes: Sequence[Outcome]) -> list[tuple[int, bool]]:
+        """:meth:`finish_many`, and for each outcome with a ``follow`` row whose
+        result was written, that row's claim in the same round trip: per outcome,
+        the rows changed and whether its follow row is now ours."""
+        follows = [o.follow for o in outcomes if o.follow is not None]
         try:
-            changed = await self._write_outcomes(list(outcomes))
+            if follows:
+                written = await self._db.run("finish_follow", self._write_and_claim, list(outcomes))
+            else:
+                changed = await self._write_outcomes(list(outcomes))
+                written = [(count, False) for count in changed]
         except Exception:
             stamp = self._view.stamp()
             for outcome in outcomes:
                 self._view.changed_elsewhere(outcome.candidate.id, stamp)
+            for follow in follows:
+                self._view.changed_elsewhere(follow.id, stamp)
             raise
         stamp = self._view.stamp()
-        for outcome, count in zip(outcomes, changed, strict=True):
+        for outcome, (count, won) in zip(outcomes, written, strict=True):
             self._note_finished(outcome, count, stamp)
-        return changed
+            if outcome.follow is None:
+                continue
+            if won:
+                self._view.claimed(outcome.follow.id, outcome.follow.version, stamp)
+            else:
+                self._view.changed_elsewhere(outcome.follow.id, stamp)
+        return written
+
+    def _write_and_claim(self, txn, outcomes: list[Outcome]) -> list[tuple[int, bool]]:
+        """Each result, then (when it was written) its follow row's compare-and-set
+        claim, in id order, as one transaction."""
+        self._engine.begin_atomic(txn)
+        answers: dict[int, tuple[int, bool]] = {}
+        for outcome in sorted(outcomes, key=lambda o: o.candidate.id):
+            self._db.execute(txn, *self._finish_statement(outcome))
+            changed = int(txn.rowcount)
+            won = False
+            if changed and outcome.follow is not None:
+                follow = outcome.follow
+                self._db.execute(txn, SQL_CLAIM, (follow.id, follow.version))
+                won = txn.rowcount == 1
+            answers[outcome.candidate.id] = (changed, won)
+        self._engine.commit_atomic(txn)
+        return [answers[outcome.candidate.id] for outcome in outcomes]
 
     async def _write_outcomes(self, outcomes: list[Outcome]) -> list[int]:
         if not outcomes:

@@ -50,6 +50,16 @@ class Destination:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """A row that passed every step before the claim."""
+
+    candidate: Candidate
+    hook: Hook
+    props: payload.Properties
+    destination: Destination
+
+
+@dataclass(frozen=True)
 class Claimed:
     """A row this process won, ready to be posted."""
 
@@ -100,6 +110,19 @@ class Delivery:
 
     async def prepare(self, candidate: Candidate) -> Claimed | None:
         """The steps up to the claim; None when the row has been dealt with."""
+        checked = await self.check(candidate)
+        if checked is None:
+            return None
+        try:
+            if not await self._claim(candidate, checked.hook):
+                return None
+        except Exception:
+            process_failed(candidate)
+            return None
+        return self.claimed(checked)
+
+    async def check(self, candidate: Candidate) -> Checked | None:
+        """The steps before the claim; None when the row has been dealt with."""
         try:
             props = await self._read_properties(candidate)
             if props is None:
@@ -110,12 +133,25 @@ class Delivery:
             destination = await self._destination(candidate, hook, props)
             if destination is None or self._stopping:
                 return None  # refused, or shutdown before the claim: abandon without a write
-            if not await self._claim(candidate, hook):
-                return None
         except Exception:
             process_failed(candidate)
             return None
-        return Claimed(candidate, hook, props, destination, self._clock.seconds())
+        return Checked(candidate, hook, props, destination)
+
+    def claimed(self, checked: Checked) -> Claimed:
+        """A checked row whose claim was just won."""
+        return Claimed(
+            checked.candidate,
+            checked.hook,
+            checked.props,
+            checked.destination,
+            self._clock.seconds(),
+        )
+
+    def still_current(self, checked: Checked) -> bool:
+        """Checked against the hook row a tick has read since? Then it holds, and
+        the row may be claimed without checking it again."""
+        return not self._stopping and self._lines.hook(checked.hook.phid) == checked.hook
 
     def claim_still_covers(self, claimed: Claimed) -> bool:
         """A row claimed ahead waited for the POST before it; it is only sent if its

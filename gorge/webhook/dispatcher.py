@@ -5,9 +5,10 @@ hook is idle, so a slow or broken hook never holds more than one slot, and a
 hook's rows go out one at a time and in order. While a slot posts a row it
 already checks and claims the oldest row of another idle hook, and goes on
 with that one. With no idle hook (traffic to a few hooks) it keeps to its
-own hook instead: once a POST has succeeded, the row's result is written
-(at once, not after the write window) while the hook's next row is checked
-and claimed, and that row is posted when both are done. A hook's cycle is
+own hook instead: the hook's next row is checked while the current one is
+posted, and once that POST has succeeded, the row's result is written (at
+once, not after the write window) and the next row claimed in the same
+round trip; that row is posted as soon as both are done. A hook's cycle is
 then its POST and one database round trip. A row dealt with before its
 POST (retired, skipped, lost) lets the slot go on with the next row of the
 same hook. Each tick replaces the lines with fresh candidates; rows not
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 
@@ -30,7 +31,7 @@ from gorge.log.logger import Logger
 from gorge.webhook import payload
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.claims import Candidate
-from gorge.webhook.delivery import Claimed, Delivery, process_failed
+from gorge.webhook.delivery import Checked, Claimed, Delivery, process_failed
 from gorge.webhook.lines import HookLines
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.outage import Outage
@@ -224,22 +225,13 @@ class Dispatcher:
                 # No idle hook: this hook's next row, taken now so the hook
                 # stays busy (and this slot's) until it is posted.
                 following = self._lines.take_following(current)
-            posted = await self._post(claimed, claimed_ahead=claimed_ahead, urgent=bool(following))
-            if posted is None:
-                self._lines.release(current)
             if following is not None:
-                if posted is not None:
-                    written, delivered = posted
-                    if delivered:
-                        # Claimed while the row before it is written; after
-                        # a failure the checks wait for that write (the
-                        # breaker counts it).
-                        ahead = Deferred.fromCoroutine(self._delivery.prepare(following))
-                    # One POST at a time per hook, in order, each after the
-                    # result of the one before is kept.
-                    await written
-                current = following
+                current, ahead = await self._post_and_follow(
+                    claimed, current, following, claimed_ahead=claimed_ahead
+                )
                 continue
+            if await self._post(claimed, claimed_ahead=claimed_ahead) is None:
+                self._lines.release(current)
             if upcoming is None and not self._stopping:
                 upcoming = self._lines.take_next()
             current = upcoming
@@ -258,15 +250,45 @@ class Dispatcher:
         self._more_waiting = False
         self._wake()
 
+    async def _post_and_follow(
+        self, claimed: Claimed, current: Candidate, following: Candidate, *, claimed_ahead: bool
+    ) -> tuple[Candidate | None, Deferred[Claimed | None] | None]:
+        """Post ``claimed`` (the row ``current``), with ``following``, the same
+        hook's next row, checked meanwhile and claimed with the result's write.
+        Returns the row to go on with, and its claim when it was won so.
+
+        One POST at a time per hook, in order, each after the result of the
+        one before is written: a crash leaves one row to send again, never a
+        later row sent while an earlier one's result is unknown."""
+        checking = Deferred.fromCoroutine(self._delivery.check(following))
+        written = await self._post(claimed, claimed_ahead=claimed_ahead, follow=checking)
+        checked = await checking
+        if written is None:
+            self._lines.release(current)
+        elif await written and checked is not None:
+            return following, succeed(self._delivery.claimed(checked))
+        if checked is None:
+            # Dealt with before its POST (retired or skipped).
+            return self._lines.continue_after(following, stopping=self._stopping), None
+        # Not claimed with the write (the POST failed, the hook changed, the
+        # claim was lost): every step again, after the write (the breaker
+        # counts a failure only once it is written).
+        return following, None
+
     async def _post(
-        self, claimed: Claimed, *, claimed_ahead: bool, urgent: bool
-    ) -> tuple[Deferred[None], bool] | None:
+        self,
+        claimed: Claimed,
+        *,
+        claimed_ahead: bool,
+        follow: Deferred[Checked | None] | None = None,
+    ) -> Deferred[bool] | None:
         """The POST of a claimed row. Once its result is being written (the row and
         its hook stay busy until then): the write, which fires when it has ended,
-        and whether the receiver took the request. Else None.
+        True if it also claimed the row ``follow`` checks. Else None.
 
-        ``urgent``: a row of the same hook waits for this write, which goes to
-        the database at once instead of after the write window."""
+        ``follow``: the same hook's next row waits for this write, which goes to
+        the database at once instead of after the write window; after a
+        success that row is claimed with it, if its checks still hold."""
         candidate, hook = claimed.candidate, claimed.hook
         try:
             if claimed_ahead and not self._delivery.claim_still_covers(claimed):
@@ -283,15 +305,28 @@ class Dispatcher:
                 hook=hook.phid,
             )
             return None
+        follow_row = None
+        if follow is not None and attempt.ok:
+            checked = await follow
+            if checked is not None and self._delivery.still_current(checked):
+                follow_row = checked.candidate
         written = Deferred.fromCoroutine(
-            self._write_back(candidate, hook.phid, claimed.props, attempt, duration, urgent)
+            self._write_back(
+                candidate,
+                hook.phid,
+                claimed.props,
+                attempt,
+                duration,
+                urgent=follow is not None,
+                follow=follow_row,
+            )
         )
         self._inflight.track(written)
         # A Deferred of the slot's own to wait on: the in-flight tracking
         # keeps the write's.
-        ended: Deferred[None] = Deferred()
-        written.addBoth(lambda _: ended.callback(None))
-        return ended, attempt.ok
+        ended: Deferred[bool] = Deferred()
+        written.addBoth(lambda won: ended.callback(won is True))
+        return ended
 
     async def _write_back(
         self,
@@ -300,15 +335,19 @@ class Dispatcher:
         props: payload.Properties,
         attempt: Attempt,
         duration: float,
+        *,
         urgent: bool = False,
-    ) -> None:
-        """Step 8, beside the slot: record the attempt, then free the row and its hook."""
+        follow: Candidate | None = None,
+    ) -> bool:
+        """Step 8, beside the slot: record the attempt, then free the row and its
+        hook. True when ``follow`` was claimed with the write."""
         try:
-            await self._results.record(
-                candidate, hook_phid, props, attempt, duration, urgent=urgent
+            return await self._results.record(
+                candidate, hook_phid, props, attempt, duration, urgent=urgent, follow=follow
             )
         except Exception:
             process_failed(candidate)
+            return False
         finally:
             self._lines.release(candidate)
             self._fill()

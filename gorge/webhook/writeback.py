@@ -10,6 +10,7 @@ hook.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
@@ -27,6 +28,8 @@ from gorge.webhook.summary import Summary
 from gorge.webhook.transport import Attempt
 
 log = Logger()
+
+W = TypeVar("W")
 
 WRITE_ATTEMPTS = 3
 WRITE_RETRY_DELAY = 0.5
@@ -58,8 +61,8 @@ class WriteBack:
         self._metrics = metrics
         self._summary = summary
         self._gone_hooks: set[str] = set()  # hooks whose 410 was logged (until a 2xx)
-        self._writes: Coalescer[Outcome, int] = Coalescer(
-            claims.finish_many, batch_clock, window=WRITE_WINDOW, cap=WRITE_BATCH
+        self._writes: Coalescer[Outcome, tuple[int, bool]] = Coalescer(
+            claims.finish_and_follow, batch_clock, window=WRITE_WINDOW, cap=WRITE_BATCH
         )
 
     async def record(
@@ -71,10 +74,13 @@ class WriteBack:
         duration: float,
         *,
         urgent: bool = False,
-    ) -> None:
+        follow: Candidate | None = None,
+    ) -> bool:
         """The attempt's outcome over the claimed row, then its log line.
         ``urgent``: written at once, not after the write window (the hook's
-        next row waits for it)."""
+        next row waits for it). ``follow``: that next row, claimed in the same
+        round trip when this attempt succeeded and its result was written;
+        True when it is now ours."""
         if attempt.ok:
             status, result, outcome = SENT, RESULT_OKAY, "sent"
         else:
@@ -85,10 +91,20 @@ class WriteBack:
         if not attempt.ok:
             self._breaker.failed(hook_phid)
         self._note_gone(candidate, hook_phid, attempt)
-        written = Outcome(candidate, status, result, properties)
-        changed = await self._write(candidate, lambda: self._writes.submit(written, urgent=urgent))
-        if changed is None:
-            return
+        written = Outcome(
+            candidate, status, result, properties, follow=follow if attempt.ok else None
+        )
+        answer = await self._write(candidate, lambda: self._writes.submit(written, urgent=urgent))
+        if answer is None:
+            return False
+        changed, follow_won = answer
+        if written.follow is not None and changed:
+            # The next row's claim rode on this write: counted as any claim.
+            self._metrics.claims.labels(result="won" if follow_won else "lost").inc()
+            if follow_won:
+                self._summary.claims_won += 1
+            else:
+                self._summary.claims_lost += 1
         self._metrics.deliveries.labels(outcome=outcome).inc()
         not_before = None
         if changed and status == QUEUED:
@@ -135,6 +151,7 @@ class WriteBack:
                 request=candidate.phid,
                 hook=hook_phid,
             )
+        return follow_won
 
     async def retire(self, candidate: Candidate, document: dict | None, code: str) -> None:
         """A configuration failure, written without a claim (only over the version read)."""
@@ -199,7 +216,7 @@ class WriteBack:
             "if the receiver is gone for good",
         )
 
-    async def _write(self, candidate: Candidate, write: Callable[[], Awaitable[int]]) -> int | None:
+    async def _write(self, candidate: Candidate, write: Callable[[], Awaitable[W]]) -> W | None:
         """A result write, retried briefly: losing it means a duplicate after the lease."""
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:

@@ -70,11 +70,14 @@ async def test_two_stores_racing_for_the_same_candidates(mariadb, herald_db, her
 async def test_two_dispatchers_holding_the_same_candidates_post_each_once(
     herald, receiver, make_harness, captured_log
 ):
-    hook = herald.insert_hook(uri=f"{receiver.base}/h")
+    # One row per hook and one slot each: every claim is a claim of its own
+    # (a hook's next row may be claimed with its predecessor's result, and
+    # slots' claims in one turn go as one batch: the test below races those).
     for n in range(5):
+        hook = herald.insert_hook(uri=f"{receiver.base}/h{n}")
         herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
-    one = make_harness()
-    two = make_harness(clock=one.clock)
+    one = make_harness(max_concurrent=1)
+    two = make_harness(clock=one.clock, max_concurrent=1)
     # Both dispatchers must reach the claim of a row before either may run it.
     arrivals: dict[int, list[Deferred]] = {}
 
@@ -197,3 +200,28 @@ async def test_rows_claimed_elsewhere_shorten_a_batch_but_not_what_is_waiting(
     assert len(known) == 6
     assert [c.id for c in batch] == [c.id for c in known[2 : 2 + len(batch)]]
     assert len(batch) < 4 and batch.more is True
+
+
+async def test_two_dispatchers_on_one_hooks_backlog_post_each_row_once(
+    herald, receiver, make_harness
+):
+    # Every slot but one has no idle hook: each claims its hook's next row
+    # with the write of the one before, racing the other dispatcher's claims.
+    hook = herald.insert_hook(uri=f"{receiver.base}/one")
+    for n in range(20):
+        herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
+    one = make_harness()
+    two = make_harness(clock=one.clock)
+    await gatherResults(
+        [
+            Deferred.fromCoroutine(one.dispatcher.tick()),
+            Deferred.fromCoroutine(two.dispatcher.tick()),
+        ]
+    )
+    for harness in (one, two):
+        assert await harness.dispatcher.wait_idle(20, reactor)
+    assert herald.status_counts() == {"sent": 20}
+    assert receiver.count() == 20
+    assert len({r.body for r in receiver.requests}) == 20
+    won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
+    assert won == 20
