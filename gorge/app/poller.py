@@ -10,6 +10,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import LogLevel
 
+from gorge.app.private_names import next_iteration
 from gorge.log.logger import Logger
 
 log = Logger()
@@ -82,7 +83,7 @@ class Poller:
         loop = self._loop
         if loop is None or not loop.running or self._in_tick:
             return
-        call = getattr(loop, "call", None)
+        call = next_iteration(loop)
         if call is not None and call.active():
             call.reset(0)
 

@@ -16,6 +16,7 @@ __all__ = [
     "PRIVATE_NAMES",
     "body_consumer_transport",
     "klein_url_map",
+    "next_iteration",
     "stub_server_factory",
     "unsent_writes",
 ]
@@ -27,6 +28,8 @@ PRIVATE_NAMES = (
     ("treq.testing.RequestTraversalAgent", "_serverFactory"),
     ("treq.testing.StubTreq", "_agent"),
     ("klein.resource.KleinResource", "_app"),
+    # Not underscored, but not documented either: the pending DelayedCall.
+    ("twisted.internet.task.LoopingCall", "call"),
 )
 
 
@@ -55,3 +58,10 @@ def klein_url_map(resource: Any) -> Any:
     (its ``_app``), or None for any other resource."""
     app = getattr(resource, "_app", None)
     return getattr(app, "url_map", None)
+
+
+def next_iteration(loop: Any) -> Any:
+    """The delayed call of a running ``LoopingCall``'s next iteration (its
+    undocumented ``call``), or None: a caller that moves it runs the next
+    iteration sooner."""
+    return getattr(loop, "call", None)

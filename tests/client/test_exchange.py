@@ -159,7 +159,7 @@ async def test_a_body_written_before_the_tls_handshake_is_not_handed_over(reacto
         await body.started.addTimeout(10, reactor)
         await heard.addTimeout(10, reactor)  # the ClientHello arrived, nothing more will
         # If this fails after a Twisted upgrade, LengthEnforcingConsumer no
-        # longer keeps the transport in _consumer: see gorge.client.exchange._transport_under.
+        # longer keeps the transport in _consumer: see gorge.app.private_names.
         assert body.handed_over is False, "the TLS transport under the Agent's consumer was lost"
     finally:
         request.cancel()

@@ -1,6 +1,6 @@
 """gorge.web.site.stub_client reaches the Site treq's StubTreq builds, through the
-one private name it uses (``_agent._serverFactory``): this fails loudly if a
-new treq renames it."""
+private name gorge.app.private_names reads (``_agent._serverFactory``,
+checked on its own in tests/app/test_private_names.py)."""
 
 from twisted.web import server
 from twisted.web.resource import Resource
