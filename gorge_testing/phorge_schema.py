@@ -185,7 +185,26 @@ WORKER = (
     ),
 )
 
-SCHEMAS: dict[str, tuple[Table, ...]] = {"herald": HERALD, "worker": WORKER}
+# Phorge's configuration stored in the database (``bin/config set --database``,
+# the web UI); gorge-webhook reads ``phabricator.silent`` from it.
+CONFIG = (
+    Table(
+        "config_entry",
+        (
+            ("id", SERIAL),
+            ("phid", PHID),
+            ("namespace", "varchar(64) NOT NULL"),
+            ("configKey", "varchar(64) NOT NULL"),
+            ("value", TEXT),
+            ("isDeleted", "tinyint(1) NOT NULL"),
+            ("dateCreated", EPOCH),
+            ("dateModified", EPOCH),
+        ),
+        unique=(("key_phid", ("phid",)), ("key_name", ("namespace", "configKey"))),
+    ),
+)
+
+SCHEMAS: dict[str, tuple[Table, ...]] = {"herald": HERALD, "worker": WORKER, "config": CONFIG}
 
 
 def tables(schema: str) -> tuple[Table, ...]:

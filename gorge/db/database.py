@@ -67,7 +67,7 @@ class Transactions:
         return self.ok + self.failed + self.timed_out
 
 
-def _pinned(engine: Engine, seconds: int, fn: Callable[..., T]) -> Callable[..., T]:
+def _pinned(engine: Engine, seconds: float, fn: Callable[..., T]) -> Callable[..., T]:
     def interaction(txn: Txn, *args: Any) -> T:
         engine.pin_clock(txn, seconds)
         return fn(txn, *args)

@@ -142,11 +142,11 @@ class Engine:
         """Undo what :meth:`begin_atomic` started, and go on in the same interaction."""
         txn.execute(SQL_ROLLBACK)
 
-    def clock_pin(self) -> int | None:
+    def clock_pin(self) -> float | None:
         """Read in the reactor thread before each transaction; see :meth:`pin_clock`."""
         return None
 
-    def pin_clock(self, txn: Txn, seconds: int) -> None:
+    def pin_clock(self, txn: Txn, seconds: float) -> None:
         """Make the database's clock read ``seconds`` for this transaction."""
 
     def next_counter(self, txn: Txn, name: str) -> int:
@@ -225,10 +225,12 @@ class MySQLEngine(Engine):
         if self.autocommit:
             txn.execute(MYSQL_COMMIT)
 
-    def clock_pin(self) -> int | None:
-        return None if self.clock is None else int(self.clock.seconds())
+    def clock_pin(self) -> float | None:
+        # To the microsecond, as the server's own clock: UNIX_TIMESTAMP() still
+        # answers whole seconds, UNIX_TIMESTAMP(NOW(6)) the fraction too.
+        return None if self.clock is None else round(self.clock.seconds(), 6)
 
-    def pin_clock(self, txn: Txn, seconds: int) -> None:
+    def pin_clock(self, txn: Txn, seconds: float) -> None:
         txn.execute(MYSQL_PIN_CLOCK, (seconds,))
 
     def next_counter(self, txn: Txn, name: str) -> int:

@@ -13,14 +13,15 @@ offer a row this process already owns or finished.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from gorge.db import Database
 from gorge.webhook.observation import Observation
 from gorge.webhook.queueview import Seen
+from gorge.webhook.retryafter import held_second
 from gorge.webhook.rows import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, chunks, marks, text
 
 # A batch write of this many rows or fewer runs the one-row statement per row
@@ -89,6 +90,9 @@ SQL_RETIRE = (
 # (docs/webhook.md, "Retry-After and 410 Gone"): dateModified moves to now, as
 # every write of ours does, and nothing else changes.
 SQL_RENEW_HOLD = SQL_CLAIM
+
+# The database's clock to the microsecond: where a Retry-After wait starts.
+SQL_NOW_EXACT = "SELECT UNIX_TIMESTAMP(NOW(6))"
 
 
 @dataclass(frozen=True)
@@ -440,18 +444,30 @@ class Claims:
 
     # -- Retry-After holds ------------------------------------------------------
 
-    async def hold(self, candidate: Candidate, delay: float) -> int | None:
+    async def hold(self, candidate: Candidate, delay: float, *, elapsed: float = 0.0) -> int | None:
         """After a failed attempt left the row queued: do not offer it again
-        before ``delay`` seconds after that attempt (the database's second of
-        the write). Returns the second held until, or None when the row is due
-        no earlier anyway (or is no longer ours)."""
+        before ``delay`` seconds after the answer arrived, ``elapsed`` seconds
+        (this host's clock) before this call. The wait is placed on the
+        database's clock read to the microsecond, never on the whole second
+        of the write. Returns the second held until, or None when the row is
+        due no earlier anyway (or is no longer ours)."""
         stamp = self._view.stamp()
-        rows = await self._db.run("hold", self._observation.read_by_id, [candidate.id])
+        rows, now = await self._db.run("hold", self._read_held, candidate.id)
         seen = rows[0] if rows else None
         if seen is None or seen.status != QUEUED or seen.result != RESULT_FAIL:
             return None
-        not_before = seen.epoch + int(math.ceil(delay))
+        arrival = now - Decimal(repr(max(elapsed, 0.0)))
+        not_before = held_second(arrival, delay)
         return not_before if self._view.hold(seen, not_before, stamp) else None
+
+    def _read_held(self, txn, request_id: int) -> tuple[list[Seen], Decimal]:
+        rows = self._observation.read_by_id(txn, [request_id])
+        if self._engine.name == "sqlite":
+            # The demo's store: the database's clock is this process's.
+            return rows, Decimal(repr(self._db.clock.seconds()))
+        self._db.execute(txn, SQL_NOW_EXACT)
+        (now,) = txn.fetchone()
+        return rows, Decimal(now)
 
     async def renew_holds(self) -> list[int]:
         """Renew the leases of held rows that need it; returns the ids whose row

@@ -29,6 +29,7 @@ from gorge.webhook.lines import HookLines
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.observation import Hook
 from gorge.webhook.settings import WebhookSettings
+from gorge.webhook.silent import SilentMode
 from gorge.webhook.summary import Summary
 from gorge.webhook.transport import CODE_UNRESOLVED, Attempt, Transport
 from gorge.webhook.uripolicy import Target, Unresolvable, UriPolicy, UriRefused
@@ -87,8 +88,10 @@ class Delivery:
         metrics: WebhookMetrics,
         summary: Summary,
         batch_clock: IReactorTime,
+        silent: SilentMode | None = None,
     ) -> None:
         self._lines = lines
+        self._silent = silent
         self._results = results
         self._transport = transport
         self._policy = policy
@@ -125,7 +128,7 @@ class Delivery:
         """The steps before the claim; None when the row has been dealt with."""
         try:
             props = await self._read_properties(candidate)
-            if props is None:
+            if props is None or await self._silenced(candidate, props):
                 return None
             hook = await self._usable_hook(candidate, props)
             if hook is None or not await self._breaker_allows(candidate, hook):
@@ -219,6 +222,19 @@ class Delivery:
             )
             await self._retire(candidate, e.document, payload.CODE_INVALID_PROPERTIES)
             return None
+
+    async def _silenced(self, candidate: Candidate, props: payload.Properties) -> bool:
+        """Phorge's silent mode: the request is failed as ``hook`` / ``silent``
+        without a POST, before any other check, as HeraldWebhookWorker does."""
+        if self._silent is None or not self._silent.silent:
+            return False
+        log.info(
+            "WEBHOOK_REQUEST_SILENCED request={request} hook={hook}",
+            request=candidate.phid,
+            hook=candidate.hook_phid,
+        )
+        await self._retire(candidate, props.document, payload.CODE_SILENT)
+        return True
 
     async def _usable_hook(self, candidate: Candidate, props: payload.Properties) -> Hook | None:
         """Step 2: the hook, looked up by the tick; a missing or disabled one retires the row."""

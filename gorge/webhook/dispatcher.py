@@ -36,6 +36,7 @@ from gorge.webhook.lines import HookLines
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.outage import Outage
 from gorge.webhook.settings import WebhookSettings
+from gorge.webhook.silent import SilentMode
 from gorge.webhook.store import WebhookStore
 from gorge.webhook.summary import Summary
 from gorge.webhook.transport import Attempt, Transport
@@ -67,10 +68,13 @@ class Dispatcher:
         metrics: WebhookMetrics,
         wake: Callable[[], None] | None = None,
         batch_clock: IReactorTime | None = None,
+        silent: SilentMode | None = None,
     ) -> None:
         """``batch_clock`` times the write window (the reactor: real time, even
-        when ``clock``, which paces everything else, is a test's)."""
+        when ``clock``, which paces everything else, is a test's). ``silent``:
+        Phorge's silent mode, read again at the start of a poll when due."""
         self._store = store
+        self._silent = silent
         self._transport = transport
         self._breaker = breaker
         self._settings = settings
@@ -109,6 +113,7 @@ class Dispatcher:
             metrics=metrics,
             summary=self._summary,
             batch_clock=batch_clock,
+            silent=silent,
         )
 
     def set_wake(self, wake: Callable[[], None]) -> None:
@@ -138,6 +143,10 @@ class Dispatcher:
         if self._stopping:
             return
         self._summary.maybe_log()
+        if self._silent is not None:
+            await self._silent.refresh_if_due()
+            if not self._silent.known:
+                return  # neither post nor retire before silent mode is known
         # Read even with every slot busy: the lines and their hook rows are
         # replaced on every tick, so a hook disabled, re-pointed or
         # re-keyed while its backlog is worked takes effect at the next tick.

@@ -23,6 +23,7 @@ CODE_NOT_FOUND = "not-found"
 CODE_DISABLED = "disabled"
 CODE_URI = "uri"
 CODE_REQUEST_BUILD = "request-build-error"
+CODE_SILENT = "silent"  # HeraldWebhookRequest::ERROR_SILENT
 
 SIGNATURE_HEADER = "X-Phabricator-Webhook-Signature"
 

@@ -25,6 +25,7 @@ from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
+from gorge.webhook.silent import SilentMode
 from gorge.webhook.store import WebhookStore
 from gorge.webhook.transport import Transport
 from gorge.webhook.uripolicy import Resolver, UriPolicy, system_resolver
@@ -141,7 +142,8 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         " effective_retry={effective_retry} breaker_threshold={threshold}"
         " breaker_window={window} database={database} store={store}"
         " outbound_blacklist={blacklist} standard_headers={standard_headers}"
-        " retry_after_max={retry_after_max}",
+        " retry_after_max={retry_after_max} silent_from={silent_from}"
+        " silent_recheck={silent_recheck}",
         poll_ms=int(settings.poll_interval * 1000),
         max_concurrent=settings.max_concurrent,
         timeout=settings.delivery_timeout,
@@ -155,6 +157,8 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         blacklist=len(settings.outbound_blacklist),
         standard_headers=settings.standard_headers,
         retry_after_max=settings.retry_after_max,
+        silent_from=",".join(settings.silent_from) or "none",
+        silent_recheck=settings.silent_recheck,
     )
     # The loader's warnings; the combination remarks again for settings built
     # another way (a demo, a test), once each.
@@ -205,6 +209,19 @@ def build_webhook_service(
         clock=clock,
         metrics=metrics,
     )
+    silent = SilentMode(
+        # The demo's SQLite store has no Phorge configuration next to it.
+        sources=tuple(
+            source
+            for source in settings.silent_from
+            if source != "database" or store.db.engine.name == "mysql"
+        ),
+        interval=settings.silent_recheck,
+        clock=clock,
+        db=store.db,
+        config_database=settings.config_database,
+        phorge_root=settings.phorge_root,
+    )
     dispatcher = Dispatcher(
         store=store,
         transport=transport,
@@ -214,6 +231,7 @@ def build_webhook_service(
         clock=clock,
         metrics=metrics,
         batch_clock=reactor,
+        silent=silent,
     )
 
     deliveries = DeliveryLog(

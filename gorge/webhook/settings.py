@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -75,6 +77,32 @@ def parse_blacklist(text: str | None) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
+SILENT_FROM_VAR = "GORGE_WEBHOOK_SILENT_FROM"
+PHORGE_ROOT_VAR = "GORGE_WEBHOOK_PHORGE_ROOT"
+SILENT_SOURCES = ("database", "local")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_]+\Z")
+
+
+def parse_silent_from(text: str | None, phorge_root: str) -> tuple[str, ...]:
+    """Where ``phabricator.silent`` is read: ``database``, ``local`` (both by
+    default when the Phorge root is known, else the database), or ``none``."""
+    if text is None or not text.strip():
+        return ("database", "local") if phorge_root else ("database",)
+    if text.strip().lower() == "none":
+        return ()
+    sources = []
+    for item in (part.strip().lower() for part in text.split(",")):
+        if item not in SILENT_SOURCES:
+            raise ConfigError(
+                SILENT_FROM_VAR, f"{item!r}: expected database, local (comma-separated) or none"
+            )
+        if item not in sources:
+            sources.append(item)
+    if "local" in sources and not phorge_root:
+        raise ConfigError(SILENT_FROM_VAR, f"local needs {PHORGE_ROOT_VAR} (where Phorge lives)")
+    return tuple(sources)
+
+
 # Deliveries in progress per process. 8 left a daemon waiting on round trips
 # with CPU to spare: bench/webhook.py (2,000 rows over 50 hooks) delivered
 # 470-510/s at 8 and 700-920/s at 16. A hook still has at most one.
@@ -97,6 +125,13 @@ class WebhookSettings:
     standard_headers: bool = False
     # The longest wait a receiver's Retry-After may impose on one request.
     retry_after_max: int = 3600
+    # Phorge's silent mode (gorge/webhook/silent.py): where it is read, how
+    # often, and from which database / Phorge root. Built directly (tests, the
+    # demo) it is not read; the environment's loader reads the database.
+    silent_from: tuple[str, ...] = ()
+    silent_recheck: int = 10
+    config_database: str = ""
+    phorge_root: str = ""
     # What the daemon logs at start-up as WEBHOOK_CONFIG_WARNING.
     warnings: tuple[str, ...] = ()
 
@@ -146,6 +181,11 @@ def load_webhook_settings(
         env, default_listen=":8160", listen_override=listen, legacy_names=True
     )
     namespace = env.str(("GORGE_WEBHOOK_NAMESPACE", "STORAGE_NAMESPACE"), "phorge")
+    if not _NAMESPACE.match(namespace):
+        raise ConfigError("GORGE_WEBHOOK_NAMESPACE", f"{namespace!r}: letters, digits and _ only")
+    phorge_root = env.str(PHORGE_ROOT_VAR, "")
+    if phorge_root and not os.path.isdir(phorge_root):
+        raise ConfigError(PHORGE_ROOT_VAR, f"{phorge_root!r} is not a directory")
     tls, tls_ca = load_mysql_tls(env, "GORGE_WEBHOOK_MYSQL_TLS", "GORGE_WEBHOOK_MYSQL_TLS_CA")
     mysql = MySQLSettings(
         host=env.str(name("MYSQL_HOST"), "127.0.0.1"),
@@ -169,6 +209,10 @@ def load_webhook_settings(
         outbound_blacklist=parse_blacklist(env.raw(BLACKLIST_VAR)),
         standard_headers=env.bool("GORGE_WEBHOOK_STANDARD_HEADERS", False),
         retry_after_max=env.int("GORGE_WEBHOOK_RETRY_AFTER_MAX_SEC", 3600, min=0),
+        silent_from=parse_silent_from(env.raw(SILENT_FROM_VAR), phorge_root),
+        silent_recheck=env.int("GORGE_WEBHOOK_SILENT_RECHECK_SEC", 10, min=1),
+        config_database=f"{namespace}_config",
+        phorge_root=phorge_root,
     )
     # Legacy names (collected by every getter above), then the combinations
     # that work but not as one might expect.

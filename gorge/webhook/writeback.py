@@ -81,6 +81,7 @@ class WriteBack:
         next row waits for it). ``follow``: that next row, claimed in the same
         round trip when this attempt succeeded and its result was written;
         True when it is now ours."""
+        arrived = self._clock.seconds()  # a Retry-After counts from the answer
         if attempt.ok:
             status, result, outcome = SENT, RESULT_OKAY, "sent"
         else:
@@ -108,7 +109,7 @@ class WriteBack:
         self._metrics.deliveries.labels(outcome=outcome).inc()
         not_before = None
         if changed and status == QUEUED:
-            not_before = await self._hold_for_retry_after(candidate, hook_phid, attempt)
+            not_before = await self._hold_for_retry_after(candidate, hook_phid, attempt, arrived)
         if attempt.ok:
             self._summary.delivered += 1
             log.info(
@@ -168,23 +169,27 @@ class WriteBack:
             )
 
     async def _hold_for_retry_after(
-        self, candidate: Candidate, hook_phid: str, attempt: Attempt
+        self, candidate: Candidate, hook_phid: str, attempt: Attempt, arrived: float
     ) -> int | None:
-        """A 429/503 with Retry-After: the next attempt waits that long (bounded),
-        when that is later than the fixed retry. Returns the database second held until."""
+        """A 429/503 with Retry-After: the next attempt waits that long after the
+        answer's arrival (bounded), when that is later than the fixed retry.
+        Returns the database second held until."""
         if (
             attempt.code not in retryafter.STATUSES
             or attempt.retry_after is None
             or not self._settings.retry_after_max
         ):
             return None
-        asked = retryafter.retry_after_seconds(attempt.retry_after, self._clock.seconds())
-        if asked is None:
+        delay = retryafter.wait_seconds(
+            attempt.retry_after, arrived, self._settings.retry_after_max
+        )
+        if delay is None:
             self._metrics.retry_after.labels(result="unreadable").inc()
             return None
         try:
-            delay = min(asked, float(self._settings.retry_after_max))
-            not_before = await self._claims.hold(candidate, delay)
+            # Durations on this host's clock, moments on the database's.
+            elapsed = self._clock.seconds() - arrived
+            not_before = await self._claims.hold(candidate, delay, elapsed=elapsed)
         except Exception as e:
             # Not held: the row is retried after the fixed retry, like any failure.
             log.error(

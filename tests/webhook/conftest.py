@@ -335,14 +335,20 @@ def make_harness(mariadb, herald_db):
     made: list[Harness] = []
 
     def make(
-        *, clock: task.Clock | None = None, resolver=None, http_client=None, **overrides
+        *,
+        clock: task.Clock | None = None,
+        db_clock: task.Clock | None = None,
+        resolver=None,
+        http_client=None,
+        **overrides,
     ) -> Harness:
+        """``db_clock``: the database's own clock, when it is not the daemon's."""
         clock = clock or task.Clock()
         if clock.seconds() == 0:
             clock.advance(T0)
         settings = webhook_settings(mariadb.settings(herald_db), **overrides)
         registry = CollectorRegistry()
-        store = WebhookStore.mysql(settings.mysql, reactor, db_clock=clock)
+        store = WebhookStore.mysql(settings.mysql, reactor, db_clock=db_clock or clock)
         service = build_webhook_service(
             settings,
             reactor,

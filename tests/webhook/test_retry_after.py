@@ -6,6 +6,7 @@ every wait is exact to the second.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from urllib.parse import quote
 
 import pytest
@@ -14,7 +15,12 @@ from hypothesis import strategies as st
 from twisted.web.http import datetimeToString
 
 from gorge.webhook.queueview import QUEUED, QueueView, Seen
-from gorge.webhook.retryafter import retry_after_seconds
+from gorge.webhook.retryafter import (
+    MICROSECOND,
+    held_second,
+    retry_after_seconds,
+    wait_seconds,
+)
 
 FOREVER = {"retry": "forever", "transactionPHIDs": [], "triggerPHIDs": []}
 NEVER = {"retry": "never", "transactionPHIDs": [], "triggerPHIDs": []}
@@ -300,3 +306,101 @@ async def test_410_is_logged_once_per_hook_counted_and_follows_the_retry_mode(
     herald.insert_request(hook=gone, created=int(harness.clock.seconds()), properties=NEVER)
     await harness.run_tick()
     assert len(captured_log.named("WEBHOOK_RECEIVER_GONE")) == 3
+
+
+# -- to the millisecond ----------------------------------------------------------------
+
+
+@given(
+    value=st.one_of(
+        st.integers(0, 10**7).map(str),
+        st.integers(0, 253402300799).map(lambda moment: datetimeToString(moment).decode()),
+    ),
+    arrived=st.integers(0, 4 * 10**12).map(lambda ms: ms / 1000),  # host clock, to the ms
+    skew=st.integers(-(10**9), 10**9).map(lambda us: Decimal(us) / 10**6),  # database - host
+    cap=st.integers(0, 10**6),
+)
+def test_the_held_second_is_never_before_the_moment_asked_for_nor_a_second_past_it(
+    value, arrived, skew, cap
+):
+    """For every Retry-After value and arrival time: the next attempt, made at
+    the first poll whose database second reaches the held second, never comes
+    before the moment asked for (capped), and the hold is never longer than
+    that moment rounded up to the database's next whole second."""
+    wait = wait_seconds(value, arrived, cap)
+    asked = retry_after_seconds(value, arrived)
+    assert wait is not None and asked is not None
+    assert 0 <= wait <= cap and wait == min(asked, cap)
+    arrival = Decimal(repr(arrived)) + skew  # the database's clock at the arrival
+    held = held_second(arrival, wait)
+    moment = arrival + Decimal(repr(wait))
+    assert held >= moment - MICROSECOND  # never early (beyond the database's precision)
+    assert held < moment + 1
+    assert held - arrival <= cap + 1
+
+
+async def _posts_until(harness, db_clock, receiver, until: float, step: float) -> list[float]:
+    """Tick every ``step`` seconds (both clocks) up to ``until``; the clock time of each POST."""
+    posts: list[float] = []
+    while harness.clock.seconds() < until:
+        harness.clock.advance(step)
+        if db_clock is not harness.clock:
+            db_clock.advance(step)
+        before = receiver.count()
+        await harness.run_tick()
+        posts += [harness.clock.seconds()] * (receiver.count() - before)
+    return posts
+
+
+@pytest.mark.integration
+async def test_retry_after_seconds_counts_from_the_arrival_not_from_its_whole_second(
+    herald, receiver, make_harness
+):
+    harness = make_harness()
+    hook = herald.insert_hook(uri=f"{receiver.base}/status/429/after/120")
+    request_id = herald.insert_request(
+        hook=hook, created=int(harness.clock.seconds()), properties=FOREVER
+    )
+    harness.clock.advance(0.9)  # the answer arrives 0.9 s into a second
+    arrived = harness.clock.seconds()
+    await harness.run_tick()
+    assert receiver.count() == 1
+    assert harness.store.claims.held_until(request_id) == int(arrived) + 121
+
+    # Polls every second (the default interval) keep the hold's lease renewed, then
+    # every 0.1 s around the moment.
+    assert await _posts_until(harness, harness.clock, receiver, arrived + 115, step=1) == []
+    posts = await _posts_until(harness, harness.clock, receiver, arrived + 122, step=0.1)
+    assert posts, "the request was not attempted again"
+    assert posts[0] >= arrived + 120  # never before the delay asked for
+    assert posts[0] <= arrived + 121.1  # and at the next whole second of the database after it
+
+
+@pytest.mark.integration
+async def test_an_http_date_is_waited_for_on_a_database_clock_behind_this_host(
+    herald, receiver, make_harness
+):
+    # The database's clock is 0.6 s behind this host's: the date is a moment on
+    # the receiver's (and this host's) clock, and the wait is measured from the
+    # answer's arrival, not from the database's whole second of the write.
+    from twisted.internet import task
+
+    db_clock = task.Clock()
+    harness = make_harness(db_clock=db_clock)
+    db_clock.advance(harness.clock.seconds() - 0.6)
+    start = int(harness.clock.seconds())
+    date = start + 300
+    hook = herald.insert_hook(
+        uri=f"{receiver.base}/status/503/after/" + quote(datetimeToString(date).decode())
+    )
+    herald.insert_request(hook=hook, created=start - 1, properties=FOREVER)
+    harness.clock.advance(0.2)
+    db_clock.advance(0.2)
+    await harness.run_tick()
+    assert receiver.count() == 1
+
+    assert await _posts_until(harness, db_clock, receiver, date - 5, step=1) == []
+    posts = await _posts_until(harness, db_clock, receiver, date + 2, step=0.1)
+    assert posts, "the request was not attempted again"
+    assert posts[0] >= date  # never before the date
+    assert posts[0] <= date + 1.1
