@@ -154,6 +154,17 @@ async def test_a_stopped_worker_opens_a_gorge_issue_and_a_started_one_closes_it(
         assert "gorge-worker Is Not Running Tasks" in page
         assert STOCK not in await open_issue_keys(console, admin)
 
+        # With taskmasters configured (before the hand-over, after switching
+        # back) a stopped gorge-worker is only a daemon down; Phorge's own
+        # issue speaks for the queue.
+        console.site.configure({"phd.taskmasters": None})
+        try:
+            keys = await open_issue_keys(console, admin)
+            assert "gorge.daemon.worker" in keys and STOCK in keys
+            assert WORKER_DOWN not in keys
+        finally:
+            console.site.configure({"phd.taskmasters": 0})
+
         # While nothing leases: one task waiting, one leased through
         # gorge-taskqueue by a worker-style owner.
         waiting = await console.site.helper(

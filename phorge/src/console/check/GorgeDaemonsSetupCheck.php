@@ -45,17 +45,18 @@ final class GorgeDaemonsSetupCheck extends PhabricatorSetupCheck {
       return;
     }
 
+    $runs_queue = self::gorgeRunsTheQueue();
     $health = GorgeDaemonHealth::probeAll($daemons);
     foreach ($health as $name => $item) {
       if ($name === GorgeDaemon::WORKER) {
-        $this->checkWorker($item);
+        $this->checkWorker($item, $runs_queue);
       } else {
         $this->checkReadiness($item);
       }
       $this->checkVersion($item);
     }
 
-    if (isset($daemons[GorgeDaemon::WORKER]) && self::gorgeRunsTheQueue()) {
+    if (isset($daemons[GorgeDaemon::WORKER]) && $runs_queue) {
       $this->ignoreStockDaemonsIssue();
     }
   }
@@ -95,7 +96,7 @@ final class GorgeDaemonsSetupCheck extends PhabricatorSetupCheck {
       ->addPhabricatorConfig('gorge.daemons');
   }
 
-  private function checkWorker(GorgeDaemonHealth $item) {
+  private function checkWorker(GorgeDaemonHealth $item, $runs_queue) {
     $problem = $item->getReadinessProblem();
     if ($problem === null) {
       return;
@@ -124,6 +125,13 @@ final class GorgeDaemonsSetupCheck extends PhabricatorSetupCheck {
             'ERR-NOT-ADMIN',
             'ERR-INVALID-AUTH',
             'ERR-CONDUIT-CALL'));
+      return;
+    }
+
+    if (!$runs_queue) {
+      // Phorge's taskmasters still run (before the hand-over, or after
+      // switching back): a worker that is down stops no task.
+      $this->checkReadiness($item);
       return;
     }
 
