@@ -188,7 +188,12 @@ async def test_schemathesis_finds_nothing_in_the_taskqueue(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_schemathesis_finds_nothing_in_the_mailer(tmp_path):
     daemon = TwistdProcess(
-        reactor, "gorge-mailer", environ(GORGE_MAILER_CONFIG='[{"key":"t","type":"test"}]')
+        reactor,
+        "gorge-mailer",
+        environ(
+            GORGE_MAILER_CONFIG='[{"key":"t","type":"test"}]',
+            GORGE_MAILER_IDEMPOTENCY_DB=str(tmp_path / "mailer-idempotency.sqlite3"),
+        ),
     )
     await _run_against(daemon, "mailer", tmp_path)
 
