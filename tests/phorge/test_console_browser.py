@@ -280,3 +280,117 @@ async def lease(s, task_class: str, limit: int) -> list[dict]:
     body = json.loads(await response.content())
     assert response.code == 200, body
     return body["data"]
+
+
+BULK_CLASS = "GorgeConsoleNoSuchBulkWorker"
+
+
+def browse_bulk(base: str, admin: Person, hook_name: str) -> dict:
+    """Retry dead tasks by class, and a hook's failed requests since a time:
+    each a choice, a count shown, a confirmation."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": "phsid", "value": admin.session, "url": base + "/"}])
+            page = context.new_page()
+            page.set_default_timeout(BROWSER_TIMEOUT_MS)
+
+            def submit() -> str:
+                with page.expect_navigation():
+                    page.click("button[name=__submit__]")
+                return page.inner_text("body")
+
+            page.goto(base + "/gorge/tasks/")
+            page.click('a[href="/gorge/tasks/retry-class/"]')
+            page.select_option("select[name=taskClass]", BULK_CLASS)
+            seen["task_count"] = submit()
+            seen["task_done"] = submit()
+
+            page.goto(base + "/gorge/webhooks/")
+            page.click('a[href="/gorge/webhooks/retry-since/"]')
+            page.select_option("select[name=hookPHID]", label=hook_name)
+            page.select_option("select[name=window]", "3600")
+            seen["hook_count"] = submit()
+            seen["hook_done"] = submit()
+        finally:
+            browser.close()
+    return seen
+
+
+async def test_an_administrator_retries_dead_tasks_by_class_and_a_hooks_failures_since(console):
+    s = console
+    admin = await person(s, "bulkadmin", admin=True)
+
+    dead = [
+        (await s.site.helper("schedule", taskClass=BULK_CLASS, data={"n": n}))["taskID"]
+        for n in (1, 2)
+    ]
+    await s.until(lambda: all(s.archived(i) for i in dead), "both dead tasks archived")
+
+    [hook] = (
+        await s.site.helper(
+            "hooks",
+            author="gorge-worker",
+            name="bulk",
+            count=1,
+            uri=s.receiver.base + "/status/503",
+        )
+    )["hookPHIDs"]
+    obj = await s.site.helper("maniphest-task", author="gorge-worker", title="bulk hook")
+    await s.site.helper(
+        "webhook-batch",
+        hookPHIDs=[hook],
+        count=2,
+        objectPHID=obj["phid"],
+        transactionPHIDs=obj["transactionPHIDs"],
+        retryMode="never",
+    )
+
+    def requests(status: str):
+        rows = s.site.rows(
+            "herald",
+            "SELECT * FROM herald_webhookrequest WHERE webhookPHID = %s AND status = %s",
+            hook,
+            status,
+        )
+        return rows if len(rows) == 2 else None
+
+    failed = await s.until(lambda: requests("failed"), "both requests failed")
+    s.site.execute(
+        "herald",
+        "UPDATE herald_webhook SET webhookURI = %s WHERE phid = %s",
+        s.receiver.base + "/bulk-ok",
+        hook,
+    )
+
+    await s.gorge.stop("worker")
+    try:
+        seen = await deferToThread(browse_bulk, s.site.base_uri, admin, "bulk 0")
+
+        assert "2 dead task(s) of class " + BULK_CLASS in seen["task_count"]
+        assert "Retried 2 Tasks" in seen["task_done"]
+        for task_id in dead:
+            row = s.task(task_id)
+            assert row["table"] == "worker_activetask" and row["failureCount"] == 0
+
+        assert "2 failed request(s) of bulk 0" in seen["hook_count"]
+        assert "Retried 2 Requests" in seen["hook_done"]
+
+        logs = (await s.site.helper("user-logs", action="gorge-console"))["logs"]
+        mine = {e["details"]["action"]: e["details"] for e in logs if e["actorPHID"] == admin.phid}
+        assert sorted(mine["retry-class"]["taskIDs"]) == sorted(dead)
+        assert mine["retry-webhook-since"]["retried"] == 2
+    finally:
+        for task_id in dead:
+            if (s.task(task_id) or {}).get("table") == "worker_activetask":
+                s.forget_task(task_id)
+        if "worker" not in s.gorge.daemons:
+            await start_worker(s)
+
+    await s.until(lambda: requests("sent"), "both retried requests delivered")
+    assert s.receiver.count("/bulk-ok") == 2
+    assert {r["id"] for r in failed} == {r["id"] for r in requests("sent")}

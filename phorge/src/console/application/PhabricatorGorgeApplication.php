@@ -44,9 +44,11 @@ final class PhabricatorGorgeApplication extends PhabricatorApplication {
       '/gorge/' => array(
         '' => 'GorgeConsoleOverviewController',
         'tasks/' => 'GorgeConsoleTaskListController',
+        'tasks/retry-class/' => 'GorgeConsoleTaskRetryClassController',
         'task/(?P<verb>requeue|retry|cancel|free|priority)/(?P<id>[1-9]\d*)/'
           => 'GorgeConsoleTaskActionController',
         'webhooks/' => 'GorgeConsoleWebhookListController',
+        'webhooks/retry-since/' => 'GorgeConsoleWebhookRetrySinceController',
         'webhook/retry/(?P<id>[1-9]\d*)/'
           => 'GorgeConsoleWebhookRetryController',
         'mail/' => 'GorgeConsoleMailController',

@@ -49,6 +49,22 @@ abstract class GorgeConsoleController extends PhabricatorController {
       ->setTable($table);
   }
 
+  protected function newBoxWithAction($title, $table, $action_label,
+    $action_uri) {
+    $button = id(new PHUIButtonView())
+      ->setTag('a')
+      ->setText($action_label)
+      ->setHref($action_uri)
+      ->setIcon('fa-repeat');
+    $header = id(new PHUIHeaderView())
+      ->setHeader($title)
+      ->addActionLink($button);
+    return id(new PHUIObjectBoxView())
+      ->setHeader($header)
+      ->setBackground(PHUIObjectBoxView::BLUE_PROPERTY)
+      ->setTable($table);
+  }
+
   protected function newNotice($title, $message,
     $severity = PHUIInfoView::SEVERITY_WARNING) {
     return id(new PHUIInfoView())

@@ -175,7 +175,11 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
         ))
       ->setColumnClasses(array('n', 'wide pri', 'n', '', 'action'));
 
-    return $this->newBox(pht('Dead Tasks (Failed Permanently)'), $table);
+    return $this->newBoxWithAction(
+      pht('Dead Tasks (Failed Permanently)'),
+      $table,
+      pht('Retry by Class'),
+      $this->getApplicationURI('tasks/retry-class/'));
   }
 
   private function newActionButton($verb, $id, $label) {

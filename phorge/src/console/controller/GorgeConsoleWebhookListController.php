@@ -138,7 +138,11 @@ final class GorgeConsoleWebhookListController extends GorgeConsoleController {
         ))
       ->setColumnClasses(array('n', 'wide', '', '', '', '', 'action'));
 
-    return $this->newBox(pht('Recent Failures'), $table);
+    return $this->newBoxWithAction(
+      pht('Recent Failures'),
+      $table,
+      pht('Retry Failed Since...'),
+      $this->getApplicationURI('webhooks/retry-since/'));
   }
 
 }
