@@ -8,7 +8,10 @@ daemon console over the tables gorge-taskqueue serves.
 * gorge-worker stopped: "gorge-worker Is Not Running Tasks" opens on the next
   run of the checks (the Setup Issues page runs them on every load; the wait
   is bounded, never slept); started again: it is gone.
-* ``/daemon/`` lists the tasks gorge completed, leased and left queued."""
+* ``/daemon/`` lists the tasks gorge completed, leased and left queued.
+* ``gorge.daemons`` is locked, hidden and validated; a refused token and a
+  gorge mailer missing from ``cluster.mailers`` are issues; a console
+  action without Phorge's CSRF token changes nothing."""
 
 from __future__ import annotations
 
@@ -229,3 +232,35 @@ async def until_async(s, check, what: str, bound: float = WITHIN) -> None:
         if reactor.seconds() > deadline:
             raise AssertionError(f"not reached within {bound:g}s: {what}")
         await deferLater(reactor, 0.2)
+
+
+async def test_a_console_action_without_phorges_csrf_token_changes_nothing(console, admin):
+    # Not before an hour from now: gorge-worker leaves it alone meanwhile.
+    from twisted.internet import reactor
+
+    task = await console.site.helper(
+        "schedule",
+        taskClass="PhabricatorTestWorker",
+        data={"note": "csrf"},
+        delayUntil=int(reactor.seconds()) + 3600,
+    )
+    try:
+        path = f"/gorge/task/cancel/{task['taskID']}/"
+        response = await treq.post(
+            console.site.base_uri + path,
+            data={"__form__": "1"},
+            cookies=admin.cookies,
+            allow_redirects=False,
+            timeout=60,
+        )
+        page = (await response.content()).decode("utf-8", "replace")
+        assert response.code != 302
+        assert "CSRF" in page
+        assert console.task(task["taskID"])["table"] == "worker_activetask"
+
+        # The same page, fetched, only asks.
+        code, dialog = await get_page(console, admin, path)
+        assert code == 200 and "Cancel Task" in dialog
+        assert console.task(task["taskID"])["table"] == "worker_activetask"
+    finally:
+        console.forget_task(task["taskID"])
