@@ -159,6 +159,11 @@ class KeyedSends:
         self._stopping = False
 
     @property
+    def opened(self) -> SendRecords | None:
+        """The store, once the first keyed send has opened it."""
+        return self._records
+
+    @property
     def records(self) -> SendRecords:
         if self._records is None:
             self._records = self._open_records()

@@ -7,10 +7,12 @@ real constructor (tests and the demo call it with their own reactor).
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 from twisted.application.service import IService
 from twisted.internet.task import deferLater
 from twisted.python import usage
@@ -22,6 +24,7 @@ from gorge.app.systemd import SystemdNotifier, watchdog_heartbeat
 from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
 from gorge.client.agent import make_agent
+from gorge.db.sqlmetrics import TransactionMetrics
 from gorge.log.logger import Logger
 from gorge.mailer.api import MailerApi
 from gorge.mailer.backends import build_backend
@@ -131,6 +134,7 @@ def build_mailer_service(
     tree = ServiceTree("gorge-mailer")
     tree.add("mailer-http-pool", stop=pool.closeCachedConnections)
     if keyed is not None:
+        registry.register(_StoreTransactions(keyed))
         # Before the drain, so it stops after it: the last sends record their answers.
         prune_start, prune_stop = _pruning(keyed, reactor)
         tree.add("mailer-idempotency", start=prune_start, stop=prune_stop)
@@ -181,6 +185,18 @@ def _keyed_sends(
         retention=settings.retention,
         max_entries=settings.max_entries,
     )
+
+
+class _StoreTransactions(Collector):
+    """The idempotency store's ``gorge_sql_*`` metrics, once it is open."""
+
+    def __init__(self, keyed: KeyedSends) -> None:
+        self._keyed = keyed
+
+    def collect(self) -> Iterator[Metric]:
+        records = self._keyed.opened
+        if records is not None:
+            yield from TransactionMetrics(records.db).collect()
 
 
 def _pruning(

@@ -400,6 +400,9 @@ async def test_a_repeated_key_over_http_is_answered_the_same_and_marked_replayed
     assert first == (200, {"data": {"mailerKey": "t", "messageId": "test-1"}}, None)
     assert second == (200, first[1], ["true"])
     assert h.backends["t"].accepted == 1
+    _, _, metrics = await h.get("/metrics")
+    assert b'gorge_mailer_idempotent_sends_total{result="replayed"} 1.0' in metrics
+    assert b'gorge_sql_transactions_total{outcome="ok",txn="claim"} 2.0' in metrics
 
 
 @pytest_twisted.ensureDeferred
