@@ -16,7 +16,7 @@ from twisted.enterprise import adbapi
 
 from gorge.config import MySQLSettings
 
-__all__ = ["make_pool", "is_transient", "is_retryable", "error_reason"]
+__all__ = ["connect", "make_pool", "is_transient", "is_retryable", "error_reason"]
 
 DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
 
@@ -84,6 +84,26 @@ def _connect_with(settings: MySQLSettings) -> Callable[..., Any]:
             return context if sslp == {} else super()._create_ssl_ctx(sslp)
 
     return _PreferredTLS
+
+
+def connect(settings: MySQLSettings) -> Any:
+    """One blocking autocommit connection of its own, opened as the pool's are
+    (TLS, timeouts, session), for what must stay on one session: named locks.
+    Call it in a thread, never in the reactor's."""
+    connection = _connect_with(settings)(
+        host=settings.host,
+        port=settings.port,
+        user=settings.user,
+        password=settings.password,
+        database=settings.database,
+        charset="utf8mb4",
+        autocommit=True,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        write_timeout=settings.write_timeout,
+    )
+    _set_session(connection)
+    return connection
 
 
 def make_pool(

@@ -25,6 +25,7 @@ from gorge.webhook import payload
 from gorge.webhook.batching import Coalescer
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.claims import Candidate, Claims
+from gorge.webhook.hooklock import HookLocks
 from gorge.webhook.lines import HookLines
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.observation import Hook
@@ -89,9 +90,11 @@ class Delivery:
         summary: Summary,
         batch_clock: IReactorTime,
         silent: SilentMode | None = None,
+        locks: HookLocks | None = None,
     ) -> None:
         self._lines = lines
         self._silent = silent
+        self._locks = locks
         self._results = results
         self._transport = transport
         self._policy = policy
@@ -117,6 +120,8 @@ class Delivery:
         if checked is None:
             return None
         try:
+            if not await self._locked(candidate, checked.hook):
+                return None
             if not await self._claim(candidate, checked.hook):
                 return None
         except Exception:
@@ -304,6 +309,22 @@ class Delivery:
         except Unresolvable as e:
             return Destination(target=None, unresolved=f"{e.host}: {e.reason}")
 
+    async def _locked(self, candidate: Candidate, hook: Hook) -> bool:
+        """Phorge's per-hook lock, held from before the claim until the hook is idle
+        here again: someone else holding it (a replica, a Phorge worker) is posting
+        to the hook, so its rows wait for a later tick."""
+        if self._locks is None or await self._locks.acquire(hook.phid):
+            return True
+        skipped = 1 + self._lines.drop(hook.phid)
+        self._metrics.claims.labels(result="locked").inc(skipped)
+        log.debug(
+            "WEBHOOK_HOOK_LOCKED request={request} hook={hook} rows={rows}",
+            request=candidate.phid,
+            hook=hook.phid,
+            rows=skipped,
+        )
+        return False
+
     async def _claim(self, candidate: Candidate, hook: Hook) -> bool:
         """Step 6: the compare-and-set; nothing is sent without it."""
         try:
@@ -319,6 +340,9 @@ class Delivery:
             )
             return False
         if not won:
+            # Someone else has the row, so its hook too: this hook's later rows
+            # wait for a later tick rather than go out beside it or before it.
+            self._drop_line(hook.phid)
             self._metrics.claims.labels(result="lost").inc()
             self._summary.claims_lost += 1
             log.debug(

@@ -32,6 +32,7 @@ from gorge.webhook import payload
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.claims import Candidate
 from gorge.webhook.delivery import Checked, Claimed, Delivery, process_failed
+from gorge.webhook.hooklock import HookLocks
 from gorge.webhook.lines import HookLines
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.outage import Outage
@@ -69,10 +70,12 @@ class Dispatcher:
         wake: Callable[[], None] | None = None,
         batch_clock: IReactorTime | None = None,
         silent: SilentMode | None = None,
+        locks: HookLocks | None = None,
     ) -> None:
         """``batch_clock`` times the write window (the reactor: real time, even
         when ``clock``, which paces everything else, is a test's). ``silent``:
-        Phorge's silent mode, read again at the start of a poll when due."""
+        Phorge's silent mode, read again at the start of a poll when due.
+        ``locks``: Phorge's per-hook lock, held while a hook has a row in process."""
         self._store = store
         self._silent = silent
         self._transport = transport
@@ -84,7 +87,8 @@ class Dispatcher:
         self._cap = settings.max_concurrent
         self._look_ahead = settings.effective_lease - settings.delivery_timeout >= AHEAD_SLACK
         self._batch = settings.max_concurrent * BATCH_PER_SLOT
-        self._lines = HookLines()
+        self._locks = locks
+        self._lines = HookLines(on_idle=self._hook_idle if locks is not None else None)
         self._active = 0
         self._inflight = InFlight()
         self._stopping = False
@@ -114,7 +118,15 @@ class Dispatcher:
             summary=self._summary,
             batch_clock=batch_clock,
             silent=silent,
+            locks=locks,
         )
+
+    def _hook_idle(self, hook_phid: str) -> None:
+        """No row of the hook in process any more: its lock goes."""
+        assert self._locks is not None
+        released = self._locks.release(hook_phid)
+        if released is not None:
+            self._inflight.track(released)
 
     def set_wake(self, wake: Callable[[], None]) -> None:
         self._wake = wake

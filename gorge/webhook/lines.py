@@ -12,7 +12,7 @@ by then are simply read again.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gorge.webhook.claims import Candidate
 from gorge.webhook.observation import Hook
@@ -25,7 +25,9 @@ class HookLines:
     them, and a row leaves its line when a slot takes it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_idle: Callable[[str], None] | None = None) -> None:
+        """``on_idle(hook)``: the hook has no row in process any more (its lock goes)."""
+        self._on_idle = on_idle
         self._lines: dict[str, deque[Candidate]] = {}
         self._hooks: dict[str, Hook] = {}
         # Rows in process per hook: a hook is busy while it has any.
@@ -34,8 +36,12 @@ class HookLines:
 
     def replace(self, rows: Iterable[Candidate], hooks: dict[str, Hook]) -> None:
         """A tick's candidates and the hooks it looked up for them, together: every
-        candidate a slot takes from a line finds its hook's row here."""
-        self._hooks = hooks
+        candidate a slot takes from a line finds its hook's row here. A hook
+        with a row in process keeps the row it was checked against while the
+        tick has none of its rows (they may all be in process, or wait behind
+        another process's claim): the slot's next row of it still finds it."""
+        kept = {phid: self._hooks[phid] for phid in self._busy if phid in self._hooks}
+        self._hooks = {**kept, **hooks}
         lines: dict[str, deque[Candidate]] = {}
         for candidate in rows:
             if candidate.id not in self._in_process:
@@ -90,6 +96,8 @@ class HookLines:
             self._busy[candidate.hook_phid] = left
         else:
             self._busy.pop(candidate.hook_phid, None)
+            if self._on_idle is not None:
+                self._on_idle(candidate.hook_phid)
 
     def _next_idle(self) -> Candidate | None:
         best: deque[Candidate] | None = None

@@ -185,8 +185,29 @@ class QueueView:
             if row is not None and not row.in_due and row.due_at == due_at:
                 self._add_due(request_id, row)
         excluded = set(exclude)
-        lines = [ids for hook, ids in self._due.items() if ids and hook not in excluded]
+        ahead = self._first_in_flight_elsewhere()
+        lines = []
+        for hook, ids in self._due.items():
+            if not ids or hook in excluded:
+                continue
+            first = ahead.get(hook)
+            # A hook's rows go out in id order: none after a row another process
+            # is posting (or died posting) until that one is written or due again.
+            lines.append(ids if first is None else ids[: bisect.bisect_left(ids, first)])
         return list(itertools.islice(heapq.merge(*lines), limit))
+
+    def _first_in_flight_elsewhere(self) -> dict[str, int]:
+        """Per hook, the oldest row under another process's claim for its first
+        attempt (a retry's claim cannot be told from its failure write, and
+        retries keep no order anyway)."""
+        first: dict[str, int] = {}
+        for request_id in self._leased:
+            row = self._rows.get(request_id)
+            if row is None or row.result == RESULT_FAIL or row.in_due or row.due_at <= self.now:
+                continue  # gone, a retry, or its lease has run out: it is due itself
+            if request_id < first.get(row.hook, request_id + 1):
+                first[row.hook] = request_id
+        return first
 
     # -- observations ------------------------------------------------------
 

@@ -23,6 +23,7 @@ from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
+from gorge.webhook.hooklock import HookLocks
 from gorge.webhook.metrics import WebhookMetrics
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 from gorge.webhook.silent import SilentMode
@@ -78,6 +79,7 @@ def webhook_tree(
     dispatcher: Dispatcher,
     site,
     notifier: SystemdNotifier | None,
+    locks: HookLocks | None = None,
 ) -> ServiceTree:
     """Start: listener, then the poll loop. Stop: listener, loop, drain, pools.
 
@@ -93,6 +95,8 @@ def webhook_tree(
     budget = StopBudget(settings.shutdown_budget, clock)
 
     async def close_store() -> None:
+        if locks is not None:
+            locks.close()
         store.close()
         log.info("WEBHOOK_STOPPED")
 
@@ -143,7 +147,7 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         " breaker_window={window} database={database} store={store}"
         " outbound_blacklist={blacklist} standard_headers={standard_headers}"
         " retry_after_max={retry_after_max} silent_from={silent_from}"
-        " silent_recheck={silent_recheck}",
+        " silent_recheck={silent_recheck} hook_lock={hook_lock}",
         poll_ms=int(settings.poll_interval * 1000),
         max_concurrent=settings.max_concurrent,
         timeout=settings.delivery_timeout,
@@ -159,6 +163,7 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         retry_after_max=settings.retry_after_max,
         silent_from=",".join(settings.silent_from) or "none",
         silent_recheck=settings.silent_recheck,
+        hook_lock=settings.hook_lock,
     )
     # The loader's warnings; the combination remarks again for settings built
     # another way (a demo, a test), once each.
@@ -222,6 +227,12 @@ def build_webhook_service(
         config_database=settings.config_database,
         phorge_root=settings.phorge_root,
     )
+    # Phorge's per-hook lock is MySQL's; the demo's SQLite store has no other writer.
+    locks = (
+        HookLocks(settings.mysql, settings.lock_namespace, reactor)
+        if settings.hook_lock and store.db.engine.name == "mysql"
+        else None
+    )
     dispatcher = Dispatcher(
         store=store,
         transport=transport,
@@ -232,6 +243,7 @@ def build_webhook_service(
         metrics=metrics,
         batch_clock=reactor,
         silent=silent,
+        locks=locks,
     )
 
     deliveries = DeliveryLog(
@@ -259,6 +271,7 @@ def build_webhook_service(
         dispatcher=dispatcher,
         site=site,
         notifier=notifier,
+        locks=locks,
     )
 
 

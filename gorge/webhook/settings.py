@@ -132,8 +132,20 @@ class WebhookSettings:
     silent_recheck: int = 10
     config_database: str = ""
     phorge_root: str = ""
+    # Phorge's storage.default-namespace ("" = the herald database's name
+    # without "_herald"), and whether the per-hook lock is taken (hooklock.py).
+    namespace: str = ""
+    hook_lock: bool = True
     # What the daemon logs at start-up as WEBHOOK_CONFIG_WARNING.
     warnings: tuple[str, ...] = ()
+
+    @property
+    def lock_namespace(self) -> str:
+        """The namespace Phorge digests into its lock names."""
+        if self.namespace:
+            return self.namespace
+        database = self.mysql.database
+        return database[: -len("_herald")] if database.endswith("_herald") else database
 
     @property
     def effective_lease(self) -> int:
@@ -213,6 +225,8 @@ def load_webhook_settings(
         silent_recheck=env.int("GORGE_WEBHOOK_SILENT_RECHECK_SEC", 10, min=1),
         config_database=f"{namespace}_config",
         phorge_root=phorge_root,
+        namespace=namespace,
+        hook_lock=env.bool("GORGE_WEBHOOK_HOOK_LOCK", True),
     )
     # Legacy names (collected by every getter above), then the combinations
     # that work but not as one might expect.

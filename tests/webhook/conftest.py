@@ -29,6 +29,8 @@ class Received:
     path: str
     headers: dict[str, list[str]]
     body: bytes
+    peer_port: int = 0  # the sender's side of the connection
+    answered: bool = False
 
 
 class _ReceiverResource(resource.Resource):
@@ -44,7 +46,8 @@ class _ReceiverResource(resource.Resource):
             k.decode().lower(): [v.decode("latin-1") for v in vs]
             for k, vs in request.requestHeaders.getAllRawHeaders()
         }
-        self._owner.requests.append(Received(path, headers, request.content.read()))
+        got = Received(path, headers, request.content.read(), request.getClientAddress().port)
+        self._owner.requests.append(got)
         status = 200
         if "/status/" in path:
             status = int(path.rsplit("/status/", 1)[1].split("/")[0])
@@ -68,6 +71,7 @@ class _ReceiverResource(resource.Resource):
         gate = owner.hold_until_arrived.get(path)
         if owner.delay <= 0 and gate is None:
             owner.active[path] -= 1
+            got.answered = True
             return b"ok"
 
         gone = []
@@ -75,6 +79,7 @@ class _ReceiverResource(resource.Resource):
 
         def answer(_):
             owner.active[path] -= 1
+            got.answered = True
             if not request.finished and not gone:
                 request.write(b"ok")
                 request.finish()

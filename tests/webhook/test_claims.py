@@ -76,8 +76,10 @@ async def test_two_dispatchers_holding_the_same_candidates_post_each_once(
     for n in range(5):
         hook = herald.insert_hook(uri=f"{receiver.base}/h{n}")
         herald.insert_request(hook=hook, object_phid=f"PHID-TASK-{n:020d}")
-    one = make_harness(max_concurrent=1)
-    two = make_harness(clock=one.clock, max_concurrent=1)
+    # The claim alone decides here: with the per-hook lock the second
+    # dispatcher would not reach the claim of a hook the first one holds.
+    one = make_harness(max_concurrent=1, hook_lock=False)
+    two = make_harness(clock=one.clock, max_concurrent=1, hook_lock=False)
     # Both dispatchers must reach the claim of a row before either may run it.
     arrivals: dict[int, list[Deferred]] = {}
 

@@ -82,7 +82,12 @@ async def test_three_daemons_deliver_each_of_300_rows_exactly_once(
     hooks = [herald.insert_hook(uri=f"{receiver.base}/hook{i}") for i in range(10)]
     for n in range(300):
         herald.insert_request(hook=hooks[n % 10], object_phid=f"PHID-TASK-{n:020d}")
-    daemons = [Daemon(mariadb, namespace, tmp_path / f"d{i}.log") for i in range(3)]
+    # Three slots each for ten hooks: a replica holds a hook (its lock) while it
+    # works it, so no one replica can take every hook.
+    daemons = [
+        Daemon(mariadb, namespace, tmp_path / f"d{i}.log", GORGE_WEBHOOK_MAX_CONCURRENT="3")
+        for i in range(3)
+    ]
     try:
         await wait_for(lambda: herald.status_counts() == {"sent": 300}, 120, daemons=daemons)
         await deferLater(reactor, 0.5)  # a few more ticks: nothing may be sent again

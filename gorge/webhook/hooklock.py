@@ -1,0 +1,196 @@
+"""The per-hook lock Phorge's ``HeraldWebhookWorker`` takes, taken by us too.
+
+Phorge never calls one hook from two workers at once: before its POST the
+worker takes ``PhabricatorGlobalLock::newLock('webhook(<hook PHID>)')``, a
+MySQL ``GET_LOCK`` with a wait of 0 (a try-lock) on a connection of its own,
+and yields for 15 s when the hook is busy. The lock's name is
+``ph:<namespace digest>:<name digest>``, made by
+``PhabricatorHash::digestToLength`` (:func:`lock_name` spells it out).
+
+gorge-webhook takes the same lock, with the same name, from before a row's
+claim until its hook is idle in this process again (the result of its last
+row written), so neither another replica nor a Phorge worker still running
+during a switch-over posts to the hook meanwhile (docs/webhook.md, "Order
+and replicas"). A named lock belongs to a session, so each lock held has a
+connection of its own; released connections are kept for the next lock, as
+Phorge keeps its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+from gorge.config import MySQLSettings
+from gorge.db import mysql as platform_mysql
+from gorge.log.logger import Logger
+
+log = Logger()
+
+# PhabricatorHash::digestForIndex's alphabet and length.
+_INDEX_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._"
+INDEX_DIGEST_LENGTH = 12
+LOCK_NAME_PART = 20  # PhabricatorGlobalLock: digestToLength(..., 20)
+IDLE_CONNECTIONS = 8  # released sessions kept open for the next lock
+
+SQL_GET_LOCK = "SELECT GET_LOCK(%s, 0)"
+SQL_RELEASE_LOCK = "SELECT RELEASE_LOCK(%s)"
+
+
+def digest_for_index(text: str) -> str:
+    """PhabricatorHash::digestForIndex: 12 characters of SHA-1, 6 bits each."""
+    raw = hashlib.sha1(text.encode("utf-8")).digest()
+    return "".join(_INDEX_ALPHABET[byte & 0x3F] for byte in raw[:INDEX_DIGEST_LENGTH])
+
+
+def digest_to_length(text: str, length: int) -> str:
+    """PhabricatorHash::digestToLength: a prefix of the text, "-", its digest."""
+    prefix = text[: length - (INDEX_DIGEST_LENGTH + 1)]
+    return f"{prefix}-{digest_for_index(text)}"
+
+
+def lock_name(namespace: str, hook_phid: str) -> str:
+    """The name of HeraldWebhookWorker's lock for ``hook_phid`` on a site whose
+    ``storage.default-namespace`` is ``namespace`` (no lock parameters: ``()``)."""
+    local = digest_to_length(f"webhook({hook_phid})()", LOCK_NAME_PART)
+    return f"ph:{digest_to_length(namespace, LOCK_NAME_PART)}:{local}"
+
+
+class HookLocks:
+    """This process's hold on hooks: :meth:`acquire` before a claim, :meth:`release`
+    once the hook is idle. Every call for one hook is made one after the other."""
+
+    def __init__(
+        self,
+        settings: MySQLSettings,
+        namespace: str,
+        reactor: Any,
+        *,
+        threadpool: ThreadPool | None = None,
+        connect: Callable[[MySQLSettings], Any] = platform_mysql.connect,
+    ) -> None:
+        self._settings = settings
+        self._namespace = namespace
+        self._reactor = reactor
+        self._threadpool = threadpool if threadpool is not None else reactor.getThreadPool()
+        self._connect = connect
+        self._held: dict[str, Any] = {}  # hook -> the session holding its lock
+        self._releasing: dict[str, Deferred[None]] = {}
+        self._idle: list[Any] = []
+        self._closed = False
+
+    def holds(self, hook_phid: str) -> bool:
+        return hook_phid in self._held
+
+    async def acquire(self, hook_phid: str) -> bool:
+        """True when this process holds the hook's lock (already or now); False
+        when someone else does, or the lock could not be asked for."""
+        if hook_phid in self._held:
+            return True
+        releasing = self._releasing.get(hook_phid)
+        if releasing is not None:
+            await releasing
+        name = lock_name(self._namespace, hook_phid)
+        connection = self._idle.pop() if self._idle else None
+        try:
+            connection, got = await self._in_thread(self._get_lock, connection, name)
+        except Exception as e:
+            log.error(
+                "WEBHOOK_HOOK_LOCK_FAILED hook={hook} lock={lock} error={error}",
+                hook=hook_phid,
+                lock=name,
+                error=platform_mysql.error_reason(e),
+            )
+            return False
+        if not got:
+            self._keep(connection)
+            return False
+        if self._closed:
+            await self._in_thread(self._release_lock, connection, name)
+            return False
+        self._held[hook_phid] = connection
+        return True
+
+    def release(self, hook_phid: str) -> Deferred[None] | None:
+        """Let the hook's lock go; the Deferred fires when it has (None: not held)."""
+        connection = self._held.pop(hook_phid, None)
+        if connection is None:
+            return None
+        name = lock_name(self._namespace, hook_phid)
+        d = Deferred.fromCoroutine(self._release(hook_phid, connection, name))
+        self._releasing[hook_phid] = d
+        return d
+
+    async def _release(self, hook_phid: str, connection: Any, name: str) -> None:
+        try:
+            await self._in_thread(self._release_lock, connection, name)
+            self._keep(connection)
+        except Exception as e:
+            # The session is closed: the server lets the lock go with it.
+            log.warn(
+                "WEBHOOK_HOOK_UNLOCK_FAILED hook={hook} lock={lock} error={error}",
+                hook=hook_phid,
+                lock=name,
+                error=platform_mysql.error_reason(e),
+            )
+            _close(connection)
+        finally:
+            self._releasing.pop(hook_phid, None)
+
+    def close(self) -> None:
+        """Shutdown: every session closes (and with it every lock still held)."""
+        self._closed = True
+        for connection in [*self._held.values(), *self._idle]:
+            _close(connection)
+        self._held.clear()
+        self._idle.clear()
+
+    def _keep(self, connection: Any) -> None:
+        if self._closed or len(self._idle) >= IDLE_CONNECTIONS:
+            _close(connection)
+        else:
+            self._idle.append(connection)
+
+    def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Deferred[Any]:
+        return deferToThreadPool(self._reactor, self._threadpool, fn, *args)
+
+    # -- in a pool thread ------------------------------------------------------
+
+    def _get_lock(self, connection: Any, name: str) -> tuple[Any, bool]:
+        if connection is not None:
+            try:
+                return connection, self._try_lock(connection, name)
+            except Exception:
+                # A kept session the server has closed meanwhile: a new one.
+                _close(connection)
+        connection = self._connect(self._settings)
+        try:
+            return connection, self._try_lock(connection, name)
+        except Exception:
+            _close(connection)
+            raise
+
+    @staticmethod
+    def _try_lock(connection: Any, name: str) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(SQL_GET_LOCK, (name,))
+            (got,) = cursor.fetchone()
+        return got == 1
+
+    @staticmethod
+    def _release_lock(connection: Any, name: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(SQL_RELEASE_LOCK, (name,))
+            cursor.fetchone()
+
+
+def _close(connection: Any) -> None:
+    try:
+        connection.close()
+    except Exception:  # already gone: its locks went with it
+        pass
