@@ -472,6 +472,49 @@ async def test_a_keyed_send_goes_on_after_the_client_hung_up(http):
     assert (status, replayed, backend.calls) == (200, ["true"], 1)
 
 
+@pytest_twisted.ensureDeferred
+async def test_shutdown_waits_for_a_keyed_send_whose_client_hung_up(http, tmp_path):
+    h = http()
+    backend = Held()
+    h.service.part("dispatcher").backends[:] = [backend]
+    api = h.service.part("api")
+    h.service.startService()
+    port = reactor.listenTCP(0, h.service.part("site"), interface="127.0.0.1")
+    body = json.dumps({"message": valid_message()}).encode()
+
+    class Client(Protocol):
+        def connectionMade(self):
+            self.transport.write(
+                b"POST /api/mailer/send HTTP/1.1\r\nHost: x\r\nX-Service-Token: %s\r\n"
+                b"Idempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s"
+                % (TOKEN.encode(), KEY.encode(), len(body), body)
+            )
+
+    try:
+        connector = reactor.connectTCP(
+            "127.0.0.1", port.getHost().port, ClientFactory.forProtocol(Client)
+        )
+        await until(lambda: backend.waiting, "the send reached the backend")
+        connector.disconnect()
+        await until(lambda: len(api.inflight) == 1, "only the send itself left in flight")
+    finally:
+        await port.stopListening()
+
+    stopped = h.service.stopService()
+    for _ in range(20):
+        await turn()
+    assert not stopped.called  # the drain waits for the send, not for its gone client
+    backend.release(Outcome.accepted("id-1"))
+    await stopped.addTimeout(10, reactor)
+
+    records = SendRecords.sqlite(str(tmp_path / "records.sqlite3"), reactor)
+    try:
+        assert await records.read(key_hash(KEY)) == Recorded(ACCEPTED)
+    finally:
+        records.close()
+    assert backend.cancelled == 0
+
+
 # --- settings -------------------------------------------------------------------
 
 
@@ -532,3 +575,22 @@ def test_bad_idempotency_settings_stop_start_up(env, setting):
         load_mailer_settings(env)
     assert e.value.setting == setting
     assert "\n" not in str(e.value)
+
+
+def test_a_bad_idempotency_setting_exits_2_with_one_line(monkeypatch, capsys):
+    from gorge.mailer.service import Options, makeService
+
+    for name in list(__import__("os").environ):
+        if name.startswith(("GORGE_", "SMTP_", "MAILER_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GORGE_MAILER_IDEMPOTENCY_DB", "/nonexistent/records.sqlite3")
+    options = Options()
+    options.parseOptions([])
+    with pytest.raises(SystemExit) as e:
+        makeService(options)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "gorge-mailer: GORGE_MAILER_IDEMPOTENCY_DB: directory '/nonexistent'"
+        " does not exist or is not writable\n"
+    )

@@ -10,6 +10,7 @@ import itertools
 import pytest
 import pytest_twisted
 from twisted.internet import reactor, task
+from twisted.internet.defer import Deferred, gatherResults
 
 from gorge.mailer.dispatcher import Answer, send_failed
 from gorge.mailer.sendrecords import Claimed, Pending, Recorded, SendRecords, key_hash
@@ -161,3 +162,17 @@ async def test_long_texts_are_kept_within_their_columns(store):
     await records.finish(digest, answer)
     recorded = await records.read(digest)
     assert recorded == Recorded(Answer(200, None, mailer_key="m" * 255, message_id="i" * 255))
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_processes_claiming_one_key_at_once_let_one_of_them_send(store):
+    other = store.open()  # a replica on the same file or database
+    try:
+        digests = [key_hash(f"PHID-MTAM-race-{n}") for n in range(20)]
+        for digest in digests:
+            both = await gatherResults(
+                [Deferred.fromCoroutine(r.claim(digest)) for r in (store.records, other)]
+            )
+            assert sorted(type(s).__name__ for s in both) == ["Claimed", "Pending"]
+    finally:
+        other.close()
