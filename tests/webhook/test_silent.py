@@ -8,6 +8,8 @@ a ``task.Clock`` for the re-reading period.
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -220,3 +222,57 @@ def test_the_loader_reads_the_config_database_of_the_namespace(tmp_path):
 def test_php_truthiness_of_the_decoded_value(value):
     falsy = value in (None, False, 0, "", "0", []) and value is not True
     assert php_truthy(value) is (not falsy)
+
+
+# -- byte for byte what Phorge writes ----------------------------------------------
+
+PHORGE_SILENT_ROW = Path(__file__).with_name("php") / "silent_row.php"
+
+# Properties as Phorge and earlier attempts leave them: a previous outcome to
+# replace in place, escaped slashes and non-ASCII text, keys in any order.
+PROPERTY_TEXTS = [
+    '{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[],"silent":false,"secure":false}',
+    '{"retry":"forever","transactionPHIDs":["PHID-XACT-TASK-a"],"triggerPHIDs":["PHID-HRUL-b"],'
+    '"silent":true,"secure":false,"errorType":"http","errorCode":500}',
+    '{"errorCode":28,"retry":"forever","errorType":"timeout","note":"caf\\u00e9 a\\/b"}',
+    '{"retry":"never","transactionPHIDs":[],"triggerPHIDs":[],"test":true,"extra":{"k":[1,2.5]}}',
+]
+
+
+def _phorge_silent_row(row: dict) -> dict:
+    from gorge_testing.phorge import find_checkout
+
+    checkout, why_not = find_checkout()
+    if checkout is None:
+        pytest.skip(why_not or "no Phorge checkout")
+    done = subprocess.run(
+        [checkout.php, str(PHORGE_SILENT_ROW), str(checkout.root)],
+        input=json.dumps(row).encode(),
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.integration
+async def test_the_silent_row_is_byte_for_byte_what_phorges_worker_writes(
+    herald, receiver, make_harness, config
+):
+    config.set("true")
+    harness = make_harness(silent_from=("database",), config_database=config.name)
+    hook = herald.insert_hook(uri=f"{receiver.base}/ok")
+    start = int(harness.clock.seconds())
+    ids = [
+        herald.insert_request(
+            hook=hook, created=start, properties=text, result="fail", epoch=start - 60
+        )
+        for text in PROPERTY_TEXTS
+    ]
+    before = {request_id: herald.request(request_id) for request_id in ids}
+    await harness.run_tick()
+    assert receiver.count() == 0
+    for request_id in ids:
+        after = herald.request(request_id)
+        phorge = _phorge_silent_row(before[request_id])  # Phorge's code, on the same row
+        assert {key: after[key] for key in phorge} == phorge
