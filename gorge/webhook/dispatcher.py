@@ -155,6 +155,10 @@ class Dispatcher:
         if self._stopping:
             return
         self._summary.maybe_log()
+        if self._locks is not None:
+            # Idle hooks' locks kept since the last poll go (gorge/webhook/hooklock.py).
+            for released in self._locks.release_parked():
+                self._inflight.track(released)
         if self._silent is not None:
             await self._silent.refresh_if_due()
             if not self._silent.known:

@@ -14,6 +14,15 @@ during a switch-over posts to the hook meanwhile (docs/webhook.md, "Order
 and replicas"). A named lock belongs to a session, so each lock held has a
 connection of its own; released connections are kept for the next lock, as
 Phorge keeps its own.
+
+A hook that goes idle keeps its lock "parked" until the next poll begins,
+or one poll interval at most if that poll is late (at most
+``PARKED_PER_SLOT`` per slot, the oldest let go first): with many
+busy hooks a slot moves on after each row and comes back to the hook a
+moment later, and taking and releasing the lock for every row cost a
+third of the deliveries (bench/webhook.py). Holding a lock longer than
+needed only makes another replica or a Phorge worker wait up to one poll
+interval for that hook; it never lets two post at once.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
@@ -36,7 +46,11 @@ log = Logger()
 _INDEX_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._"
 INDEX_DIGEST_LENGTH = 12
 LOCK_NAME_PART = 20  # PhabricatorGlobalLock: digestToLength(..., 20)
-IDLE_CONNECTIONS = 8  # released sessions kept open for the next lock
+# Released sessions kept open for the next lock: a slot moves from hook to hook
+# after each row when many hooks are busy, and a new session per lock (TCP,
+# authentication) cost more than the lock itself.
+IDLE_PER_SLOT = 2
+PARKED_PER_SLOT = 4
 
 SQL_GET_LOCK = "SELECT GET_LOCK(%s, 0)"
 SQL_RELEASE_LOCK = "SELECT RELEASE_LOCK(%s)"
@@ -73,24 +87,39 @@ class HookLocks:
         *,
         threadpool: ThreadPool | None = None,
         connect: Callable[[MySQLSettings], Any] = platform_mysql.connect,
+        slots: int = 8,
+        clock: IReactorTime | None = None,
+        park_for: float = 1.0,
     ) -> None:
+        """``park_for`` (the poll interval, on ``clock``): the longest an idle
+        hook's lock is kept when no poll lets it go first."""
         self._settings = settings
         self._namespace = namespace
         self._reactor = reactor
         self._threadpool = threadpool if threadpool is not None else reactor.getThreadPool()
         self._connect = connect
         self._held: dict[str, Any] = {}  # hook -> the session holding its lock
+        self._parked: dict[str, Any] = {}  # idle hooks whose lock is kept, oldest first
+        self._max_parked = PARKED_PER_SLOT * slots
+        self._clock: IReactorTime = clock if clock is not None else reactor
+        self._park_for = park_for
+        self._park_timer: IDelayedCall | None = None
         self._releasing: dict[str, Deferred[None]] = {}
         self._idle: list[Any] = []
+        self._max_idle = IDLE_PER_SLOT * slots
         self._closed = False
 
     def holds(self, hook_phid: str) -> bool:
-        return hook_phid in self._held
+        return hook_phid in self._held or hook_phid in self._parked
 
     async def acquire(self, hook_phid: str) -> bool:
         """True when this process holds the hook's lock (already or now); False
         when someone else does, or the lock could not be asked for."""
         if hook_phid in self._held:
+            return True
+        parked = self._parked.pop(hook_phid, None)
+        if parked is not None:
+            self._held[hook_phid] = parked
             return True
         releasing = self._releasing.get(hook_phid)
         if releasing is not None:
@@ -117,10 +146,31 @@ class HookLocks:
         return True
 
     def release(self, hook_phid: str) -> Deferred[None] | None:
-        """Let the hook's lock go; the Deferred fires when it has (None: not held)."""
+        """The hook is idle: its lock is parked until :meth:`release_parked`
+        (None), or, beyond the parked bound, the oldest parked lock goes (the
+        Deferred fires when it has)."""
         connection = self._held.pop(hook_phid, None)
         if connection is None:
             return None
+        self._parked[hook_phid] = connection
+        if self._park_timer is None or not self._park_timer.active():
+            self._park_timer = self._clock.callLater(self._park_for, self._parked_too_long)
+        if len(self._parked) <= self._max_parked:
+            return None
+        oldest = next(iter(self._parked))
+        return self._let_go(oldest, self._parked.pop(oldest))
+
+    def release_parked(self) -> list[Deferred[None]]:
+        """A poll begins: every parked lock goes; one Deferred per lock."""
+        parked, self._parked = self._parked, {}
+        return [self._let_go(hook, connection) for hook, connection in parked.items()]
+
+    def _parked_too_long(self) -> None:
+        self._park_timer = None
+        for released in self.release_parked():
+            released.addErrback(lambda f: log.failure("WEBHOOK_HOOK_UNLOCK_FAILED", f))
+
+    def _let_go(self, hook_phid: str, connection: Any) -> Deferred[None]:
         name = lock_name(self._namespace, hook_phid)
         d = Deferred.fromCoroutine(self._release(hook_phid, connection, name))
         self._releasing[hook_phid] = d
@@ -145,13 +195,16 @@ class HookLocks:
     def close(self) -> None:
         """Shutdown: every session closes (and with it every lock still held)."""
         self._closed = True
-        for connection in [*self._held.values(), *self._idle]:
+        if self._park_timer is not None and self._park_timer.active():
+            self._park_timer.cancel()
+        for connection in [*self._held.values(), *self._parked.values(), *self._idle]:
             _close(connection)
         self._held.clear()
+        self._parked.clear()
         self._idle.clear()
 
     def _keep(self, connection: Any) -> None:
-        if self._closed or len(self._idle) >= IDLE_CONNECTIONS:
+        if self._closed or len(self._idle) >= self._max_idle:
             _close(connection)
         else:
             self._idle.append(connection)

@@ -136,6 +136,7 @@ def webhook_tree(
     tree.keep("site", site)
     tree.keep("settings", settings)
     tree.keep("stop-budget", budget)
+    tree.keep("locks", locks)
     return tree
 
 
@@ -229,7 +230,14 @@ def build_webhook_service(
     )
     # Phorge's per-hook lock is MySQL's; the demo's SQLite store has no other writer.
     locks = (
-        HookLocks(settings.mysql, settings.lock_namespace, reactor)
+        HookLocks(
+            settings.mysql,
+            settings.lock_namespace,
+            reactor,
+            slots=settings.max_concurrent,
+            clock=clock,
+            park_for=settings.poll_interval,
+        )
         if settings.hook_lock and store.db.engine.name == "mysql"
         else None
     )
