@@ -211,7 +211,15 @@ class Claims:
         for request_id in ids:
             if request_id not in answered:
                 view.gone(request_id)
-        batch.extend(Candidate.from_row(row) for row in rows)
+        # The read may have found a row claimed elsewhere since the view last
+        # looked: the same hook's later rows wait behind it (docs/webhook.md,
+        # "Order and replicas").
+        ahead = view.first_in_flight_elsewhere()
+        batch.extend(
+            Candidate.from_row(row)
+            for row in rows
+            if int(row[0]) < ahead.get(text(row[2]), int(row[0]) + 1)
+        )
         return batch
 
     # -- claims --------------------------------------------------------------

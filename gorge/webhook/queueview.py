@@ -185,7 +185,7 @@ class QueueView:
             if row is not None and not row.in_due and row.due_at == due_at:
                 self._add_due(request_id, row)
         excluded = set(exclude)
-        ahead = self._first_in_flight_elsewhere()
+        ahead = self.first_in_flight_elsewhere()
         lines = []
         for hook, ids in self._due.items():
             if not ids or hook in excluded:
@@ -196,7 +196,7 @@ class QueueView:
             lines.append(ids if first is None else ids[: bisect.bisect_left(ids, first)])
         return list(itertools.islice(heapq.merge(*lines), limit))
 
-    def _first_in_flight_elsewhere(self) -> dict[str, int]:
+    def first_in_flight_elsewhere(self) -> dict[str, int]:
         """Per hook, the oldest row under another process's claim for its first
         attempt (a retry's claim cannot be told from its failure write, and
         retries keep no order anyway)."""
