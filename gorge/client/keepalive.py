@@ -145,6 +145,11 @@ class ResponseParser:
                 raise cause from None
             raise MalformedResponse(f"{e}: {cause!r}") from cause
         except httptools.HttpParserError as e:
+            if self._state == _DONE:
+                # The answer was whole; llhttp refuses what came after it
+                # (after a close, say): bytes nobody asked for.
+                self.extra = True
+                return True
             raise MalformedResponse(str(e)) from None
         if self._state == _HEAD:
             self._head_bytes += len(data)

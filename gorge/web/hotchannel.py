@@ -36,15 +36,18 @@ __all__ = ["HotChannel", "HotRequest", "MAX_HEAD", "write_now"]
 #: The longest request head read here; a longer one goes to twisted.web.
 MAX_HEAD = 16 * 1024
 
-# The key of a _Head's target: no field name can be it (names are tokens).
+# Keys of a _Head no field name can be (names are tokens: no spaces): the
+# target, and the mark of a Connection field this channel does not read.
 _URL = b" url"
+_OTHER_CONNECTION = b" other connection"
 
 
 class _Head(dict[bytes, bytes]):
     """llhttp's callbacks for one request head: its fields by lower-cased
     name, the last of repeated ones as twisted.web's ``getHeader`` gives
     them, except that a ``close`` in any Connection field stays; its target
-    under ``_URL``."""
+    under ``_URL``; ``_OTHER_CONNECTION`` if any Connection field is not
+    exactly ``close`` or ``keep-alive`` (twisted.web reads those)."""
 
     def on_url(self, url: bytes) -> None:
         self[_URL] = self.get(_URL, b"") + url
@@ -52,7 +55,9 @@ class _Head(dict[bytes, bytes]):
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"connection":
-            value = value.lower()
+            value = value.lower().rstrip(b" \t")
+            if value not in (b"close", b"keep-alive"):
+                self[_OTHER_CONNECTION] = value  # whatever fields follow
             if self.get(name) == b"close":
                 return  # a close in any Connection field closes
         # llhttp drops the leading blanks only.
@@ -326,7 +331,7 @@ class HotChannel(Protocol):
             or len(digits) > 18
             or b"transfer-encoding" in fields
             or b"expect" in fields
-            or fields.get(b"connection", b"close") not in (b"close", b"keep-alive")
+            or _OTHER_CONNECTION in fields
             or not buffer.startswith(b"POST " + path + b" HTTP/1.1\r\n")
             or path not in self.routes
         ):

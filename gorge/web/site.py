@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -210,6 +211,26 @@ class GorgeChannel(_KnownToSite, http.HTTPChannel):
         for request in self.requests:
             if not request.startedWriting:
                 request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+
+class Utf8Only(Resource):
+    """Klein's resource, for the requests whose path (percent-decoded) and
+    Host it can read as UTF-8: Klein answers the others with a text/html 400
+    and an error in the log; here they get the envelope."""
+
+    isLeaf = True
+
+    def __init__(self, klein: Resource) -> None:
+        super().__init__()
+        self._klein = klein
+
+    def render(self, request: Any) -> Any:
+        try:
+            unquote_to_bytes(request.path).decode("utf-8")
+            request.getRequestHostname().decode("utf-8")
+        except UnicodeDecodeError:
+            return fail(request, 400, "ERR_BAD_REQUEST", "the path and Host must be UTF-8")
+        return self._klein.render(request)
 
 
 def short_length(value: bytes) -> bytes:
@@ -494,6 +515,7 @@ def build_site(
             methods += url_map.bind("localhost").allowed_methods(path.decode("utf-8", "replace"))
         return methods
 
+    api_resource = Utf8Only(api_resource)
     if hot_routes:
         api_resource = DirectRoutes(hot_routes, api_resource)
     root = GorgeRoot(

@@ -26,8 +26,10 @@ def events():
 @pytest.mark.parametrize("route", POST_ROUTES)
 async def test_other_spellings_and_methods_still_meet_klein(client, route):
     not_found = {"error": {"code": "ERR_NOT_FOUND", "message": "Not Found"}}
-    assert await client.call("GET", "/api/queue/" + route) == (404, not_found)
-    assert await client.call("PUT", "/api/queue/" + route, {}) == (404, not_found)
+    not_allowed = {"error": {"code": "ERR_METHOD_NOT_ALLOWED", "message": "Method Not Allowed"}}
+    assert await client.call("GET", "/api/queue/" + route) == (405, not_allowed)
+    assert client.last_headers.getRawHeaders(b"allow") == [b"POST"]
+    assert await client.call("PUT", "/api/queue/" + route, {}) == (405, not_allowed)
     assert await client.post(route + "/x", {}) == (404, not_found)
     # A direct route answers the same envelope, with its request id.
     code, answer = await client.post(route, raw=b"[]", headers={"X-Request-Id": "r-" + route})

@@ -9,7 +9,7 @@ import re
 
 import pytest
 import pytest_twisted
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from klein import Klein
 from prometheus_client import CollectorRegistry
@@ -26,6 +26,7 @@ from gorge.config import ConfigError
 from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
 from gorge.web.hotchannel import MAX_HEAD, HotChannel
 from gorge.web.site import GorgeChannel, GorgeHotChannel, build_site
+from tests.support.fuzzing import fuzz_settings
 from tests.support.logcapture import logged_events
 
 TOKEN = "hot-token"
@@ -202,6 +203,7 @@ extras = st.lists(
             b"X-Lease-Owner: w1\r\n",
             b"x-lease-owner: w2\r\n",
             b"Connection: keep-alive\r\n",
+            b"Connection: close\r\n",
             b"Content-Type: application/json\r\n",
             b"X-Empty:\r\n",
             b"X-Spaced:   padded value \t\r\n",
@@ -251,7 +253,7 @@ def cut(data: bytes, points: list[int]) -> list[bytes]:
     return [p for p in pieces if p]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings(150)
 @given(
     st.lists(st.one_of(plain_requests, plain_requests, other_requests), min_size=1, max_size=4),
     st.lists(st.integers(min_value=0), max_size=6),
@@ -680,3 +682,17 @@ def test_the_switch_leaves_every_request_to_twisted_web():
         fast({"GORGE_HTTP_FAST": "sometimes"})
     assert make_site(True).protocol is GorgeHotChannel
     assert make_site(False).protocol is GorgeChannel
+
+
+@both
+@pytest.mark.parametrize(
+    "target,host",
+    [(b"/api/hot/\x80x", b"127.0.0.1"), (b"/api/hot/%80x", b"127.0.0.1"), (b"/api/hot/x", b"\xff")],
+)
+def test_a_path_or_host_that_is_not_utf8_gets_the_envelope(hot, target, host):
+    raw = b"GET %s HTTP/1.1\r\nHost: %s\r\nX-Service-Token: hot-token\r\n\r\n" % (target, host)
+    answer, _, logged = exchange(hot, [raw])
+    [(status, fields, body)] = answers(answer)
+    assert (status, fields[b"content-type"]) == (400, b"application/json")
+    assert json.loads(body)["error"]["code"] == "ERR_BAD_REQUEST"
+    assert [name for name, _, _ in logged] == ["REQUEST"]
