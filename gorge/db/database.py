@@ -13,7 +13,16 @@ and in the ``gorge_sql_*`` metrics (docs/operations.md, "SQL transactions"):
   When it passes the caller gets :class:`TransactionTimeout`; the thread
   finishes the statement it is in (the drivers bound each one) and its
   result is dropped. The deadlines share one reactor timer (a transaction
-  costs a dictionary entry, not a timer of its own)."""
+  costs a dictionary entry, not a timer of its own).
+
+A server that refuses writes (a demoted master: ``read_only``, errors
+1290/1836) makes the transaction fail with :class:`DatabaseReadOnly` at
+once, marks the database not :attr:`Database.writable` and logs
+``<NAME>_DB_READ_ONLY`` once; from then on the database is asked every
+``HEALTH_INTERVAL`` seconds whether it takes writes again, and the first
+yes logs ``<NAME>_DB_WRITABLE`` once and stops asking. ``/readyz``'s ping
+asks the same question, so a daemon is unready while its master is
+read-only, whoever noticed first."""
 
 from __future__ import annotations
 
@@ -26,12 +35,21 @@ from twisted.enterprise import adbapi
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
 
 from gorge.config import MySQLSettings
-from gorge.db.engine import Engine, MySQLEngine, SQLiteEngine, Txn
+from gorge.db.engine import READ_ONLY_REASON, Engine, MySQLEngine, SQLiteEngine, Txn
 from gorge.log.logger import Logger
 
-__all__ = ["ATTEMPTS", "DEADLINE", "Database", "TransactionTimeout", "Transactions"]
+__all__ = [
+    "ATTEMPTS",
+    "DEADLINE",
+    "HEALTH_INTERVAL",
+    "Database",
+    "DatabaseReadOnly",
+    "TransactionTimeout",
+    "Transactions",
+]
 
 log = Logger()
 
@@ -40,6 +58,9 @@ log = Logger()
 DEADLINE = 35.0
 ATTEMPTS = 3
 PING_TIMEOUT = 5.0
+# How often a read-only database is asked whether it takes writes again
+# (Phorge's own health checks run every few seconds too).
+HEALTH_INTERVAL = 5.0
 
 T = TypeVar("T")
 
@@ -50,6 +71,19 @@ class TransactionTimeout(DeferredTimeoutError):
     def __init__(self, description: str, seconds: float) -> None:
         super().__init__(f"transaction {description!r} did not finish within {seconds:g} s")
         self.description = description
+
+
+class DatabaseReadOnly(Exception):
+    """The database refused a write because it takes none now (a demoted or
+    fenced master). Keeps the server's error code and message as its args, so
+    the error-code helpers read it as they read the driver's error."""
+
+    def __init__(self, description: str, error: BaseException) -> None:
+        super().__init__(*getattr(error, "args", ()))
+        self.description = description
+
+    def __str__(self) -> str:
+        return f"transaction {self.description!r}: {READ_ONLY_REASON}"
 
 
 @dataclass
@@ -127,6 +161,7 @@ class Database:
         name: str,
         deadline: float = DEADLINE,
         attempts: int = ATTEMPTS,
+        health_interval: float = HEALTH_INTERVAL,
     ) -> None:
         self.engine = engine
         self.pool = pool
@@ -136,7 +171,14 @@ class Database:
         self._deadlines = _Deadlines(reactor)
         self._attempts = attempts
         self._retry_event = name.upper() + "_TXN_RETRY txn={txn} attempt={attempt} error={error}"
+        self._read_only_event = name.upper() + "_DB_READ_ONLY reason={reason} txn={txn}"
+        self._writable_event = name.upper() + "_DB_WRITABLE after={after}"
+        self._health_failed_event = name.upper() + "_DB_HEALTH_CHECK_FAILED"
         self.transactions: dict[str, Transactions] = {}
+        self._health_interval = health_interval
+        self._health: LoopingCall | None = None
+        # Since when (reactor seconds) writes are refused; None while writable.
+        self._read_only_since: float | None = None
 
     @classmethod
     def mysql(
@@ -204,6 +246,9 @@ class Database:
                         raise TransactionTimeout(description, self._deadline) from None
                     raise
                 except Exception as e:
+                    if self.engine.read_only(e):
+                        self._went_read_only(description)
+                        raise DatabaseReadOnly(description, e) from e
                     if attempt >= self._attempts or not self.engine.retryable(e):
                         raise
                     log.info(
@@ -230,10 +275,53 @@ class Database:
         """Run one statement written in MySQL's spelling (in a pool thread)."""
         self.engine.execute(txn, statement, params)
 
+    @property
+    def writable(self) -> bool:
+        """False from a refused write (or a ping that found the server read-only)
+        until the database is seen taking writes again. Loops that only write
+        (claims, leases) skip their turn while it is False."""
+        return self._read_only_since is None
+
     async def ping(self, within: float = PING_TIMEOUT) -> str | None:
-        """None when the database answers in time, else a short reason for ``/readyz``."""
-        return await self.engine.ping(self.pool, self._reactor, within)
+        """None when the database answers in time and takes writes, else a
+        short reason for ``/readyz`` (``database read-only`` for a server that
+        answers but refuses writes)."""
+        reason = await self.engine.ping(self.pool, self._reactor, within)
+        if reason is None:
+            self._went_writable()
+        elif reason == READ_ONLY_REASON:
+            self._went_read_only("ping")
+        return reason
+
+    def _went_read_only(self, description: str) -> None:
+        if self._read_only_since is not None:
+            return
+        self._read_only_since = self._reactor.seconds()
+        log.warn(self._read_only_event, reason=READ_ONLY_REASON, txn=description)
+        health = self._health = LoopingCall(self._check_health)
+        health.clock = self._reactor
+        health.start(self._health_interval, now=False).addErrback(
+            lambda f: log.failure(self._health_failed_event, f)
+        )
+
+    def _went_writable(self) -> None:
+        since = self._read_only_since
+        if since is None:
+            return
+        self._read_only_since = None
+        self._stop_health()
+        log.info(self._writable_event, after=round(self._reactor.seconds() - since, 3))
+
+    def _check_health(self) -> Deferred:
+        # A failing ping (server unreachable) keeps the state: still not writable.
+        return Deferred.fromCoroutine(self.ping())
+
+    def _stop_health(self) -> None:
+        health, self._health = self._health, None
+        if health is not None and health.running:
+            health.stop()
 
     def close(self) -> None:
+        self._stop_health()
         self._deadlines.stop()
         self.pool.close()

@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 from gorge.config import MySQLSettings
 from gorge.db import mysql as mysql
 
-__all__ = ["Engine", "MySQLEngine", "SQLiteEngine", "Txn"]
+__all__ = ["READ_ONLY_REASON", "Engine", "MySQLEngine", "SQLiteEngine", "Txn"]
 
 
 class Txn(Protocol):
@@ -102,9 +102,20 @@ def _sqlite_spelling(statement: str) -> str:
     return statement.replace("%s", "?").replace(" DIV ", " / ").replace("GREATEST(", "MAX(")
 
 
-def _select_one(txn: Txn) -> None:
+# /readyz's reason while the server answers but refuses writes.
+READ_ONLY_REASON = "database read-only"
+
+
+def _select_one(txn: Txn) -> bool:
     txn.execute("SELECT 1")
     txn.fetchall()
+    return False
+
+
+def _mysql_read_only(txn: Txn) -> bool:
+    txn.execute(mysql.READ_ONLY_QUERY)
+    row = txn.fetchone()
+    return row is not None and mysql.reads_only(row[0])
 
 
 class Engine:
@@ -165,22 +176,29 @@ class Engine:
         because of other transactions, not because of what it does)."""
         return False
 
+    def read_only(self, exc: BaseException) -> bool:
+        """Whether the database refused a write because it takes none now."""
+        return False
+
     def reason(self, exc: BaseException) -> str:
         """A short cause, never the DSN, host, path or password."""
         return type(exc).__name__
 
+    # What the ping runs: True when the database answers but refuses writes.
+    _probe: Callable[[Txn], bool] = staticmethod(_select_one)
+
     async def ping(
         self, pool: adbapi.ConnectionPool, clock: IReactorTime, within: float
     ) -> str | None:
-        """None when the database answers ``SELECT 1`` in time, else
-        ``"<unavailable>: <reason>"``."""
+        """None when the database answers in time and takes writes, else
+        ``"<unavailable>: <reason>"`` or :data:`READ_ONLY_REASON`."""
         try:
-            await pool.runInteraction(_select_one).addTimeout(within, clock)
+            read_only = await pool.runInteraction(self._probe).addTimeout(within, clock)
         except DeferredTimeoutError:
             return f"{self.unavailable}: {self.timed_out}"
         except Exception as e:
             return f"{self.unavailable}: {self.reason(e)}"
-        return None
+        return READ_ONLY_REASON if read_only else None
 
 
 class MySQLEngine(Engine):
@@ -244,8 +262,14 @@ class MySQLEngine(Engine):
     def set_counter(self, txn: Txn, name: str, value: int) -> None:
         txn.execute(MYSQL_SET_COUNTER, (name, value, value))
 
+    # The server's read_only flag: a demoted master answers SELECT 1 but no write.
+    _probe = staticmethod(_mysql_read_only)
+
     def retryable(self, exc: BaseException) -> bool:
         return mysql.is_retryable(exc)
+
+    def read_only(self, exc: BaseException) -> bool:
+        return mysql.is_read_only(exc)
 
     def reason(self, exc: BaseException) -> str:
         return mysql.error_reason(exc)

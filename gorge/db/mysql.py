@@ -16,9 +16,29 @@ from twisted.enterprise import adbapi
 
 from gorge.config import MySQLSettings
 
-__all__ = ["connect", "make_pool", "is_transient", "is_retryable", "error_reason"]
+__all__ = [
+    "connect",
+    "make_pool",
+    "is_transient",
+    "is_retryable",
+    "is_read_only",
+    "error_reason",
+    "READ_ONLY_QUERY",
+    "reads_only",
+]
 
 DEADLOCK, LOCK_WAIT_TIMEOUT = 1213, 1205
+
+# A server that refuses writes: started with --read-only or SET GLOBAL
+# read_only=1 (1290, ER_OPTION_PREVENTS_STATEMENT, for a user without the
+# READ ONLY ADMIN / SUPER privilege; super_read_only gives it to everyone),
+# MySQL's read-only mode (1836), and a write in a READ ONLY transaction (1792).
+_READ_ONLY_CODES = frozenset({1290, 1836, 1792})
+
+# What the health check asks. super_read_only (MySQL) sets read_only as well,
+# so one variable answers for both; MariaDB 10.11 answers 0/1, later releases
+# may spell it OFF/ON/NO_LOCK..., anything but off means no writes.
+READ_ONLY_QUERY = "SELECT @@global.read_only"
 
 # A transaction the server rolled back because of other transactions: the
 # same transaction run again may well succeed.
@@ -36,6 +56,9 @@ _REASONS = {
     2005: "unknown host",
     2006: "connection lost",
     2013: "connection lost",
+    1290: "database read-only",
+    1836: "database read-only",
+    1792: "database read-only",
 }
 
 
@@ -150,6 +173,21 @@ def is_transient(exc: BaseException) -> bool:
 def is_retryable(exc: BaseException) -> bool:
     """A deadlock or lock wait timeout: worth running the whole transaction again."""
     return _error_code(exc) in _RETRYABLE_CODES
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """The server refused a write because it is read-only (a demoted or
+    fenced master): nothing a retry now can change, only a writable master."""
+    return _error_code(exc) in _READ_ONLY_CODES
+
+
+def reads_only(value: Any) -> bool:
+    """Whether ``@@global.read_only``'s answer means the server takes no writes."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, str):
+        return value.strip().upper() not in ("0", "OFF", "")
+    return bool(value)
 
 
 def error_reason(exc: BaseException) -> str:
