@@ -11,6 +11,7 @@ from twisted.logger import LogLevel
 from twisted.web.resource import Resource
 
 from gorge.app.inflight import InFlight
+from gorge.db import DatabaseReadOnly
 from gorge.log.logger import Logger
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.model import (
@@ -150,6 +151,12 @@ class TaskQueueApi:
             return await coro
         except (TaskNotFound, LeaseConflict, TaskStateError, InvalidArgument) as e:
             raise _api_error(e) from None
+        except DatabaseReadOnly:
+            # A demoted master: the call is worth making again once a writable
+            # one is back (the database logs the transition, not each call).
+            raise ApiError(
+                503, "ERR_READ_ONLY", "the database is read-only now; retry later"
+            ) from None
         except (ApiError, CancelledError):
             # Cancelled: the client went away and took its request with it;
             # nothing broke in the backend.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import pymysql
 import pytest
 import pytest_twisted
 from twisted.internet import reactor, task
@@ -19,49 +18,26 @@ from gorge.config import MySQLSettings
 from gorge.db import Database, DatabaseReadOnly, MySQLEngine
 from gorge.db.database import HEALTH_INTERVAL
 from gorge.db.mysql import error_reason, is_transient
+from tests.db.readonly import plain_user, root, set_read_only
 from tests.support.logcapture import first_event, logged_events
 
 pytestmark = pytest.mark.integration
 
-USER, PASSWORD = "gorge_plain", "plain-password"
-
-
-def _root(mariadb) -> pymysql.connections.Connection:
-    return pymysql.connect(unix_socket=str(mariadb.socket_path), user="root", autocommit=True)
-
-
-def _set_read_only(mariadb, on: bool) -> None:
-    conn = _root(mariadb)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"SET GLOBAL read_only = {1 if on else 0}")
-    finally:
-        conn.close()
-
 
 @pytest.fixture
 def plain_user_db(mariadb) -> Iterator[MySQLSettings]:
-    """A database and a user with every privilege on it and none global (no
-    READ ONLY ADMIN, no SUPER), as a daemon's account should be."""
     name = "t_failover_readonly"
-    conn = _root(mariadb)
+    conn = root(mariadb)
     try:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name}")
             cur.execute(f"CREATE DATABASE {name}")
             cur.execute(f"CREATE TABLE {name}.t (id INT PRIMARY KEY AUTO_INCREMENT, v INT)")
-            cur.execute(
-                f"CREATE OR REPLACE USER '{USER}'@'127.0.0.1' IDENTIFIED BY %s", (PASSWORD,)
-            )
-            cur.execute(f"GRANT ALL PRIVILEGES ON {name}.* TO '{USER}'@'127.0.0.1'")
-        yield MySQLSettings(
-            host=mariadb.host, port=mariadb.port, user=USER, password=PASSWORD, database=name
-        )
+        with plain_user(mariadb, name) as settings:
+            yield settings
     finally:
-        _set_read_only(mariadb, False)
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {name}")
-            cur.execute(f"DROP USER IF EXISTS '{USER}'@'127.0.0.1'")
         conn.close()
 
 
@@ -90,7 +66,7 @@ async def test_read_only_master_refuses_fast_is_reported_once_and_recovers_by_it
         await db.run("insert", _insert, 1)
         assert db.writable and await db.ping() is None
 
-        _set_read_only(mariadb, True)
+        set_read_only(mariadb, True)
         with logged_events() as events:
             for value in (2, 3, 4):
                 with pytest.raises(DatabaseReadOnly) as refused:
@@ -114,7 +90,7 @@ async def test_read_only_master_refuses_fast_is_reported_once_and_recovers_by_it
             assert await db.ping() == "database read-only"
         assert not logged.called and not db.writable and health_checks(clock)
 
-        _set_read_only(mariadb, False)
+        set_read_only(mariadb, False)
         with first_event("UNIT_DB_WRITABLE") as writable:
             clock.advance(HEALTH_INTERVAL)  # the health check, not a caller, notices
             event = await writable.addTimeout(10, reactor)
@@ -135,11 +111,11 @@ async def test_ping_alone_finds_a_read_only_master(mariadb, plain_user_db):
     engine = MySQLEngine()
     db = Database(engine, engine.make_pool(plain_user_db, reactor), clock, name="unit")
     try:
-        _set_read_only(mariadb, True)
+        set_read_only(mariadb, True)
         with first_event("UNIT_DB_READ_ONLY") as logged:
             assert await db.ping() == "database read-only"
         assert logged.called and not db.writable
-        _set_read_only(mariadb, False)
+        set_read_only(mariadb, False)
         assert await db.ping() is None
         assert db.writable and not health_checks(clock)
     finally:
