@@ -109,6 +109,10 @@ def _pinned(engine: Engine, seconds: float, fn: Callable[..., T]) -> Callable[..
     return interaction
 
 
+async def _nothing() -> None:
+    return None
+
+
 class _Deadlines:
     """Attempts in flight and when each must be answered, with one timer for the
     earliest; an attempt past its deadline is cancelled."""
@@ -179,6 +183,7 @@ class Database:
         self._health: LoopingCall | None = None
         # Since when (reactor seconds) writes are refused; None while writable.
         self._read_only_since: float | None = None
+        self._writable_waiters: list[Deferred[None]] = []
 
     @classmethod
     def mysql(
@@ -282,6 +287,16 @@ class Database:
         (claims, leases) skip their turn while it is False."""
         return self._read_only_since is None
 
+    def when_writable(self) -> Deferred[None]:
+        """Fires once the database is seen taking writes (at once if it is);
+        bound the wait with ``addTimeout``, which also withdraws it."""
+        if self.writable:
+            return Deferred.fromCoroutine(_nothing())
+        waiters = self._writable_waiters
+        waiter: Deferred[None] = Deferred(lambda d: waiters.remove(d))
+        waiters.append(waiter)
+        return waiter
+
     async def ping(self, within: float = PING_TIMEOUT) -> str | None:
         """None when the database answers in time and takes writes, else a
         short reason for ``/readyz`` (``database read-only`` for a server that
@@ -311,6 +326,9 @@ class Database:
         self._read_only_since = None
         self._stop_health()
         log.info(self._writable_event, after=round(self._reactor.seconds() - since, 3))
+        waiters, self._writable_waiters = self._writable_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
 
     def _check_health(self) -> Deferred:
         # A failing ping (server unreachable) keeps the state: still not writable.

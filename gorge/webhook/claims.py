@@ -174,6 +174,10 @@ class Claims:
         self._observation = observation
         self._view = observation.view
 
+    @property
+    def db(self) -> Database:
+        return self._db
+
     def _read_candidates(
         self, txn, ids: list[int], lease_cutoff: int, fail_cutoff: int, limit: int
     ):

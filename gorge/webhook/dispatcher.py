@@ -163,6 +163,11 @@ class Dispatcher:
             await self._silent.refresh_if_due()
             if not self._silent.known:
                 return  # neither post nor retire before silent mode is known
+        if not self._store.db.writable:
+            # A read-only master (gorge/db logs the change once and checks every
+            # few seconds): no claim could be written; rows already read wait too.
+            self._lines.clear()
+            return
         # Read even with every slot busy: the lines and their hook rows are
         # replaced on every tick, so a hook disabled, re-pointed or
         # re-keyed while its backlog is worked takes effect at the next tick.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
@@ -33,6 +34,12 @@ W = TypeVar("W")
 
 WRITE_ATTEMPTS = 3
 WRITE_RETRY_DELAY = 0.5
+# An unreachable master (a failover under way): the write is tried again
+# this often for as long as the row's claim surely lasts (a read-only one is
+# waited for until it takes writes), and given up this long before the
+# claim could end.
+OUTAGE_RETRY_DELAY = 1.0
+OUTAGE_MARGIN = 2.0
 # Results written together: those that arrive within the window, at most the
 # cap per transaction (docs/webhook.md, "Claiming and writing back").
 WRITE_WINDOW = 0.003
@@ -222,12 +229,37 @@ class WriteBack:
         )
 
     async def _write(self, candidate: Candidate, write: Callable[[], Awaitable[W]]) -> W | None:
-        """A result write, retried briefly: losing it means a duplicate after the lease."""
-        for attempt in range(1, WRITE_ATTEMPTS + 1):
+        """A result write, retried: losing it means a duplicate after the lease.
+
+        A master that is read-only or gone is waited for while the claim
+        surely holds: the claim came at most one delivery timeout before the
+        first write, so the lease lasts at least ``effective_lease -
+        delivery_timeout`` after it. Other errors get a few quick tries."""
+        started = self._clock.seconds()
+        outage_until = (
+            started + self._settings.effective_lease - self._settings.delivery_timeout
+        ) - OUTAGE_MARGIN
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return await write()
             except Exception as e:
-                if attempt == WRITE_ATTEMPTS:
+                read_only = platform_mysql.is_read_only(e)
+                outage = read_only or platform_mysql.is_transient(e)
+                left = outage_until - self._clock.seconds()
+                if read_only and left > 0:
+                    # Resumes the moment the database's health check (or a
+                    # /readyz ping) sees it writable again.
+                    try:
+                        await self._claims.db.when_writable().addTimeout(left, self._clock)
+                    except DeferredTimeoutError:
+                        pass
+                    continue
+                if outage and left > OUTAGE_RETRY_DELAY:
+                    await deferLater(self._clock, OUTAGE_RETRY_DELAY)
+                    continue
+                if outage or attempt >= WRITE_ATTEMPTS:
                     log.error(
                         "WEBHOOK_RESULT_WRITE_FAILED request={request} error={error}",
                         request=candidate.phid,
@@ -235,7 +267,6 @@ class WriteBack:
                     )
                     return None
                 await deferLater(self._clock, WRITE_RETRY_DELAY * attempt)
-        return None
 
 
 def _rejected(attempt: Attempt) -> bool:
