@@ -15,11 +15,25 @@ from twisted.internet.defer import Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["RedisSettings", "parse_redis_addr", "make_redis", "LuaScript", "ping"]
+__all__ = [
+    "RedisSettings",
+    "parse_redis_addr",
+    "make_redis",
+    "tls_options",
+    "LuaScript",
+    "ping",
+]
 
 
 @dataclass(frozen=True)
 class RedisSettings:
+    """``username``: an ACL user (Redis 6 and later; empty: the default user).
+    ``tls``: ``verify`` speaks TLS and checks the server's certificate against
+    ``tls_ca`` (a PEM file; empty: the system's CAs) and ``host``.
+    ``sentinels``: Sentinel addresses; when set, ``host``/``port`` are
+    unused and the master of ``sentinel_service`` is asked of them before
+    every connection, so a failover is followed by reconnecting."""
+
     host: str = "127.0.0.1"
     port: int = 6379
     db: int = 0
@@ -27,6 +41,11 @@ class RedisSettings:
     poolsize: int = 10
     connect_timeout: float = 5
     reply_timeout: float = 30
+    username: str = ""
+    tls: str = "disabled"
+    tls_ca: str = ""
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_service: str = "mymaster"
 
 
 def parse_redis_addr(addr: str) -> tuple[str, int]:
@@ -52,12 +71,14 @@ def make_redis(settings: RedisSettings, reactor: Any = None) -> Any:
     ``convertNumbers=False``: the default turns ``"0012"`` into ``12``.
     """
     import txredisapi
-    from twisted.internet.endpoints import HostnameEndpoint
+    from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
         reactor = global_reactor
+    if settings.sentinels:
+        return _master_of_sentinels(settings)
     factory = txredisapi.RedisFactory(
         f"{settings.host}:{settings.port}",
         settings.db or None,  # 0 is the default; SELECT 0 on a closing pool only adds noise
@@ -68,12 +89,56 @@ def make_redis(settings: RedisSettings, reactor: Any = None) -> Any:
         password=settings.password or None,
         replyTimeout=settings.reply_timeout,
         convertNumbers=False,
+        username=settings.username or None,
     )
     factory.reconnect = True
-    factory.startConnecting(
-        HostnameEndpoint(reactor, settings.host, settings.port, timeout=settings.connect_timeout)
+    endpoint: Any = HostnameEndpoint(
+        reactor, settings.host, settings.port, timeout=settings.connect_timeout
     )
+    if settings.tls == "verify":
+        endpoint = wrapClientTLS(tls_options(settings.host, settings.tls_ca), endpoint)
+    factory.startConnecting(endpoint)
     return factory.handler
+
+
+def tls_options(host: str, ca_path: str) -> Any:
+    """Client TLS that checks the server's certificate against ``ca_path`` (a
+    PEM file of one or more CAs; empty: the system's) and its name against ``host``."""
+    from twisted.internet import ssl
+
+    if not ca_path:
+        return ssl.optionsForClientTLS(host)
+    with open(ca_path, "rb") as pem:
+        data = pem.read()
+    roots = [ssl.Certificate.loadPEM(block) for block in _pem_blocks(data)]
+    trust = roots[0] if len(roots) == 1 else ssl.trustRootFromCertificates(roots)
+    return ssl.optionsForClientTLS(host, trustRoot=trust)
+
+
+def _pem_blocks(data: bytes) -> list[bytes]:
+    end = b"-----END CERTIFICATE-----"
+    return [block + end for block in data.split(end) if b"-----BEGIN CERTIFICATE-----" in block]
+
+
+def _master_of_sentinels(settings: RedisSettings) -> Any:
+    """A pool whose every connection goes to the master Sentinel names now:
+    txredisapi asks the sentinels before each connection and drops the pool's
+    connections when the answer changes (a failover). Its sentinel and
+    master connections run on the global reactor (a daemon's reactor)."""
+    import txredisapi
+
+    sentinel = txredisapi.Sentinel(list(settings.sentinels))
+    return sentinel.master_for(
+        settings.sentinel_service,
+        dbid=settings.db or None,
+        poolsize=settings.poolsize,
+        isLazy=True,
+        charset="utf-8",
+        password=settings.password or None,
+        username=settings.username or None,
+        replyTimeout=settings.reply_timeout,
+        convertNumbers=False,
+    )
 
 
 class LuaScript:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -64,12 +65,35 @@ def load_taskqueue_settings(
             host, port = parse_redis_addr(addr)
         except ValueError as e:
             raise ConfigError("GORGE_TASKQUEUE_REDIS_ADDR", str(e)) from None
+        sentinels = []
+        for item in env.str("GORGE_TASKQUEUE_REDIS_SENTINELS", "").split(","):
+            if item.strip():
+                try:
+                    sentinels.append(parse_redis_addr(item))
+                except ValueError as e:
+                    raise ConfigError("GORGE_TASKQUEUE_REDIS_SENTINELS", str(e)) from None
+        redis_tls = env.choice("GORGE_TASKQUEUE_REDIS_TLS", "disabled", ("disabled", "verify"))
+        redis_tls_ca = env.str("GORGE_TASKQUEUE_REDIS_TLS_CA", "")
+        if redis_tls_ca and redis_tls == "disabled":
+            raise ConfigError(
+                "GORGE_TASKQUEUE_REDIS_TLS_CA", "set GORGE_TASKQUEUE_REDIS_TLS=verify"
+            )
+        if redis_tls_ca and not os.path.isfile(redis_tls_ca):
+            raise ConfigError("GORGE_TASKQUEUE_REDIS_TLS_CA", f"no such file: {redis_tls_ca}")
+        if sentinels and redis_tls != "disabled":
+            # txredisapi connects to the master Sentinel names over plain TCP.
+            raise ConfigError("GORGE_TASKQUEUE_REDIS_TLS", "TLS is not supported with Sentinel")
         redis = RedisSettings(
             host=host,
             port=port,
             db=env.int("GORGE_TASKQUEUE_REDIS_DB", 0, min=0),
             password=env.str("GORGE_TASKQUEUE_REDIS_PASSWORD", ""),
             poolsize=25,
+            username=env.str("GORGE_TASKQUEUE_REDIS_USERNAME", ""),
+            tls=redis_tls,
+            tls_ca=redis_tls_ca,
+            sentinels=tuple(sentinels),
+            sentinel_service=env.str("GORGE_TASKQUEUE_REDIS_SENTINEL_SERVICE", "mymaster"),
         )
         prefix = env.str("GORGE_TASKQUEUE_REDIS_KEY_PREFIX", prefix)
     sqlite_path = "gorge-taskqueue.sqlite3"
