@@ -27,6 +27,7 @@ from gorge.taskqueue.model import (
     Completion,
     InvalidArgument,
     Report,
+    ReportResult,
     Task,
 )
 from gorge.taskqueue.requests import (
@@ -34,16 +35,18 @@ from gorge.taskqueue.requests import (
     MISSING,
     RESULT_FILTERS,
     bad_request,
+    entry_owner,
     fence_owner,
     field,
-    header_text,
     id_list,
     int_field,
     is_int,
+    lease_seconds_field,
     not_found,
     page,
     parse_enqueue,
     parse_followups,
+    parse_leases,
     parse_report,
     parse_task_classes,
     parse_wait,
@@ -199,29 +202,36 @@ class TaskQueueApi:
         limit = min(max(limit, 1), MAX_LEASE_LIMIT)
         classes = parse_task_classes(body)
         wait = parse_wait(body)
-        owner = self._owner(request)
+        seconds = lease_seconds_field(body, self._settings.lease_duration)
+        owner = self._owner(request, body)
         deadline = self._clock.seconds() + wait
         while True:
             # Taken before the lease: a wake-up during it means lease again.
             seen = self._waiters.generation
-            tasks = await self._lease_once(owner, limit, classes)
+            tasks = await self._lease_once(owner, limit, classes, seconds)
             left = deadline - self._clock.seconds()
             if tasks or left <= 0 or not await self._waiters.wait(classes, left, seen):
                 break
-        return ok(request, [task.to_json() for task in tasks])
+        # leaseSeconds: the lease as a duration from the store's now, so a
+        # worker keeps its deadline on its own clock, whatever the hosts'
+        # clocks say (docs/taskqueue.md, Clocks).
+        return ok(request, [{**task.to_json(), "leaseSeconds": seconds} for task in tasks])
 
-    async def _lease_once(self, owner: str, limit: int, classes: list[str] | None) -> list[Task]:
+    async def _lease_once(
+        self, owner: str, limit: int, classes: list[str] | None, seconds: int
+    ) -> list[Task]:
         started = self._clock.seconds()
         tasks: list[Task] = await self._call(
-            "lease", self._store.lease(owner, limit, self._settings.lease_duration, classes)
+            "lease", self._store.lease(owner, limit, seconds, classes)
         )
         self._metrics.lease_seconds.observe(max(0.0, self._clock.seconds() - started))
         for task in tasks:
             self._metrics.leased.labels(task.task_class).inc()
         return tasks
 
-    def _owner(self, request) -> str:
-        owner = header_text(request, b"x-lease-owner")
+    def _owner(self, request, body: dict) -> str:
+        # The header, or the body's leaseOwner (a worker names each lease).
+        owner = fence_owner(request, body) or ""
         if owner == "":
             host = getattr(request.getClientAddress(), "host", "") or "unknown"
             owner = f"{host}:gorge-taskqueue"
@@ -288,15 +298,19 @@ class TaskQueueApi:
         answer: list[dict | None] = [None] * len(items)
         reports: list[Report] = []
         positions: list[int] = []
+        owners: list[str | None] = []
         for position, item in enumerate(items):
             try:
-                reports.append(parse_report(item, self._settings.retry_wait))
+                report = parse_report(item, self._settings.retry_wait)
+                report_owner = entry_owner(item, owner)
             except ApiError as e:
                 task_id = item.get("taskID") if isinstance(item, dict) else None
                 answer[position] = _refused(task_id, e)
                 continue
+            reports.append(report)
+            owners.append(report_owner)
             positions.append(position)
-        results = await self._call("report", self._store.report(reports, owner)) if reports else []
+        results = await self._report_by_owner(reports, owners)
         for position, report, result in zip(positions, reports, results, strict=True):
             if result.error is not None:
                 answer[position] = _refused(report.task_id, _api_error(result.error))
@@ -311,29 +325,59 @@ class TaskQueueApi:
                 ).inc()
         return ok(request, answer)
 
+    async def _report_by_owner(
+        self, reports: list[Report], owners: list[str | None]
+    ) -> list[ReportResult]:
+        """The store's report, one call per lease owner the entries name (a
+        batch carries the tasks of several leases), answered in entry order."""
+        groups: dict[str | None, list[int]] = {}
+        for index, owner in enumerate(owners):
+            groups.setdefault(owner, []).append(index)
+        results: list[ReportResult | None] = [None] * len(reports)
+        for owner, indexes in groups.items():
+            batch = [reports[i] for i in indexes]
+            answers = await self._call("report", self._store.report(batch, owner))
+            for index, result in zip(indexes, answers, strict=True):
+                results[index] = result
+        return [result for result in results if result is not None]
+
     @app.route("/api/queue/renew", methods=["POST"])
     async def renew(self, request):
         body = read_json_object(request)
-        ids = id_list(body, "taskIDs")
-        owner = fence_owner(request, body)
-        if owner is None:
-            raise bad_request("leaseOwner is required (X-Lease-Owner header or leaseOwner field)")
-        if owner == YIELD_OWNER:
-            raise bad_request(f"leaseOwner {YIELD_OWNER} holds no lease")
+        pairs = parse_leases(body, fence_owner(request, body))
+        for _, owner in pairs:
+            if owner is None:
+                raise bad_request(
+                    "leaseOwner is required (X-Lease-Owner header or leaseOwner field)"
+                )
+            if owner == YIELD_OWNER:
+                raise bad_request(f"leaseOwner {YIELD_OWNER} holds no lease")
         limit = self._settings.lease_duration
-        duration = int_field(body, "duration", limit, minimum=1, maximum=limit)
+        # Capped like a lease's leaseDuration, not refused: a worker's
+        # heartbeat extension works against a queue with a shorter lease.
+        duration = min(int_field(body, "duration", limit, minimum=1, maximum=INT64_MAX), limit)
         # Ids outside the column's range cannot name a task: lost, like unknown ones.
-        valid = [i for i in ids if 0 < i <= UINT32_MAX]
-        renewed = (
-            await self._call("renew", self._store.renew(owner, valid, duration)) if valid else {}
-        )
+        by_owner: dict[str, list[int]] = {}
+        for task_id, owner in pairs:
+            if 0 < task_id <= UINT32_MAX and owner is not None:
+                by_owner.setdefault(owner, []).append(task_id)
+        renewed: dict[tuple[int, str], int | None] = {}
+        for owner, ids in by_owner.items():
+            got = await self._call("renew", self._store.renew(owner, ids, duration))
+            for task_id in ids:
+                renewed[(task_id, owner)] = got.get(task_id)
         answer = []
-        for task_id in dict.fromkeys(ids):
-            expires = renewed.get(task_id)
+        for task_id, owner in dict.fromkeys(pairs):
+            expires = renewed.get((task_id, owner)) if owner is not None else None
+            entry: dict[str, Any] = {"taskID": task_id}
+            if "leases" in body:
+                entry["leaseOwner"] = owner
             if expires is None:
-                answer.append({"taskID": task_id, "status": "lost"})
+                entry["status"] = "lost"
             else:
-                answer.append({"taskID": task_id, "status": "renewed", "leaseExpires": expires})
+                # leaseSeconds: as on lease, the renewed lease as a duration.
+                entry.update(status="renewed", leaseExpires=expires, leaseSeconds=duration)
+            answer.append(entry)
             self._metrics.renewals.labels("lost" if expires is None else "renewed").inc()
         return ok(request, answer)
 

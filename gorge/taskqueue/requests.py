@@ -277,3 +277,47 @@ def path_id(text: str) -> int:
     if not 0 < parsed <= UINT32_MAX:
         raise not_found()
     return parsed
+
+
+def entry_owner(item: Any, default: str | None) -> str | None:
+    """The lease owner one entry of a batched call is fenced by: its own
+    ``leaseOwner`` when it names one (a worker fences per lease, and one batch
+    carries tasks of several leases), else the call's."""
+    if not isinstance(item, dict):
+        return default
+    owner = str_field(item, "leaseOwner", "")
+    if len(owner) > MAX_OWNER_CHARS:
+        raise bad_request(f"leaseOwner must be at most {MAX_OWNER_CHARS} characters")
+    return owner or default
+
+
+def lease_seconds_field(body: dict, limit: int) -> int:
+    """The lease a lease call asks for (``leaseDuration``), capped by the
+    queue's own: a worker that renews often asks for a short one, so its
+    tasks are leasable again soon after it dies; a caller that does not ask
+    gets the queue's."""
+    value = field(body, "leaseDuration")
+    if value is MISSING:
+        return limit
+    if not is_int(value) or value < 1:
+        raise bad_request("leaseDuration must be a positive integer (seconds)")
+    return min(value, limit)
+
+
+def parse_leases(body: dict, default: str | None) -> list[tuple[int, str | None]]:
+    """Renew's ``leases`` (each ``{"taskID", "leaseOwner"}``, the owner
+    defaulting to the call's) or, without it, ``taskIDs`` under the call's
+    owner: the (id, owner) pairs to renew, in order."""
+    leases = field(body, "leases")
+    if leases is MISSING:
+        return [(task_id, default) for task_id in id_list(body, "taskIDs")]
+    if not isinstance(leases, list) or leases == []:
+        raise bad_request("leases must be a non-empty list of {taskID, leaseOwner} objects")
+    if len(leases) > MAX_LEASE_LIMIT:
+        raise bad_request(f"leases must have at most {MAX_LEASE_LIMIT} entries")
+    pairs: list[tuple[int, str | None]] = []
+    for item in leases:
+        if not isinstance(item, dict) or not is_int(item.get("taskID")):
+            raise bad_request("each lease must be an object with an integer taskID")
+        pairs.append((item["taskID"], entry_owner(item, default)))
+    return pairs

@@ -82,8 +82,13 @@ class Consumer:
             handler_ended=self._release_slot,
             delegation=delegation,
             log_debug=settings.log_debug,
+            heartbeat=settings.heartbeat,
+            heartbeat_lease=settings.heartbeat_lease,
         )
         self._runs: dict[int, Run] = {}
+        # Tasks leased again while their old lease still runs here: each
+        # starts when the old run is over.
+        self._leased_again: dict[int, tuple[dict, bool, float]] = {}
         self._running = 0
         # Read when scraped: setting it twice per task cost more than the task.
         metrics.active.set_function(lambda: self._running)
@@ -346,6 +351,20 @@ class Consumer:
     # -- one task's slot ---------------------------------------------------
     def _start(self, task: dict, *, hand_back: bool = False) -> None:
         task_id = task["id"]
+        old = self._runs.get(task_id)
+        if old is not None and old.owner is not None and task.get("leaseOwner") != old.owner:
+            # A new lease of a task still running here: the old lease was
+            # freed (or expired) at the queue, so it is not ours any more.
+            # Its handler stops now, without a report; the new lease runs
+            # once it is out of the way (docs/worker.md, Heartbeat leases).
+            log.info(
+                "WORKER_TASK_LEASED_AGAIN task_id={task_id} task_class={task_class}",
+                task_id=task_id,
+                task_class=task["taskClass"],
+            )
+            self._leased_again[task_id] = (task, hand_back, self._clock.seconds())
+            old.lose()
+            return
         if task_id in self._runs:
             log.warn(
                 "WORKER_TASK_DUPLICATE_LEASE task_id={task_id} task_class={task_class}",
@@ -373,6 +392,15 @@ class Consumer:
 
     def _finished(self, run: Run) -> None:
         self._runs.pop(run.id, None)
+        waiting = self._leased_again.pop(run.id, None)
+        if waiting is not None:
+            task, hand_back, received = waiting
+            seconds = task.get("leaseSeconds")
+            if isinstance(seconds, int) and not isinstance(seconds, bool):
+                # Its lease has been running since the answer came.
+                elapsed = self._clock.seconds() - received
+                task = {**task, "leaseSeconds": max(0, int(seconds - elapsed))}
+            self._start(task, hand_back=hand_back or self._stopping)
         if not self._release_slot(run):
             self._wake_for_capacity()
 

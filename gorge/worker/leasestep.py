@@ -40,6 +40,9 @@ class LoopSettings:
     # Whether the log level lets debug lines through: a filtered line still
     # costs its event (measured: a tenth of the worker's time per task).
     log_debug: bool = True
+    # docs/worker.md, Heartbeat leases.
+    heartbeat: float = 15.0
+    heartbeat_lease: int = 60
 
     @property
     def batch_threshold(self) -> int:

@@ -37,7 +37,12 @@ CALL_TIMEOUT = 30.0
 LEASE_ANSWER_LIMIT = 64 * 1024 * 1024
 #: Bytes of any other answer (renewals and reports answer a few hundred).
 ANSWER_LIMIT = 1024 * 1024
-OWNER_HOST_BYTES = 32
+#: The host part of the lease owner, so that the name, a lease call's
+#: sequence number and the rest fit the column's 64 characters.
+OWNER_HOST_BYTES = 24
+#: Lease calls are numbered modulo this (7 digits): a number comes round again
+#: only millions of lease calls later, long after that lease ended.
+OWNER_SEQUENCE_MODULO = 10_000_000
 
 _encoder = json.JSONEncoder(separators=(",", ":"))
 
@@ -55,6 +60,8 @@ def truncate_host(host: str, limit: int = OWNER_HOST_BYTES) -> str:
 
 
 def lease_owner(hostname: str | None, pid: int, started: int) -> str:
+    """The worker's name; each lease call adds its own sequence number to it
+    (:meth:`QueueClient.next_owner`), within the column's 64 characters."""
     host = hostname if hostname is not None else socket.gethostname()
     return f"{truncate_host(host)}:{pid}:{started}:gorge-worker"
 
@@ -111,16 +118,20 @@ class QueueClient:
         report_delay: float = 0.0,
         report_bytes: int = FOLLOWUP_BATCH_BYTES,
         wire: QueueWire | None = None,
+        lease_seconds: int | None = None,
     ) -> None:
         """``wire``: the kept-alive connections the service uses; without it
         every call goes through ``agent`` (tests hand in fakes of it).
         ``report_bytes``: the follow-ups one batched report carries at most."""
         self._agent = agent
         self._wire = wire
-        self._heads: dict[tuple[str, bool], bytes] = {}
+        self._heads: dict[str, bytes] = {}
         self._clock = clock
         self._endpoint = endpoint
         self.owner = owner
+        # A short lease the heartbeat renews (None: the queue's own).
+        self._lease_seconds = lease_seconds
+        self._sequence = 0
         self._timeout = timeout
         self._reports = ReportBatcher(
             self._post_reports,
@@ -133,7 +144,6 @@ class QueueClient:
         # worker's time per call.
         self._urls: dict[str, bytes] = {}
         self._base_headers = self._headers()
-        self._owner_headers = self._headers({b"X-Lease-Owner": owner.encode()})
 
     @property
     def batching_reports(self) -> bool:
@@ -155,14 +165,14 @@ class QueueClient:
         body: dict,
         *,
         timeout: float | None = None,
-        fenced: bool = False,
+        owner: str | None = None,
         answer_limit: int = ANSWER_LIMIT,
     ) -> Any:
         payload = _encoder.encode(body).encode()
         # A held lease call asks for more than the usual timeout (its wait).
         limit = self._timeout if timeout is None else timeout
         try:
-            reply = await self._send(path, payload, fenced, limit, answer_limit)
+            reply = await self._send(path, payload, owner, limit, answer_limit)
             raw = reply.require_body()
         except TransportFailure as failure:
             if failure.cause is Cause.DEADLINE:
@@ -171,18 +181,24 @@ class QueueClient:
         return self._parse(path, reply.status, raw)
 
     async def _send(
-        self, path: str, payload: bytes, fenced: bool, limit: float, answer_limit: int
+        self, path: str, payload: bytes, owner: str | None, limit: float, answer_limit: int
     ) -> Reply:
         """The POST, over the kept connections or through the agent; both raise
         :class:`~gorge.client.failure.TransportFailure` alike."""
-        # ``fenced``: the call names the lease owner (the lease, and every
-        # report, so a queue that fences refuses a report from a worker whose
-        # lease was taken over: 409).
-        headers = self._owner_headers if fenced else self._base_headers
+        # ``owner``: the lease call's own owner, as the header every queue
+        # reads (reports and renewals name theirs in the body).
+        if owner is None:
+            headers = self._base_headers
+        else:
+            headers = self._headers({b"X-Lease-Owner": owner.encode()})
         if self._wire is not None:
-            head = self._heads.get((path, fenced))
-            if head is None:
-                head = self._heads[(path, fenced)] = self._wire.head(path, headers)
+            cached = self._heads.get(path) if owner is None else None
+            if cached is not None:
+                head = cached
+            else:
+                head = self._wire.head(path, headers)
+                if owner is None:
+                    self._heads[path] = head
             return await self._wire.post(
                 head, payload, keep=answer_limit, timeout=limit, clock=self._clock
             )
@@ -224,12 +240,24 @@ class QueueClient:
             raise QueueError(f"http: POST {path}: unexpected status {status}", status=status)
         return doc.get("data")
 
+    def next_owner(self) -> str:
+        """A lease owner of its own for the next lease call: a task freed and
+        leased again by this worker is then a lease the old one's renewals
+        and reports cannot touch (Phorge's lease query does the same)."""
+        self._sequence = self._sequence % OWNER_SEQUENCE_MODULO + 1
+        return f"{self.owner}:{self._sequence}"
+
     async def lease(
         self, limit: int, task_classes: list[str] | None, wait: float = 0
     ) -> list[dict]:
         """Up to ``limit`` tasks; with ``wait`` > 0 the queue may hold the call
-        that many seconds until one is there (an older queue answers at once)."""
+        that many seconds until one is there (an older queue answers at once).
+        Each task carries ``leaseOwner``, the owner this call leased it as,
+        which its renewals and report name."""
+        owner = self.next_owner()
         body: dict[str, Any] = {"limit": limit}
+        if self._lease_seconds is not None:
+            body["leaseDuration"] = self._lease_seconds
         if task_classes:
             body["taskClasses"] = sorted(task_classes)
         if wait > 0:
@@ -239,24 +267,33 @@ class QueueClient:
                 "/api/queue/lease",
                 body,
                 timeout=self._timeout + wait,
-                fenced=True,
+                owner=owner,
                 answer_limit=LEASE_ANSWER_LIMIT,
             )
         except QueueError as exc:
             raise QueueError(
                 f"lease: {exc}", status=exc.status, code=exc.code, transient=exc.transient
             ) from None
-        return validate_lease_answer(data, limit)
+        tasks = validate_lease_answer(data, limit)
+        for task in tasks:
+            task["leaseOwner"] = owner
+        return tasks
 
-    async def renew(self, task_ids: list[int], *, timeout: float) -> dict[int, int | None]:
-        """Extend our leases on ``task_ids``: each id's new ``leaseExpires``, or
-        None when the queue says the lease is lost.  An id the answer does not
-        mention is left out (its deadline stays as it was)."""
+    async def renew(
+        self, leases: Sequence[tuple[int, str]], duration: int, *, timeout: float
+    ) -> dict[int, int | None]:
+        """Extend the leases ``(task id, lease owner)`` by ``duration`` seconds,
+        all in one call: each id's seconds left (``leaseSeconds``, from the
+        queue's now; a queue that sends only ``leaseExpires`` is taken to have
+        granted ``duration``), or None when the queue says the lease is lost.
+        An id the answer does not mention is left out."""
         data = await self._call(
             "/api/queue/renew",
-            {"taskIDs": list(task_ids)},
+            {
+                "leases": [{"taskID": task_id, "leaseOwner": owner} for task_id, owner in leases],
+                "duration": duration,
+            },
             timeout=min(timeout, self._timeout),
-            fenced=True,
         )
         if not isinstance(data, list):
             raise QueueError(
@@ -268,9 +305,9 @@ class QueueClient:
         for item in data:
             if not isinstance(item, dict) or not _is_int(item.get("taskID")):
                 continue
-            expires = item.get("leaseExpires")
-            if item.get("status") == "renewed" and _is_int(expires):
-                out[item["taskID"]] = expires
+            seconds = item.get("leaseSeconds")
+            if item.get("status") == "renewed":
+                out[item["taskID"]] = seconds if _is_int(seconds) else duration
             elif item.get("status") == "lost":
                 out[item["taskID"]] = None
         return out
@@ -280,12 +317,17 @@ class QueueClient:
             REPORT_PATH,
             {"reports": entries},
             timeout=min(timeout, self._timeout),
-            fenced=True,
         )
 
-    def _report(self, path: str, body: dict, outcome: str, timeout: float) -> Deferred:
+    def _report(
+        self, path: str, body: dict, outcome: str, timeout: float, owner: str | None
+    ) -> Deferred:
+        """Fenced by the lease's own owner (each entry of a batch names its
+        own), or by the worker's name for a task leased without one."""
+        body = {**body, "leaseOwner": owner or self.owner}
+
         async def single(left: float) -> None:
-            await self._call(path, body, timeout=min(left, self._timeout), fenced=True)
+            await self._call(path, body, timeout=min(left, self._timeout))
 
         return self._reports.submit({**body, "outcome": outcome}, timeout, single)
 
@@ -296,6 +338,7 @@ class QueueClient:
         *,
         followups: Sequence[Mapping[str, Any]] = (),
         timeout: float,
+        owner: str | None = None,
     ) -> None:
         """Report a success; ``followups`` are the tasks it queues, each in
         the shape ``/api/queue/enqueue`` takes (docs/taskqueue.md, Follow-up
@@ -305,7 +348,7 @@ class QueueClient:
             # Only when there are some: a plain complete stays what every
             # queue, older ones included, takes.
             body["followups"] = [dict(followup) for followup in followups]
-        await self._report("/api/queue/complete", body, "complete", timeout)
+        await self._report("/api/queue/complete", body, "complete", timeout, owner)
 
     async def fail(
         self,
@@ -315,18 +358,22 @@ class QueueClient:
         retry_wait: int | None = None,
         message: str = "",
         timeout: float,
+        owner: str | None = None,
     ) -> None:
         body: dict[str, Any] = {"taskID": task_id, "permanent": permanent}
         if retry_wait is not None:
             body["retryWait"] = max(0, int(retry_wait))
         if message:
             body["message"] = message[:1000]
-        await self._report("/api/queue/fail", body, "fail", timeout)
+        await self._report("/api/queue/fail", body, "fail", timeout, owner)
 
-    async def yield_task(self, task_id: int, seconds: int, *, timeout: float) -> None:
+    async def yield_task(
+        self, task_id: int, seconds: int, *, timeout: float, owner: str | None = None
+    ) -> None:
         await self._report(
             "/api/queue/yield",
             {"taskID": task_id, "duration": max(5, int(seconds))},
             "yield",
             timeout,
+            owner,
         )

@@ -121,12 +121,15 @@ class Reporter:
 
     def _send(self, run: Run, outcome: Outcome, duration_us: int, timeout: float) -> Deferred:
         q = self._queue
+        owner = run.owner
         if outcome.kind == "complete" and outcome.followups:
-            coro = q.complete(run.id, duration_us, followups=outcome.followups, timeout=timeout)
+            coro = q.complete(
+                run.id, duration_us, followups=outcome.followups, timeout=timeout, owner=owner
+            )
         elif outcome.kind == "complete":
-            coro = q.complete(run.id, duration_us, timeout=timeout)
+            coro = q.complete(run.id, duration_us, timeout=timeout, owner=owner)
         elif outcome.kind == "yield":
-            coro = q.yield_task(run.id, outcome.yield_seconds, timeout=timeout)
+            coro = q.yield_task(run.id, outcome.yield_seconds, timeout=timeout, owner=owner)
         else:
             coro = q.fail(
                 run.id,
@@ -134,6 +137,7 @@ class Reporter:
                 retry_wait=outcome.retry_wait,
                 message=outcome.message,
                 timeout=timeout,
+                owner=owner,
             )
         return Deferred.fromCoroutine(coro)
 

@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred, TimeoutError, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.log.logger import Logger
-from gorge.worker.lease import LeaseGuard, LeaseKeeper, LeaseLost
+from gorge.worker.lease import Heartbeat, HeldLease, LeaseGuard, LeaseLost
 from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.outcome import Completed, Outcome, classify
 from gorge.worker.queueclient import QueueClient, QueueError
@@ -30,6 +30,10 @@ log = Logger()
 SKIP_RETRY_WAIT = 60
 HANDBACK_YIELD = 5
 DEFAULT_LEASE_SECONDS = 7200
+#: docs/worker.md, Heartbeat leases: a dead worker's tasks are leasable again
+#: within the lease (60 s) after its last heartbeat (every 15 s).
+DEFAULT_HEARTBEAT_SEC = 15.0
+DEFAULT_HEARTBEAT_LEASE_SEC = 60
 
 
 class DelegationGate(Protocol):
@@ -82,6 +86,8 @@ class TaskRunner:
         handler_ended: Callable[[Run], object],
         delegation: DelegationGate | None = None,
         log_debug: bool = True,
+        heartbeat: float = DEFAULT_HEARTBEAT_SEC,
+        heartbeat_lease: int = DEFAULT_HEARTBEAT_LEASE_SEC,
     ) -> None:
         self._queue = queue
         self._registry = registry
@@ -93,8 +99,21 @@ class TaskRunner:
         self._handler_ended = handler_ended
         self._delegation = delegation
         self._log_debug = log_debug
-        # Off once the queue refuses a renewal (an older queue has no route).
-        self._renewals = True
+        # One renewal call for every running task's lease; off once the
+        # queue refuses one (an older queue has no route).
+        self.heartbeat = Heartbeat(
+            renew=self._renew,
+            clock=clock,
+            period=heartbeat,
+            duration=heartbeat_lease,
+            on_result=lambda result: metrics.lease_renewals.labels(result=result).inc(),
+            on_refused=self._renewal_refused,
+        )
+
+    async def _renew(
+        self, leases: list[tuple[int, str]], duration: int, timeout: float
+    ) -> dict[int, int | None]:
+        return await self._queue.renew(leases, duration, timeout=timeout)
 
     async def process(self, run: Run, hand_back: bool) -> None:
         """One leased task, from its lease to its report."""
@@ -113,8 +132,16 @@ class TaskRunner:
             await self._execute(run)
 
     def _take_deadline(self, run: Run) -> None:
+        # The lease as a duration from the queue's now, counted here from the
+        # answer's arrival on this host's clock: no other host's clock is
+        # compared with ours (docs/worker.md, Clocks).
+        seconds = run.task.get("leaseSeconds")
+        if isinstance(seconds, int) and not isinstance(seconds, bool):
+            run.deadline = self._clock.seconds() + seconds
+            return
         expires = run.task.get("leaseExpires")
         if isinstance(expires, int) and not isinstance(expires, bool):
+            # A queue that does not say the duration: its absolute time.
             run.deadline = float(expires)
             return
         run.deadline = self._clock.seconds() + DEFAULT_LEASE_SECONDS
@@ -185,8 +212,16 @@ class TaskRunner:
         payload = data if isinstance(data, str) and data != "" else None
         handler_d = _call_handler(handler, run.task, payload)
         guard = LeaseGuard(handler_d, run.deadline, self._clock)
-        keeper = self._keep_lease(run, guard)
+        held = HeldLease(
+            run.id,
+            run.task_class,
+            run.owner or self._queue.owner,
+            guard,
+            granted=max(0.0, run.deadline - self._clock.seconds()),
+        )
+        self.heartbeat.hold(held)
         run.current = handler_d
+        run.guard = guard
         error: BaseException | None = None
         try:
             result = await handler_d
@@ -211,8 +246,8 @@ class TaskRunner:
             error = exc
         finally:
             run.current = None
-            if keeper is not None:
-                keeper.stop()
+            run.guard = None
+            self.heartbeat.release(held)
             run.deadline = guard.deadline
         if run.abandoned:
             return _NOT_OURS
@@ -247,37 +282,6 @@ class TaskRunner:
             message=outcome.message,
         )
 
-    def _keep_lease(self, run: Run, guard: LeaseGuard) -> LeaseKeeper | None:
-        """Renew the lease of a running task until its handler ends (none for a
-        handler already over: its guard is not running)."""
-        if not self._renewals or not guard.running:
-            return None
-
-        async def renew(task_id: int, timeout: float) -> int | None:
-            answers = await self._queue.renew([task_id], timeout=timeout)
-            if task_id not in answers:
-                raise QueueError(
-                    f"renew: the answer does not mention task {task_id}", transient=True
-                )
-            expires = answers[task_id]
-            if expires is not None:
-                run.deadline = float(expires)
-            return expires
-
-        keeper = LeaseKeeper(
-            task_id=run.id,
-            task_class=run.task_class,
-            guard=guard,
-            renew=renew,
-            clock=self._clock,
-            on_result=lambda result: self._metrics.lease_renewals.labels(result=result).inc(),
-            on_refused=self._renewal_refused,
-        )
-        keeper.start()
-        return keeper
-
     def _renewal_refused(self, exc: QueueError) -> None:
         """A queue without renewal (404) or one refusing ours: stop asking."""
-        if self._renewals:
-            self._renewals = False
-            log.warn("WORKER_LEASE_RENEWAL_DISABLED error={error}", error=str(exc))
+        log.warn("WORKER_LEASE_RENEWAL_DISABLED error={error}", error=str(exc))

@@ -289,6 +289,7 @@ def build_worker_service(
         report_batch=settings.report_batch,
         report_delay=settings.report_delay_ms / 1000.0,
         wire=wire,
+        lease_seconds=settings.heartbeat_lease_sec,
     )
     probe: ConduitProbe | None = None
     pause: DelegationPause | None = None
@@ -317,6 +318,8 @@ def build_worker_service(
             drain_timeout=float(settings.drain_timeout_sec),
             lease_wait=float(settings.lease_wait_sec),
             log_debug=settings.http.debug_log,
+            heartbeat=float(settings.heartbeat_sec),
+            heartbeat_lease=settings.heartbeat_lease_sec,
         ),
         on_progress=notifier.progress if notifier is not None else None,
         delegation=gate,

@@ -90,6 +90,8 @@ class WorkerSettings:
     php_executors: int = field(default_factory=default_php_executors)
     php_max_tasks: int = DEFAULT_PHP_MAX_TASKS
     php_max_memory_mb: int = DEFAULT_PHP_MAX_MEMORY_MB
+    heartbeat_sec: int = 15
+    heartbeat_lease_sec: int = 60
     warnings: tuple[str, ...] = ()
 
     @property
@@ -123,6 +125,8 @@ class WorkerSettings:
             "phorge_root": self.phorge_root,
             "php_binary": self.php_binary,
             "php_executor_script": self.php_executor_script,
+            "heartbeat_sec": self.heartbeat_sec,
+            "heartbeat_lease_sec": self.heartbeat_lease_sec,
             "php_executors": self.php_executors,
             "php_max_tasks": self.php_max_tasks,
             "php_max_memory_mb": self.php_max_memory_mb,
@@ -276,6 +280,8 @@ def load_worker_settings(
         php_max_memory_mb=env.int(
             "GORGE_WORKER_PHP_MAX_MEMORY_MB", DEFAULT_PHP_MAX_MEMORY_MB, min=16, max=65_536
         ),
+        heartbeat_sec=env.int("GORGE_WORKER_HEARTBEAT_SEC", 15, min=1, max=3600),
+        heartbeat_lease_sec=env.int("GORGE_WORKER_HEARTBEAT_LEASE_SEC", 60, min=5, max=86_400),
         warnings=(),
     )
     # Legacy-alias warnings are collected by every getter above.

@@ -80,14 +80,17 @@ async def test_renew_over_http(client, clock):
         200,
         {
             "data": [
-                {"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700},
+                {"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700, "leaseSeconds": 600},
                 {"taskID": 2, "status": "lost"},
                 {"taskID": 2**40, "status": "lost"},
             ]
         },
     )
     code, answer = await client.post("renew", {"taskIDs": [1], "leaseOwner": OWNER, "duration": 30})
-    assert answer["data"] == [{"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700}]
+    # A renewal never pulls a lease in; leaseSeconds is what it surely has.
+    assert answer["data"] == [
+        {"taskID": 1, "status": "renewed", "leaseExpires": T0 + 700, "leaseSeconds": 30}
+    ]
     code, answer = await client.get("/metrics", token=None)
     assert 'gorge_taskqueue_lease_renewals_total{result="renewed"} 2.0' in answer
     assert 'gorge_taskqueue_lease_renewals_total{result="lost"} 2.0' in answer
@@ -104,7 +107,22 @@ BAD_RENEWALS = [
         "taskIDs must have at most 1000 ids",
     ),
     ({"taskIDs": [1], "duration": 0}, {"X-Lease-Owner": OWNER}, "duration must be >= 1"),
-    ({"taskIDs": [1], "duration": 601}, {"X-Lease-Owner": OWNER}, "duration must be <= 600"),
+    (
+        {"leases": [{"taskID": 1, "leaseOwner": OWNER}, {"taskID": "2"}]},
+        {},
+        "each lease must be an object with an integer taskID",
+    ),
+    ({"leases": []}, {}, "leases must be a non-empty list of {taskID, leaseOwner} objects"),
+    (
+        {"leases": [{"taskID": 1}]},
+        {},
+        "leaseOwner is required (X-Lease-Owner header or leaseOwner field)",
+    ),
+    (
+        {"leases": [{"taskID": 1, "leaseOwner": "x" * 65}]},
+        {},
+        "leaseOwner must be at most 64 characters",
+    ),
     ({"taskIDs": [1], "duration": "60"}, {"X-Lease-Owner": OWNER}, "duration must be an integer"),
     ({"taskIDs": [1]}, {"X-Lease-Owner": "(yield)"}, "leaseOwner (yield) holds no lease"),
     (
@@ -131,3 +149,100 @@ async def test_bad_renewal_is_400_and_changes_nothing(client, body, headers, mes
 async def test_renew_needs_the_token(client):
     code, answer = await client.post("renew", {"taskIDs": [1]}, token=None)
     assert (code, answer["error"]["code"]) == (401, "ERR_UNAUTHORIZED")
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_renewal_renews_leases_of_several_owners_each_by_its_own(client, clock):
+    """A worker names each lease's own owner: one call renews them all, and a
+    lease the task no longer has under that owner is lost even when the same
+    worker's other lease holds it (docs/taskqueue.md, Renew)."""
+    for _ in range(2):
+        await client.post("enqueue", {"taskClass": "A"})
+    await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": "w:1"})
+    await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": "w:2"})
+    assert (await client.post("free", {"taskID": 2}))[0] == 200
+    clock.advance(1)
+    _, again = await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": "w:3"})
+    assert [task["id"] for task in again["data"]] == [2]
+    clock.advance(99)
+    code, answer = await client.post(
+        "renew",
+        {
+            "leases": [
+                {"taskID": 1, "leaseOwner": "w:1"},
+                {"taskID": 2, "leaseOwner": "w:2"},
+                {"taskID": 2, "leaseOwner": "w:3"},
+                {"taskID": 1, "leaseOwner": "w:3"},
+            ],
+            "duration": 9999,  # capped by the queue's lease, not refused
+        },
+    )
+    assert (code, answer["data"]) == (
+        200,
+        [
+            {
+                "taskID": 1,
+                "leaseOwner": "w:1",
+                "status": "renewed",
+                "leaseExpires": T0 + 700,
+                "leaseSeconds": 600,
+            },
+            {"taskID": 2, "leaseOwner": "w:2", "status": "lost"},
+            {
+                "taskID": 2,
+                "leaseOwner": "w:3",
+                "status": "renewed",
+                "leaseExpires": T0 + 700,
+                "leaseSeconds": 600,
+            },
+            {"taskID": 1, "leaseOwner": "w:3", "status": "lost"},
+        ],
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lease_may_ask_for_a_shorter_lease_capped_by_the_queues(client, clock):
+    for _ in range(3):
+        await client.post("enqueue", {"taskClass": "A"})
+    _, short = await client.post("lease", {"limit": 1, "leaseDuration": 60})
+    _, capped = await client.post("lease", {"limit": 1, "leaseDuration": 10**9})
+    _, default = await client.post("lease", {"limit": 1})
+    assert [(t["leaseExpires"], t["leaseSeconds"]) for t in short["data"]] == [(T0 + 60, 60)]
+    assert [(t["leaseExpires"], t["leaseSeconds"]) for t in capped["data"]] == [(T0 + 600, 600)]
+    assert [(t["leaseExpires"], t["leaseSeconds"]) for t in default["data"]] == [(T0 + 600, 600)]
+    for bad in (0, -1, "60", True, 1.5):
+        assert await client.post("lease", {"leaseDuration": bad}) == (
+            400,
+            {
+                "error": {
+                    "code": "ERR_BAD_REQUEST",
+                    "message": "leaseDuration must be a positive integer (seconds)",
+                }
+            },
+        )
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_report_entry_is_fenced_by_its_own_lease_owner(client, clock):
+    for _ in range(3):
+        await client.post("enqueue", {"taskClass": "A"})
+    for owner in ("w:1", "w:2", "w:3"):
+        await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": owner})
+    code, answer = await client.post(
+        "report",
+        {
+            "leaseOwner": "w:3",  # the call's: for entries that name none
+            "reports": [
+                {"taskID": 1, "outcome": "complete", "leaseOwner": "w:1"},
+                {"taskID": 2, "outcome": "yield", "duration": 60, "leaseOwner": "w:1"},
+                {"taskID": 3, "outcome": "complete"},
+            ],
+        },
+    )
+    assert code == 200
+    assert [(e["taskID"], e["status"], e.get("code")) for e in answer["data"]] == [
+        (1, "reported", None),
+        (2, "refused", "ERR_LEASE_CONFLICT"),
+        (3, "reported", None),
+    ]
+    assert (await client.get("tasks/2"))[1]["data"]["leaseOwner"] == "w:2"

@@ -68,6 +68,8 @@ class FakeQueue:
         # out, a renewal answers the expiry the task already has.
         self.renewals: list[tuple[list[int], float]] = []
         self.renew_answers: list[Any] = []
+        # Each renewal call's (task id, lease owner) pairs and extension.
+        self.renew_calls: list[tuple[list[tuple[int, str]], int]] = []
         self.expiry: dict[int, int | None] = {}
         # Long-poll: the wait of every lease call; with a clock in
         # ``holds_on``, an empty call that asks to wait is held on it until
@@ -112,8 +114,10 @@ class FakeQueue:
             self.expiry[task["id"]] = task.get("leaseExpires")
         return batch
 
-    async def renew(self, task_ids, *, timeout):
+    async def renew(self, leases, duration, *, timeout):
+        task_ids = [task_id for task_id, _owner in leases]
         self.renewals.append((list(task_ids), timeout))
+        self.renew_calls.append((list(leases), duration))
         out = {}
         for task_id in task_ids:
             answer = self.renew_answers.pop(0) if self.renew_answers else self.expiry.get(task_id)
@@ -127,6 +131,7 @@ class FakeQueue:
                 answer = None
             else:
                 self.expiry[task_id] = answer
+                answer = duration  # the heartbeat's extension, in seconds
             out[task_id] = answer
         return out
 
@@ -150,13 +155,13 @@ class FakeQueue:
             d.callback(None)
         return d
 
-    async def complete(self, task_id, duration_us, *, followups=(), timeout):
+    async def complete(self, task_id, duration_us, *, followups=(), timeout, owner=None):
         args = {"duration": duration_us, "timeout": timeout}
         if followups:
             args["followups"] = list(followups)
         await self._report(Report("complete", task_id, args))
 
-    async def fail(self, task_id, permanent, *, retry_wait=None, message="", timeout):
+    async def fail(self, task_id, permanent, *, retry_wait=None, message="", timeout, owner=None):
         await self._report(
             Report(
                 "fail",
@@ -170,7 +175,7 @@ class FakeQueue:
             )
         )
 
-    async def yield_task(self, task_id, seconds, *, timeout):
+    async def yield_task(self, task_id, seconds, *, timeout, owner=None):
         await self._report(Report("yield", task_id, {"duration": seconds, "timeout": timeout}))
 
 

@@ -295,3 +295,59 @@ async def test_a_long_task_keeps_its_lease_and_runs_once_with_two_workers(stack)
     assert runs == [("first", task_id)]
     assert second.part("consumer").counters.processed == 0
     assert stack.worker.part("consumer").counters.processed == 1
+
+
+async def _operate(stack, verb, body):
+    response = await treq.post(
+        stack.queue_url + "/api/queue/" + verb,
+        json.dumps(body).encode(),
+        headers={"X-Service-Token": QUEUE_TOKEN, "Content-Type": "application/json"},
+        reactor=stack.reactor,
+    )
+    answer = json.loads(await response.content())
+    assert response.code == 200, answer
+    return answer
+
+
+@pytest.mark.parametrize("verb", ["free", "cancel"])
+@pytest_twisted.ensureDeferred
+async def test_an_operator_verb_on_a_running_task_cancels_its_handler_at_the_next_heartbeat(
+    stack, verb
+):
+    """Each lease has an owner of its own: after ``free`` the same worker leases
+    the task again at once, yet the first run's heartbeat answers ``lost``, its
+    handler is cancelled and nothing is reported for it; the second run's
+    report archives the task once (docs/worker.md, Heartbeat leases)."""
+    runs: list[Deferred] = []
+    cancelled: list[int] = []
+
+    def handler(task, data):
+        d: Deferred = Deferred(lambda _: cancelled.append(len(runs)))
+        runs.append(d)
+        return d
+
+    # The queue's long lease (7,200 s), as Phorge's tools get: only the
+    # heartbeat can tell the worker.
+    await stack.start(
+        worker_env={"GORGE_WORKER_HEARTBEAT_SEC": "1"},
+        extra_handlers={"LongWorker": handler},
+    )
+    task_id = await stack.enqueue("LongWorker")
+    await stack.until(lambda: runs)
+    await _operate(stack, verb, {"taskID": task_id})
+    await stack.until(lambda: cancelled, bound=10)
+    assert cancelled == [1]  # the first run's, not a later one's
+    consumer = stack.worker.part("consumer")
+    await stack.until(lambda: consumer.counters.unreported == 1)
+    if verb == "cancel":
+        row = await stack.until(stack.archived(task_id))
+        assert row["result"] == 2 and len(runs) == 1  # cancelled: no second run
+        return
+    # The same worker leases it again, under a new owner.
+    await stack.until(lambda: len(runs) == 2)
+    assert stack.row("worker_archivetask", task_id) is None
+    runs[1].callback(None)
+    archived = await stack.until(stack.archived(task_id))
+    assert archived["result"] == 0
+    await stack.until(lambda: consumer.counters.processed == 1)
+    assert consumer.counters.processed == 1 and consumer.counters.failed == 0

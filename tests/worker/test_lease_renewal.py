@@ -1,6 +1,6 @@
-"""Renewing the lease of a running task (docs/worker.md, Long tasks): at a
-third of the lease, past the first deadline, and cancelling the handler
-without any report once the queue says the lease is lost."""
+"""Renewing the leases of running tasks (docs/worker.md, Heartbeat leases):
+all in one call every heartbeat, past the first deadline, and cancelling the
+handler without any report once the queue says the lease is lost."""
 
 from __future__ import annotations
 
@@ -27,36 +27,46 @@ def started(queue, gate, *, expires, **loop):
     return clock, consumer, metrics
 
 
-def test_a_long_task_renews_at_a_third_of_its_lease_and_outlives_the_first_one():
+def test_every_heartbeat_renews_all_held_leases_in_one_call_past_the_first_deadline():
     queue, gate = FakeQueue(), Gate()
-    clock, consumer, metrics = started(queue, gate, expires=3601)
-    queue.renew_answers = [4801, 6001]
-    clock.advance(1199.9)
-    assert queue.renewals == []
-    clock.advance(0.1)  # t=1201: a third of 3600 s left
-    assert queue.renewals == [([4], 30.0)]
-    clock.advance(1199.9)
-    assert len(queue.renewals) == 1
-    clock.advance(0.1)  # t=2401: a third of the renewed 3600 s
-    assert len(queue.renewals) == 2
-    clock.advance(3601 - 2401 + 500)  # past the first lease: still running
-    assert gate.cancelled == [] and consumer.active == 1
+    clock = Clock()
+    queue.waiting = [make_task(4, expires=61), make_task(5, expires=61)]
+    queue.waiting[0]["leaseOwner"], queue.waiting[1]["leaseOwner"] = "w:1", "w:2"
+    consumer, metrics = make_consumer(
+        queue, registry_with(gate), clock, heartbeat=15.0, heartbeat_lease=60
+    )
+    consumer.start()
+    clock.advance(1.0)  # leased and started at t=1, 60 s of lease each
+    assert gate.started == [4, 5]
+    clock.advance(14.9)
+    assert queue.renew_calls == []
+    clock.advance(0.1)  # t=16: one call for both, each under its own owner
+    assert queue.renew_calls == [([(4, "w:1"), (5, "w:2")], 60)]
+    for _ in range(10):  # far past the first lease's 61 s: still running
+        clock.advance(15)
+    assert len(queue.renew_calls) == 11
+    assert gate.cancelled == [] and consumer.active == 2
     gate.finish(4)
+    gate.finish(5)
     clock.advance(0)
-    (report,) = queue.reports
-    assert report.kind == "complete"
-    assert report.args["timeout"] == 6001 - clock.seconds()  # cut at the renewed deadline
-    assert consumer.counters.processed == 1
-    assert metrics.get_sample_value("gorge_worker_lease_renewals_total", {"result": "renewed"}) >= 2
+    assert [r.kind for r in queue.reports] == ["complete", "complete"]
+    # Cut at the last renewal (t=166) plus its 60 s.
+    assert queue.reports[0].args["timeout"] == 166 + 60 - clock.seconds()
+    renewed = metrics.get_sample_value("gorge_worker_lease_renewals_total", {"result": "renewed"})
+    assert renewed == 22
+    clock.advance(600)
+    assert len(queue.renew_calls) == 11  # none once nothing runs
     assert all(timeout <= 30.0 for _, timeout in queue.renewals)
 
 
-def test_a_lost_lease_cancels_the_handler_and_reports_nothing():
+def test_a_lost_lease_cancels_the_handler_at_the_next_heartbeat_and_reports_nothing():
     queue, gate = FakeQueue(), Gate()
-    clock, consumer, metrics = started(queue, gate, expires=301)
+    clock, consumer, metrics = started(queue, gate, expires=61, heartbeat=15.0)
     queue.renew_answers = ["lost"]
     with CapturedEvents() as captured:
-        clock.advance(100)  # t=101: renewal answers "lost"
+        clock.advance(14.9)
+        assert gate.cancelled == []
+        clock.advance(0.1)  # t=16: the heartbeat answers "lost"
         assert gate.cancelled == [4]
         clock.advance(1000)
         assert len(captured.named("WORKER_TASK_LEASE_LOST")) == 1
@@ -74,18 +84,18 @@ def test_a_lost_lease_cancels_the_handler_and_reports_nothing():
     assert metrics.get_sample_value("gorge_worker_lease_renewals_total", {"result": "lost"}) == 1
 
 
-def test_a_failed_renewal_is_tried_again_before_the_deadline():
+def test_a_failed_heartbeat_is_tried_again_at_the_next_one():
     queue, gate = FakeQueue(), Gate()
-    clock, consumer, _ = started(queue, gate, expires=901)
-    queue.renew_answers = [server_error(), 1801]
+    clock, consumer, _ = started(queue, gate, expires=61, heartbeat=15.0)
+    queue.renew_answers = [server_error()]
     with CapturedEvents() as captured:
-        clock.advance(300)  # t=301: fails; 600 s left
+        clock.advance(15)  # t=16: fails
         assert len(queue.renewals) == 1
-        clock.advance(200)  # t=501: a third of what was left
+        clock.advance(15)  # t=31: renewed
         assert len(queue.renewals) == 2
         assert len(captured.named("WORKER_LEASE_RENEW_FAILED")) == 1
         assert len(captured.named("WORKER_LEASE_RENEW_RECOVERED")) == 1
-    clock.advance(901 - 501 + 10)
+    clock.advance(100)
     assert gate.cancelled == []
     gate.finish(4)
     clock.advance(0)
@@ -94,14 +104,14 @@ def test_a_failed_renewal_is_tried_again_before_the_deadline():
 
 def test_a_queue_without_renewal_keeps_the_lease_deadline_and_is_asked_no_more():
     queue, gate = FakeQueue(), Gate()
-    clock, consumer, _ = started(queue, gate, expires=301, max_workers=2)
+    clock, consumer, _ = started(queue, gate, expires=301, max_workers=2, heartbeat=15.0)
     queue.renew_answers = [
         QueueError("api error [ERR_NOT_FOUND]: Not Found", status=404, code="ERR_NOT_FOUND")
     ]
     with CapturedEvents() as captured:
-        clock.advance(100)
+        clock.advance(15)
         assert len(captured.named("WORKER_LEASE_RENEWAL_DISABLED")) == 1
-    clock.advance(200)  # the original deadline cuts the handler
+    clock.advance(300 - 15)  # the original deadline cuts the handler
     assert gate.cancelled == [4]
     queue.waiting = [make_task(5, expires=int(clock.seconds()) + 300)]
     clock.advance(1.0)
@@ -112,9 +122,9 @@ def test_a_queue_without_renewal_keeps_the_lease_deadline_and_is_asked_no_more()
 
 def test_renewal_stops_when_the_handler_ends():
     queue, gate = FakeQueue(), Gate()
-    clock, consumer, _ = started(queue, gate, expires=3601)
+    clock, consumer, _ = started(queue, gate, expires=3601, heartbeat=15.0)
     queue.renew_answers = ["hang"]
-    clock.advance(1200)  # a renewal in flight
+    clock.advance(15)  # a renewal in flight
     gate.finish(4)
     clock.advance(0)
     assert [r.kind for r in queue.reports] == ["complete"]
@@ -141,8 +151,8 @@ def test_a_handler_done_before_it_waits_is_reported_with_no_lease_timers_left():
     clock.advance(1.0)
     clock.advance(0)
     assert [r.kind for r in queue.reports] == ["complete"]
-    # The lease's deadline (3600 s away) and its first renewal (1200 s) were never armed.
-    assert [delay for delay in clock.delays if delay >= 1000] == []
+    # The lease's deadline (3600 s away) and a heartbeat were never armed.
+    assert [delay for delay in clock.delays if delay >= 10] == []
     assert queue.reports[0].args["timeout"] == 3601 - clock.seconds()
     clock.advance(3600)
     assert queue.renewals == []
@@ -185,12 +195,12 @@ async def test_a_lost_lease_aborts_the_delegated_call_in_flight(reactor, http_cl
         queue = FakeQueue()
         queue.waiting = [make_task(12, "SomeWorker", expires=int(reactor.seconds()) + 3)]
         queue.renew_answers = ["lost"]
-        consumer, _ = make_consumer(queue, registry, reactor, poll_interval=0.01)
+        consumer, _ = make_consumer(queue, registry, reactor, poll_interval=0.01, heartbeat=1.0)
         consumer.start()
         try:
             request = await server.received.addTimeout(10, reactor)
             assert request.startswith(b"POST /api/worker.execute ")
-            # The renewal a third of the way into the 3 s lease answers "lost".
+            # The first heartbeat (1 s) answers "lost".
             await server.lost.addTimeout(10, reactor)
         finally:
             await Deferred.fromCoroutine(consumer.stop())

@@ -76,13 +76,15 @@ def test_lease_request_shape():
     )
     client, _, _ = client_for(resource)
     tasks = result_of(client.lease(2, ["B", "A"]))
-    assert tasks == [{"id": 3, "taskClass": "A", "data": "{}"}]
+    # Each task says the owner this lease call leased it as.
+    owner = "host:1:2:gorge-worker:1"
+    assert tasks == [{"id": 3, "taskClass": "A", "data": "{}", "leaseOwner": owner}]
     (req,) = resource.requests
     assert (req["method"], req["path"]) == (b"POST", b"/api/queue/lease")
     assert req["headers"][b"content-type"] == b"application/json"
     assert req["headers"][b"accept"] == b"application/json"
     assert req["headers"][b"x-service-token"] == b"queue-token"
-    assert req["headers"][b"x-lease-owner"] == b"host:1:2:gorge-worker"
+    assert req["headers"][b"x-lease-owner"] == owner.encode()
     assert json.loads(req["body"]) == {"limit": 2, "taskClasses": ["A", "B"]}
 
 
@@ -103,17 +105,36 @@ def test_report_bodies():
     result_of(client.fail(7, False, retry_wait=60, message="m" * 2000, timeout=10))
     result_of(client.yield_task(8, 2, timeout=10))
     bodies = [(r["path"], json.loads(r["body"])) for r in resource.requests]
-    # Every report names the owner, so a fencing queue refuses a stale one.
-    assert {r["headers"][b"x-lease-owner"] for r in resource.requests} == {b"host:1:2:gorge-worker"}
+    # Every report names an owner, so a fencing queue refuses a stale one:
+    # the worker's name when the lease's own is not given.
+    assert all(b"x-lease-owner" not in r["headers"] for r in resource.requests)
+    me = "host:1:2:gorge-worker"
     assert bodies == [
-        (b"/api/queue/complete", {"taskID": 5, "duration": 1234}),
-        (b"/api/queue/fail", {"taskID": 6, "permanent": True}),
+        (b"/api/queue/complete", {"taskID": 5, "duration": 1234, "leaseOwner": me}),
+        (b"/api/queue/fail", {"taskID": 6, "permanent": True, "leaseOwner": me}),
         (
             b"/api/queue/fail",
-            {"taskID": 7, "permanent": False, "retryWait": 60, "message": "m" * 1000},
+            {
+                "taskID": 7,
+                "permanent": False,
+                "retryWait": 60,
+                "message": "m" * 1000,
+                "leaseOwner": me,
+            },
         ),
-        (b"/api/queue/yield", {"taskID": 8, "duration": 5}),
+        (b"/api/queue/yield", {"taskID": 8, "duration": 5, "leaseOwner": me}),
     ]
+
+
+def test_each_lease_call_has_an_owner_of_its_own_that_its_report_names():
+    resource = ScriptedQueue(body=json.dumps({"data": [{"id": 3, "taskClass": "A"}]}).encode())
+    client, _, _ = client_for(resource)
+    first = result_of(client.lease(1, None))[0]["leaseOwner"]
+    second = result_of(client.lease(1, None))[0]["leaseOwner"]
+    assert first != second and first.startswith("host:1:2:gorge-worker:")
+    resource.body = b'{"data":{"status":"ok"}}'
+    result_of(client.yield_task(3, 5, timeout=10, owner=second))
+    assert json.loads(resource.requests[-1]["body"])["leaseOwner"] == second
 
 
 def test_a_complete_carries_its_followups_and_a_plain_one_no_key():
@@ -135,10 +156,14 @@ def test_a_complete_carries_its_followups_and_a_plain_one_no_key():
                     {"taskClass": "Child", "data": '{"a":1}', "priority": None},
                     {"taskClass": "Later", "delayUntil": 1795950000, "objectPHID": "PHID-X"},
                 ],
+                "leaseOwner": "host:1:2:gorge-worker",
             },
         ),
         # An older queue never sees the key for a plain complete.
-        (b"/api/queue/complete", {"taskID": 6, "duration": 1}),
+        (
+            b"/api/queue/complete",
+            {"taskID": 6, "duration": 1, "leaseOwner": "host:1:2:gorge-worker"},
+        ),
     ]
 
 
@@ -247,15 +272,16 @@ def test_null_lease_data_is_empty():
 
 
 @given(st.text(min_size=0, max_size=80))
-def test_owner_host_fits_32_bytes_on_a_character_boundary(host):
+def test_owner_host_fits_24_bytes_on_a_character_boundary(host):
     cut = truncate_host(host)
-    assert len(cut.encode("utf-8")) <= 32
-    if len(host.encode("utf-8")) <= 32:
+    assert len(cut.encode("utf-8")) <= 24
+    if len(host.encode("utf-8")) <= 24:
         assert cut == host
     else:
         assert cut.endswith("...") and host.startswith(cut[:-3])
     owner = lease_owner(host, 4_194_304, 1_795_946_970)
-    assert len(owner) <= 64 and owner.endswith(":4194304:1795946970:gorge-worker")
+    # Room for a lease call's sequence number (7 digits) within the column's 64.
+    assert len(owner) <= 64 - 8 and owner.endswith(":4194304:1795946970:gorge-worker")
 
 
 def test_deeply_nested_answer_is_an_unmarshal_error():
@@ -296,12 +322,13 @@ def test_agent_path_sends_the_same_request_and_reads_the_answer():
     client, agent, _ = _agent_client(resource)
     d = Deferred.fromCoroutine(client.lease(2, ["B", "A"], wait=5))
     agent.flush()
-    assert result_of_deferred(d) == [{"id": 3, "taskClass": "A", "data": "{}"}]
+    owner = "host:1:2:gorge-worker:1"
+    assert result_of_deferred(d) == [{"id": 3, "taskClass": "A", "data": "{}", "leaseOwner": owner}]
     (req,) = resource.requests
     assert (req["method"], req["path"]) == (b"POST", b"/api/queue/lease")
     assert req["headers"][b"content-type"] == b"application/json"
     assert req["headers"][b"x-service-token"] == b"queue-token"
-    assert req["headers"][b"x-lease-owner"] == b"host:1:2:gorge-worker"
+    assert req["headers"][b"x-lease-owner"] == owner.encode()
     assert json.loads(req["body"]) == {"limit": 2, "taskClasses": ["A", "B"], "wait": 5}
 
 
@@ -347,7 +374,7 @@ def test_a_lease_answer_has_its_own_larger_cap(monkeypatch):
     monkeypatch.setattr(queueclient, "LEASE_ANSWER_LIMIT", 2 * queueclient.ANSWER_LIMIT)
     task = {"id": 3, "taskClass": "A", "data": "x" * queueclient.ANSWER_LIMIT}
     client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
-    assert result_of(client.lease(1, None)) == [task]
+    assert result_of(client.lease(1, None)) == [{**task, "leaseOwner": "host:1:2:gorge-worker:1"}]
     task["data"] += "x" * queueclient.ANSWER_LIMIT
     client, _, _ = client_for(ScriptedQueue(body=json.dumps({"data": [task]}).encode()))
     failure = result_of(client.lease(1, None))

@@ -70,17 +70,20 @@ async def test_calls_share_one_connection_and_say_who_leases(scripted):
     ]
     client, wire = _client(port)
     try:
-        renewed = await client.renew([7], timeout=5)
+        renewed = await client.renew([(7, "owner:1")], 60, timeout=5)
         leased = await client.lease(4, None)  # another answer limit, the same connection
-        again = await client.renew([7], timeout=5)
+        again = await client.renew([(7, "owner:1")], 60, timeout=5)
     finally:
         await wire.close()
-    assert (renewed, leased, again) == ({7: 9}, [], {7: None})
+    assert (renewed, leased, again) == ({7: 60}, [], {7: None})
     assert len(factory.connections) == 1
-    first = factory.requests[0]
+    first, lease = factory.requests[0], factory.requests[1]
     assert first.startswith(b"POST /api/queue/renew HTTP/1.1\r\n")
-    assert b"\r\nX-Lease-Owner: owner\r\n" in first and b"\r\nX-Service-Token: tok\r\n" in first
-    assert first.endswith(b'{"taskIDs":[7]}')
+    # A renewal names each lease's owner in its body; the lease call says
+    # the owner it leases as in the header every queue reads.
+    assert b"X-Lease-Owner" not in first and b"\r\nX-Service-Token: tok\r\n" in first
+    assert first.endswith(b'{"leases":[{"taskID":7,"leaseOwner":"owner:1"}],"duration":60}')
+    assert b"\r\nX-Lease-Owner: owner:1\r\n" in lease
 
 
 async def test_an_error_answer_is_a_queue_error_with_its_code(scripted):
@@ -91,7 +94,7 @@ async def test_an_error_answer_is_a_queue_error_with_its_code(scripted):
     client, wire = _client(port)
     try:
         with pytest.raises(QueueError) as raised:
-            await client.renew([7], timeout=5)
+            await client.renew([(7, "owner:1")], 60, timeout=5)
     finally:
         await wire.close()
     assert (raised.value.status, raised.value.code) == (409, "ERR_LEASE_LOST")
@@ -119,7 +122,7 @@ async def test_no_answer_in_time_is_a_deadline(scripted):
     client, wire = _client(port, timeout=0.2)
     try:
         with pytest.raises(QueueError, match="timed out after 0.2s"):
-            await client.renew([7], timeout=5)
+            await client.renew([(7, "owner:1")], 60, timeout=5)
     finally:
         await wire.close()
 

@@ -39,7 +39,14 @@ class ReportingQueue(Resource):
     def render(self, request):
         raw = request.content.read()
         body = json.loads(raw)
-        owner = request.getHeader(b"x-lease-owner")
+        # The owner each call is fenced by, wherever it says it (header, body
+        # or the entries, which must then agree), recorded apart.
+        owners = {body.pop("leaseOwner", None)} | {
+            entry.pop("leaseOwner", None) for entry in body.get("reports", [])
+        }
+        owners.discard(None)
+        assert len(owners) <= 1
+        owner = request.getHeader(b"x-lease-owner") or (owners.pop().encode() if owners else None)
         self.requests.append((request.path, body, owner))
         request.setHeader(b"content-type", b"application/json")
         if self.body_limit is not None and len(raw) > self.body_limit:

@@ -21,6 +21,7 @@ from tests.worker.fakes import (
 def test_handler_outliving_its_lease_is_abandoned_not_reported():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
     queue.waiting = [make_task(3, expires=31)]
+    queue.renew_answers = ["hang"]  # no renewal comes back: the deadline decides
     consumer, _ = make_consumer(queue, registry_with(gate), clock)
     with CapturedEvents() as captured:
         consumer.start()
