@@ -219,7 +219,8 @@ class Switched:
         return [d for d in self.smtp.deliveries if address in d.rcpt_to]
 
     def leased_by_gorge(self, rows: list[dict]) -> bool:
-        return all((r["leaseOwner"] or "").endswith(WORKER_SUFFIX) for r in rows)
+        # gorge-worker's owner is its name plus each lease call's number.
+        return all(WORKER_SUFFIX + ":" in (r["leaseOwner"] or "") for r in rows)
 
     # -- start and stop -------------------------------------------------------------
 
