@@ -141,8 +141,6 @@ async def test_a_bad_filter_is_400_saying_what_to_fix(herald, make_harness, list
         ("GET", "/api/webhook/requests/99999999999"),
         ("POST", "/api/webhook/requests/77/retry"),
         ("POST", "/api/webhook/requests/x/retry"),
-        ("POST", "/api/webhook/requests/1"),
-        ("GET", "/api/webhook/requests/1/retry"),
         ("GET", "/api/webhook/requests/retry"),
     ],
 )
@@ -151,6 +149,27 @@ async def test_a_bad_id_is_404(herald, make_harness, listen, method, path):
     base = listen(make_harness(http=HTTP).service.part("site"))
     code, answer = await call(base, method, path)
     assert code == 404 and answer["error"]["code"] == "ERR_NOT_FOUND"
+
+
+@pytest.mark.parametrize(
+    "method,path,allowed",
+    [
+        ("POST", "/api/webhook/requests/1", "GET"),
+        ("GET", "/api/webhook/requests/1/retry", "POST"),
+    ],
+)
+async def test_a_known_path_with_another_method_is_405(
+    herald, make_harness, listen, method, path, allowed
+):
+    # The path names a route; the method is the wrong one for it.
+    herald.insert_request(hook="PHID-HWBH-x", status="sent")
+    base = listen(make_harness(http=HTTP).service.part("site"))
+    response = await treq.request(
+        method, base + path, persistent=False, headers={"X-Service-Token": TOKEN}
+    )
+    answer = json.loads(await response.content())
+    assert response.code == 405 and answer["error"]["code"] == "ERR_METHOD_NOT_ALLOWED"
+    assert allowed in response.headers.getRawHeaders("Allow")[0]
 
 
 async def test_everything_needs_the_token(herald, make_harness, listen):
