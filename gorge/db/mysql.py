@@ -109,32 +109,9 @@ def _connect_with(settings: MySQLSettings) -> Callable[..., Any]:
     return _PreferredTLS
 
 
-def connect(settings: MySQLSettings) -> Any:
-    """One blocking autocommit connection of its own, opened as the pool's are
-    (TLS, timeouts, session), for what must stay on one session: named locks.
-    Call it in a thread, never in the reactor's."""
-    connection = _connect_with(settings)(
-        host=settings.host,
-        port=settings.port,
-        user=settings.user,
-        password=settings.password,
-        database=settings.database,
-        charset="utf8mb4",
-        autocommit=True,
-        connect_timeout=settings.connect_timeout,
-        read_timeout=settings.read_timeout,
-        write_timeout=settings.write_timeout,
-    )
-    _set_session(connection)
-    return connection
-
-
-def make_pool(
-    settings: MySQLSettings, reactor: Any, *, autocommit: bool = False
-) -> adbapi.ConnectionPool:
-    """``autocommit``: every statement commits on its own."""
-    pool = adbapi.ConnectionPool(
-        "pymysql",
+def _connection_arguments(settings: MySQLSettings, *, autocommit: bool) -> dict[str, Any]:
+    """What every connection of ours is opened with, pooled or not."""
+    return dict(
         host=settings.host,
         port=settings.port,
         user=settings.user,
@@ -145,6 +122,25 @@ def make_pool(
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         write_timeout=settings.write_timeout,
+    )
+
+
+def connect(settings: MySQLSettings) -> Any:
+    """One blocking autocommit connection of its own, opened as the pool's are
+    (TLS, timeouts, session), for what must stay on one session: named locks.
+    Call it in a thread, never in the reactor's."""
+    connection = _connect_with(settings)(**_connection_arguments(settings, autocommit=True))
+    _set_session(connection)
+    return connection
+
+
+def make_pool(
+    settings: MySQLSettings, reactor: Any, *, autocommit: bool = False
+) -> adbapi.ConnectionPool:
+    """``autocommit``: every statement commits on its own."""
+    pool = adbapi.ConnectionPool(
+        "pymysql",
+        **_connection_arguments(settings, autocommit=autocommit),
         cp_min=1,
         cp_max=settings.max_connections,
         cp_reconnect=True,
