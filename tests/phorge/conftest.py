@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from gorge_testing.gorge_stack import PHP_PATHS
+from tests.phorge.console import give_tokens, take_tokens_back
 from tests.phorge.site import HOW_TO_RUN, find_checkout, wait
 from tests.phorge.switched import Switched, gorge_mailer_entry
 
@@ -90,3 +91,15 @@ def switched(request, phorge_checkout, mariadb, tmp_path_factory):
     finally:
         s.close()
         wait(s.stop_listening())
+
+
+@pytest.fixture(scope="module")
+def console(switched):
+    """The switched-over site with every daemon holding a service token and
+    named in ``gorge.daemons`` (tests/phorge/console.py), for the console and
+    setup-check modules; the shared stack as it was afterwards."""
+    wait(give_tokens(switched))
+    try:
+        yield switched
+    finally:
+        wait(take_tokens_back(switched))

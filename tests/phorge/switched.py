@@ -145,6 +145,18 @@ class Switched:
         )
         return f"still active: {waiting}; worker log: {lines}; recent Conduit errors: {errors}"
 
+    def make_due(self, task_id: int, owner: str | None = None) -> None:
+        """Time travel instead of waiting out a retry or yield delay: the task,
+        waiting with ``owner`` (none: a failure's retry), is due now."""
+        held = "leaseOwner IS NULL" if owner is None else "leaseOwner = %s"
+        self.site.execute(
+            "worker",
+            f"UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
+            f" WHERE id = %s AND {held}",
+            task_id,
+            *(() if owner is None else (owner,)),
+        )
+
     def forget_task(self, task_id: int) -> None:
         """Remove a delayed task a test made only to call worker.execute with."""
         self.site.execute("worker", "DELETE FROM worker_activetask WHERE id = %s", task_id)

@@ -19,12 +19,9 @@ from gorge_testing.gorge_stack import QUEUE_TOKEN
 from tests.phorge.console import (
     TOKENS,
     Person,
-    give_tokens,
     person,
     start_worker,
-    take_tokens_back,
 )
-from tests.phorge.site import wait
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -45,15 +42,6 @@ CANCELLED = 2
 WAITING_CLASS = "GorgeConsoleWaitingWorker"  # never leased: the worker is stopped
 NEW_PRIORITY = 1234
 BROWSER_TIMEOUT_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def console(switched):
-    wait(give_tokens(switched))
-    try:
-        yield switched
-    finally:
-        wait(take_tokens_back(switched))
 
 
 def browse(

@@ -126,12 +126,7 @@ async def test_mail_queued_while_gorge_mailer_is_down_is_sent_once_when_it_is_ba
     assert switched.deliveries_to("later@example.com") == []
 
     # Time travel instead of waiting out the retry wait.
-    switched.site.execute(
-        "worker",
-        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-        " WHERE id = %s AND leaseOwner IS NULL",
-        failed["id"],
-    )
+    switched.make_due(failed["id"])
     task = await switched.until(lambda: switched.archived(failed["id"]), "the retry archived")
 
     assert (task["result"], task["failureCount"]) == (SUCCESS, 1)

@@ -50,12 +50,7 @@ async def test_a_mail_accepted_after_the_adapter_timed_out_is_delivered_once(swi
     assert len(switched.deliveries_to("once@example.com")) == 1
 
     # Time travel instead of waiting out PhabricatorMetaMTAWorker's retry wait.
-    switched.site.execute(
-        "worker",
-        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-        " WHERE id = %s AND leaseOwner IS NULL",
-        failed["id"],
-    )
+    switched.make_due(failed["id"])
     task = await switched.until(lambda: switched.archived(failed["id"]), "the retry archived")
 
     assert (task["result"], task["failureCount"]) == (SUCCESS, 1)

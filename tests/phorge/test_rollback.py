@@ -95,12 +95,7 @@ async def test_switching_back_hands_queued_mail_and_tasks_to_phorge(rollback):
     await site.bin("phd", "stop")
     await site.bin("phd", "start")
     # Time travel instead of waiting out the mail's retry wait (15 s).
-    site.execute(
-        "worker",
-        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-        " WHERE id = %s AND leaseOwner IS NULL",
-        tried["id"],
-    )
+    rollback.make_due(tried["id"])
 
     rows = await rollback.settled(marker, "Phorge's taskmaster drained the queue")
 

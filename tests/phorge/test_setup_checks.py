@@ -25,11 +25,9 @@ from tests.phorge.console import (
     TOKENS,
     daemons_setting,
     get_page,
-    give_tokens,
     open_issue_keys,
     person,
     start_worker,
-    take_tokens_back,
 )
 from tests.phorge.site import wait
 
@@ -45,15 +43,6 @@ WORKER_DOWN = "gorge.worker.not-running"
 # Phorge's checks run once per web server process otherwise; the Setup
 # Issues page runs them on each load, so a minute is far more than needed.
 WITHIN = 60.0
-
-
-@pytest.fixture(scope="module")
-def console(switched):
-    wait(give_tokens(switched))
-    try:
-        yield switched
-    finally:
-        wait(take_tokens_back(switched))
 
 
 @pytest.fixture(scope="module")

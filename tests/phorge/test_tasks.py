@@ -159,12 +159,7 @@ async def test_a_yield_runs_again_after_its_delay(switched):
     assert 14 <= wait <= 16, wait
     # Time travel instead of waiting out the 15 seconds: the queue sees the
     # yield's window as over.
-    switched.site.execute(
-        "worker",
-        "UPDATE worker_activetask SET leaseExpires = UNIX_TIMESTAMP() - 1"
-        " WHERE id = %s AND leaseOwner = '(yield)'",
-        row["id"],
-    )
+    switched.make_due(row["id"], owner="(yield)")
     archived = await switched.until(lambda: switched.archived(row["id"]), "yielded task ran again")
     assert archived["result"] == SUCCESS
     assert archived["failureCount"] == 0
