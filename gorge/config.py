@@ -22,10 +22,12 @@ __all__ = [
     "Env",
     "HttpSettings",
     "JsonFields",
+    "ListenerTLS",
     "MYSQL_TLS_MODES",
     "MySQLSettings",
     "TypedReader",
     "load_http_settings",
+    "load_listener_tls",
     "load_mysql_tls",
     "parse_bool",
     "parse_int",
@@ -353,6 +355,42 @@ def _shown(value: Any) -> builtins.str:
 
 
 @dataclass(frozen=True)
+class ListenerTLS:
+    """HTTPS on a daemon's listener: PEM files, read at start-up and again on SIGHUP."""
+
+    #: The server certificate, then any intermediates (GORGE_TLS_CERT).
+    cert: str
+    #: Its private key, unencrypted (GORGE_TLS_KEY).
+    key: str
+    #: CAs whose client certificates are required (GORGE_TLS_CLIENT_CA); empty: none asked for.
+    client_ca: str = ""
+
+
+TLS_SETTINGS = ("GORGE_TLS_CERT", "GORGE_TLS_KEY", "GORGE_TLS_CLIENT_CA")
+
+
+def load_listener_tls(env: Env) -> ListenerTLS | None:
+    """``GORGE_TLS_CERT``, ``GORGE_TLS_KEY`` and ``GORGE_TLS_CLIENT_CA``: None
+    (plain HTTP) unless the certificate and key are both set. Only whether each
+    file can be read is checked here; what is in them is checked when the
+    listener loads them, also before the daemon starts."""
+    cert_name, key_name, client_ca_name = TLS_SETTINGS
+    cert, key, client_ca = env.str(cert_name), env.str(key_name), env.str(client_ca_name)
+    if not cert and not key:
+        if client_ca:
+            raise ConfigError(client_ca_name, f"needs {cert_name} and {key_name}")
+        return None
+    if not cert:
+        raise ConfigError(cert_name, f"must be set with {key_name}")
+    if not key:
+        raise ConfigError(key_name, f"must be set with {cert_name}")
+    for name, path in ((cert_name, cert), (key_name, key), (client_ca_name, client_ca)):
+        if path and (not os.path.isfile(path) or not os.access(path, os.R_OK)):
+            raise ConfigError(name, f"{path!r} is not a readable file")
+    return ListenerTLS(cert=cert, key=key, client_ca=client_ca)
+
+
+@dataclass(frozen=True)
 class HttpSettings:
     """The diagnostic/API listener every service has."""
 
@@ -370,6 +408,8 @@ class HttpSettings:
     # GORGE_HTTP_FAST: hot routes answered by gorge's own channel (llhttp's
     # parser) rather than twisted.web's; off is the way out if it misbehaves.
     fast: bool = True
+    # GORGE_TLS_CERT / GORGE_TLS_KEY: HTTPS instead of plain HTTP.
+    tls: ListenerTLS | None = None
 
 
 def load_http_settings(
@@ -380,8 +420,8 @@ def load_http_settings(
     listen_override: str | None = None,
     legacy_names: bool = False,
 ) -> HttpSettings:
-    """``GORGE_LISTEN_ADDR``, ``GORGE_SERVICE_TOKEN``, ``GORGE_BODY_LIMIT`` and
-    ``GORGE_HTTP_FAST``.
+    """``GORGE_LISTEN_ADDR``, ``GORGE_SERVICE_TOKEN``, ``GORGE_BODY_LIMIT``,
+    ``GORGE_HTTP_FAST`` and the listener's TLS (:func:`load_listener_tls`).
 
     ``listen_override`` comes from the twistd ``--listen`` option and wins
     over the environment. ``legacy_names`` accepts the bare ``LISTEN_ADDR`` /
@@ -409,6 +449,7 @@ def load_http_settings(
         access_log=_logs_at(env.str("GORGE_LOG_LEVEL", "info"), "info"),
         debug_log=_logs_at(env.str("GORGE_LOG_LEVEL", "info"), "debug"),
         fast=env.bool("GORGE_HTTP_FAST", True),
+        tls=load_listener_tls(env),
     )
 
 

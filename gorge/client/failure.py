@@ -93,6 +93,21 @@ def tls_cause(exc: BaseException) -> Cause | None:
     return _tls_cause_among(reasons_of(exc))
 
 
+def tls_detail(exc: BaseException) -> str:
+    """What TLS said under ``exc``, in its own words ("certificate verify
+    failed", a name mismatch), or "" when TLS said nothing."""
+    words: list[str] = []
+    for reason in reasons_of(exc):
+        if not _is_tls(reason):
+            continue
+        args = reason.args[0] if reason.args else None
+        if isinstance(args, list):  # OpenSSL's [(library, function, reason), ...]
+            words += [str(entry[-1]) for entry in args if isinstance(entry, tuple) and entry]
+        else:
+            words.append(str(reason))
+    return "; ".join(dict.fromkeys(word for word in words if word))
+
+
 def _tls_cause_among(found: list[BaseException]) -> Cause | None:
     if any(_is_tls(r) for r in found):
         return Cause.CERTIFICATE if any(_is_certificate(r) for r in found) else Cause.TLS

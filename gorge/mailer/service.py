@@ -145,7 +145,11 @@ def build_mailer_service(
         tree.add(
             "listener",
             listener(
-                settings.http.endpoint, site, drain_timeout=settings.drain_budget, clock=reactor
+                settings.http.endpoint,
+                site,
+                drain_timeout=settings.drain_budget,
+                clock=reactor,
+                tls=settings.http.tls,
             ),
         )
     tree.add("mailer-ready", start=started, stop=stopping)

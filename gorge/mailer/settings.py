@@ -23,6 +23,7 @@ from gorge.config import (
     JsonFields,
     MySQLSettings,
     load_http_settings,
+    load_listener_tls,
     load_mysql_tls,
     parse_listen_addr,
 )
@@ -425,5 +426,9 @@ def _file_http(
     if has_token:
         token = fields.str("serviceToken", "")
     return HttpSettings(
-        listen_addr=listen_addr, endpoint=endpoint, token=token, body_limit=TRANSPORT_BODY_LIMIT
+        listen_addr=listen_addr,
+        endpoint=endpoint,
+        token=token,
+        body_limit=TRANSPORT_BODY_LIMIT,
+        tls=load_listener_tls(env),
     )

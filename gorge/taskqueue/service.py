@@ -192,7 +192,13 @@ def build_taskqueue_service(
     tree.add("drain", stop=drain)
     tree.add(
         "listener",
-        listener(settings.http.endpoint, site, drain_timeout=settings.drain_timeout, clock=reactor),
+        listener(
+            settings.http.endpoint,
+            site,
+            drain_timeout=settings.drain_timeout,
+            clock=reactor,
+            tls=settings.http.tls,
+        ),
     )
     tree.add("held-leases", stop=waiters.close, part=waiters)
     tree.add("stats", start=depth.start, stop=depth.stop, part=depth)

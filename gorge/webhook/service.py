@@ -129,7 +129,13 @@ def webhook_tree(
     # before any polling.
     tree.add(
         "listener",
-        listener(settings.http.endpoint, site, drain_timeout=LISTENER_STOP_BUDGET, clock=reactor),
+        listener(
+            settings.http.endpoint,
+            site,
+            drain_timeout=LISTENER_STOP_BUDGET,
+            clock=reactor,
+            tls=settings.http.tls,
+        ),
     )
     tree.add("polling", start=start_polling, part=loop)
     tree.add("shutdown", stop=announce_stop)

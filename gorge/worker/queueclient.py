@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgent
 
 from gorge.client.exchange import Reply, encode_url, exchange
-from gorge.client.failure import Cause, TransportFailure
+from gorge.client.failure import Cause, TransportFailure, tls_detail
 from gorge.log.logger import Logger
 from gorge.worker.queueerror import QueueError
 from gorge.worker.queuewire import QueueWire
@@ -98,6 +98,9 @@ def validate_lease_answer(data: Any, limit: int) -> list[dict]:
 class QueueEndpoint:
     base_url: str
     token: str = ""
+    #: What an https queue's certificate is checked against, for the error
+    #: that says it was not accepted.
+    trust: str = "the system's CAs"
 
     def __repr__(self) -> str:
         return f"QueueEndpoint(base_url={self.base_url!r})"
@@ -177,6 +180,8 @@ class QueueClient:
         except TransportFailure as failure:
             if failure.cause is Cause.DEADLINE:
                 raise QueueError(f"http: POST {path}: timed out after {limit:g}s") from None
+            if failure.cause.tls:
+                raise QueueError(self._tls_refusal(path, failure)) from None
             raise QueueError(f"http: POST {path}: {failure}") from None
         return self._parse(path, reply.status, raw)
 
@@ -214,6 +219,15 @@ class QueueClient:
             body=payload,
             deadline=self._clock.seconds() + limit,
             body_limit=answer_limit,
+        )
+
+    def _tls_refusal(self, path: str, failure: TransportFailure) -> str:
+        """The queue's TLS refused, with the host, TLS's own words and what
+        the certificate was checked against: the setting to look at."""
+        detail = tls_detail(failure)
+        return (
+            f"http: POST {path}: {failure} from {self._endpoint.base_url}"
+            f"{': ' + detail if detail else ''} (trusted: {self._endpoint.trust})"
         )
 
     @staticmethod

@@ -4,8 +4,8 @@ connections (:mod:`gorge.client.keepalive`), each request's head built once per 
 A worker makes a lease or report call for every few tasks; through Twisted's
 ``Agent`` each cost about 0.7 ms of CPU, as much as running a batch of no-op
 tasks. The queue is one origin: one pool, one endpoint that resolves the
-host on every connect (a container's queue may move), TLS checked as a
-browser would for ``https``.
+host on every connect (a container's queue may move), TLS for ``https``
+checked against a private CA or as a browser would.
 """
 
 from __future__ import annotations
@@ -31,8 +31,17 @@ class QueueWire:
     path prefix), at most ``max_idle`` connections kept."""
 
     def __init__(
-        self, reactor: Any, base_url: str, *, connect_timeout: float, max_idle: int
+        self,
+        reactor: Any,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        max_idle: int,
+        tls: Any = None,
     ) -> None:
+        """``tls``: the connection creator for an ``https`` URL
+        (:func:`gorge.client.tls.client_tls`); None checks the certificate
+        against the system's CAs, as a browser would."""
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL with a host: {base_url!r}")
@@ -45,7 +54,8 @@ class QueueWire:
             reactor, host, port, timeout=connect_timeout
         )
         if parts.scheme == "https":
-            tls = BrowserLikePolicyForHTTPS().creatorForNetloc(host.encode("idna"), port)
+            if tls is None:
+                tls = BrowserLikePolicyForHTTPS().creatorForNetloc(host.encode("idna"), port)
             endpoint = wrapClientTLS(tls, endpoint)
         self._endpoint = endpoint
         self._pool = ConnectionPool(reactor, max_idle=max_idle)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from twisted.application import service as tservice
@@ -22,6 +24,7 @@ from gorge.app.poller import Poller
 from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
 from gorge.client.agent import make_agent
+from gorge.client.tls import ClientCertificate, client_tls
 from gorge.config import ConfigError
 from gorge.log.logger import Logger
 from gorge.web.listener import listener
@@ -46,7 +49,7 @@ from gorge.worker.metrics import WorkerMetrics
 from gorge.worker.queueclient import QueueClient, QueueEndpoint, lease_owner
 from gorge.worker.queuewire import QueueWire
 from gorge.worker.registry import Handler, LeasePlan, Registry
-from gorge.worker.settings import WorkerSettings, load_worker_settings
+from gorge.worker.settings import QUEUE_TLS_SETTINGS, WorkerSettings, load_worker_settings
 
 log = Logger()
 
@@ -278,13 +281,17 @@ def build_worker_service(
         # One connection per slot plus the lease call, so reports never queue
         # behind each other for a connection.
         wire = QueueWire(
-            reactor, settings.queue_url, connect_timeout=10, max_idle=settings.max_workers + 2
+            reactor,
+            settings.queue_url,
+            connect_timeout=10,
+            max_idle=settings.max_workers + 2,
+            tls=queue_tls(settings),
         )
         tree.add("queue-connections", stop=wire.close)
     queue = QueueClient(
         http_client,
         clock,
-        QueueEndpoint(settings.queue_url, settings.queue_token),
+        QueueEndpoint(settings.queue_url, settings.queue_token, queue_trust(settings)),
         owner,
         report_batch=settings.report_batch,
         report_delay=settings.report_delay_ms / 1000.0,
@@ -337,7 +344,7 @@ def build_worker_service(
     # Stopped bottom-up: the consume loop stops leasing and drains first,
     # while /readyz says "shutting down" and the listener still answers; the
     # connection pool closes last.
-    tree.add("listener", listener(settings.http.endpoint, site, clock=clock))
+    tree.add("listener", listener(settings.http.endpoint, site, clock=clock, tls=settings.http.tls))
     if feed_policy is not None:
         tree.add(
             "feed-policy-reload",
@@ -355,6 +362,28 @@ def build_worker_service(
     tree.keep("site", site)
     tree.keep("metrics-registry", metrics_registry)
     return tree
+
+
+def queue_tls(settings: WorkerSettings) -> Any:
+    """The TLS connection creator for an https queue URL with a private CA or
+    a client certificate; None for the system's CAs (or plain http). A file
+    that cannot be used stops the build with its setting named."""
+    if not (settings.queue_ca or settings.queue_client_cert):
+        return None
+    ca_name, cert_name, key_name = QUEUE_TLS_SETTINGS
+    client = None
+    if settings.queue_client_cert:
+        client = ClientCertificate(
+            cert_name, settings.queue_client_cert, key_name, settings.queue_client_key
+        )
+    host = urlsplit(settings.queue_url).hostname or ""
+    return client_tls(host, ca_setting=ca_name, ca=settings.queue_ca, client_certificate=client)
+
+
+def queue_trust(settings: WorkerSettings) -> str:
+    if settings.queue_ca:
+        return f"the CAs in {QUEUE_TLS_SETTINGS[0]}={settings.queue_ca}"
+    return f"the system's CAs, {QUEUE_TLS_SETTINGS[0]} being unset"
 
 
 def executor_pool_settings(settings: WorkerSettings, environ: Mapping[str, str]) -> PoolSettings:

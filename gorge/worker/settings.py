@@ -65,6 +65,12 @@ class WorkerSettings:
     http: HttpSettings
     queue_url: str = DEFAULT_QUEUE_URL
     queue_token: str = field(default="", repr=False)
+    # An https queue URL: the CA bundle its certificate is checked against
+    # (empty: the system's), and a client certificate of our own for a queue
+    # that asks for one (GORGE_TLS_CLIENT_CA on the queue).
+    queue_ca: str = ""
+    queue_client_cert: str = ""
+    queue_client_key: str = ""
     lease_limit: int = DEFAULT_LEASE_LIMIT
     poll_interval_ms: int = 1000
     max_workers: int = DEFAULT_MAX_WORKERS
@@ -104,6 +110,8 @@ class WorkerSettings:
         return {
             "listen": self.http.listen_addr,
             "queue_url": self.queue_url,
+            "queue_ca": self.queue_ca,
+            "queue_client_cert": self.queue_client_cert,
             "lease_limit": self.lease_limit,
             "poll_interval_ms": self.poll_interval_ms,
             "max_workers": self.max_workers,
@@ -185,6 +193,34 @@ def check_webhook_owner(owner: str, conduit_url: str, delegate_classes: tuple[st
         )
 
 
+QUEUE_TLS_SETTINGS = (
+    "GORGE_WORKER_TASK_QUEUE_CA",
+    "GORGE_WORKER_TASK_QUEUE_CLIENT_CERT",
+    "GORGE_WORKER_TASK_QUEUE_CLIENT_KEY",
+)
+
+
+def load_queue_tls(env: Env, queue_url: str) -> tuple[str, str, str]:
+    """The CA bundle and client certificate files for an https queue URL;
+    only whether they can be read is checked here (what is in them, when
+    the service is built)."""
+    ca_name, cert_name, key_name = QUEUE_TLS_SETTINGS
+    values = tuple(env.str(name) for name in QUEUE_TLS_SETTINGS)
+    for name, path in zip(QUEUE_TLS_SETTINGS, values, strict=True):
+        if not path:
+            continue
+        if not queue_url.startswith("https://"):
+            raise ConfigError(name, "is only used with an https:// GORGE_WORKER_TASK_QUEUE_URL")
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+            raise ConfigError(name, f"{path!r} is not a readable file")
+    ca, cert, key = values
+    if cert and not key:
+        raise ConfigError(key_name, f"must be set with {cert_name}")
+    if key and not cert:
+        raise ConfigError(cert_name, f"must be set with {key_name}")
+    return ca, cert, key
+
+
 def load_worker_settings(
     environ: Mapping[str, str], *, listen_override: str | None = None
 ) -> WorkerSettings:
@@ -196,6 +232,7 @@ def load_worker_settings(
         "GORGE_WORKER_TASK_QUEUE_URL",
         env.str(("GORGE_WORKER_TASK_QUEUE_URL", "TASK_QUEUE_URL"), DEFAULT_QUEUE_URL),
     )
+    queue_ca, queue_client_cert, queue_client_key = load_queue_tls(env, queue_url)
     conduit_raw = env.str(("GORGE_WORKER_CONDUIT_URL", "CONDUIT_URL"), "")
     conduit_url = parse_base_url("GORGE_WORKER_CONDUIT_URL", conduit_raw) if conduit_raw else ""
     conduit_token = env.str(("GORGE_WORKER_CONDUIT_TOKEN", "CONDUIT_TOKEN"), "")
@@ -235,6 +272,9 @@ def load_worker_settings(
         http=http,
         queue_url=queue_url,
         queue_token=env.str(("GORGE_WORKER_TASK_QUEUE_TOKEN", "TASK_QUEUE_TOKEN"), ""),
+        queue_ca=queue_ca,
+        queue_client_cert=queue_client_cert,
+        queue_client_key=queue_client_key,
         lease_limit=env.int(
             ("GORGE_WORKER_LEASE_LIMIT", "LEASE_LIMIT"), DEFAULT_LEASE_LIMIT, min=1, max=1000
         ),
