@@ -9,6 +9,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from twisted.web.iweb import IPolicyForHTTPS
+from zope.interface import implementer
+
+from gorge.client.tls import client_tls
 
 
 def self_signed(
@@ -116,3 +120,15 @@ class PrivateCA:
         with open(key_path, "wb") as f:
             f.write(_key_pem(key))
         return str(cert_path), str(key_path)
+
+
+@implementer(IPolicyForHTTPS)
+class TrustOnly:
+    """A treq/Agent TLS policy for a test's own calls to a daemon whose
+    certificate a test CA signed: that CA only (a PEM file)."""
+
+    def __init__(self, ca_path: str) -> None:
+        self._ca = str(ca_path)
+
+    def creatorForNetloc(self, hostname: bytes, port: int):
+        return client_tls(hostname.decode(), ca_setting="the test's CA", ca=self._ca)

@@ -13,31 +13,17 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.web.client import Agent
-from twisted.web.iweb import IPolicyForHTTPS
-from zope.interface import implementer
 
-from gorge.client.tls import client_tls
 from gorge.config import ConfigError
 from gorge.taskqueue.service import build_taskqueue_service
 from gorge.taskqueue.settings import load_taskqueue_settings
 from gorge.worker.service import build_worker_service
 from gorge.worker.settings import load_worker_settings
-from tests.support.certs import PrivateCA
+from tests.support.certs import PrivateCA, TrustOnly
 from tests.support.logcapture import logged_events
 
 TOKEN = "queue-token"
 BOUND = 30.0
-
-
-@implementer(IPolicyForHTTPS)
-class TrustOnly:
-    """treq's TLS for the test's own calls: the test CA only."""
-
-    def __init__(self, ca_path: str) -> None:
-        self._ca = ca_path
-
-    def creatorForNetloc(self, hostname, port):
-        return client_tls(hostname.decode(), ca_setting="test CA", ca=self._ca)
 
 
 async def until(check, bound=BOUND):

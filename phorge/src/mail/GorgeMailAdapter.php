@@ -23,6 +23,10 @@
  *       "token": "the GORGE_SERVICE_TOKEN of gorge-mailer"
  *     }
  *   }
+ *
+ * With an "https://" URI, gorge-mailer's certificate is checked against the
+ * system's CAs, or against the PEM file named by the "ca-bundle" option when
+ * a private CA signed it.
  */
 final class GorgeMailAdapter extends PhabricatorMailAdapter {
 
@@ -51,9 +55,33 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
         'token' => 'string|null',
         'timeout' => 'int|null',
         'supports-message-id' => 'bool|null',
+        'ca-bundle' => 'string|null',
       ));
 
     self::requireValidURI($options['uri']);
+
+    $bundle = $options['ca-bundle'];
+    if ($bundle !== null) {
+      $absolute = phutil_nonempty_string($bundle) &&
+        Filesystem::isAbsolutePath($bundle);
+      if (!$absolute) {
+        throw new Exception(
+          pht(
+            'Option "ca-bundle" of a "%s" mailer must be the absolute path '.
+            'of a PEM file of CA certificates, got "%s".',
+            self::ADAPTERTYPE,
+            $bundle));
+      }
+      $protocol = id(new PhutilURI($options['uri']))->getProtocol();
+      if ($protocol !== 'https') {
+        throw new Exception(
+          pht(
+            'Option "ca-bundle" of a "%s" mailer is only used with an '.
+            'https:// "uri"; got "%s".',
+            self::ADAPTERTYPE,
+            $options['uri']));
+      }
+    }
 
     $timeout = $options['timeout'];
     if ($timeout !== null && $timeout < 0) {
@@ -73,6 +101,7 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
       'token' => null,
       'timeout' => self::DEFAULT_TIMEOUT,
       'supports-message-id' => false,
+      'ca-bundle' => null,
     );
   }
 
@@ -104,6 +133,21 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
       ->addHeader('Content-Type', 'application/json')
       ->addHeader('Accept', 'application/json')
       ->setData($json);
+
+    $bundle = $this->getOption('ca-bundle');
+    if ($bundle !== null) {
+      // Checked here, on the host that sends, rather than when the option
+      // is set: the file lives where the daemons run.
+      if (!is_file($bundle) || !is_readable($bundle)) {
+        throw new Exception(
+          pht(
+            'Option "ca-bundle" of the "%s" mailer names "%s", which is not '.
+            'a readable file on this host.',
+            self::ADAPTERTYPE,
+            $bundle));
+      }
+      $future->setCABundleFromPath($bundle);
+    }
 
     $token = $this->getOption('token');
     if (phutil_nonempty_string($token)) {
@@ -155,6 +199,11 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
     HTTPFutureResponseStatus $status,
     $response_body) {
 
+    if ($status instanceof HTTPFutureCURLResponseStatus &&
+        $this->isCertificateRefusal((int)$status->getStatusCode())) {
+      throw new Exception($this->newCertificateRefusal($uri, $status));
+    }
+
     if (!($status instanceof HTTPFutureHTTPResponseStatus)) {
       // No HTTP answer at all (refused, reset, timed out): Phorge may try
       // its next mailer and retry later. gorge-mailer may have sent the mail
@@ -198,6 +247,52 @@ final class GorgeMailAdapter extends PhabricatorMailAdapter {
         $http_code,
         phutil_nonempty_string($error_code) ? $error_code : pht('no code'),
         $error_message));
+  }
+
+  private function isCertificateRefusal($curl_code) {
+    $codes = array(
+      CURLE_SSL_CACERT,
+      CURLE_SSL_CACERT_BADFILE,
+    );
+    if (defined('CURLE_PEER_FAILED_VERIFICATION')) {
+      $codes[] = constant('CURLE_PEER_FAILED_VERIFICATION');
+    }
+    if (defined('CURLE_SSL_PEER_CERTIFICATE')) {
+      $codes[] = constant('CURLE_SSL_PEER_CERTIFICATE');
+    }
+    return in_array($curl_code, $codes, true);
+  }
+
+  /**
+   * What to fix when TLS refused gorge-mailer's certificate: the URI, cURL's
+   * own words and the CAs it was checked against. (arcanist's message for
+   * these errors points at its own CA bundle, which is not what to change.)
+   */
+  private function newCertificateRefusal(
+    $uri,
+    HTTPFutureCURLResponseStatus $status) {
+
+    $code = (int)$status->getStatusCode();
+    $words = function_exists('curl_strerror') ? curl_strerror($code) : '';
+
+    $bundle = $this->getOption('ca-bundle');
+    if ($bundle !== null) {
+      $trusted = pht(
+        'it must be signed by a CA in the file of option "ca-bundle" (%s)',
+        $bundle);
+    } else {
+      $trusted = pht(
+        'it was checked against the system\'s CAs; set option "ca-bundle" '.
+        'to the PEM file of the private CA that signed it');
+    }
+
+    return pht(
+      'gorge-mailer at "%s" did not answer: its TLS certificate was not '.
+      'accepted (cURL error %d: %s); %s, for the host named in "uri".',
+      $uri,
+      $code,
+      $words,
+      $trusted);
   }
 
   private function readErrorEnvelope($response_body) {
