@@ -332,7 +332,9 @@ def build_worker_service(
         delegation=gate,
     )
     site = build_site(
-        api_resource=WorkerApi(stats_of(consumer, registry, started, owner)).resource(),
+        api_resource=WorkerApi(
+            stats_of(consumer, registry, started, owner, settings.webhook_owner)
+        ).resource(),
         prefix=API_PREFIX,
         token=settings.http.token,
         body_limit=settings.http.body_limit,
@@ -428,7 +430,9 @@ def readiness_of(
     return readiness
 
 
-def stats_of(consumer: Consumer, registry: Registry, started: int, owner: str):
+def stats_of(
+    consumer: Consumer, registry: Registry, started: int, owner: str, webhook_owner: str = ""
+):
     def stats() -> dict:
         c = consumer.counters
         return {
@@ -441,6 +445,9 @@ def stats_of(consumer: Consumer, registry: Registry, started: int, owner: str):
             "idle": consumer.idle,
             "startedAt": started,
             "leaseOwner": owner,
+            # Phorge's setup check and gorge doctor compare it with whether
+            # gorge-webhook is deployed ("" = not set: no PHP configured).
+            "webhookOwner": webhook_owner,
         }
 
     return stats

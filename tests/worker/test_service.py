@@ -405,6 +405,13 @@ def test_stats_contract_and_auth():
     assert data["yielded"] == 0 and data["unreported"] == 0 and data["idle"] is False
     assert isinstance(data["startedAt"], int)
     assert data["leaseOwner"].endswith(":gorge-worker")
+    assert data["webhookOwner"] == ""
+    owned = build_worker_service(
+        settings_of(GORGE_WORKER_WEBHOOK_OWNER="gorge-webhook"), clock, http_client=object()
+    )
+    owned_client = stub_client(owned.part("site"))
+    answer = flushed(owned_client, owned_client.get("http://worker/api/worker/stats"))
+    assert flushed(owned_client, answer.json())["data"]["webhookOwner"] == "gorge-webhook"
 
 
 def test_metrics_are_served_from_the_service_registry():
