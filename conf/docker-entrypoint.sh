@@ -58,8 +58,25 @@ if listen:
     elif listen_host not in ("", "0.0.0.0"):
         host = listen_host
 
+# GORGE_TLS_CERT: the daemon speaks HTTPS. The probe asks its own port on
+# this host, so it checks that the daemon answers, not who it is (the
+# certificate names the host others reach, seldom 127.0.0.1); a listener
+# with GORGE_TLS_CLIENT_CA is shown the daemon's own certificate, which must
+# then be one that CA signed for client use too.
+scheme, context = "http", None
+if os.environ.get("GORGE_TLS_CERT"):
+    import ssl
+
+    scheme = "https"
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if os.environ.get("GORGE_TLS_CLIENT_CA"):
+        context.load_cert_chain(os.environ["GORGE_TLS_CERT"], os.environ.get("GORGE_TLS_KEY"))
+
 try:
-    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2.5) as response:
+    url = f"{scheme}://{host}:{port}{path}"
+    with urllib.request.urlopen(url, timeout=2.5, context=context) as response:
         sys.exit(0 if response.status == 200 else 1)
 except Exception as e:  # noqa: BLE001 - any failure means unhealthy
     print(f"{service} {path}: {e}", file=sys.stderr)
