@@ -139,17 +139,16 @@ class TaskRunner:
         if isinstance(seconds, int) and not isinstance(seconds, bool):
             run.deadline = self._clock.seconds() + seconds
             return
-        expires = run.task.get("leaseExpires")
-        if isinstance(expires, int) and not isinstance(expires, bool):
-            # A queue that does not say the duration: its absolute time.
-            run.deadline = float(expires)
-            return
+        # A queue that says no duration (an older gorge-taskqueue, asked for
+        # none): its default lease. Its absolute leaseExpires is the queue's
+        # clock, and a worker minutes ahead of it would refuse every task.
         run.deadline = self._clock.seconds() + DEFAULT_LEASE_SECONDS
-        log.warn(
-            "WORKER_TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
-            task_id=run.id,
-            task_class=run.task_class,
-        )
+        if "leaseExpires" not in run.task:
+            log.warn(
+                "WORKER_TASK_WITHOUT_LEASE_EXPIRY task_id={task_id} task_class={task_class}",
+                task_id=run.id,
+                task_class=run.task_class,
+            )
 
     async def _hand_back(self, run: Run) -> None:
         handback = Outcome("yield", "worker shutting down", yield_seconds=HANDBACK_YIELD)

@@ -23,6 +23,7 @@ def make_task(
     expires: int | None = 7200,
     data: str | None = "{}",
     failure_count: int = 0,
+    lease_seconds: int | None = None,
 ) -> dict:
     task = {
         "id": task_id,
@@ -33,6 +34,9 @@ def make_task(
     }
     if expires is not None:
         task["leaseExpires"] = expires
+    if lease_seconds is not None:
+        # The lease as a duration: what the worker counts its deadline from.
+        task["leaseSeconds"] = lease_seconds
     if data is not None:
         task["data"] = data
     return task

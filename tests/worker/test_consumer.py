@@ -238,7 +238,7 @@ def test_drain_budget_expiry_abandons_running_tasks_unreported():
 
 def test_abandoned_handler_that_turns_cancellation_into_a_failure_is_still_not_reported():
     clock, queue = Clock(), FakeQueue()
-    queue.waiting = [make_task(3, expires=11)]
+    queue.waiting = [make_task(3, expires=11, lease_seconds=10)]
     queue.renew_answers = ["hang"]  # the deadline decides
 
     def handler(task, data):

@@ -19,7 +19,7 @@ from tests.worker.test_consumer import Gate, registry_with, succeed_handler
 
 def started(queue, gate, *, expires, **loop):
     clock = Clock()
-    queue.waiting = [make_task(4, expires=expires)]
+    queue.waiting = [make_task(4, expires=expires, lease_seconds=expires - 1)]
     consumer, metrics = make_consumer(queue, registry_with(gate), clock, **loop)
     consumer.start()
     clock.advance(1.0)  # leased and started at t=1
@@ -30,7 +30,10 @@ def started(queue, gate, *, expires, **loop):
 def test_every_heartbeat_renews_all_held_leases_in_one_call_past_the_first_deadline():
     queue, gate = FakeQueue(), Gate()
     clock = Clock()
-    queue.waiting = [make_task(4, expires=61), make_task(5, expires=61)]
+    queue.waiting = [
+        make_task(4, expires=61, lease_seconds=60),
+        make_task(5, expires=61, lease_seconds=60),
+    ]
     queue.waiting[0]["leaseOwner"], queue.waiting[1]["leaseOwner"] = "w:1", "w:2"
     consumer, metrics = make_consumer(
         queue, registry_with(gate), clock, heartbeat=15.0, heartbeat_lease=60
@@ -113,7 +116,7 @@ def test_a_queue_without_renewal_keeps_the_lease_deadline_and_is_asked_no_more()
         assert len(captured.named("WORKER_LEASE_RENEWAL_DISABLED")) == 1
     clock.advance(300 - 15)  # the original deadline cuts the handler
     assert gate.cancelled == [4]
-    queue.waiting = [make_task(5, expires=int(clock.seconds()) + 300)]
+    queue.waiting = [make_task(5, expires=int(clock.seconds()) + 300, lease_seconds=300)]
     clock.advance(1.0)
     assert gate.started == [4, 5]
     clock.advance(200)
@@ -145,7 +148,7 @@ def test_a_handler_done_before_it_waits_is_reported_with_no_lease_timers_left():
             return super().callLater(delay, *args, **kwargs)
 
     queue, clock = FakeQueue(), RecordingClock()
-    queue.waiting = [make_task(7, expires=3601)]
+    queue.waiting = [make_task(7, expires=3601, lease_seconds=3600)]
     consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
     consumer.start()
     clock.advance(1.0)

@@ -46,7 +46,8 @@ def test_report_retries_five_times_with_growing_waits_then_keeps_the_lease():
 def test_report_retries_stop_at_the_lease_deadline():
     clock, queue = Clock(), FakeQueue()
     clock.advance(100)
-    queue.waiting = [make_task(8, expires=102)]  # leased at 101, one second left
+    # Leased at 101, one second left.
+    queue.waiting = [make_task(8, expires=102, lease_seconds=1)]
     queue.report_errors = [server_error() for _ in range(5)]
     consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
     consumer.start()

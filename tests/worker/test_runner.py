@@ -20,7 +20,7 @@ from tests.worker.fakes import (
 
 def test_handler_outliving_its_lease_is_abandoned_not_reported():
     clock, queue, gate = Clock(), FakeQueue(), Gate()
-    queue.waiting = [make_task(3, expires=31)]
+    queue.waiting = [make_task(3, expires=31, lease_seconds=30)]
     queue.renew_answers = ["hang"]  # no renewal comes back: the deadline decides
     consumer, _ = make_consumer(queue, registry_with(gate), clock)
     with CapturedEvents() as captured:
@@ -118,3 +118,46 @@ def test_the_success_line_is_built_only_when_debug_lines_are_wanted(log_debug):
     assert [r.task_id for r in queue.reports] == [1, 2]
     expected = [1, 2] if log_debug else []
     assert [e["task_id"] for e in captured.named("WORKER_TASK_SUCCEEDED")] == expected
+
+
+QUEUE_NOW = 1_795_947_000
+SKEWS = [-600, 600]
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+@pytest.mark.parametrize("says_seconds", [True, False])
+def test_a_worker_minutes_off_the_queue_runs_its_tasks(skew, says_seconds):
+    """The queue's absolute leaseExpires is never held against this host's
+    clock: 10 minutes ahead or behind, the task runs (nothing is refused as
+    "lease expired") and completes, with or without leaseSeconds."""
+    clock, queue = Clock(), FakeQueue()
+    clock.advance(QUEUE_NOW + skew)
+    seconds = 60 if says_seconds else None
+    queue.waiting = [make_task(9, expires=QUEUE_NOW + 60, lease_seconds=seconds)]
+    consumer, _ = make_consumer(queue, registry_with(succeed_handler), clock)
+    with CapturedEvents() as captured:
+        consumer.start()
+        clock.advance(1.0)
+        clock.advance(0)
+        assert captured.named("WORKER_TASK_UNREPORTED") == []
+    assert [r.kind for r in queue.reports] == ["complete"]
+    assert consumer.counters.processed == 1 and consumer.counters.unreported == 0
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_a_worker_minutes_off_the_queue_keeps_the_lease_as_long_as_granted(skew):
+    """The deadline is the lease answer's arrival on this host's clock plus
+    leaseSeconds: a handler is cut exactly when the granted seconds are
+    over, not 10 minutes early or late."""
+    clock, queue, gate = Clock(), FakeQueue(), Gate()
+    clock.advance(QUEUE_NOW + skew)
+    queue.waiting = [make_task(10, expires=QUEUE_NOW + 61, lease_seconds=60)]
+    queue.renew_answers = ["hang"]  # no renewal comes back: the deadline decides
+    consumer, _ = make_consumer(queue, registry_with(gate), clock)
+    consumer.start()
+    clock.advance(1.0)  # the answer arrives; the lease runs 60 s from here
+    assert gate.started == [10]
+    clock.advance(59.9)
+    assert gate.cancelled == []
+    clock.advance(0.1)
+    assert gate.cancelled == [10]
