@@ -26,7 +26,7 @@ class ReloadOnHangup(Service):
     handlers come off in the order they went on.
     """
 
-    def __init__(self, reload: Callable[[], None], reactor: Any, name: str) -> None:
+    def __init__(self, reload: Callable[[], object], reactor: Any, name: str) -> None:
         self._reload = reload
         self._reactor = reactor
         self._previous: Any = None

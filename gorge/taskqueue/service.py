@@ -9,12 +9,14 @@ from twisted.application.service import IService
 from twisted.internet.defer import Deferred
 from twisted.python import usage
 
+from gorge.app.hangup import ReloadOnHangup
 from gorge.app.inflight import InFlight, StopBudget
 from gorge.app.poller import Poller
 from gorge.app.systemd import SystemdNotifier
 from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
 from gorge.db.sqlmetrics import TransactionMetrics
+from gorge.db.topology import MasterFollower, repoint
 from gorge.log.logger import Logger
 from gorge.taskqueue.api import WORKER_PATHS, TaskQueueApi
 from gorge.taskqueue.metrics import TaskQueueMetrics
@@ -202,6 +204,16 @@ def build_taskqueue_service(
     )
     tree.add("held-leases", stop=waiters.close, part=waiters)
     tree.add("stats", start=depth.start, stop=depth.stop, part=depth)
+    if settings.topology is not None and isinstance(store, SqlTaskStore):
+        db = store.db
+        follower = MasterFollower(
+            settings.topology,
+            settings.mysql,
+            [lambda moved: repoint(db, moved, reactor)],
+            name="taskqueue",
+        )
+        tree.add("topology", ReloadOnHangup(follower.reload, reactor, name="mysql-topology-reload"))
+        tree.keep("master-follower", follower)
     # First to stop: the budget's clock starts with the stop.
     tree.add("stopping", stop=stopping)
     tree.keep("api", api)

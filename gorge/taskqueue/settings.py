@@ -15,6 +15,7 @@ from gorge.config import (
     load_mysql_tls,
 )
 from gorge.db.redis import RedisSettings, parse_redis_addr
+from gorge.db.topology import TopologySource
 from gorge.taskqueue.model import DEFAULT_LEASE_DURATION, DEFAULT_RETRY_WAIT, UINT32_MAX
 
 DEFAULT_LISTEN = ":8090"
@@ -35,6 +36,9 @@ class TaskQueueSettings:
     stats_interval: float = 15.0
     # docs/taskqueue.md, Long-poll: the shared check while lease calls wait.
     wake_check_ms: int = 15
+    # GORGE_TASKQUEUE_MYSQL_TOPOLOGY_FILE: Phorge's cluster.databases, which
+    # ``mysql`` was resolved from and is read again on SIGHUP.
+    topology: TopologySource | None = None
     # What the daemon logs at start-up as TASKQUEUE_CONFIG_WARNING.
     warnings: tuple[str, ...] = ()
 
@@ -57,6 +61,14 @@ def load_taskqueue_settings(
         tls=tls,
         tls_ca=tls_ca,
     )
+    topology = None
+    topology_file = env.str("GORGE_TASKQUEUE_MYSQL_TOPOLOGY_FILE", "")
+    if topology_file and backend == "mysql":
+        # Where Phorge writes its tasks: the worker partition's master.
+        topology = TopologySource(
+            topology_file, "worker", "GORGE_TASKQUEUE_MYSQL_TOPOLOGY_FILE", base=mysql
+        )
+        mysql = topology.load()
     redis = RedisSettings()
     prefix = "gorge:tq:"
     if backend == "redis":
@@ -111,6 +123,7 @@ def load_taskqueue_settings(
         ),
         retry_wait=env.int("GORGE_TASKQUEUE_RETRY_WAIT", DEFAULT_RETRY_WAIT, min=0, max=UINT32_MAX),
         wake_check_ms=env.int("GORGE_TASKQUEUE_WAKE_CHECK_MS", 15, min=1, max=60_000),
+        topology=topology,
         # Legacy names, collected by every getter above.
         warnings=tuple(env.warnings),
     )

@@ -31,7 +31,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
@@ -108,6 +108,9 @@ class HookLocks:
         self._idle: list[Any] = []
         self._max_idle = IDLE_PER_SLOT * slots
         self._closed = False
+        # Sessions on a master the topology no longer names (repoint): closed
+        # once their lock is let go, never kept for the next lock.
+        self._stale: set[int] = set()
 
     def holds(self, hook_phid: str) -> bool:
         return hook_phid in self._held or hook_phid in self._parked
@@ -188,6 +191,7 @@ class HookLocks:
                 lock=name,
                 error=platform_mysql.error_reason(e),
             )
+            self._stale.discard(id(connection))
             _close(connection)
         finally:
             self._releasing.pop(hook_phid, None)
@@ -203,8 +207,23 @@ class HookLocks:
         self._parked.clear()
         self._idle.clear()
 
+    def repoint(self, settings: MySQLSettings) -> Deferred[Any]:
+        """The site's master moved: new locks are taken there. Idle sessions
+        close now; a lock parked or held on the old master is let go as
+        usual, its session then closed. Fires once the parked ones are."""
+        self._settings = settings
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            _close(connection)
+        self._stale.update(id(connection) for connection in self._held.values())
+        self._stale.update(id(connection) for connection in self._parked.values())
+        return gatherResults(self.release_parked())
+
     def _keep(self, connection: Any) -> None:
-        if self._closed or len(self._idle) >= self._max_idle:
+        if id(connection) in self._stale:
+            self._stale.discard(id(connection))
+            _close(connection)
+        elif self._closed or len(self._idle) >= self._max_idle:
             _close(connection)
         else:
             self._idle.append(connection)

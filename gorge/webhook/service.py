@@ -10,12 +10,14 @@ from twisted.application.service import IService
 from twisted.internet.defer import Deferred
 from twisted.python import usage
 
+from gorge.app.hangup import ReloadOnHangup
 from gorge.app.inflight import StopBudget
 from gorge.app.poller import Poller
 from gorge.app.systemd import SystemdNotifier
 from gorge.app.tree import ServiceTree
 from gorge.app.twistd import run_make_service
 from gorge.db.sqlmetrics import TransactionMetrics
+from gorge.db.topology import MasterFollower, repoint
 from gorge.log.logger import Logger
 from gorge.web.listener import listener
 from gorge.web.site import build_site
@@ -80,6 +82,7 @@ def webhook_tree(
     site,
     notifier: SystemdNotifier | None,
     locks: HookLocks | None = None,
+    follower: MasterFollower | None = None,
 ) -> ServiceTree:
     """Start: listener, then the poll loop. Stop: listener, loop, drain, pools.
 
@@ -138,6 +141,9 @@ def webhook_tree(
         ),
     )
     tree.add("polling", start=start_polling, part=loop)
+    if follower is not None:
+        tree.add("topology", ReloadOnHangup(follower.reload, reactor, name="mysql-topology-reload"))
+        tree.keep("master-follower", follower)
     tree.add("shutdown", stop=announce_stop)
     tree.keep("site", site)
     tree.keep("settings", settings)
@@ -247,6 +253,12 @@ def build_webhook_service(
         if settings.hook_lock and store.db.engine.name == "mysql"
         else None
     )
+    follower = None
+    if settings.topology is not None and store.db.engine.name == "mysql":
+        moves = [lambda moved: repoint(store.db, moved, reactor)]
+        if locks is not None:
+            moves.append(locks.repoint)
+        follower = MasterFollower(settings.topology, settings.mysql, moves, name="webhook")
     dispatcher = Dispatcher(
         store=store,
         transport=transport,
@@ -286,6 +298,7 @@ def build_webhook_service(
         site=site,
         notifier=notifier,
         locks=locks,
+        follower=follower,
     )
 
 

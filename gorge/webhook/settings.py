@@ -17,6 +17,7 @@ from gorge.config import (
     load_http_settings,
     load_mysql_tls,
 )
+from gorge.db.topology import TopologySource
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -136,6 +137,9 @@ class WebhookSettings:
     # without "_herald"), and whether the per-hook lock is taken (hooklock.py).
     namespace: str = ""
     hook_lock: bool = True
+    # GORGE_WEBHOOK_MYSQL_TOPOLOGY_FILE: Phorge's cluster.databases, which
+    # ``mysql`` was resolved from and is read again on SIGHUP.
+    topology: TopologySource | None = None
     # What the daemon logs at start-up as WEBHOOK_CONFIG_WARNING.
     warnings: tuple[str, ...] = ()
 
@@ -208,6 +212,14 @@ def load_webhook_settings(
         tls=tls,
         tls_ca=tls_ca,
     )
+    topology = None
+    topology_file = env.str("GORGE_WEBHOOK_MYSQL_TOPOLOGY_FILE", "")
+    if topology_file:
+        # Where Phorge writes the herald rows: that partition's master.
+        topology = TopologySource(
+            topology_file, "herald", "GORGE_WEBHOOK_MYSQL_TOPOLOGY_FILE", base=mysql
+        )
+        mysql = topology.load()
     settings = WebhookSettings(
         http=http,
         mysql=mysql,
@@ -227,6 +239,7 @@ def load_webhook_settings(
         phorge_root=phorge_root,
         namespace=namespace,
         hook_lock=env.bool("GORGE_WEBHOOK_HOOK_LOCK", True),
+        topology=topology,
     )
     # Legacy names (collected by every getter above), then the combinations
     # that work but not as one might expect.
