@@ -3,7 +3,8 @@
 The daemons themselves run under twistd (``twistd -n gorge-webhook`` ...);
 this command holds what is not a daemon: ``gorge demo``, ``gorge queue``
 (gorge/taskqueue/cli.py) to inspect and steer a running queue, and
-``gorge webhook`` (gorge/webhook/cli.py) for gorge-webhook's delivery log."""
+``gorge webhook`` (gorge/webhook/cli.py) for gorge-webhook's delivery log,
+and ``gorge doctor`` (gorge/cli/doctor.py), which checks a switched-over site."""
 
 from __future__ import annotations
 
@@ -67,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the delivery log of a running gorge-webhook: stats, ls, show, retry, hooks "
         "(gorge webhook --help)",
     )
+    commands.add_parser(
+        "doctor",
+        add_help=False,
+        help="check a switched-over Phorge and the gorge daemons against docs/phorge.md, "
+        "with canaries (gorge doctor --help)",
+    )
     return parser
 
 
@@ -80,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from gorge.cli.webhook import main as webhook_main
 
         raise SystemExit(webhook_main(argv[1:]))
+    if argv[:1] == ["doctor"]:
+        from gorge.cli.doctor import main as doctor_main
+
+        raise SystemExit(doctor_main(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from gorge.demo import DemoOptions
