@@ -184,6 +184,17 @@ class Database:
         # Since when (reactor seconds) writes are refused; None while writable.
         self._read_only_since: float | None = None
         self._writable_waiters: list[Deferred[None]] = []
+        self.connections_opened = 0
+        opened: Callable[[Any], None] | None = getattr(pool, "openfun", None)
+
+        def counted_open(connection: Any) -> None:
+            # Counted for the database clock (gorge/db/clock.py): a new
+            # connection, a reconnect above all, may reach another server.
+            self.connections_opened += 1
+            if opened is not None:
+                opened(connection)
+
+        pool.openfun = counted_open  # type: ignore[assignment]
 
     @classmethod
     def mysql(

@@ -6,7 +6,7 @@ and the HTTP layer turns those into JSON with :meth:`Task.to_json` and
 
 Conventions every backend follows:
 
-* "now" is ``int(clock.seconds())`` of the injected ``IReactorTime`` (epoch seconds).
+* "now" is the store's clock in whole epoch seconds (:mod:`gorge.taskqueue.store`).
 * NULL columns are ``None`` here.  An empty string in ``leaseOwner``,
   ``objectPHID`` or ``containerPHID`` is treated as NULL (Redis stores NULL as
   ``""``); :func:`task_from_columns` does that normalisation.

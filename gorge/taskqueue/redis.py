@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.logger import LogLevel
 
 from gorge.config import ConfigError
@@ -81,7 +82,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
     :class:`gorge.taskqueue.redis_calls.RedisCalls` for the arguments."""
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
-        now = self._now()
+        now = await self._now()
         delay = "" if request.delay_until is None else str(request.delay_until)
         task_id, data_id = await self._run_packed(
             self.scripts.enqueue,
@@ -105,7 +106,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         lease_duration: int,
         task_classes: Sequence[str] | None = None,
     ) -> list[Task]:
-        now = self._now()
+        now = await self._now()
         exp = check_u32("leaseExpires", now + lease_duration)
         classes = list(dict.fromkeys(task_classes or ()))
         # Unfiltered, the first `limit` unleased ids are all claimable: one page.
@@ -121,13 +122,15 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         if not ids:
             return
         log_handed_back(owner, ids)
-        d = self._giving_back.track(
-            self._run(
+
+        async def giving_back() -> None:
+            await self._run(
                 self.scripts.give_back,
                 [self.keys.leased],
-                [owner, exp, self._now(), *(member(i) for i in ids)],
+                [owner, exp, await self._now(), *(member(i) for i in ids)],
             )
-        )
+
+        d = self._giving_back.track(Deferred.fromCoroutine(giving_back()))
         d.addErrback(
             lambda f: log.failure(
                 "TASKQUEUE_LEASE_HAND_BACK_FAILED task_ids={task_ids}",
@@ -140,7 +143,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
     async def _archive_task(
         self, task_id: int, step: Step, duration: int, owner: str | None = None
     ) -> ArchivedTask:
-        now = self._now()
+        now = await self._now()
         reply = await self._run_packed(
             self.scripts.archive,
             self.keys.task(task_id),
@@ -183,7 +186,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
     ) -> Completion:
         if not followups:
             return Completion(await self.complete(task_id, duration, owner))
-        now = self._now()
+        now = await self._now()
         reply = await self._run_packed(
             self.scripts.archive,
             self.keys.task(task_id),
@@ -203,7 +206,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
     ) -> ArchivedTask | Task | None:
         if permanent:
             return await self._archive_task(task_id, Step.FAIL_PERMANENT, 0, owner)
-        now = self._now()
+        now = await self._now()
         expires = await self._checked_expiry(
             task_id, Step.FAIL_TEMPORARY, "retryWait", now + retry_wait, owner
         )
@@ -216,7 +219,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         return task_of(json.loads(row))
 
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
-        now = self._now()
+        now = await self._now()
         expires = await self._checked_expiry(
             task_id, Step.YIELD, "duration", now + max(duration, MIN_YIELD), owner
         )
@@ -236,7 +239,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         reports = list(reports)
         if not reports:
             return []
-        now = self._now()
+        now = await self._now()
         answers = json.loads(
             await self._run_packed(
                 self.scripts.report,
@@ -254,7 +257,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         ids = list(dict.fromkeys(task_ids))
         if not ids:
             return 0
-        ago = self._now() - AWAKEN_WINDOW
+        ago = await self._now() - AWAKEN_WINDOW
         k = self.keys
         changed = await self._run(
             self.scripts.awaken,
@@ -267,7 +270,7 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
         self, owner: str, task_ids: Sequence[int], duration: int
     ) -> dict[int, int | None]:
         ids = list(dict.fromkeys(task_ids))
-        exp = check_u32("duration", self._now() + duration)
+        exp = check_u32("duration", await self._now() + duration)
         if not ids:
             return {}
         k = self.keys

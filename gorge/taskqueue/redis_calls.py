@@ -11,6 +11,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from gorge.app.inflight import InFlight
 from gorge.db import redis as gredis
+from gorge.db.clock import RedisClock, StoreTime
 from gorge.taskqueue.redis_layout import DEFAULT_KEY_PREFIX, Keys, pack
 from gorge.taskqueue.redis_scripts import load_scripts
 
@@ -25,6 +26,10 @@ class RedisCalls:
     seconds on ``clock`` because a lazy pool waits while the server is down.
     ``archive_retention`` (seconds, None = forever, the reference behaviour)
     bounds how long archive records, and so complete replays, are kept.
+    "Now", for every time the scripts write or compare, is the server's
+    clock (``TIME``, sampled: :class:`gorge.db.clock.RedisClock`), so
+    replicas on hosts whose clocks differ agree on which leases have
+    expired; ``time`` replaces it (a test's clock: Redis' cannot be set).
     """
 
     def __init__(
@@ -36,9 +41,14 @@ class RedisCalls:
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         ping_timeout: float = 5.0,
         archive_retention: int | None = None,
+        time: StoreTime | None = None,
     ) -> None:
         self._conn = conn
         self._clock = clock
+        # Read once per period, not once per call: a script's TIME would
+        # do as well, but every script would then compute its expiries
+        # itself, and a sample costs no call a round trip.
+        self.time = time if time is not None else RedisClock(self._server_time)
         self._op_timeout = op_timeout
         self._ping_timeout = ping_timeout
         self._archive_retention = archive_retention
@@ -46,8 +56,12 @@ class RedisCalls:
         self.scripts = load_scripts()
         self._giving_back = InFlight()
 
-    def _now(self) -> int:
-        return int(self._clock.seconds())
+    async def _now(self) -> int:
+        # Whole seconds, as the scores and fields hold them.
+        return int(await self.time.now())
+
+    def _server_time(self) -> Deferred:
+        return self._bounded(self._conn.time())
 
     def _cutoff(self, now: int) -> int | str:
         """The archive time before which records are pruned ('' = never)."""

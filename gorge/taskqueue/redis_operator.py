@@ -22,7 +22,7 @@ class RedisOperatorVerbs(RedisCalls):
 
     async def requeue(self, task_id: int) -> Task:
         reply = await self._run_packed(
-            self.scripts.requeue, self.keys.archived(task_id), [member(task_id), self._now()]
+            self.scripts.requeue, self.keys.archived(task_id), [member(task_id), await self._now()]
         )
         return _operated(task_id, reply)
 
@@ -31,7 +31,7 @@ class RedisOperatorVerbs(RedisCalls):
         reply = await self._run(
             self.scripts.delay,
             [k.task(task_id), k.unleased, k.leased],
-            [member(task_id), until, self._now()],
+            [member(task_id), until, await self._now()],
         )
         return _operated(task_id, reply)
 
@@ -40,7 +40,7 @@ class RedisOperatorVerbs(RedisCalls):
         reply = await self._run(
             self.scripts.set_priority,
             [k.task(task_id), k.active, k.unleased],
-            [member(task_id), priority, self._now()],
+            [member(task_id), priority, await self._now()],
         )
         return _operated(task_id, reply)
 
@@ -49,7 +49,7 @@ class RedisOperatorVerbs(RedisCalls):
         reply = await self._run(
             self.scripts.free,
             [k.task(task_id), k.unleased, k.leased],
-            [member(task_id), self._now()],
+            [member(task_id), await self._now()],
         )
         return _operated(task_id, reply)
 
@@ -57,6 +57,6 @@ class RedisOperatorVerbs(RedisCalls):
         reply = await self._run_packed(
             self.scripts.retry,
             self.keys.archived(task_id),
-            [member(task_id), self._now(), "1" if repeat else "0"],
+            [member(task_id), await self._now(), "1" if repeat else "0"],
         )
         return _operated(task_id, reply)

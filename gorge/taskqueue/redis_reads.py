@@ -30,7 +30,7 @@ class RedisReads(RedisCalls):
         active, held, archived, failed = await self._run(
             self.scripts.stats,
             [k.active, k.leased, k.archived_idx, k.counter_failed],
-            [self._now()],
+            [await self._now()],
         )
         return Stats(
             active=int(active), leased=int(held), archived=int(archived), failed=int(failed)

@@ -1,8 +1,9 @@
 """The Redis queue's Lua scripts (gorge/taskqueue/lua/), and what they answer.
 
 Every change that touches more than one key runs as one script, so a
-concurrent caller never sees half of it.  "now" comes from the store's clock
-and is passed to the scripts; Redis' own clock is never read.
+concurrent caller never sees half of it.  "now" is the server's clock
+(``TIME``, sampled by the store: :class:`gorge.db.clock.RedisClock`),
+passed to the scripts.
 
 A script file names the shared parts (``lua/parts/``) it builds on in its
 first line, ``--! parts: prelude helpers``; :func:`load_scripts` reads each

@@ -12,6 +12,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from gorge.app.inflight import InFlight
 from gorge.db import Database, Engine
+from gorge.db.clock import StoreTime
 from gorge.taskqueue.counts import TaskCounts
 from gorge.taskqueue.model import (
     ARCHIVE_COLUMNS,
@@ -55,12 +56,17 @@ class SqlCalls:
     """The database, clock and row decoding the parts of
     :class:`gorge.taskqueue.sqlstore.SqlTaskStore` share.
 
-    ``clock`` gives "now"; ``reactor`` (default: ``clock``) bounds each
-    transaction. A subclass names its engine.
+    ``clock`` is the host's (timers); ``reactor`` (default: ``clock``)
+    bounds each transaction. "Now", for every time the store writes or
+    compares, is the subclass's :meth:`default_time`: the database server's
+    clock on MySQL, where hosts share the tables, the host's on SQLite.
+    ``db_clock`` (tests, the demo) is a clock the database's own follows
+    (``UNIX_TIMESTAMP()`` pinned to it); ``time`` replaces "now" altogether
+    (a test whose pool is scripted). A subclass names its engine.
     """
 
     @staticmethod
-    def new_engine() -> Engine:
+    def new_engine(clock: IReactorTime | None = None) -> Engine:
         raise NotImplementedError
 
     def __init__(
@@ -69,18 +75,29 @@ class SqlCalls:
         clock: IReactorTime,
         *,
         reactor: IReactorTime | None = None,
+        db_clock: IReactorTime | None = None,
+        time: StoreTime | None = None,
     ) -> None:
         self.db = Database(
-            self.new_engine(), pool, reactor if reactor is not None else clock, name=DATABASE_NAME
+            self.new_engine(db_clock),
+            pool,
+            reactor if reactor is not None else clock,
+            name=DATABASE_NAME,
         )
         self._engine = self.db.engine
         self._clock = clock
+        self.time = time if time is not None else self.default_time(clock, db_clock)
         self._counts = TaskCounts()
         self._stats_lock = DeferredLock()
         self._giving_back = InFlight()
 
-    def _now(self) -> int:
-        return int(self._clock.seconds())
+    def default_time(self, clock: IReactorTime, db_clock: IReactorTime | None) -> StoreTime:
+        """Where "now" comes from; see the class doc."""
+        raise NotImplementedError
+
+    async def _now(self) -> int:
+        # Whole seconds, as UNIX_TIMESTAMP() answers them.
+        return int(await self.time.now())
 
     def _exec(self, txn, statement: str, args: Sequence[Any] = ()) -> None:
         self._engine.execute(txn, statement, args)

@@ -117,7 +117,7 @@ class SqlLeasing(SqlCalls):
     async def lease(
         self, owner: str, limit: int, lease_duration: int, task_classes: Sequence[str] | None = None
     ) -> list[Task]:
-        now = self._now()
+        now = await self._now()
         exp = check_u32("leaseExpires", now + lease_duration)
         classes = tuple(dict.fromkeys(task_classes or ()))
         claim = Deferred.fromCoroutine(
@@ -131,11 +131,14 @@ class SqlLeasing(SqlCalls):
         ids = [task.id for task in tasks]
         log_handed_back(owner, ids)
 
-        def give_back(txn) -> None:
+        def give_back(txn, now: int) -> None:
             self._engine.begin_write(txn)
-            self._exec(txn, GIVE_BACK.format(ids=marks(len(ids))), (self._now(), *ids, owner, exp))
+            self._exec(txn, GIVE_BACK.format(ids=marks(len(ids))), (now, *ids, owner, exp))
 
-        d = self._giving_back.track(Deferred.fromCoroutine(self.db.run("give_back", give_back)))
+        async def giving_back() -> None:
+            await self.db.run("give_back", give_back, await self._now())
+
+        d = self._giving_back.track(Deferred.fromCoroutine(giving_back()))
         d.addErrback(
             lambda f: log.failure(
                 "TASKQUEUE_LEASE_HAND_BACK_FAILED task_ids={task_ids}",

@@ -42,7 +42,7 @@ class SqlOperatorVerbs(SqlCalls):
     """Operator verbs of :class:`gorge.taskqueue.store.TaskStore` over the worker tables."""
 
     async def requeue(self, task_id: int) -> Task:
-        return await self.db.run("requeue", self._requeue_txn, task_id, self._now())
+        return await self.db.run("requeue", self._requeue_txn, task_id, await self._now())
 
     def _requeue_txn(self, txn, task_id: int, now: int) -> Task:
         self._engine.begin_write(txn)
@@ -73,7 +73,7 @@ class SqlOperatorVerbs(SqlCalls):
         return self._task_row(row)
 
     async def _operate(self, description: str, change, task_id: int, *args) -> Task:
-        now = self._now()
+        now = await self._now()
 
         def txn_fn(txn) -> Task:
             self._engine.begin_write(txn)
@@ -106,7 +106,7 @@ class SqlOperatorVerbs(SqlCalls):
         return await self._operate("free", change, task_id)
 
     async def retry(self, task_id: int, repeat: bool) -> Task:
-        return await self.db.run("retry", self._retry_txn, task_id, repeat, self._now())
+        return await self.db.run("retry", self._retry_txn, task_id, repeat, await self._now())
 
     def _retry_txn(self, txn, task_id: int, repeat: bool, now: int) -> Task:
         self._engine.begin_write(txn)

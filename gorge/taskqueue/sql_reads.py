@@ -87,7 +87,7 @@ class SqlReads(SqlCalls):
         return await self._stats_lock.run(lambda: Deferred.fromCoroutine(self._stats()))
 
     async def _stats(self) -> Stats:
-        now = self._now()
+        now = await self._now()
 
         def read(txn):
             self._exec(txn, STATS, (now,))

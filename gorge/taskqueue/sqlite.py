@@ -9,6 +9,7 @@ from twisted.enterprise import adbapi
 from twisted.internet.interfaces import IReactorTime
 
 from gorge.db import SQLiteEngine
+from gorge.db.clock import HostTime, StoreTime
 from gorge.taskqueue.sqlstore import SqlTaskStore
 
 # Same tables, columns and keys as schema/phabricator_worker.sql; nobody else
@@ -108,13 +109,17 @@ def make_sqlite_pool(path: str, reactor) -> adbapi.ConnectionPool:
     return _engine().make_pool(path, reactor)
 
 
-def _engine() -> SQLiteEngine:
+def _engine(clock: IReactorTime | None = None) -> SQLiteEngine:
     # Rebuilding first also recreates the indexes a rebuilt table lost with its old copy.
-    return SQLiteEngine(schema=SCHEMA, prepare=_rebuild_numeric_phid_tables)
+    return SQLiteEngine(schema=SCHEMA, prepare=_rebuild_numeric_phid_tables, clock=clock)
 
 
 class SQLiteTaskStore(SqlTaskStore):
     new_engine = staticmethod(_engine)
+
+    def default_time(self, clock: IReactorTime, db_clock: IReactorTime | None) -> StoreTime:
+        # One process owns the file: the host's clock is everyone's.
+        return HostTime(db_clock if db_clock is not None else clock)
 
     @classmethod
     def open(cls, path: str, reactor, clock: IReactorTime | None = None) -> SQLiteTaskStore:

@@ -116,7 +116,7 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
     # -- enqueue -------------------------------------------------------------
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
-        now = self._now()
+        now = await self._now()
         return await self.db.run("enqueue", self._enqueue_txn, request, now)
 
     def _enqueue_txn(self, txn, request: EnqueueRequest, now: int) -> Task:
@@ -136,7 +136,13 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
         owner: str | None = None,
     ) -> Completion:
         return await self.db.run(
-            "complete", self._complete_txn, task_id, duration, self._now(), owner, tuple(followups)
+            "complete",
+            self._complete_txn,
+            task_id,
+            duration,
+            await self._now(),
+            owner,
+            tuple(followups),
         )
 
     def _complete_txn(
@@ -177,12 +183,14 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
         return Completion(archived, children)
 
     async def cancel(self, task_id: int) -> ArchivedTask:
-        return await self.db.run("cancel", self._archive_txn, Step.CANCEL, task_id, self._now())
+        return await self.db.run(
+            "cancel", self._archive_txn, Step.CANCEL, task_id, await self._now()
+        )
 
     async def fail(
         self, task_id: int, permanent: bool, retry_wait: int, owner: str | None = None
     ) -> ArchivedTask | Task | None:
-        now = self._now()
+        now = await self._now()
         if permanent:
             return await self.db.run(
                 "fail", self._archive_txn, Step.FAIL_PERMANENT, task_id, now, owner
@@ -271,7 +279,7 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
         return self._task_row(txn.fetchone())
 
     async def yield_(self, task_id: int, duration: int, owner: str | None = None) -> None:
-        now = self._now()
+        now = await self._now()
         await self.db.run(
             "yield", self._yield_txn, task_id, now, now + max(duration, MIN_YIELD), owner
         )
@@ -295,7 +303,7 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
         reports = list(reports)
         if not reports:
             return []
-        return await self.db.run("report", self._report_txn, reports, owner, self._now())
+        return await self.db.run("report", self._report_txn, reports, owner, await self._now())
 
     def _report_txn(
         self, txn, reports: list[Report], owner: str | None, now: int
@@ -412,7 +420,7 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
         self, owner: str, task_ids: Sequence[int], duration: int
     ) -> dict[int, int | None]:
         ids = tuple(dict.fromkeys(int(i) for i in task_ids))
-        exp = check_u32("duration", self._now() + duration)
+        exp = check_u32("duration", await self._now() + duration)
         if not ids:
             return {}
         return await self.db.run("renew", self._renew_txn, owner, ids, exp)
@@ -434,7 +442,7 @@ class SqlTaskStore(SqlLeasing, SqlReads, SqlOperatorVerbs, SqlMigration):
         ids = tuple(dict.fromkeys(int(i) for i in task_ids))
         if not ids:
             return 0
-        ago = self._now() - AWAKEN_WINDOW
+        ago = await self._now() - AWAKEN_WINDOW
         return await self.db.run("awaken", self._awaken_txn, ids, ago)
 
     def _awaken_txn(self, txn, ids: tuple[int, ...], ago: int) -> int:

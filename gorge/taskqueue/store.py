@@ -2,9 +2,11 @@
 
 Conventions (all backends, pinned so the behaviour tests can compare them):
 
-* A store is constructed with ``clock: IReactorTime``; "now" is always
-  ``int(clock.seconds())`` read once per call, at the start of the call.
-  Backends never use the database's or Redis' clock.
+* "now" is read once per call, at the start of the call, in whole epoch
+  seconds, from the store's clock: the database server's on MySQL and the
+  Redis server's on Redis (:mod:`gorge.db.clock`: every host sharing the
+  queue agrees on it), the injected ``clock: IReactorTime`` on SQLite and
+  in memory (docs/taskqueue.md, Clocks).
 * Arguments reaching a store are already type-checked by the API (ints are
   ints, strings are strings, owner <= 64 chars, class names <= 64 chars,
   PHIDs <= 64 UTF-8 bytes, priority/delay within 0..2^32-1).  Values the store

@@ -10,6 +10,7 @@ import pytest_twisted
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 
+from gorge.db.clock import HostTime
 from gorge.taskqueue.memory import MemoryTaskStore
 
 T0 = 1_795_947_000
@@ -47,14 +48,20 @@ def open_mysql_store(mariadb, database, clock):
     from gorge.db.mysql import make_pool
     from gorge.taskqueue.mysql import MySQLTaskStore
 
-    return MySQLTaskStore(make_pool(mariadb.settings(database), reactor), clock, reactor=reactor)
+    # The database's clock, which the store reads, follows the test's.
+    return MySQLTaskStore(
+        make_pool(mariadb.settings(database), reactor), clock, reactor=reactor, db_clock=clock
+    )
 
 
 def open_redis_store(redis_server, prefix, clock):
     from gorge.db.redis import make_redis
     from gorge.taskqueue.redis import RedisTaskStore
 
-    return RedisTaskStore(make_redis(redis_server.settings()), clock=clock, key_prefix=prefix)
+    # Redis' clock cannot be set: the test's clock stands in for it.
+    return RedisTaskStore(
+        make_redis(redis_server.settings()), clock=clock, time=HostTime(clock), key_prefix=prefix
+    )
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ TASK = {"taskClass": "PhabricatorTestWorker", "data": '{"x":1}'}
 @pytest_twisted.ensureDeferred
 async def test_read_only_master_gives_retryable_503_and_unready(mariadb, worker_db, clock):
     with plain_user(mariadb, worker_db) as settings:
-        store = MySQLTaskStore.from_settings(settings, reactor, clock)
+        store = MySQLTaskStore.from_settings(settings, reactor, clock, db_clock=clock)
         try:
             client = Client(store, clock)
             code, first = await client.post("enqueue", TASK)

@@ -11,6 +11,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer
 
+from gorge.db.clock import HostTime
 from gorge.taskqueue.mysql import MySQLTaskStore
 from tests.support.logcapture import logged_events
 
@@ -42,7 +43,7 @@ def _lock_wait() -> Exception:
 @pytest_twisted.ensureDeferred
 async def test_a_deadlock_or_lock_wait_timeout_reruns_the_transaction(clock, errors):
     pool = ScriptedPool(errors, result=[])
-    store = MySQLTaskStore(pool, clock)
+    store = MySQLTaskStore(pool, clock, time=HostTime(clock))
     with logged_events() as events:
         assert await store.lease("w", 5, 60) == []
     assert pool.calls == len(errors) + 1
@@ -53,7 +54,7 @@ async def test_a_deadlock_or_lock_wait_timeout_reruns_the_transaction(clock, err
 @pytest_twisted.ensureDeferred
 async def test_retries_are_bounded(clock):
     pool = ScriptedPool([_deadlock() for _ in range(10)], result=[])
-    store = MySQLTaskStore(pool, clock)
+    store = MySQLTaskStore(pool, clock, time=HostTime(clock))
     with pytest.raises(pymysql.err.OperationalError):
         await store.lease("w", 5, 60)
     assert 2 <= pool.calls <= 5
@@ -70,7 +71,7 @@ async def test_retries_are_bounded(clock):
 @pytest_twisted.ensureDeferred
 async def test_other_errors_are_not_retried(clock, error):
     pool = ScriptedPool([error], result=[])
-    store = MySQLTaskStore(pool, clock)
+    store = MySQLTaskStore(pool, clock, time=HostTime(clock))
     with pytest.raises(type(error)):
         await store.lease("w", 5, 60)
     assert pool.calls == 1

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer, task
 
+from gorge.db.clock import HostTime
 from gorge.db.redis import RedisSettings, make_redis
 from gorge.taskqueue.memory import MemoryTaskStore
 from gorge.taskqueue.model import UINT32_MAX, EnqueueRequest, InvalidArgument
@@ -32,7 +33,9 @@ def _clock() -> task.Clock:
 async def test_four_parallel_leasers_split_a_thousand_tasks_exactly(redis_server, redis_prefix):
     clock = _clock()
     conns = [make_redis(replace(redis_server.settings(), poolsize=1)) for _ in range(4)]
-    stores = [RedisTaskStore(c, clock=clock, key_prefix=redis_prefix) for c in conns]
+    stores = [
+        RedisTaskStore(c, clock=clock, time=HostTime(clock), key_prefix=redis_prefix) for c in conns
+    ]
     try:
         created = await defer.gatherResults(
             [
@@ -66,7 +69,9 @@ async def test_four_parallel_leasers_split_a_thousand_tasks_exactly(redis_server
 async def test_dead_server_costs_nothing_at_start_and_every_wait_is_bounded():
     clock = _clock()
     conn = make_redis(RedisSettings(host="127.0.0.1", port=free_port(), connect_timeout=1))
-    store = RedisTaskStore(conn, clock=clock, key_prefix="dead:", op_timeout=10, ping_timeout=5)
+    store = RedisTaskStore(
+        conn, clock=clock, time=HostTime(clock), key_prefix="dead:", op_timeout=10, ping_timeout=5
+    )
     try:
         ping = defer.Deferred.fromCoroutine(store.ping())
         stats = defer.Deferred.fromCoroutine(store.stats())
@@ -140,7 +145,9 @@ async def test_behaves_like_the_in_memory_model(redis_server, ops):
     clock = _clock()
     model = MemoryTaskStore(clock)
     conn = make_redis(replace(redis_server.settings(), poolsize=1))
-    store = RedisTaskStore(conn, clock=clock, key_prefix=redis_server.unique_prefix("diff"))
+    store = RedisTaskStore(
+        conn, clock=clock, time=HostTime(clock), key_prefix=redis_server.unique_prefix("diff")
+    )
     try:
         for step, op in enumerate(ops):
             expected = await _apply(model, clock, op)

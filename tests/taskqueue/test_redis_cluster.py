@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from twisted.internet import task
 
 from gorge.config import ConfigError
+from gorge.db.clock import HostTime
 from gorge.db.redis import RedisSettings, make_redis
 from gorge.taskqueue.model import EnqueueRequest
 from gorge.taskqueue.redis import RedisTaskStore, make_redis_task_store
@@ -164,7 +165,9 @@ async def test_every_key_a_script_touches_hashes_to_one_slot(redis_server, tagge
     clock = task.Clock()
     clock.advance(T0)
     conn = make_redis(replace(redis_server.settings(), poolsize=1))
-    store = RedisTaskStore(conn, clock=clock, key_prefix=prefix, archive_retention=10)
+    store = RedisTaskStore(
+        conn, clock=clock, time=HostTime(clock), key_prefix=prefix, archive_retention=10
+    )
     monitor = Monitor(redis_server.host, redis_server.port)
     try:
         a = await store.enqueue(EnqueueRequest("A", data="x", priority=1000))

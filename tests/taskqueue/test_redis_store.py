@@ -12,6 +12,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import task
 
+from gorge.db.clock import HostTime
 from gorge.db.redis import make_redis
 from gorge.taskqueue.model import (
     RESULT_CANCELLED,
@@ -49,7 +50,7 @@ def conn(redis_server):
 
 @pytest.fixture
 def store(conn, clock, redis_prefix) -> RedisTaskStore:
-    return RedisTaskStore(conn, clock=clock, key_prefix=redis_prefix)
+    return RedisTaskStore(conn, clock=clock, time=HostTime(clock), key_prefix=redis_prefix)
 
 
 @pytest.fixture
@@ -386,7 +387,9 @@ async def test_fifo_order_is_exact_for_every_unsigned_32_bit_priority(store):
 async def test_archive_retention_prunes_old_records_and_their_replays(
     conn, clock, redis_prefix, sync
 ):
-    store = RedisTaskStore(conn, clock=clock, key_prefix=redis_prefix, archive_retention=100)
+    store = RedisTaskStore(
+        conn, clock=clock, time=HostTime(clock), key_prefix=redis_prefix, archive_retention=100
+    )
     old = await store.enqueue(req())
     new = await store.enqueue(req())
     await store.complete(old.id, 1)

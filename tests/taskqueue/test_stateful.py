@@ -139,7 +139,7 @@ class _Reset:
                     txn.execute(f"TRUNCATE TABLE {table}")
 
             _in_reactor(lambda: self._pool.runInteraction(wipe))
-            return MySQLTaskStore(self._pool, clock, reactor=self._reactor)
+            return MySQLTaskStore(self._pool, clock, reactor=self._reactor, db_clock=clock)
         if self.backend == "sqlite":
             from gorge.taskqueue.sqlite import SQLiteTaskStore
 
@@ -155,10 +155,14 @@ class _Reset:
 
             _in_reactor(lambda: self._pool.runInteraction(wipe))
             return SQLiteTaskStore(self._pool, clock, reactor=self._reactor)
+        from gorge.db.clock import HostTime
         from gorge.taskqueue.redis import RedisTaskStore
 
         return RedisTaskStore(
-            self._conn, clock=clock, key_prefix=self._redis_server.unique_prefix("sm")
+            self._conn,
+            clock=clock,
+            time=HostTime(clock),
+            key_prefix=self._redis_server.unique_prefix("sm"),
         )
 
     async def close(self) -> None:
