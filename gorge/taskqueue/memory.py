@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from twisted.internet.interfaces import IReactorTime
 
+from gorge.db.clock import HostTime, StoreTime
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
@@ -41,6 +42,7 @@ class MemoryTaskStore:
 
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
+        self.time: StoreTime = HostTime(clock)
         self._active: dict[int, Task] = {}
         self._archived: dict[int, ArchivedTask] = {}
         self._payloads: dict[int, str] = {}

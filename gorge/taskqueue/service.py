@@ -151,7 +151,9 @@ def build_taskqueue_service(
         registry.register(TransactionMetrics(store.db))
     inflight = InFlight()
     budget = StopBudget(settings.drain_timeout, reactor)
-    waiters = LeaseWaiters(store.wake_check, reactor, settings.wake_check_ms / 1000.0)
+    waiters = LeaseWaiters(
+        store.wake_check, reactor, settings.wake_check_ms / 1000.0, now=store.time
+    )
     api = TaskQueueApi(store, settings, reactor, metrics, inflight=inflight, waiters=waiters)
     site = build_site(
         api_resource=api.resource(),

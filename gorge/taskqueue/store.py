@@ -35,6 +35,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
+from gorge.db.clock import StoreTime
 from gorge.log.logger import Logger
 from gorge.taskqueue.model import (
     REPORT_COMPLETE,
@@ -85,6 +86,9 @@ class TaskStateError(Exception):
 @runtime_checkable
 class TaskStore(Protocol):
     """The queue operations.  All methods are coroutines (``async def``)."""
+
+    #: Where "now" comes from (see the conventions above).
+    time: StoreTime
 
     async def enqueue(self, request: EnqueueRequest) -> Task:
         """Create the payload row and the active task atomically.

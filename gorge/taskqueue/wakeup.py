@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import LogLevel
 
+from gorge.db.clock import HostTime, StoreTime
 from gorge.log.logger import Logger
 
 log = Logger()
@@ -51,10 +52,19 @@ class LeaseWaiters:
     """The lease calls of one taskqueue process that are waiting for work."""
 
     def __init__(
-        self, check: WakeCheck | None, clock: IReactorTime, interval: float = DEFAULT_CHECK_INTERVAL
+        self,
+        check: WakeCheck | None,
+        clock: IReactorTime,
+        interval: float = DEFAULT_CHECK_INTERVAL,
+        *,
+        now: StoreTime | None = None,
     ) -> None:
         self._check = check
         self._clock = clock
+        # The check's window is in the store's time (the database's or Redis'
+        # clock, docs/taskqueue.md, Clocks): the host's would see a lease
+        # come due minutes early or late on a host whose clock is off.
+        self._now = now if now is not None else HostTime(clock)
         self._interval = interval
         self._waiters: list[_Waiter] = []
         self.generation = 0
@@ -151,9 +161,9 @@ class LeaseWaiters:
     async def _check_once(self) -> None:
         check = self._check
         assert check is not None, "only scheduled with a check"
-        now = int(self._clock.seconds())
-        since = self._since if self._since is not None else now
         try:
+            now = int(await self._now.now())
+            since = self._since if self._since is not None else now
             mark, due = await check(since, now)
         except Exception as e:
             # One line per failing streak: the backend's trouble shows on

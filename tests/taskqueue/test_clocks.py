@@ -18,18 +18,21 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.interfaces import IDelayedCall
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 
 from gorge.db.clock import DatabaseClock
 from gorge.db.mysql import make_pool
 from gorge.taskqueue.model import YIELD_OWNER, EnqueueRequest
 from gorge.taskqueue.mysql import MySQLTaskStore
+from gorge.taskqueue.wakeup import LeaseWaiters
 
 pytestmark = pytest.mark.integration
 
 SKEWS = [-600, 600]
 T0 = 1_795_947_000
 LEASE = 60
+# Seconds of the real reactor a wake-up may take to come (a bound, not a timing).
+BOUND = 10
 
 
 class SkewedClock:
@@ -190,6 +193,47 @@ async def test_no_lease_is_taken_early_or_kept_late(mariadb, worker_db, direct, 
         archived = await store.complete(task.id, 7, owner="fourth")
         assert archived.archived_epoch == T0 + LEASE + 302 + 121
     finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+@pytest_twisted.ensureDeferred
+async def test_held_lease_calls_wake_when_a_lease_expires_at_the_database_time(
+    mariadb, worker_db, skew
+):
+    """The long-poll's shared check looks for leases come due in the
+    database's time: a held call wakes when the database's clock passes an
+    expiry, not 10 minutes before or after it."""
+    db_clock, host = Clock(), Clock()
+    db_clock.advance(T0)
+    host.advance(T0 + skew)
+    store = _store(mariadb, worker_db, host, db_clock)
+    server_clock = store.time
+    assert isinstance(server_clock, DatabaseClock)
+    waiters = LeaseWaiters(store.wake_check, host, 1.0, now=store.time)
+
+    async def tick(seconds: float) -> None:
+        await server_clock.settled()
+        db_clock.advance(seconds)
+        host.advance(seconds)  # runs the shared check when one is due
+
+    try:
+        await store.enqueue(EnqueueRequest("A"))
+        (leased,) = await store.lease("first", 1, LEASE)
+        assert leased.lease_expires == T0 + LEASE
+        # The first check always wakes (it has nothing to compare with).
+        first = waiters.wait(None, 10_000, waiters.generation)
+        await tick(1)
+        assert await first.addTimeout(BOUND, reactor) is True
+        # The wake-up resumed this test inside the check; one reactor turn
+        # lets the check end and arm the next one.
+        await deferLater(reactor, 0)
+        held = waiters.wait(None, 10_000, waiters.generation)
+        await tick(LEASE + 1)  # the database's clock is past the expiry now
+        assert await held.addTimeout(BOUND, reactor) is True
+        assert [t.id for t in await store.lease("second", 1, LEASE)] == [leased.id]
+    finally:
+        waiters.close()
         await store.close()
 
 
