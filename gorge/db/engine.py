@@ -122,6 +122,8 @@ class Engine:
     """The interface; see the module doc. Methods taking ``txn`` run in a pool thread."""
 
     name = "sql"
+    # Each statement outside begin_write/begin_atomic commits on its own.
+    autocommit = False
     # Appended to a SELECT that reads rows the transaction is about to change.
     for_update = ""
     # What failed, for /readyz: "<unavailable>: <reason>".

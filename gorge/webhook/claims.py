@@ -362,6 +362,8 @@ class Claims:
     def _write_and_claim(self, txn, outcomes: list[Outcome]) -> list[tuple[int, bool]]:
         """Each result, then (when it was written) its follow row's compare-and-set
         claim, in id order, as one transaction."""
+        if len(outcomes) == 1 and self._engine.autocommit:
+            return [self._write_then_claim(txn, outcomes[0])]
         self._engine.begin_atomic(txn)
         answers: dict[int, tuple[int, bool]] = {}
         for outcome in sorted(outcomes, key=lambda o: o.candidate.id):
@@ -375,6 +377,28 @@ class Claims:
             answers[outcome.candidate.id] = (changed, won)
         self._engine.commit_atomic(txn)
         return [answers[outcome.candidate.id] for outcome in outcomes]
+
+    def _write_then_claim(self, txn, outcome: Outcome) -> tuple[int, bool]:
+        """One hot hook's result and its next row's claim as two statements that
+        commit each on its own: two round trips where a transaction takes four
+        (the write, then the hook's next POST, waits on them). The claim goes
+        only after the write committed, as in the transaction; a claim that
+        fails after that counts as lost, so the written result is never taken
+        for unwritten (and a claim that did land unseen only waits for its
+        lease, as any claim whose answer was lost)."""
+        assert outcome.follow is not None
+        self._db.execute(txn, *self._finish_statement(outcome))
+        changed = int(txn.rowcount)
+        if not changed:
+            return changed, False
+        follow = outcome.follow
+        try:
+            self._db.execute(txn, SQL_CLAIM, (follow.id, follow.version))
+        except Exception:
+            # Not logged here (a pool thread): the row is offered again by the
+            # next poll, which logs a database that stays away.
+            return changed, False
+        return changed, txn.rowcount == 1
 
     async def _write_outcomes(self, outcomes: list[Outcome]) -> list[int]:
         if not outcomes:

@@ -44,6 +44,10 @@ OUTAGE_MARGIN = 2.0
 # cap per transaction (docs/webhook.md, "Claiming and writing back").
 WRITE_WINDOW = 0.003
 WRITE_BATCH = 64
+# Result writes a few hot hooks may have on their way at once: each such hook
+# waits for its write before its next POST (bench/webhook.py --hooks 4: a
+# quarter of the cycle was spent waiting behind another hook's write).
+WRITE_LANES = 4
 
 
 class WriteBack:
@@ -69,7 +73,11 @@ class WriteBack:
         self._summary = summary
         self._gone_hooks: set[str] = set()  # hooks whose 410 was logged (until a 2xx)
         self._writes: Coalescer[Outcome, tuple[int, bool]] = Coalescer(
-            claims.finish_and_follow, batch_clock, window=WRITE_WINDOW, cap=WRITE_BATCH
+            claims.finish_and_follow,
+            batch_clock,
+            window=WRITE_WINDOW,
+            cap=WRITE_BATCH,
+            lanes=WRITE_LANES,
         )
 
     async def record(

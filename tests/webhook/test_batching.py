@@ -94,6 +94,45 @@ def test_a_failed_batch_fails_each_of_its_items_and_the_next_batch_still_runs():
     assert results([following]) == ["C"]
 
 
+def test_an_urgent_item_goes_beside_a_running_batch_while_a_lane_is_free():
+    clock, flushes = task.Clock(), Flushes()
+    writer: Coalescer[str, str] = Coalescer(flushes, clock, window=0.003, cap=10, lanes=2)
+    first = writer.submit("a", urgent=True)
+    assert flushes.batches == [["a"]]
+    second = writer.submit("b", urgent=True)  # one lane free: goes beside "a"
+    assert flushes.batches == [["a"], ["b"]]
+    third = writer.submit("c", urgent=True)  # both lanes busy: waits for one
+    plain = writer.submit("d")
+    clock.advance(1)
+    assert flushes.batches == [["a"], ["b"]]
+    flushes.answer(1)
+    assert flushes.batches == [["a"], ["b"], ["c", "d"]]  # the lane "b" freed
+    flushes.answer(0)
+    flushes.answer(2)
+    assert results([first, second, third, plain]) == ["A", "B", "C", "D"]
+    assert writer.pending == 0
+    assert clock.getDelayedCalls() == []
+
+
+def test_items_that_are_not_urgent_never_take_a_second_lane():
+    clock, flushes = task.Clock(), Flushes()
+    writer: Coalescer[str, str] = Coalescer(flushes, clock, window=0.003, cap=2, lanes=4)
+    submitted = [writer.submit(x) for x in "abcde"]
+    assert flushes.batches == [["a", "b"]]  # full: at once; the rest waits for it
+    clock.advance(1)
+    assert flushes.batches == [["a", "b"]]
+    flushes.answer(0)
+    assert flushes.batches == [["a", "b"], ["c", "d"]]
+    flushes.answer(1)
+    flushes.answer(2)
+    assert results(submitted) == ["A", "B", "C", "D", "E"]
+
+
+def test_lanes_must_be_at_least_one():
+    with pytest.raises(ValueError, match="lanes"):
+        Coalescer(Flushes(), task.Clock(), window=0.0, cap=1, lanes=0)
+
+
 # -- the batch claim raced on MariaDB ------------------------------------------
 
 

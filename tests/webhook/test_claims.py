@@ -227,3 +227,55 @@ async def test_two_dispatchers_on_one_hooks_backlog_post_each_row_once(
     assert len({r.body for r in receiver.requests}) == 20
     won = sum(h.metric("gorge_webhook_claims_total", result="won") for h in (one, two))
     assert won == 20
+
+
+async def _hot_hook_pair(herald, harness):
+    """Two queued rows of one hook; the first claimed, as a slot holds it."""
+    hook = herald.insert_hook(uri="http://127.0.0.1:1/x")
+    ids = [herald.insert_request(hook=hook, created=T0) for _ in range(2)]
+    first, second = await harness.store.claims.candidates(limit=10, lease=30, backoff=60)
+    assert await harness.store.claims.claim(first) is True
+    claimed = herald.request(ids[0])["dateModified"]
+    first = claims.Candidate(**{**first.__dict__, "version": claimed})
+    return ids, first, second
+
+
+def _sent(candidate, follow):
+    return claims.Outcome(candidate, "sent", "okay", "{}", follow=follow)
+
+
+async def test_a_hot_hooks_result_and_its_next_claim_each_commit(herald, make_harness):
+    # One outcome with a follow row on the autocommit connection: two statements,
+    # no transaction; the result is written and the next row claimed.
+    harness = make_harness()
+    ids, first, second = await _hot_hook_pair(herald, harness)
+    assert harness.store.db.engine.autocommit
+    assert await harness.store.claims.finish_and_follow([_sent(first, second)]) == [(1, True)]
+    assert herald.request(ids[0])["status"] == "sent"
+    assert herald.request(ids[1])["dateModified"] > second.version  # ours now
+    assert herald.request(ids[1])["status"] == "queued"
+
+
+async def test_a_next_row_changed_elsewhere_is_not_claimed_but_the_result_is_written(
+    herald, make_harness
+):
+    harness = make_harness()
+    ids, first, second = await _hot_hook_pair(herald, harness)
+    herald.execute(
+        "UPDATE herald_webhookrequest SET dateModified = dateModified + 5 WHERE id = %s",
+        (ids[1],),
+    )
+    moved = herald.request(ids[1])["dateModified"]
+    assert await harness.store.claims.finish_and_follow([_sent(first, second)]) == [(1, False)]
+    assert herald.request(ids[0])["status"] == "sent"
+    assert herald.request(ids[1])["dateModified"] == moved  # left to its other claimant
+
+
+async def test_a_result_not_written_claims_no_next_row(herald, make_harness):
+    harness = make_harness()
+    ids, first, second = await _hot_hook_pair(herald, harness)
+    # Settled by another writer meanwhile (an operator failed it, say).
+    herald.execute("UPDATE herald_webhookrequest SET status = 'failed' WHERE id = %s", (ids[0],))
+    assert await harness.store.claims.finish_and_follow([_sent(first, second)]) == [(0, False)]
+    assert herald.request(ids[0])["status"] == "failed"
+    assert herald.request(ids[1])["dateModified"] == second.version  # untouched
