@@ -113,6 +113,11 @@ class Command(BaseCommand):
                 f"failed    {data['failedCount']}  (active, failed before)\n"
                 f"archived  {data['archivedCount']}\n"
             )
+            # Older daemons answer the counts only.
+            for row in data.get("oldestWaiting", []):
+                self.out.write(
+                    f"oldest    {row['ageSeconds']}s  {row['priorityBand']}  {row['taskClass']}\n"
+                )
 
         self.emit(data, human)
 

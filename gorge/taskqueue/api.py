@@ -411,7 +411,13 @@ class TaskQueueApi:
     async def stats(self, request):
         stats = await self._call("stats", self._store.stats())
         self._metrics.observe_stats(stats)
-        return ok(request, stats.to_json())
+        # Read live as the counts are: a few index probes (gorge/taskqueue/waiting.py).
+        waiting = await self._call("stats", self._store.oldest_waiting())
+        self._metrics.observe_waiting(waiting)
+        return ok(
+            request,
+            {**stats.to_json(), "oldestWaiting": waiting.to_json(), "oldestWaitingAt": waiting.now},
+        )
 
     @app.route("/api/queue/tasks", methods=["GET"])
     async def list_tasks(self, request):

@@ -35,6 +35,7 @@ from gorge.taskqueue.model import (
 )
 from gorge.taskqueue.report_rule import RowFacts, Step, Verdict, archive_result, judge, refuse
 from gorge.taskqueue.store import TaskNotFound, TaskStateError, report_each
+from gorge.taskqueue.waiting import Waiting, oldest_waiting
 
 
 class MemoryTaskStore:
@@ -208,6 +209,22 @@ class MemoryTaskStore:
             archived=len(self._archived),
             failed=sum(1 for t in tasks if t.failure_count > 0),
         )
+
+    async def oldest_waiting(self) -> Waiting:
+        # Every waiting task: the heads the other backends read hold the same
+        # answer while a queue is shorter than they are.
+        now = self._now()
+        heads = [
+            (t.task_class, t.priority, t.date_created)
+            for t in self._active.values()
+            if t.lease_owner is None and t.lease_expires is None
+        ]
+        heads += [
+            (t.task_class, t.priority, t.lease_expires)
+            for t in self._active.values()
+            if t.lease_expires is not None and t.lease_expires < now
+        ]
+        return oldest_waiting(now, heads)
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
         ordered = sorted(self._active.values(), key=sort_key)

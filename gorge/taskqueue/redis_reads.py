@@ -16,6 +16,7 @@ from gorge.taskqueue.model import (
 from gorge.taskqueue.redis_calls import RedisCalls
 from gorge.taskqueue.redis_layout import task_of
 from gorge.taskqueue.store import TaskNotFound
+from gorge.taskqueue.waiting import HEAD_ROWS, MAX_PRIORITIES, Waiting, oldest_waiting
 
 # Archive records read per script call when listing dead tasks.
 ARCHIVE_PAGE = 500
@@ -35,6 +36,15 @@ class RedisReads(RedisCalls):
         return Stats(
             active=int(active), leased=int(held), archived=int(archived), failed=int(failed)
         )
+
+    async def oldest_waiting(self) -> Waiting:
+        now = await self._now()
+        heads = await self._run(
+            self.scripts.oldest_waiting,
+            [self.keys.unleased, self.keys.leased],
+            [now, HEAD_ROWS, MAX_PRIORITIES],
+        )
+        return oldest_waiting(now, json.loads(heads))
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
         # Ranks are Redis 64-bit integers: the last one is clamped so the

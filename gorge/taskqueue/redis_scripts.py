@@ -70,6 +70,7 @@ class RedisScripts:
     import_tasks: LuaScript
     delete_tasks: LuaScript
     stats: LuaScript
+    oldest_waiting: LuaScript
     wake_check: LuaScript
     list_tasks: LuaScript
     get_task: LuaScript

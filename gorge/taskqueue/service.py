@@ -95,7 +95,8 @@ def effective_configuration(settings: TaskQueueSettings) -> dict[str, object]:
 
 class QueueDepth:
     """The stats loop: every interval the queue's counts go into the depth
-    gauges, and systemd hears that the daemon is up and making progress."""
+    gauges and the heads of the queue into the age gauge, and systemd hears
+    that the daemon is up and making progress."""
 
     def __init__(
         self,
@@ -120,6 +121,7 @@ class QueueDepth:
         try:
             stats = await self._store.stats()
             self._metrics.observe_stats(stats)
+            self._metrics.observe_waiting(await self._store.oldest_waiting())
         finally:
             # Listening and the loop has run once: ready, whatever the backend says
             # (readiness of the backend is /readyz's business).

@@ -15,6 +15,7 @@ from gorge.taskqueue.sql_calls import A_COLS, COLS, T_COLS, SqlCalls
 from gorge.taskqueue.store import (
     TaskNotFound,
 )
+from gorge.taskqueue.waiting import HEAD_ROWS, MAX_PRIORITIES, Waiting, oldest_waiting
 
 # Newest first by the archive time; Phorge keys dateModified, and sets it on archive too.
 LIST_ARCHIVED = (
@@ -39,6 +40,24 @@ LIST = (
     f" UNION ALL SELECT {COLS} FROM (SELECT {COLS} FROM worker_activetask"
     " WHERE leaseOwner IS NOT NULL ORDER BY priority, id LIMIT %s) AS leased"
     " ORDER BY priority, id LIMIT %s OFFSET %s"
+)
+# The heads of the queue (gorge/taskqueue/waiting.py), all in Phorge's keys:
+# the next priority holding unowned tasks is one probe of key_owner
+# (leaseOwner, priority, id), its first rows a range of key_owner in id
+# order, and the tasks come due again a range of leaseExpires. A head row
+# that is delayed (leaseExpires set) is dropped after the read: in the WHERE
+# clause the planner would walk leaseExpires' NULLs instead, through every
+# priority.
+NEXT_WAITING_PRIORITY = (
+    "SELECT MIN(priority) FROM worker_activetask WHERE leaseOwner IS NULL AND priority > %s"
+)
+WAITING_HEAD = (
+    "SELECT taskClass, priority, dateCreated, leaseExpires FROM worker_activetask"
+    " WHERE leaseOwner IS NULL AND priority = %s ORDER BY id LIMIT %s"
+)
+DUE_AGAIN_HEAD = (
+    "SELECT taskClass, priority, leaseExpires FROM worker_activetask"
+    " WHERE leaseExpires < %s ORDER BY leaseExpires LIMIT %s"
 )
 # What held lease calls watch: the primary key's last entry (Phorge's own
 # inserts included) and one probe of the leaseExpires index for tasks that
@@ -99,6 +118,26 @@ class SqlReads(SqlCalls):
         leased, failed, found = await self.db.run("stats", read, bounded=self._counts.loaded)
         active, archived = self._counts.apply(found)
         return Stats(active=active, leased=leased, archived=archived, failed=failed)
+
+    async def oldest_waiting(self) -> Waiting:
+        now = await self._now()
+
+        def read(txn) -> list[tuple[str, int, int]]:
+            heads: list[tuple[str, int, int]] = []
+            priority = -1
+            for _ in range(MAX_PRIORITIES):
+                self._exec(txn, NEXT_WAITING_PRIORITY, (priority,))
+                (found,) = txn.fetchone()
+                if found is None:
+                    break
+                priority = int(found)
+                self._exec(txn, WAITING_HEAD, (priority, HEAD_ROWS))
+                heads.extend(row[:3] for row in txn.fetchall() if row[3] is None)
+            self._exec(txn, DUE_AGAIN_HEAD, (now, HEAD_ROWS))
+            heads.extend(txn.fetchall())
+            return [(str(c), int(p), int(t)) for c, p, t in heads]
+
+        return oldest_waiting(now, await self.db.run("oldest_waiting", read))
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:
         each = min(limit + offset, _INT64_MAX)  # rows a page can need from each half

@@ -50,6 +50,7 @@ from gorge.taskqueue.model import (
     Stats,
     Task,
 )
+from gorge.taskqueue.waiting import Waiting
 
 
 class TaskNotFound(LookupError):
@@ -230,6 +231,13 @@ class TaskStore(Protocol):
     async def stats(self) -> Stats:
         """Active, held (owner non-empty and ``leaseExpires >= now``),
         archived, active with ``failureCount > 0``."""
+        ...
+
+    async def oldest_waiting(self) -> Waiting:
+        """Per task class and priority band, since when its oldest waiting
+        task (no owner and no expiry, or ``leaseExpires < now``) has waited:
+        its ``dateCreated``, or its ``leaseExpires`` once that passed. Read
+        from the heads of the queue only (gorge/taskqueue/waiting.py)."""
         ...
 
     async def list_tasks(self, limit: int, offset: int) -> list[Task]:

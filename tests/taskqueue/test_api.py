@@ -222,6 +222,10 @@ async def test_unknown_task_is_404_everywhere(client, path, body):
         "leasedCount": 0,
         "archivedCount": 0,
         "failedCount": 0,
+        "oldestWaiting": [
+            {"taskClass": "PhabricatorTestWorker", "priorityBand": "default", "ageSeconds": 0}
+        ],
+        "oldestWaitingAt": T0,
     }
 
 
@@ -299,6 +303,8 @@ async def test_temporary_fail_backs_off_and_permanent_fail_archives(client, cloc
         "leasedCount": 0,
         "archivedCount": 1,
         "failedCount": 0,
+        "oldestWaiting": [],
+        "oldestWaitingAt": T0 + 2,
     }
 
 

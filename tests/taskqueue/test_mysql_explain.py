@@ -133,6 +133,7 @@ async def exercise(store, clock) -> None:
     await store.lease("gorge:3", 5, LEASE)
     await store.lease("gorge:4", 5, LEASE, task_classes=[NEW_CLASS])
     await store.stats()
+    await store.oldest_waiting()
     await store.list_tasks(100, 0)
     await store.list_tasks(100, 15_000)
     await store.get_task(ARCHIVED + 1)
@@ -186,6 +187,9 @@ async def test_no_statement_of_the_mysql_store_reads_a_whole_table(grown, clock)
         "TEMPORARY_FAIL",
         "YIELD",
         "GET",
+        "NEXT_WAITING_PRIORITY",
+        "WAITING_HEAD",
+        "DUE_AGAIN_HEAD",
     ):
         home = next(m for m in STATEMENT_MODULES if hasattr(m, name))
         template = getattr(home, name).format(classes="", lock="", ids="%s")

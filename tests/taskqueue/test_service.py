@@ -223,12 +223,21 @@ async def test_stats_loop_sets_depth_and_reports_ready_even_when_the_backend_is_
     client = Client(memory_store, clock)
     await client.post("enqueue", {"taskClass": "X"})
     await service.part("stats").refresh()
-    assert notifier.calls == ["ready", "progress"]
+    assert notifier.calls[:2] == ["ready", "progress"]
     assert (
         service.part("metrics-registry").get_sample_value(
             "gorge_taskqueue_queue_depth", {"state": "active"}
         )
         == 1.0
+    )
+    clock.advance(7)
+    await service.part("stats").refresh()
+    assert (
+        service.part("metrics-registry").get_sample_value(
+            "gorge_taskqueue_oldest_waiting_seconds",
+            {"task_class": "X", "priority_band": "default"},
+        )
+        == 7.0
     )
     memory_store.unreachable = "down"
 

@@ -339,6 +339,7 @@ def _machine(reset: _Reset):
         @invariant()
         def same_observable_state(self):
             self.check("stats")
+            self.check("oldest_waiting")
             self.check("list_tasks", 1000, 0)
             self.check("active_ids")
 
