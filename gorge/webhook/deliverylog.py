@@ -160,6 +160,7 @@ class DeliveryLog:
                     "breaker": "open" if state.failures >= self._threshold else "closed",
                     "failures": state.failures,
                     "queued": state.queued,
+                    "oldestQueuedSeconds": state.oldest_queued,
                 }
                 for state in states
             ],

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 OUTCOMES = ("sent", "retry", "failed", "config_failure", "abandoned")
 # held: the next attempt waits for it; not_later: the fixed retry comes as late
@@ -81,3 +85,22 @@ class WebhookMetrics:
             self.replays.labels(previous=previous)
         for result in RETRY_AFTER_RESULTS:
             self.retry_after.labels(result=result)
+
+
+class BacklogAge(Collector):
+    """``gorge_webhook_oldest_queued_seconds{hook}``, read from the queue view at
+    scrape time (no query: the view already holds every queued row); a hook
+    with nothing queued has no series."""
+
+    def __init__(self, oldest_queued: Callable[[], dict[str, int]]) -> None:
+        self._oldest_queued = oldest_queued
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "gorge_webhook_oldest_queued_seconds",
+            "Age of each hook's oldest queued request, as of the last poll",
+            labels=["hook"],
+        )
+        for hook, age in sorted(self._oldest_queued().items()):
+            family.add_metric([hook], age)
+        yield family

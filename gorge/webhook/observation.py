@@ -129,6 +129,7 @@ class HookState:
     status: str
     failures: int  # failed attempts within the breaker window, all replicas
     queued: int  # queued rows this replica knows of
+    oldest_queued: int | None  # seconds its oldest queued row has been in the table
 
 
 @dataclass
@@ -396,6 +397,8 @@ class Observation:
                 counted.append((phid, name, status, int(txn.fetchone()[0])))
             return counted
 
+        counted = await self._db.run("hook_states", read)
+        ages = self.view.oldest_queued()
         return [
             HookState(
                 phid=phid,
@@ -403,6 +406,7 @@ class Observation:
                 status=status,
                 failures=failures,
                 queued=self.view.queued_for_hook(phid),
+                oldest_queued=ages.get(phid),
             )
-            for phid, name, status, failures in await self._db.run("hook_states", read)
+            for phid, name, status, failures in counted
         ]

@@ -148,6 +148,19 @@ class QueueView:
     def queued_for_hook(self, hook: str) -> int:
         return self._per_hook.get(hook, 0)
 
+    def oldest_queued(self) -> dict[str, int]:
+        """Per hook with queued rows, how long its oldest has been in the table
+        (``dateCreated`` to the latest database second seen). Ids grow with
+        creation, so the walk in id order stops once every such hook is found."""
+        ages: dict[str, int] = {}
+        for request_id in self._ids:
+            row = self._rows[request_id]
+            if row.hook not in ages:
+                ages[row.hook] = max(self.now - row.created, 0)
+                if len(ages) == len(self._per_hook):
+                    break
+        return ages
+
     def knows(self, request_id: int) -> bool:
         return request_id in self._rows
 

@@ -26,7 +26,7 @@ from gorge.webhook.breaker import Breaker
 from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
 from gorge.webhook.hooklock import HookLocks
-from gorge.webhook.metrics import WebhookMetrics
+from gorge.webhook.metrics import BacklogAge, WebhookMetrics
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 from gorge.webhook.silent import SilentMode
 from gorge.webhook.store import WebhookStore
@@ -207,6 +207,7 @@ def build_webhook_service(
     metrics = WebhookMetrics(registry)
     store = store if store is not None else WebhookStore.mysql(settings.mysql, reactor)
     registry.register(TransactionMetrics(store.db))
+    registry.register(BacklogAge(store.observation.view.oldest_queued))
     policy = UriPolicy(
         settings.outbound_blacklist,
         resolver or system_resolver(reactor),

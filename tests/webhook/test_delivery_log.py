@@ -9,6 +9,7 @@ import pytest
 import treq
 
 from gorge.config import HttpSettings
+from tests.webhook.conftest import T0
 from tests.webhook.golden import load_case
 from tests.webhook.test_golden_delivery import _assert_row_like, _load
 
@@ -389,8 +390,8 @@ async def test_hooks_with_their_breaker_and_backlog(herald, receiver, make_harne
     good = herald.insert_hook(uri=f"{receiver.base}/ok", name="good")
     bad = herald.insert_hook(uri=f"{receiver.base}/status/500?secret=1", name="bad")
     off = herald.insert_hook(uri=f"{receiver.base}/ok", name="off", status="disabled")
-    for _ in range(4):
-        herald.insert_request(hook=bad, properties=FOREVER)
+    for age in (90, 5, 0, 0):
+        herald.insert_request(hook=bad, properties=FOREVER, created=T0 - age)
     await harness.run_tick()
     code, answer = await call(base, "GET", "/api/webhook/hooks/state")
     assert code == 200
@@ -405,6 +406,7 @@ async def test_hooks_with_their_breaker_and_backlog(herald, receiver, make_harne
                 "breaker": "closed",
                 "failures": 0,
                 "queued": 0,
+                "oldestQueuedSeconds": None,
             },
             {
                 "phid": bad,
@@ -413,6 +415,7 @@ async def test_hooks_with_their_breaker_and_backlog(herald, receiver, make_harne
                 "breaker": "open",
                 "failures": 2,
                 "queued": 4,
+                "oldestQueuedSeconds": 90,
             },
             {
                 "phid": off,
@@ -421,6 +424,7 @@ async def test_hooks_with_their_breaker_and_backlog(herald, receiver, make_harne
                 "breaker": "closed",
                 "failures": 0,
                 "queued": 0,
+                "oldestQueuedSeconds": None,
             },
         ],
     }

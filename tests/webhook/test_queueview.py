@@ -339,6 +339,16 @@ class QueueMachine(RuleBasedStateMachine):
                 (hook.encode(),),
             ).fetchone()
             assert view.queued_for_hook(hook) == queued
+        # Each hook's oldest queued row is its lowest id (ids grow with creation).
+        oldest = {
+            phid.decode(): max(view.now - created, 0)
+            for phid, created in self.conn.execute(
+                "SELECT webhookPHID, dateCreated FROM herald_webhookrequest AS r"
+                " WHERE status = 'queued' AND id = (SELECT MIN(id) FROM herald_webhookrequest"
+                " WHERE status = 'queued' AND webhookPHID = r.webhookPHID)"
+            )
+        }
+        assert view.oldest_queued() == oldest
 
 
 QueueMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
@@ -433,3 +443,33 @@ def test_holes_expire():
     assert view.holes() == [1, 2]
     view.holes_checked([seen(1)], view.stamp(), 10.0 + queueview.HOLE_SECONDS)
     assert view.holes() == [] and view.knows(1)
+
+
+def test_each_hook_s_backlog_age_is_its_oldest_queued_row_s_and_on_metrics():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gorge.webhook.metrics import BacklogAge
+
+    view = loaded_view()
+    view.scanned(
+        [seen(1, hook="b", created=40), seen(2, hook="a", created=90), seen(3, hook="b")],
+        3,
+        view.stamp(),
+        0.0,
+    )
+    assert view.oldest_queued() == {"b": 0, "a": 0}  # no database second seen yet
+    view.take(100, 0)
+    assert view.oldest_queued() == {"b": 60, "a": 10}
+    registry = CollectorRegistry()
+    registry.register(BacklogAge(view.oldest_queued))
+    lines = [
+        line
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("gorge_webhook_oldest_queued_seconds{")
+    ]
+    assert lines == [
+        'gorge_webhook_oldest_queued_seconds{hook="a"} 10.0',
+        'gorge_webhook_oldest_queued_seconds{hook="b"} 60.0',
+    ]
+    view.saw(seen(1, hook="b", status="sent", created=40), view.stamp())
+    assert view.oldest_queued() == {"b": 0, "a": 10}
