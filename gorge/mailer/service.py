@@ -36,6 +36,7 @@ from gorge.mailer.sendrecords import SendRecords
 from gorge.mailer.settings import IdempotencySettings, MailerSettings, load_mailer_settings
 from gorge.web.listener import listener
 from gorge.web.site import build_site
+from gorge.web.version import About
 
 log = Logger()
 
@@ -123,6 +124,7 @@ def build_mailer_service(
         readiness=readiness,
         registry=registry,
         clock=reactor,
+        about=About.of("gorge-mailer", "gorge.mailer", reactor),
     )
 
     # One budget for the stop: the listener answers the requests already

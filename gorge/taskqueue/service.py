@@ -26,6 +26,7 @@ from gorge.taskqueue.store import TaskStore
 from gorge.taskqueue.wakeup import LeaseWaiters
 from gorge.web.listener import listener
 from gorge.web.site import build_site
+from gorge.web.version import About
 
 log = Logger()
 
@@ -170,6 +171,7 @@ def build_taskqueue_service(
         debug_log=settings.http.debug_log,
         hot_routes=api.hot_routes(),
         fast=settings.http.fast,
+        about=About.of(SERVICE_NAME, "gorge.taskqueue", reactor),
     )
     depth = QueueDepth(store, metrics, notifier, settings.stats_interval, reactor)
 

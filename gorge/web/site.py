@@ -7,6 +7,8 @@
   Klein resource.
 * :class:`OpenApiDocument`: the daemon's OpenAPI document, read once from its
   package and served at ``/api/<service>/openapi.json``.
+* ``/api/<service>/version``: the daemon's release, API version and uptime
+  (gorge/web/version.py).
 * :class:`GorgeSite` keeps its connections so that a stop can finish the
   requests that have already arrived (see :meth:`GorgeSite.drain`)."""
 
@@ -38,6 +40,7 @@ from gorge.web.auth import token_refusal
 from gorge.web.envelope import SERVED_METHODS, allow_value, envelope, fail, render_failure
 from gorge.web.hotchannel import HotChannel, HotRequest
 from gorge.web.requests import LimitedRequest, _request_factory, log_request, stamp_request
+from gorge.web.version import About
 
 #: A route's handler: the request in, the answer's body out.
 Handler = Callable[[Any], Coroutine[Any, Any, bytes]]
@@ -70,8 +73,11 @@ class GorgeRoot(Resource):
         registry: CollectorRegistry,
         clock: IReactorTime,
         allowed_methods: Callable[[bytes], list[str]] | None = None,
+        about: About | None = None,
     ) -> None:
         super().__init__()
+        self._about = about
+        self._version_path = prefix.encode("ascii") + b"version"
         self._api = api_resource
         self._allowed_methods = allowed_methods or (lambda path: [])
         self.prefix = prefix.encode("ascii")
@@ -86,6 +92,11 @@ class GorgeRoot(Resource):
             refusal = token_refusal(request, self._token)
             if refusal is not None:
                 return refusal
+            if self._about is not None and path == self._version_path:
+                if request.method not in (b"GET", b"HEAD"):
+                    request.setHeader(b"allow", _PROBE_METHODS)
+                    return fail(request, 405, "ERR_METHOD_NOT_ALLOWED", "Method Not Allowed")
+                return self._about.render(request, self._clock)
             if request.method not in SERVED_METHODS:
                 return self._refuse_method(request)
             return self._api.render(request)
@@ -491,6 +502,7 @@ def build_site(
     debug_log: bool = False,
     hot_routes: dict[bytes, Handler] | None = None,
     fast: bool = True,
+    about: About | None = None,
 ) -> server.Site:
     """The one Site a service listens with (or hands to :func:`stub_client`).
 
@@ -506,7 +518,8 @@ def build_site(
     ``api_resource`` once it carries anything else. ``fast`` False
     (``GORGE_HTTP_FAST=off``) leaves every request to twisted.web's channel:
     the hot routes are then answered by :class:`DirectRoutes` alone, with the
-    same answers."""
+    same answers. ``about`` is what ``GET <prefix>version`` answers
+    (gorge/web/version.py); without it the path is the API's like any other."""
     url_map = klein_url_map(api_resource)
 
     def allowed_methods(path: bytes) -> list[str]:
@@ -526,6 +539,7 @@ def build_site(
         registry=registry,
         clock=clock,
         allowed_methods=allowed_methods,
+        about=about,
     )
     site = GorgeSite(
         root, requestFactory=_request_factory(body_limit, access_log, quiet_paths, debug_log)

@@ -21,6 +21,7 @@ from gorge.db.topology import MasterFollower, repoint
 from gorge.log.logger import Logger
 from gorge.web.listener import listener
 from gorge.web.site import build_site
+from gorge.web.version import About
 from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.deliverylog import DeliveryLog
@@ -287,6 +288,7 @@ def build_webhook_service(
         readiness=store.ping,
         registry=registry,
         clock=reactor,
+        about=About.of("gorge-webhook", "gorge.webhook", reactor),
     )
     log_effective_settings(settings, store.db.engine.name)
     return webhook_tree(

@@ -29,6 +29,7 @@ from gorge.config import ConfigError
 from gorge.log.logger import Logger
 from gorge.web.listener import listener
 from gorge.web.site import build_site
+from gorge.web.version import About
 from gorge.worker.api import WorkerApi
 from gorge.worker.conduit import ConduitClient, DelegationPause
 from gorge.worker.consumer import Consumer, DelegationGate, LoopSettings
@@ -342,6 +343,7 @@ def build_worker_service(
         registry=metrics_registry,
         clock=clock,
         access_log=settings.http.access_log,
+        about=About.of("gorge-worker", "gorge.worker", clock),
     )
     # Stopped bottom-up: the consume loop stops leasing and drains first,
     # while /readyz says "shutting down" and the listener still answers; the
