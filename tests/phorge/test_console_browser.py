@@ -7,7 +7,9 @@ denied page; no page carries a daemon's token."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -177,6 +179,13 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
 
         # What the administrator saw.
         assert "gorge-taskqueue" in seen["overview"] and "Task Queue" in seen["overview"]
+        # The release, API version and uptime of each daemon that runs (its
+        # /version; gorge-worker is stopped), and the queue's ages as
+        # gorge-taskqueue reads them: the waiting tasks' class in its band.
+        assert seen["overview"].count(importlib.metadata.version("gorge")) >= 2 * 3
+        assert seen["overview"].count("not reported") == 1
+        assert "Queue Age (" in seen["overview"]
+        assert re.search(WAITING_CLASS + r"\s+default\s", seen["overview"]), seen["overview"]
         assert DEAD_CLASS in seen["tasks"]
         assert "console 0" in seen["webhooks"] and "http/500" in seen["webhooks"]
 

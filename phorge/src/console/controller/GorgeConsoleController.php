@@ -97,6 +97,16 @@ abstract class GorgeConsoleController extends PhabricatorController {
       max(0, PhabricatorTime::getNow() - (int)$epoch));
   }
 
+  /**
+   * A number of seconds a daemon reports (an age, an uptime), or null.
+   */
+  public static function formatSeconds($seconds) {
+    if (!is_int($seconds)) {
+      return null;
+    }
+    return phutil_format_relative_time(max(0, $seconds));
+  }
+
   protected function formatDate($epoch) {
     if (!$epoch) {
       return null;

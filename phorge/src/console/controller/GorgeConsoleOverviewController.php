@@ -17,6 +17,10 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
 
     $health = GorgeDaemonHealth::probeAll($daemons);
     $content[] = $this->buildDaemonsBox($health);
+    $taskqueue = idx($daemons, GorgeDaemon::TASKQUEUE);
+    if ($taskqueue) {
+      $content[] = $this->buildQueueAgeBox($taskqueue);
+    }
     $content[] = $this->buildQueueBox();
 
     $webhook = idx($daemons, GorgeDaemon::WEBHOOK);
@@ -50,6 +54,7 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
         $daemon->getDisplayName(),
         $daemon->getDisplayURI(),
         id(new PHUIStatusListView())->addItem($state),
+        $item->getRelease(),
         $item->getVersion(),
         ($uptime === null)
           ? phutil_tag('em', array(), pht('not reported'))
@@ -64,12 +69,55 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
           pht('Daemon'),
           pht('Address'),
           pht('Health'),
+          pht('Release'),
           pht('API Version'),
           pht('Uptime'),
         ))
-      ->setColumnClasses(array('pri', '', 'wide wrap', '', ''));
+      ->setColumnClasses(array('pri', '', 'wide wrap', '', '', ''));
 
     return $this->newBox(pht('Daemons'), $table);
+  }
+
+  /**
+   * How long the oldest waiting task of each class and priority band has
+   * waited, as gorge-taskqueue reads it (GET /api/queue/stats, on any of
+   * its backends; docs/taskqueue.md, "Queue age").
+   */
+  private function buildQueueAgeBox(GorgeDaemon $taskqueue) {
+    $answer = $taskqueue->call('GET', '/api/queue/stats');
+    if (!$answer->isOK()) {
+      return $this->newDaemonFailure($taskqueue, $answer);
+    }
+    $data = (array)$answer->getData();
+
+    $rows = array();
+    foreach ((array)idx($data, 'oldestWaiting') as $oldest) {
+      $oldest = (array)$oldest;
+      $rows[] = array(
+        idx($oldest, 'taskClass'),
+        idx($oldest, 'priorityBand'),
+        self::formatSeconds(idx($oldest, 'ageSeconds')),
+      );
+    }
+
+    $table = id(new AphrontTableView($rows))
+      ->setNoDataString(pht('No task is waiting.'))
+      ->setHeaders(
+        array(
+          pht('Class'),
+          pht('Priority Band'),
+          pht('Oldest Waited'),
+        ))
+      ->setColumnClasses(array('wide pri', '', ''));
+
+    $waiting = (int)idx($data, 'activeCount') - (int)idx($data, 'leasedCount');
+    return $this->newBox(
+      pht(
+        'Queue Age (%s active, %s waiting, %s failing)',
+        new PhutilNumber((int)idx($data, 'activeCount')),
+        new PhutilNumber(max(0, $waiting)),
+        new PhutilNumber((int)idx($data, 'failedCount'))),
+      $table);
   }
 
   /**

@@ -75,6 +75,7 @@ final class GorgeConsoleWebhookListController extends GorgeConsoleController {
           idx($data, 'threshold'),
           idx($data, 'window')),
         number_format((int)idx($hook, 'queued')),
+        self::formatSeconds(idx($hook, 'oldestQueuedSeconds')),
       );
     }
 
@@ -87,8 +88,9 @@ final class GorgeConsoleWebhookListController extends GorgeConsoleController {
           pht('Breaker'),
           pht('Recent Failures'),
           pht('Backlog'),
+          pht('Oldest Queued'),
         ))
-      ->setColumnClasses(array('wide pri', '', '', '', 'n'));
+      ->setColumnClasses(array('wide pri', '', '', '', 'n', ''));
 
     return $controller->newBox(pht('Webhooks'), $table);
   }

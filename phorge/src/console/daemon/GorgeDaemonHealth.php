@@ -2,8 +2,8 @@
 
 /**
  * The health of the configured daemons, read in parallel: each daemon's
- * /readyz, and the version of its API (the "info.version" of its OpenAPI
- * document). gorge-worker's stats come along for its uptime and webhook
+ * /readyz, and its /api/<name>/version (the gorge release, the version of
+ * its API and its uptime). gorge-worker's stats come along for its webhook
  * owner.
  */
 final class GorgeDaemonHealth extends Phobject {
@@ -14,7 +14,7 @@ final class GorgeDaemonHealth extends Phobject {
 
   private $daemon;
   private $ready;
-  private $openapi;
+  private $version;
   private $stats;
 
   public function getDaemon() {
@@ -30,9 +30,9 @@ final class GorgeDaemonHealth extends Phobject {
     foreach ($daemons as $name => $daemon) {
       $futures[$name.'/ready'] = $daemon->newFuture(
         'GET', '/readyz', array(), null, null, self::PROBE_TIMEOUT);
-      $futures[$name.'/openapi'] = $daemon->newFuture(
+      $futures[$name.'/version'] = $daemon->newFuture(
         'GET',
-        '/api/'.self::getAPIName($name).'/openapi.json',
+        '/api/'.self::getAPIName($name).'/version',
         array(),
         null,
         null,
@@ -53,7 +53,7 @@ final class GorgeDaemonHealth extends Phobject {
       $item = new self();
       $item->daemon = $daemon;
       $item->ready = $answers[$name.'/ready'];
-      $item->openapi = $answers[$name.'/openapi'];
+      $item->version = $answers[$name.'/version'];
       $item->stats = idx($answers, $name.'/stats');
       $health[$name] = $item;
     }
@@ -91,35 +91,50 @@ final class GorgeDaemonHealth extends Phobject {
   }
 
   /**
-   * The daemon's API version, or null when it could not be read (the
+   * The daemon's /version answer, or null when it could not be read (the
    * token was refused, or the daemon is down).
    */
-  public function getVersion() {
-    $body = $this->openapi->getBody();
-    if (!$this->openapi->isOK() || !is_array($body)) {
+  private function getVersionData() {
+    if (!$this->version->isOK()) {
       return null;
     }
-    $version = idx((array)idx($body, 'info'), 'version');
+    $data = $this->version->getData();
+    return is_array($data) ? $data : null;
+  }
+
+  /**
+   * The daemon's API version, or null when it could not be read.
+   */
+  public function getVersion() {
+    $version = idx((array)$this->getVersionData(), 'apiVersion');
     return is_string($version) ? $version : null;
+  }
+
+  /**
+   * The gorge release the daemon runs, or null when it could not be read.
+   */
+  public function getRelease() {
+    $release = idx((array)$this->getVersionData(), 'version');
+    return is_string($release) ? $release : null;
   }
 
   public function getVersionProblem() {
     if (!$this->isReachable()) {
       return null;
     }
-    if (!$this->openapi->isOK()) {
-      if ($this->openapi->getHTTPStatus() === 401) {
+    if (!$this->version->isOK()) {
+      if ($this->version->getHTTPStatus() === 401) {
         return pht(
           'the daemon refused the service token in gorge.daemons.%s.token',
           $this->daemon->getName());
       }
       return pht(
-        'its API description did not answer (%s)',
-        $this->openapi->describeFailure());
+        'its version route did not answer (%s)',
+        $this->version->describeFailure());
     }
     $version = $this->getVersion();
     if ($version === null) {
-      return pht('its API description names no version');
+      return pht('its version route names no API version');
     }
     if (!self::isCompatibleVersion($version)) {
       return pht(
@@ -155,16 +170,11 @@ final class GorgeDaemonHealth extends Phobject {
   }
 
   /**
-   * Seconds since the daemon started, where it says (gorge-worker's
-   * startedAt), else null.
+   * Seconds since the daemon started, as it says, else null.
    */
   public function getUptime() {
-    $stats = $this->getWorkerStats();
-    $started = $stats ? idx($stats, 'startedAt') : null;
-    if (!is_int($started) || $started <= 0) {
-      return null;
-    }
-    return max(0, PhabricatorTime::getNow() - $started);
+    $uptime = idx((array)$this->getVersionData(), 'uptimeSeconds');
+    return is_int($uptime) ? max(0, $uptime) : null;
   }
 
 }
