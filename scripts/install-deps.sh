@@ -18,6 +18,9 @@
 #   the per-user cache), --test also installs PHP's command line and the
 #   extensions Phorge needs, and Debian's chromium, the headless browser the
 #   console's browser test drives through Playwright (no browser download).
+#   --test also installs Debian's prometheus for its promtool, which checks
+#   and unit-tests the alert rules in conf/prometheus/ (its service is never
+#   started, like the database servers').
 #
 # Idempotent: when everything is in place it only checks and returns.
 set -euo pipefail
@@ -77,6 +80,8 @@ php_packages=(php-cli php-mysql php-curl php-mbstring php-xml php-zip php-gd php
 # The browser tests/phorge/test_console_browser.py drives (Playwright with
 # executable_path=/usr/bin/chromium).
 browser_packages=(chromium)
+# promtool, for tests/repo/test_monitoring.py.
+monitoring_packages=(prometheus)
 
 if [ "$print_packages" = 1 ]; then
     echo python3
@@ -84,6 +89,7 @@ if [ "$print_packages" = 1 ]; then
     if [ "$mode" = test ]; then
         echo mariadb-server
         echo redis-server
+        printf '%s\n' "${monitoring_packages[@]}"
         if have_phorge; then
             printf '%s\n' "${php_packages[@]}" "${browser_packages[@]}"
         fi
@@ -95,6 +101,7 @@ packages=()
 if [ "$mode" = test ]; then
     have_cmd mariadbd && have_cmd mariadb-install-db || packages+=(mariadb-server)
     have_cmd redis-server || packages+=(redis-server)
+    have_cmd promtool || packages+=("${monitoring_packages[@]}")
 fi
 if ! venv_works && ! find_python >/dev/null; then
     packages+=(python3 python3-venv)
@@ -116,7 +123,7 @@ if [ "${#packages[@]}" -gt 0 ]; then
         command -v sudo >/dev/null 2>&1 || { say "need root to install ${packages[*]}"; exit 1; }
         SUDO=(sudo)
     fi
-    # Keep apt from starting the packaged mariadb/redis services: we never use
+    # Keep apt from starting the packaged mariadb/redis/prometheus services: we never use
     # them, and on a small machine they only take memory. Debian's
     # policy-rc.d convention (exit 101 = "do not start") does exactly that;
     # an existing policy is left as it is.

@@ -29,6 +29,7 @@ def test_the_demo_needs_no_database_server():
 
 def test_the_suite_needs_both_database_servers():
     assert SERVERS <= _packages("--test")
+    assert "prometheus" in _packages("--test")  # promtool: tests/repo/test_monitoring.py
     assert _packages() == _packages("--test")
 
 
