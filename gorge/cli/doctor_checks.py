@@ -66,6 +66,22 @@ def _needs_phorge(site: Site, name: str) -> Check | None:
     return None
 
 
+def _webhook_against_phorge(site: Site, name: str) -> WebhookSettings | list[Check]:
+    """gorge-webhook's settings for a check that compares them with Phorge's,
+    or that check's whole answer when there is nothing to compare: no
+    gorge-webhook here, Phorge's side unread, or settings that do not load."""
+    if "webhook" not in site.daemons:
+        return []
+    if (skipped := _needs_phorge(site, name)) is not None:
+        return [skipped]
+    try:
+        webhook = site.webhook_settings()
+    except ConfigError as e:
+        return [fail(name, f"gorge-webhook's settings: {e}", "correct webhook.env")]
+    assert webhook is not None
+    return webhook
+
+
 # -- the daemons ------------------------------------------------------------------
 
 
@@ -443,15 +459,9 @@ def _few(items: list[str]) -> str:
 
 def check_outbound_policy(site: Site) -> list[Check]:
     name = "outbound-policy"
-    if "webhook" not in site.daemons:
-        return []
-    if (skipped := _needs_phorge(site, name)) is not None:
-        return [skipped]
-    try:
-        webhook = site.webhook_settings()
-    except ConfigError as e:
-        return [fail(name, f"gorge-webhook's settings: {e}", "correct webhook.env")]
-    assert webhook is not None
+    webhook = _webhook_against_phorge(site, name)
+    if isinstance(webhook, list):
+        return webhook
     phorge = _networks(site.setting("security.outbound-blacklist"))
     ours = set(webhook.outbound_blacklist)
     if phorge is None:
@@ -506,15 +516,9 @@ def read_silent(settings: WebhookSettings, connect) -> tuple[bool, str]:
 
 def check_silent(site: Site, connect) -> list[Check]:
     name = "silent"
-    if "webhook" not in site.daemons:
-        return []
-    if (skipped := _needs_phorge(site, name)) is not None:
-        return [skipped]
-    try:
-        webhook = site.webhook_settings()
-    except ConfigError as e:
-        return [fail(name, f"gorge-webhook's settings: {e}", "correct webhook.env")]
-    assert webhook is not None
+    webhook = _webhook_against_phorge(site, name)
+    if isinstance(webhook, list):
+        return webhook
     phorge = webhook_silent.php_truthy(site.setting("phabricator.silent"))
     try:
         ours, source = read_silent(webhook, connect)
