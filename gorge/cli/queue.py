@@ -375,9 +375,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     delay = verb(
         "delay",
         "delay tasks until a time",
-        "Hold active tasks that nobody holds until the given time; they are not "
-        "leased before it. Leased and yielded tasks are refused (free them first), "
-        "as are archived ones.",
+        "Hold active tasks until the given time; they are not leased before it. "
+        "A running or yielded task loses its lease, as with free: its worker stops "
+        "it at the next heartbeat. Archived tasks are refused.",
     )
     _ids(delay, "to delay")
     delay.add_argument(

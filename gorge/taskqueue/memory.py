@@ -13,7 +13,6 @@ from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
     AWAKEN_WINDOW,
-    LEASED,
     MIN_YIELD,
     NOT_LEASED,
     RESULT_SUCCESS,
@@ -272,10 +271,12 @@ class MemoryTaskStore:
         return task
 
     async def delay(self, task_id: int, until: int) -> Task:
-        task = self._active_task(task_id)
-        if task.lease_owner is not None:
-            raise TaskStateError(task_id, LEASED)
-        task = replace(task, lease_expires=until, date_modified=self._now())
+        task = replace(
+            self._active_task(task_id),
+            lease_owner=None,
+            lease_expires=until,
+            date_modified=self._now(),
+        )
         self._active[task_id] = task
         return task
 

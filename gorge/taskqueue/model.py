@@ -277,7 +277,6 @@ def archive_of(task: Task, *, result: int, duration: int, now: int) -> ArchivedT
 ACTIVE_NOT_ARCHIVED = "task is active, not archived"
 SUCCEEDED = "task already succeeded"
 ARCHIVED_NOT_ACTIVE = "task is archived, not active"
-LEASED = "task is leased; free it first"
 NOT_LEASED = "task has no lease"
 
 

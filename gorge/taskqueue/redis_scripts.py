@@ -23,7 +23,6 @@ from gorge.db.redis import LuaScript
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
-    LEASED,
     NOT_LEASED,
     REPORT_FAIL,
     SUCCEEDED,
@@ -107,7 +106,6 @@ def load_scripts() -> RedisScripts:
 # What the operator scripts answer when the task is in the wrong state.
 _STATE_REFUSALS = {
     "archived": ARCHIVED_NOT_ACTIVE,
-    "leased": LEASED,
     "not_leased": NOT_LEASED,
     "active": ACTIVE_NOT_ARCHIVED,
     "succeeded": SUCCEEDED,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from gorge.taskqueue.model import (
     ACTIVE_NOT_ARCHIVED,
     ARCHIVED_NOT_ACTIVE,
-    LEASED,
     NOT_LEASED,
     RESULT_SUCCESS,
     SUCCEEDED,
@@ -23,7 +22,13 @@ from gorge.taskqueue.store import (
 SELECT_DATA = "SELECT data FROM worker_taskdata WHERE id = %s"
 
 # Operator verbs (Phorge's bin/worker delay, priority, free, retry).
-DELAY = "UPDATE worker_activetask SET leaseExpires = %s, dateModified = %s WHERE id = %s"
+# A delay takes the lease away too (Phorge's bin/worker refuses a leased task):
+# the holder's next heartbeat answers lost, so its handler stops, and the
+# task is not leased again before ``until``.
+DELAY = (
+    "UPDATE worker_activetask SET leaseOwner = NULL, leaseExpires = %s, dateModified = %s"
+    " WHERE id = %s"
+)
 SET_PRIORITY = "UPDATE worker_activetask SET priority = %s, dateModified = %s WHERE id = %s"
 FREE = (
     "UPDATE worker_activetask SET leaseOwner = NULL, leaseExpires = %s, dateModified = %s"
@@ -85,8 +90,6 @@ class SqlOperatorVerbs(SqlCalls):
 
     async def delay(self, task_id: int, until: int) -> Task:
         def change(txn, task: Task, now: int) -> None:
-            if task.lease_owner is not None:
-                raise TaskStateError(task_id, LEASED)
             self._exec(txn, DELAY, (until, now, task_id))
 
         return await self._operate("delay", change, task_id)

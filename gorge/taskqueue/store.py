@@ -278,8 +278,10 @@ class TaskStore(Protocol):
     # save() sets it.
 
     async def delay(self, task_id: int, until: int) -> Task:
-        """``leaseExpires = until`` for a task nobody holds (``leaseOwner`` NULL;
-        yielded or leased -> TaskStateError LEASED).  Not leasable before then."""
+        """``leaseOwner = NULL, leaseExpires = until``: not leasable before then.
+        A held or yielded task loses its lease as on :meth:`free`, so its
+        holder's next renewal answers lost and its handler stops (Phorge's
+        ``bin/worker delay`` refuses a leased task instead)."""
         ...
 
     async def set_priority(self, task_id: int, priority: int) -> Task:

@@ -26,18 +26,43 @@ async def test_delay_holds_an_unleased_task_until_its_time(backend_store, clock)
         T0 + 5,
     )
     assert [t.id for t in await backend_store.lease("w", 5, 600)] == [b.id]
-    with pytest.raises(TaskStateError, match="task is leased; free it first"):
-        await backend_store.delay(b.id, T0 + 100)
     clock.advance(96)  # T0+101: past the delay
     assert [t.id for t in await backend_store.lease("w", 5, 60)] == [a.id]
     await backend_store.yield_(a.id, 60)
-    with pytest.raises(TaskStateError, match="task is leased"):
-        await backend_store.delay(a.id, T0)  # yielded: owner (yield)
+    yielded = await backend_store.delay(a.id, T0 + 200)  # a yield's owner goes too
+    assert (yielded.lease_owner, yielded.lease_expires) == (None, T0 + 200)
     await backend_store.cancel(b.id)
     with pytest.raises(TaskStateError, match="task is archived, not active"):
         await backend_store.delay(b.id, T0)
     with pytest.raises(TaskNotFound):
         await backend_store.delay(99, T0)
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_delay_takes_a_running_tasks_lease_away(backend_store, clock):
+    """Unlike Phorge's bin/worker (which refuses), a delay of a held task breaks
+    its lease: the holder's renewal answers lost and its report is refused,
+    and nobody leases it before ``until``, not even the same worker."""
+    task = await backend_store.enqueue(EnqueueRequest("A", "a"))
+    [held] = await backend_store.lease("w1", 1, 600)
+    clock.advance(2)
+    delayed = await backend_store.delay(task.id, T0 + 50)
+    assert (delayed.lease_owner, delayed.lease_expires, delayed.date_modified) == (
+        None,
+        T0 + 50,
+        T0 + 2,
+    )
+    assert await backend_store.renew("w1", [task.id], 60) == {task.id: None}
+    with pytest.raises(LeaseConflict):
+        await backend_store.complete(task.id, 1, "w1")
+    assert await backend_store.lease("w1", 1, 600) == []
+    clock.advance(48)  # T0+50: not before the next second, as after a free
+    assert await backend_store.lease("w2", 1, 600) == []
+    clock.advance(1)
+    [again] = await backend_store.lease("w2", 1, 600)
+    assert (again.id, again.failure_count) == (held.id, held.failure_count)
+    assert (await backend_store.get_task(task.id)).lease_owner == "w2"
 
 
 @pytest.mark.integration
@@ -145,6 +170,11 @@ async def test_verbs_over_http(client, clock):
         409,
         {"error": {"code": "ERR_TASK_STATE", "message": "task has no lease"}},
     )
+    clock.advance(1)
+    await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": "w"})
+    code, answer = await client.post("delay", {"taskID": 2, "until": T0 + 90})
+    assert (code, answer["data"]["leaseExpires"]) == (200, T0 + 90)
+    assert "leaseOwner" not in answer["data"]  # a running task's lease is taken away
     await client.post("cancel", {"taskID": 2})
     code, answer = await client.post("retry", {"taskID": 2})
     assert (code, answer["data"]["leaseExpires"]) == (200, 0)

@@ -89,6 +89,16 @@ class Stack:
         finally:
             conn.close()
 
+    def database_now(self) -> int:
+        """``UNIX_TIMESTAMP()``: the clock the queue's times are in."""
+        conn = self.mariadb.connect(self.database)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT UNIX_TIMESTAMP()")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
     async def until(self, check, bound=BOUND):
         """Poll ``check`` on the reactor until it returns something truthy."""
         deadline = self.reactor.seconds() + bound
@@ -309,7 +319,7 @@ async def _operate(stack, verb, body):
     return answer
 
 
-@pytest.mark.parametrize("verb", ["free", "cancel"])
+@pytest.mark.parametrize("verb", ["free", "cancel", "delay"])
 @pytest_twisted.ensureDeferred
 async def test_an_operator_verb_on_a_running_task_cancels_its_handler_at_the_next_heartbeat(
     stack, verb
@@ -334,7 +344,10 @@ async def test_an_operator_verb_on_a_running_task_cancels_its_handler_at_the_nex
     )
     task_id = await stack.enqueue("LongWorker")
     await stack.until(lambda: runs)
-    await _operate(stack, verb, {"taskID": task_id})
+    body = {"taskID": task_id}
+    if verb == "delay":  # a few seconds past the heartbeat, on the database's clock
+        body["until"] = stack.database_now() + 4
+    await _operate(stack, verb, body)
     await stack.until(lambda: cancelled, bound=10)
     assert cancelled == [1]  # the first run's, not a later one's
     consumer = stack.worker.part("consumer")
@@ -343,6 +356,9 @@ async def test_an_operator_verb_on_a_running_task_cancels_its_handler_at_the_nex
         row = await stack.until(stack.archived(task_id))
         assert row["result"] == 2 and len(runs) == 1  # cancelled: no second run
         return
+    if verb == "delay":  # nobody holds it, and nobody leases it before its time
+        row = stack.row("worker_activetask", task_id)
+        assert (row["leaseOwner"], row["leaseExpires"]) == (None, body["until"])
     # The same worker leases it again, under a new owner.
     await stack.until(lambda: len(runs) == 2)
     assert stack.row("worker_archivetask", task_id) is None
