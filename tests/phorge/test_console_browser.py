@@ -3,7 +3,9 @@
 administrator sees a dead task and a failed webhook request this test made,
 requeues and retries them from the page, and the rows change in Phorge's
 tables; the daemons log who acted; a non-administrator gets Phorge's access
-denied page; no page carries a daemon's token."""
+denied page; no page carries a daemon's token. Acting on many: retry by
+class, a hook's failures since a time, and cancel / free / reprioritise by
+filter, each with its count shown before the action."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import importlib.metadata
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -391,3 +394,167 @@ async def test_an_administrator_retries_dead_tasks_by_class_and_a_hooks_failures
     await s.until(lambda: requests("sent"), "both retried requests delivered")
     assert s.receiver.count("/bulk-ok") == 2
     assert {r["id"] for r in failed} == {r["id"] for r in requests("sent")}
+
+
+FILTER_CANCEL_CLASS = "GorgeConsoleFilterCancelWorker"
+FILTER_FREE_CLASS = "GorgeConsoleFilterFreeWorker"
+FILTER_PRIORITY_CLASS = "GorgeConsoleFilterPriorityWorker"
+FILTER_PRIORITY = 3456
+
+
+def browse_filters(base: str, admin: Person) -> dict:
+    """Cancel, free and reprioritise by filter: each a choice, the count shown
+    in the confirmation dialog, then the action."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": "phsid", "value": admin.session, "url": base + "/"}])
+            page = context.new_page()
+            page.set_default_timeout(BROWSER_TIMEOUT_MS)
+
+            def submit() -> str:
+                with page.expect_navigation():
+                    page.click("button[name=__submit__]")
+                return page.inner_text("body")
+
+            def by_filter(name: str, choose) -> None:
+                page.goto(base + "/gorge/tasks/")
+                page.click('a[href="/gorge/tasks/filter/"]')
+                choose()
+                seen[name + "_count"] = submit()
+                seen[name + "_done"] = submit()
+
+            def cancel() -> None:
+                page.select_option("select[name=verb]", "cancel")
+                page.select_option("select[name=taskClass]", FILTER_CANCEL_CLASS)
+                page.select_option("select[name=state]", "waiting")
+
+            def free() -> None:
+                page.select_option("select[name=verb]", "free")
+                page.select_option("select[name=taskClass]", FILTER_FREE_CLASS)
+
+            def priority() -> None:
+                page.select_option("select[name=verb]", "priority")
+                page.select_option("select[name=taskClass]", FILTER_PRIORITY_CLASS)
+                page.select_option("select[name=state]", "failing")
+                page.fill("input[name=priority]", str(FILTER_PRIORITY))
+
+            by_filter("cancel", cancel)
+            by_filter("free", free)
+
+            # The class's own button chooses the class already.
+            page.goto(base + "/gorge/tasks/")
+            page.click(f'[data-gorge-action="filter-{FILTER_PRIORITY_CLASS}"]')
+            seen["preselected"] = page.input_value("select[name=taskClass]")
+            page.select_option("select[name=verb]", "priority")
+            page.select_option("select[name=state]", "failing")
+            page.fill("input[name=priority]", "soon")
+            seen["bad_priority"] = submit()
+            page.fill("input[name=priority]", str(FILTER_PRIORITY))
+            seen["priority_count"] = submit()
+            seen["priority_done"] = submit()
+        finally:
+            browser.close()
+    return seen
+
+
+async def test_an_administrator_cancels_frees_and_reprioritises_by_filter(console):
+    s = console
+    admin = await person(s, "filteradmin", admin=True)
+
+    # Nothing leases while the browser acts, so only the console moves rows.
+    await s.gorge.stop("worker")
+    made: list[int] = []
+    try:
+
+        async def schedule(task_class: str, n: int) -> int:
+            task_id = (await s.site.helper("schedule", taskClass=task_class, data={"n": n}))[
+                "taskID"
+            ]
+            made.append(task_id)
+            return task_id
+
+        # Three of the class wait and one is leased: cancelling the waiting
+        # ones leaves the leased one.
+        cancels = [await schedule(FILTER_CANCEL_CLASS, n) for n in range(4)]
+        [held_cancel] = await lease(s, FILTER_CANCEL_CLASS, limit=1)
+        assert held_cancel["id"] == cancels[0]
+        # Two of three leased: free acts on those two only.
+        frees = [await schedule(FILTER_FREE_CLASS, n) for n in range(3)]
+        held_free = await lease(s, FILTER_FREE_CLASS, limit=2)
+        assert [t["id"] for t in held_free] == frees[:2]
+        # Two of three failed once: only they get the new priority.
+        priorities = [await schedule(FILTER_PRIORITY_CLASS, n) for n in range(3)]
+        for task_id in priorities[1:]:
+            s.site.execute(
+                "worker",
+                "UPDATE worker_activetask SET failureCount = 1, failureTime = %s WHERE id = %s",
+                int(time.time()),
+                task_id,
+            )
+        untouched_priority = s.task(priorities[0])["priority"]
+
+        seen = await deferToThread(browse_filters, s.site.base_uri, admin)
+
+        # The count first, then the action.
+        assert (
+            f"This will cancel 3 task(s) of class {FILTER_CANCEL_CLASS} (not leased)"
+            in seen["cancel_count"]
+        ), seen["cancel_count"]
+        assert "Cancelled 3 Tasks" in seen["cancel_done"]
+        assert (
+            f"This will free 2 task(s) of class {FILTER_FREE_CLASS} (leased)"
+            in (seen["free_count"])
+        ), seen["free_count"]
+        assert "Freed 2 Tasks" in seen["free_done"]
+        assert seen["preselected"] == FILTER_PRIORITY_CLASS
+        assert "The priority must be a whole number" in seen["bad_priority"]
+        assert (
+            f"This will set the priority of 2 task(s) of class {FILTER_PRIORITY_CLASS} "
+            f"(failing) to {FILTER_PRIORITY}" in seen["priority_count"]
+        ), seen["priority_count"]
+        assert "Set the Priority of 2 Tasks" in seen["priority_done"]
+
+        # The rows changed in Phorge's tables, and only the chosen ones.
+        assert [s.archived(i)["result"] for i in cancels[1:]] == [CANCELLED] * 3
+        assert s.task(cancels[0])["table"] == "worker_activetask"
+        for task_id in frees[:2]:
+            assert s.task(task_id)["leaseOwner"] is None
+        assert s.task(frees[2])["leaseOwner"] is None  # never leased
+        assert s.task(frees[2])["leaseExpires"] is None
+        assert [s.task(i)["priority"] for i in priorities] == [
+            untouched_priority,
+            FILTER_PRIORITY,
+            FILTER_PRIORITY,
+        ]
+
+        # Phorge's activity log: one entry per action, with the filter and
+        # the ids; the daemon's log names the administrator on each call.
+        logs = (await s.site.helper("user-logs", action="gorge-console"))["logs"]
+        mine = {e["details"]["action"]: e["details"] for e in logs if e["actorPHID"] == admin.phid}
+        assert sorted(mine) == ["cancel-by-filter", "free-by-filter", "priority-by-filter"]
+        assert mine["cancel-by-filter"]["taskIDs"] == cancels[1:]
+        assert mine["cancel-by-filter"]["state"] == "waiting"
+        assert mine["free-by-filter"]["taskIDs"] == frees[:2]
+        assert mine["priority-by-filter"]["taskIDs"] == priorities[1:]
+        assert mine["priority-by-filter"]["priority"] == FILTER_PRIORITY
+        assert all(e["outcome"] == "done" for e in mine.values())
+        queue_log = s.gorge.daemons["taskqueue"].log_text().splitlines()
+        for details in mine.values():
+            lines = [line for line in queue_log if details["requestID"] in line]
+            assert len(lines) >= len(details["taskIDs"]), (details, lines)
+            assert details["requestID"].startswith(f"phorge:{admin.username}:")
+        assert any(
+            "TASKQUEUE_TASK_FREED" in line and mine["free-by-filter"]["requestID"] in line
+            for line in queue_log
+        )
+    finally:
+        for task_id in made:
+            if (s.task(task_id) or {}).get("table") == "worker_activetask":
+                s.forget_task(task_id)
+        if "worker" not in s.gorge.daemons:
+            await start_worker(s)

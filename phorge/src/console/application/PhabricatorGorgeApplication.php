@@ -45,6 +45,7 @@ final class PhabricatorGorgeApplication extends PhabricatorApplication {
         '' => 'GorgeConsoleOverviewController',
         'tasks/' => 'GorgeConsoleTaskListController',
         'tasks/retry-class/' => 'GorgeConsoleTaskRetryClassController',
+        'tasks/filter/' => 'GorgeConsoleTaskFilterController',
         'task/(?P<verb>requeue|retry|cancel|free|priority)/(?P<id>[1-9]\d*)/'
           => 'GorgeConsoleTaskActionController',
         'webhooks/' => 'GorgeConsoleWebhookListController',

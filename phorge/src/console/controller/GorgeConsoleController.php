@@ -2,6 +2,9 @@
 
 abstract class GorgeConsoleController extends PhabricatorController {
 
+  // Calls one action on many tasks keeps open at once.
+  const PARALLEL_CALLS = 8;
+
   public function shouldRequireAdmin() {
     return true;
   }
@@ -50,12 +53,12 @@ abstract class GorgeConsoleController extends PhabricatorController {
   }
 
   protected function newBoxWithAction($title, $table, $action_label,
-    $action_uri) {
+    $action_uri, $icon = 'fa-repeat') {
     $button = id(new PHUIButtonView())
       ->setTag('a')
       ->setText($action_label)
       ->setHref($action_uri)
-      ->setIcon('fa-repeat');
+      ->setIcon($icon);
     $header = id(new PHUIHeaderView())
       ->setHeader($title)
       ->addActionLink($button);
@@ -128,6 +131,40 @@ abstract class GorgeConsoleController extends PhabricatorController {
       return (string)$priority;
     }
     return pht('%d (%s)', $priority, $name);
+  }
+
+  /**
+   * One call of $path per task, a few at a time, all under one request id
+   * (so one search of the daemon's log finds every line the action caused):
+   * the ids done, and the daemon's refusal of each other id.
+   */
+  protected function callEach(
+    GorgeDaemon $daemon,
+    $path,
+    array $bodies_by_id,
+    $request_id) {
+
+    $futures = array();
+    foreach ($bodies_by_id as $id => $body) {
+      $futures[$id] = $daemon
+        ->newFuture('POST', $path, array(), $body)
+        ->addHeader('X-Request-Id', $request_id);
+    }
+
+    $done = array();
+    $refused = array();
+    $iterator = id(new FutureIterator($futures))->limit(self::PARALLEL_CALLS);
+    foreach ($iterator as $id => $future) {
+      $answer = GorgeDaemonAnswer::newFromFuture($future);
+      if ($answer->isOK()) {
+        $done[] = $id;
+      } else {
+        $refused[$id] = $answer->describeFailure();
+      }
+    }
+    sort($done);
+    ksort($refused);
+    return array($done, $refused);
   }
 
   /**

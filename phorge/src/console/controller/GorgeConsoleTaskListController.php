@@ -55,6 +55,14 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
         number_format((int)$row['waiting']),
         number_format((int)$row['leased']),
         number_format((int)$row['failing']),
+        phutil_tag(
+          'a',
+          array(
+            'href' => $this->getFilterURI($row['taskClass']),
+            'class' => 'button button-grey small',
+            'data-gorge-action' => 'filter-'.$row['taskClass'],
+          ),
+          pht('Act on Class')),
       );
     }
     $table = id(new AphrontTableView($rows))
@@ -66,9 +74,27 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
           pht('Waiting'),
           pht('Leased'),
           pht('Failing'),
+          pht('Actions'),
         ))
-      ->setColumnClasses(array('wide pri', '', 'n', 'n', 'n'));
-    return $this->newBox(pht('Active Tasks by Class'), $table);
+      ->setColumnClasses(array('wide pri', '', 'n', 'n', 'n', 'action'));
+    return $this->newBoxWithAction(
+      pht('Active Tasks by Class'),
+      $table,
+      pht('Act by Filter'),
+      $this->getFilterURI(null),
+      'fa-filter');
+  }
+
+  /**
+   * Cancel, free or reprioritise by filter (GorgeConsoleTaskFilterController),
+   * with the class chosen already when one is given.
+   */
+  private function getFilterURI($class) {
+    $uri = new PhutilURI($this->getApplicationURI('tasks/filter/'));
+    if ($class !== null) {
+      $uri->replaceQueryParam('taskClass', $class);
+    }
+    return (string)$uri;
   }
 
   private function loadFailingTasks() {

@@ -11,7 +11,6 @@ final class GorgeConsoleTaskRetryClassController
 
   // One page of /api/queue/archived; the rest waits for the next round.
   const LIMIT = 500;
-  const PARALLEL = 8;
 
   public function handleRequest(AphrontRequest $request) {
     $viewer = $this->getViewer();
@@ -123,24 +122,12 @@ final class GorgeConsoleTaskRetryClassController
     $viewer = $this->getViewer();
     $request_id = GorgeDaemon::newActorRequestID($viewer);
 
-    $futures = array();
+    $bodies = array();
     foreach ($ids as $id) {
-      $futures[$id] = $queue
-        ->newFuture('POST', '/api/queue/retry', array(), array('taskID' => $id))
-        ->addHeader('X-Request-Id', $request_id);
+      $bodies[$id] = array('taskID' => $id);
     }
-
-    $retried = array();
-    $refused = array();
-    $iterator = id(new FutureIterator($futures))->limit(self::PARALLEL);
-    foreach ($iterator as $id => $future) {
-      $answer = GorgeDaemonAnswer::newFromFuture($future);
-      if ($answer->isOK()) {
-        $retried[] = $id;
-      } else {
-        $refused[$id] = $answer->describeFailure();
-      }
-    }
+    list($retried, $refused) = $this->callEach(
+      $queue, '/api/queue/retry', $bodies, $request_id);
 
     $this->logAction(
       array(
