@@ -15,8 +15,9 @@ from typing import Any
 
 from gorge.cli.apiclient import Refused, ServiceUnavailable
 from gorge.cli.doctor_grants import DDL, parse_grants
-from gorge.cli.doctor_report import Check, fail, ok, skip, warn
+from gorge.cli.doctor_report import OK, Check, fail, ok, skip, warn
 from gorge.cli.doctor_site import LIBRARY, TOKEN_PROBE, Daemon, PhorgeView
+from gorge.cli.doctor_version import check_version
 from gorge.config import ConfigError, MySQLSettings
 from gorge.webhook import silent as webhook_silent
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
@@ -86,9 +87,15 @@ def _webhook_against_phorge(site: Site, name: str) -> WebhookSettings | list[Che
 
 
 def check_daemons(site: Site) -> list[Check]:
+    """Each deployed daemon ready with its token, then (when it is) the API
+    version it speaks (gorge/cli/doctor_version.py)."""
+    library_needs = site.phorge.gorge_api_version if site.phorge is not None else None
     checks = []
     for daemon in site.daemons.values():
-        checks.append(_daemon(daemon, site.timeout))
+        ready = _daemon(daemon, site.timeout)
+        checks.append(ready)
+        if ready.status == OK:
+            checks.append(check_version(daemon, site.timeout, library_needs))
     for name in ("taskqueue", "worker"):
         if name not in site.daemons:
             checks.append(
@@ -125,20 +132,7 @@ def _daemon(daemon: Daemon, timeout: float) -> Check:
         )
     except Refused as e:
         return fail(name, f"refused the doctor's call: {e.message}", unit)
-    return ok(name, f"ready at {daemon.url}, service token accepted{_version(daemon, timeout)}")
-
-
-def _version(daemon: Daemon, timeout: float) -> str:
-    """``/version`` where the daemon has one (package version and start time)."""
-    try:
-        status, body = daemon.plain_get("/version", timeout)
-    except OSError:
-        return ""
-    if status != 200 or not isinstance(body, dict):
-        return ""
-    data = body.get("data", body)
-    version = data.get("version") if isinstance(data, dict) else None
-    return f", version {version}" if version else ""
+    return ok(name, f"ready at {daemon.url}, service token accepted")
 
 
 # -- Phorge's side ------------------------------------------------------------------

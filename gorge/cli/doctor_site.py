@@ -150,6 +150,8 @@ class PhorgeView:
     worker_execute: bool
     gorge_mailer: bool
     running_taskmasters: int
+    # GorgeDaemon::REQUIRED_API_VERSION when the library is loaded.
+    gorge_api_version: str | None = None
 
     @property
     def gorge_loaded(self) -> bool:
@@ -208,6 +210,9 @@ class PhorgeScript:
             worker_execute=bool(answer.get("workerExecute")),
             gorge_mailer=bool(answer.get("gorgeMailer")),
             running_taskmasters=int(answer.get("runningTaskmasters") or 0),
+            gorge_api_version=(
+                str(answer["gorgeApiVersion"]) if answer.get("gorgeApiVersion") else None
+            ),
         )
 
 

@@ -17,7 +17,8 @@
  * Phorge does not load).
  *
  * config: the settings the switch-over guide sets, the libraries Phorge
- * loaded, and the taskmaster daemons Phorge's daemon log says are running.
+ * loaded, the daemons' API version the gorge library needs, and the
+ * taskmaster daemons Phorge's daemon log says are running.
  *
  * webhook-canary: points the Herald webhook "gorge doctor canary" (made on
  * first use, administrators only) at the given URI, enables it, and creates
@@ -114,6 +115,10 @@ function gorge_doctor_config() {
     'workerExecute' => class_exists('GorgeWorkerExecuteConduitAPIMethod'),
     'gorgeMailer' => class_exists('GorgeMailAdapter'),
     'runningTaskmasters' => count($running),
+    // The daemons' API version the library needs (its setup check's rule).
+    'gorgeApiVersion' => class_exists('GorgeDaemon')
+      ? GorgeDaemon::REQUIRED_API_VERSION
+      : null,
   );
 }
 

@@ -10,6 +10,7 @@ the daemons' settings written into an env directory the way
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -116,6 +117,12 @@ async def test_a_switched_over_site_passes_with_its_canaries(doctored):
         "canary.mail",
     ):
         assert by_name[name]["status"] == "ok", explain(report)
+    # Each daemon's /api/<service>/version, held to this gorge's API and to
+    # the library's GorgeDaemon::REQUIRED_API_VERSION (read through Phorge).
+    for name in DAEMONS:
+        version = by_name[f"version.{name}"]
+        assert version["status"] == "ok", explain(report)
+        assert re.search(r", the library needs \d+\.\d+\.\d+\)$", version["detail"]), version
     # The test MariaDB account is an administrator's: allowed, and said.
     assert by_name["grants.taskqueue"]["status"] in ("ok", "warn")
     assert "signature verified" in by_name["canary.webhook"]["detail"]
