@@ -55,6 +55,16 @@ class WebhookMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30),
             registry=registry,
         )
+        # The cycle of a few hot hooks is POST, write, POST: this is the write
+        # part, seen from the delivery (docs/webhook.md, "Hot hooks").
+        self.write_seconds = Histogram(
+            "gorge_webhook_write_seconds",
+            "From an attempt's end to its result written (the write window, a wait"
+            " for a free lane, the statements), by whether the hook's next row waits",
+            ["next_waits"],
+            buckets=(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
+            registry=registry,
+        )
         self.retry_after = Counter(
             "gorge_webhook_retry_after",
             "Retry-After on 429/503 answers of retry=forever requests, by what it did",
@@ -83,6 +93,8 @@ class WebhookMetrics:
             self.claims.labels(result=result)
         for previous in ("sent", "failed"):
             self.replays.labels(previous=previous)
+        for waits in ("yes", "no"):
+            self.write_seconds.labels(next_waits=waits)
         for result in RETRY_AFTER_RESULTS:
             self.retry_after.labels(result=result)
 

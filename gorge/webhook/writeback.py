@@ -71,6 +71,7 @@ class WriteBack:
         self._clock = clock
         self._metrics = metrics
         self._summary = summary
+        self._batch_clock = batch_clock
         self._gone_hooks: set[str] = set()  # hooks whose 410 was logged (until a 2xx)
         self._writes: Coalescer[Outcome, tuple[int, bool]] = Coalescer(
             claims.finish_and_follow,
@@ -110,9 +111,13 @@ class WriteBack:
         written = Outcome(
             candidate, status, result, properties, follow=follow if attempt.ok else None
         )
+        started = self._batch_clock.seconds()
         answer = await self._write(candidate, lambda: self._writes.submit(written, urgent=urgent))
         if answer is None:
             return False
+        self._metrics.write_seconds.labels(next_waits="yes" if urgent else "no").observe(
+            self._batch_clock.seconds() - started
+        )
         changed, follow_won = answer
         if written.follow is not None and changed:
             # The next row's claim rode on this write: counted as any claim.

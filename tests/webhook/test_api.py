@@ -153,6 +153,7 @@ async def test_metrics_and_no_uri_or_key_in_logs(
     assert 'gorge_webhook_breaker_transitions_total{state="open"} 0.0' in text
     assert "gorge_webhook_open_breaker_rows 0.0" in text
     assert "gorge_webhook_delivery_seconds_count 2.0" in text
+    assert 'gorge_webhook_write_seconds_count{next_waits="no"} 2.0' in text
 
     logged = captured_log.rendered()
     assert "WEBHOOK_DELIVERED" in logged and "WEBHOOK_URI_REFUSED" in logged

@@ -83,6 +83,11 @@ async def test_each_post_of_a_hook_follows_the_written_result_of_the_one_before(
 
     assert herald.status_counts() == {"sent": 24}
     assert receiver.peak_per_hook == 1
+    # Each write a hook's next POST waited on is measured as such (all but a
+    # few: the last row of each hook, and rows taken in the first fill).
+    waited = harness.metric("gorge_webhook_write_seconds_count", next_waits="yes")
+    unwaited = harness.metric("gorge_webhook_write_seconds_count", next_waits="no")
+    assert waited + unwaited == 24 and waited >= 16, (waited, unwaited)
     for h in range(2):
         arrived = [
             (phid, statuses) for hook, phid, statuses in receiver.arrivals if hook == f"/h{h}"
