@@ -57,6 +57,12 @@ switch ($command) {
   case 'user-logs':
     $result = gorge_test_user_logs($args);
     break;
+  case 'console-queue-summary':
+    // The gorge console's Task Queue box, as the library reads it.
+    $result = array(
+      'rows' => GorgeConsoleOverviewController::loadQueueSummary(),
+    );
+    break;
   case 'lock-name':
     $result = array(
       'name' => PhabricatorGlobalLock::newLock(

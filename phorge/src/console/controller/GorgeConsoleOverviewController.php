@@ -121,24 +121,41 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
   }
 
   /**
-   * Phorge's own worker tables, which gorge-taskqueue serves: what waits,
-   * per class and priority, and how long the oldest has waited.
+   * Phorge's own worker tables, which gorge-taskqueue serves: per class and
+   * priority, what waits and since when, what is leased, what is delayed.
+   *
+   * "Waiting" is what gorge_taskqueue_oldest_waiting_seconds means
+   * (docs/taskqueue.md, "Queue age"): a lease call could hand the task out
+   * now, because it was never leased (no owner, no expiry) or its lease,
+   * yield, delay or retry wait ran out (leaseExpires < now). A task delayed
+   * into the future is not waiting yet. A never-leased task has waited since
+   * it was created, one whose leaseExpires passed since that time, but never
+   * from before it was created: Phorge's retry (unarchive) sets
+   * leaseExpires to 0.
    */
   public static function loadQueueSummary() {
     $task_table = new PhabricatorWorkerActiveTask();
+    $conn = $task_table->establishConnection('r');
     $now = PhabricatorTime::getNow();
+    $waiting = qsprintf(
+      $conn,
+      '((leaseOwner IS NULL AND leaseExpires IS NULL) OR leaseExpires < %d)',
+      $now);
     return queryfx_all(
-      $task_table->establishConnection('r'),
+      $conn,
       'SELECT taskClass, priority,
-          SUM(leaseOwner IS NULL OR leaseExpires < %d) waiting,
-          MIN(IF(leaseOwner IS NULL OR leaseExpires < %d,
-            dateCreated, NULL)) oldestWaiting,
+          SUM(%Q) waiting,
+          MIN(IF(%Q, GREATEST(dateCreated, COALESCE(leaseExpires, 0)), NULL))
+            oldestWaiting,
           SUM(leaseOwner IS NOT NULL AND leaseExpires >= %d) leased,
+          SUM(leaseOwner IS NULL AND leaseExpires >= %d) `delayed`,
+          COUNT(*) active,
           SUM(failureCount > 0) failing
         FROM %T
         GROUP BY taskClass, priority
         ORDER BY priority, taskClass',
-      $now,
+      $waiting,
+      $waiting,
       $now,
       $now,
       $task_table->getTableName());
@@ -153,6 +170,7 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
         number_format((int)$row['waiting']),
         $this->formatAge($row['oldestWaiting']),
         number_format((int)$row['leased']),
+        number_format((int)$row['delayed']),
         number_format((int)$row['failing']),
       );
     }
@@ -166,9 +184,10 @@ final class GorgeConsoleOverviewController extends GorgeConsoleController {
           pht('Waiting'),
           pht('Oldest Waiting'),
           pht('Leased'),
+          pht('Delayed'),
           pht('Failing'),
         ))
-      ->setColumnClasses(array('wide pri', '', 'n', '', 'n', 'n'));
+      ->setColumnClasses(array('wide pri', '', 'n', '', 'n', 'n', 'n'));
 
     return $this->newBox(pht('Task Queue'), $table);
   }

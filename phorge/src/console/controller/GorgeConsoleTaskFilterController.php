@@ -91,7 +91,7 @@ final class GorgeConsoleTaskFilterController
     $classes = array();
     foreach (GorgeConsoleOverviewController::loadQueueSummary() as $row) {
       $name = $row['taskClass'];
-      $count = (int)$row['waiting'] + (int)$row['leased'];
+      $count = (int)$row['active'];
       $classes[$name] = idx($classes, $name, 0) + $count;
     }
     if (!$classes) {

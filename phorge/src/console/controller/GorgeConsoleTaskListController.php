@@ -54,6 +54,7 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
         self::getPriorityBand($row['priority']),
         number_format((int)$row['waiting']),
         number_format((int)$row['leased']),
+        number_format((int)$row['delayed']),
         number_format((int)$row['failing']),
         phutil_tag(
           'a',
@@ -73,10 +74,11 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
           pht('Priority'),
           pht('Waiting'),
           pht('Leased'),
+          pht('Delayed'),
           pht('Failing'),
           pht('Actions'),
         ))
-      ->setColumnClasses(array('wide pri', '', 'n', 'n', 'n', 'action'));
+      ->setColumnClasses(array('wide pri', '', 'n', 'n', 'n', 'n', 'action'));
     return $this->newBoxWithAction(
       pht('Active Tasks by Class'),
       $table,
