@@ -12,8 +12,9 @@ is over), never from this host's clock:
 
 * at the defaults (the worker's heartbeat and heartbeat lease, the queue's
   7,200 s lease for others), once a heartbeat has renewed them, every lease
-  the dead worker held runs out at most two minutes after the kill. Rather than wait that out, the test moves
-  those rows' ``leaseExpires`` back by the time left, as the database's
+  the dead worker held runs out at most two minutes after the kill. Rather
+  than wait that out, the test moves those rows' ``leaseExpires`` back by
+  the time left, as the database's
   clock reaching the last of them would; a second worker, at the defaults
   too, then runs each task once;
 * with a 5 s heartbeat lease nothing is moved: the second worker (at the
