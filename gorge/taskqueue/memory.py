@@ -219,7 +219,7 @@ class MemoryTaskStore:
             if t.lease_owner is None and t.lease_expires is None
         ]
         heads += [
-            (t.task_class, t.priority, t.lease_expires)
+            (t.task_class, t.priority, max(t.lease_expires, t.date_created))
             for t in self._active.values()
             if t.lease_expires is not None and t.lease_expires < now
         ]

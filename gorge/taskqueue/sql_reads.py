@@ -55,8 +55,10 @@ WAITING_HEAD = (
     "SELECT taskClass, priority, dateCreated, leaseExpires FROM worker_activetask"
     " WHERE leaseOwner IS NULL AND priority = %s ORDER BY id LIMIT %s"
 )
+# Waiting since the expiry, never since before the task was created: a retry
+# (Phorge's unarchive) sets leaseExpires to 0.
 DUE_AGAIN_HEAD = (
-    "SELECT taskClass, priority, leaseExpires FROM worker_activetask"
+    "SELECT taskClass, priority, GREATEST(leaseExpires, dateCreated) FROM worker_activetask"
     " WHERE leaseExpires < %s ORDER BY leaseExpires LIMIT %s"
 )
 # What held lease calls watch: the primary key's last entry (Phorge's own

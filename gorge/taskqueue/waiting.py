@@ -3,7 +3,8 @@
 A task is waiting when a lease call could hand it out now: never leased
 (``leaseOwner`` and ``leaseExpires`` NULL), or its lease, yield or retry
 wait ran out (``leaseExpires < now``). It has waited since it was created,
-or since its ``leaseExpires`` passed: a task failing and retrying starts
+or since its ``leaseExpires`` passed if that came later (a retried task's
+``leaseExpires`` is 0, as Phorge's unarchive writes it): a task failing and retrying starts
 waiting again from its retry time, as a job a queue re-enqueues does.
 
 Reading the whole backlog on every stats loop would cost as much as the

@@ -110,6 +110,28 @@ async def test_the_memory_model_reads_them_too(clock):
     assert await _scenario(MemoryTaskStore(clock), clock) == EXPECTED
 
 
+async def _retried(store, clock) -> list[dict]:
+    task = await store.enqueue(EnqueueRequest("Retried", "{}"))
+    await store.cancel(task.id)
+    clock.advance(50)
+    retried = await store.retry(task.id, False)
+    assert retried.lease_expires == 0  # Phorge's unarchive: leasable at once
+    return (await store.oldest_waiting()).to_json()
+
+
+@pytest.mark.integration
+@pytest_twisted.ensureDeferred
+async def test_a_retried_task_has_waited_since_it_was_created_not_since_1970(
+    backend_store, clock
+):
+    assert await _retried(backend_store, clock) == [_row("Retried", "default", 50)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_retried_task_in_the_memory_model_too(clock):
+    assert await _retried(MemoryTaskStore(clock), clock) == [_row("Retried", "default", 50)]
+
+
 @pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_only_the_heads_of_the_queue_are_read(backend_store, clock, monkeypatch):

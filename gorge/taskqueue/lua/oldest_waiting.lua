@@ -20,8 +20,14 @@ for _ = 1, most do
 end
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now,
                               'LIMIT', 0, rows)) do
-  local f = redis.call('HMGET', task_key(m), 'taskClass', 'priority', 'leaseExpires')
-  if f[1] and f[3] and f[3] ~= '' and tonumber(f[3]) < now then out[#out + 1] = f end
+  local f = redis.call('HMGET', task_key(m), 'taskClass', 'priority', 'leaseExpires',
+                       'dateCreated')
+  if f[1] and f[3] and f[3] ~= '' and tonumber(f[3]) < now then
+    -- Waiting since the expiry, never since before the task was created: a
+    -- retry (Phorge's unarchive) sets leaseExpires to 0.
+    local since = math.max(tonumber(f[3]), tonumber(f[4]) or 0)
+    out[#out + 1] = {f[1], f[2], tostring(since)}
+  end
 end
 if #out == 0 then return '[]' end
 return cjson.encode(out)
