@@ -40,7 +40,7 @@ from gorge.taskqueue.requests import (
     field,
     id_list,
     int_field,
-    is_int,
+    int_list,
     lease_seconds_field,
     not_found,
     page,
@@ -344,12 +344,11 @@ class TaskQueueApi:
     @app.route("/api/queue/renew", methods=["POST"])
     async def renew(self, request):
         body = read_json_object(request)
-        pairs = parse_leases(body, fence_owner(request, body))
+        # Without an owner (or an empty one), the one a lease call without
+        # one was given: a caller that leased without naming itself renews
+        # what it leased, as the same call always means the same owner.
+        pairs = parse_leases(body, self._owner(request, body))
         for _, owner in pairs:
-            if owner is None:
-                raise bad_request(
-                    "leaseOwner is required (X-Lease-Owner header or leaseOwner field)"
-                )
             if owner == YIELD_OWNER:
                 raise bad_request(f"leaseOwner {YIELD_OWNER} holds no lease")
         limit = self._settings.lease_duration
@@ -394,10 +393,11 @@ class TaskQueueApi:
         ids = field(body, "taskIDs")
         if ids is MISSING or ids == []:
             raise bad_request("taskIDs is required")
-        if not isinstance(ids, list) or not all(is_int(i) for i in ids):
+        numbers = int_list(ids)
+        if numbers is None:
             raise bad_request("taskIDs must be a list of integers")
         # Ids outside the column's range cannot name a task; drop them here.
-        ids = [i for i in ids if 0 < i <= UINT32_MAX]
+        ids = [i for i in numbers if 0 < i <= UINT32_MAX]
         count = await self._call("awaken", self._store.awaken(ids)) if ids else 0
         if count:
             self._waiters.notify()

@@ -26,7 +26,7 @@ from gorge.taskqueue.model import (
     Report,
 )
 from gorge.taskqueue.wakeup import MAX_WAIT
-from gorge.web.envelope import ApiError
+from gorge.web.envelope import ApiError, json_integer
 
 INT64_MAX = 2**63 - 1
 MISSING = object()
@@ -40,9 +40,14 @@ def not_found() -> ApiError:
     return ApiError(404, "ERR_NOT_FOUND", "task not found")
 
 
-def is_int(value: Any) -> bool:
-    # bool is an int subclass; JSON true must not pass as 1.
-    return isinstance(value, int) and not isinstance(value, bool)
+def int_list(value: Any) -> list[int] | None:
+    """A JSON list of integers (``7.0`` counts, ``true`` does not), or None."""
+    if not isinstance(value, list):
+        return None
+    numbers = [json_integer(item) for item in value]
+    if any(number is None for number in numbers):
+        return None
+    return [number for number in numbers if number is not None]
 
 
 def field(body: dict, key: str) -> Any:
@@ -56,7 +61,8 @@ def int_field(
     value = field(body, key)
     if value is MISSING:
         return default
-    if not is_int(value):
+    value = json_integer(value)
+    if value is None:
         raise bad_request(f"{key} must be an integer")
     if minimum is not None and value < minimum:
         raise bad_request(f"{key} must be >= {minimum}")
@@ -78,7 +84,8 @@ def task_id_field(body: dict) -> int:
     value = field(body, "taskID")
     if value is MISSING:
         raise bad_request("taskID is required")
-    if not is_int(value):
+    value = json_integer(value)
+    if value is None:
         raise bad_request("taskID must be an integer")
     if value <= 0:
         raise bad_request("taskID is required")
@@ -92,17 +99,22 @@ def id_list(body: dict, key: str, maximum: int = MAX_LEASE_LIMIT) -> list[int]:
     ids = field(body, key)
     if ids is MISSING or ids == []:
         raise bad_request(f"{key} is required")
-    if not isinstance(ids, list) or not all(is_int(i) for i in ids):
+    numbers = int_list(ids)
+    if numbers is None:
         raise bad_request(f"{key} must be a list of integers")
-    if len(ids) > maximum:
+    if len(numbers) > maximum:
         raise bad_request(f"{key} must have at most {maximum} ids")
-    return ids
+    return numbers
 
 
 def phid_field(body: dict, key: str) -> str | None:
     value = str_field(body, key, "")
-    if len(value.encode("utf-8")) > MAX_PHID_BYTES:
-        raise bad_request(f"{key} must be at most {MAX_PHID_BYTES} bytes")
+    # The column is VARBINARY(64). A PHID is ASCII, so the limit is one a
+    # document can state exactly (characters, not bytes of some encoding).
+    if not value.isascii():
+        raise bad_request(f"{key} must be ASCII (a PHID)")
+    if len(value) > MAX_PHID_BYTES:
+        raise bad_request(f"{key} must be at most {MAX_PHID_BYTES} characters")
     return value or None
 
 
@@ -299,9 +311,10 @@ def lease_seconds_field(body: dict, limit: int) -> int:
     value = field(body, "leaseDuration")
     if value is MISSING:
         return limit
-    if not is_int(value) or value < 1:
+    seconds = json_integer(value)
+    if seconds is None or seconds < 1:
         raise bad_request("leaseDuration must be a positive integer (seconds)")
-    return min(value, limit)
+    return min(seconds, limit)
 
 
 def parse_leases(body: dict, default: str | None) -> list[tuple[int, str | None]]:
@@ -317,7 +330,8 @@ def parse_leases(body: dict, default: str | None) -> list[tuple[int, str | None]
         raise bad_request(f"leases must have at most {MAX_LEASE_LIMIT} entries")
     pairs: list[tuple[int, str | None]] = []
     for item in leases:
-        if not isinstance(item, dict) or not is_int(item.get("taskID")):
+        task_id = json_integer(item.get("taskID")) if isinstance(item, dict) else None
+        if task_id is None:
             raise bad_request("each lease must be an object with an integer taskID")
-        pairs.append((item["taskID"], entry_owner(item, default)))
+        pairs.append((task_id, entry_owner(item, default)))
     return pairs

@@ -135,6 +135,21 @@ def add_error_handlers(app: Klein) -> None:
         return render_failure(request, failure)
 
 
+def json_integer(value: Any) -> int | None:
+    """A JSON number that is an integer, as JSON Schema counts one: ``7`` and
+    ``7.0`` alike (JSON does not tell them apart, and a client's encoder may
+    write either); None for anything else (a fraction, a bool, a string).
+    The documents type these fields ``integer``, so the server must take what
+    that type admits."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def read_json_object(request: PlainRequest) -> dict:
     """The request body as a JSON object, or a 400 that says what is wrong."""
     raw = request.content.read() if request.content is not None else b""

@@ -88,8 +88,9 @@ BAD_ENQUEUES = [
     ({"taskClass": "X", "priority": -1}, "priority must be >= 0"),
     ({"taskClass": "X", "priority": UINT32_MAX + 1}, f"priority must be <= {UINT32_MAX}"),
     ({"taskClass": "X", "objectPHID": 7}, "objectPHID must be a string"),
-    ({"taskClass": "X", "objectPHID": "P" * 65}, "objectPHID must be at most 64 bytes"),
-    ({"taskClass": "X", "containerPHID": "é" * 33}, "containerPHID must be at most 64 bytes"),
+    ({"taskClass": "X", "objectPHID": "P" * 65}, "objectPHID must be at most 64 characters"),
+    ({"taskClass": "X", "containerPHID": "é" * 33}, "containerPHID must be ASCII (a PHID)"),
+    ({"taskClass": "X", "objectPHID": "PHID-é"}, "objectPHID must be ASCII (a PHID)"),
     ({"taskClass": "X", "delayUntil": -5}, "delayUntil must be >= 0"),
     ({"taskClass": "X", "delayUntil": UINT32_MAX + 1}, f"delayUntil must be <= {UINT32_MAX}"),
 ]
@@ -185,7 +186,7 @@ async def test_lease_limit_is_clamped_and_classes_filter(client):
         ({"taskID": 0}, "taskID is required"),
         ({"taskID": -4}, "taskID is required"),
         ({"taskID": "1"}, "taskID must be an integer"),
-        ({"taskID": 1.0}, "taskID must be an integer"),
+        ({"taskID": 1.5}, "taskID must be an integer"),
         ({"taskID": True}, "taskID must be an integer"),
     ],
 )
@@ -196,6 +197,20 @@ async def test_result_endpoints_validate_task_id(client, path, body, message):
     assert (code, answer) == (400, {"error": {"code": "ERR_BAD_REQUEST", "message": message}})
     code, answer = await client.get("tasks/1")
     assert answer["data"]["failureCount"] == 0 and "leaseOwner" not in answer["data"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_integer_written_with_a_fraction_of_zero_is_that_integer(client):
+    """JSON does not tell 2 from 2.0, and the OpenAPI document types these
+    fields integer, which admits both: each names the same number."""
+    await enqueue(client, priority=1000.0, delayUntil=T0 + 60.0)
+    task = (await client.get("tasks/1"))[1]["data"]
+    assert (task["priority"], task["leaseExpires"]) == (1000, T0 + 60)
+    assert (await client.post("priority", {"taskID": 1.0, "priority": 7.0}))[0] == 200
+    assert (await client.post("awaken", {"taskIDs": [1.0]}))[0] == 200
+    code, answer = await client.post("cancel", {"taskID": 1.0})
+    assert (code, answer["data"]["id"], answer["data"]["priority"]) == (200, 1, 7)
+    assert client.last_body.startswith(b'{"data":{"id":1,')
 
 
 @pytest.mark.parametrize(

@@ -281,7 +281,7 @@ BAD = [
     ),
     (
         {"followups": [{"taskClass": "A", "objectPHID": "P" * 65}]},
-        "followups[0]: objectPHID must be at most 64 bytes",
+        "followups[0]: objectPHID must be at most 64 characters",
     ),
     (
         {"followups": [{"taskClass": "A", "containerPHID": 3}]},
@@ -379,13 +379,14 @@ async def test_followups_over_http_single_and_batched(backend_store, clock):
 
 # -- the parser, for every input ---------------------------------------------
 
+_ASCII = st.characters(max_codepoint=127)
 _VALID = st.fixed_dictionaries(
     {"taskClass": st.text(min_size=1, max_size=64)},
     optional={
         "data": st.one_of(st.none(), st.text()),
         "priority": st.one_of(st.none(), st.integers(0, 2**32 - 1)),
-        "objectPHID": st.one_of(st.none(), st.text(max_size=16)),
-        "containerPHID": st.one_of(st.none(), st.text(max_size=16)),
+        "objectPHID": st.one_of(st.none(), st.text(_ASCII, max_size=64)),
+        "containerPHID": st.one_of(st.none(), st.text(_ASCII, max_size=64)),
         "delayUntil": st.one_of(st.none(), st.integers(0, 2**32 - 1)),
     },
 )

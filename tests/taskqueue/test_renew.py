@@ -97,7 +97,6 @@ async def test_renew_over_http(client, clock):
 
 
 BAD_RENEWALS = [
-    ({"taskIDs": [1]}, {}, "leaseOwner is required (X-Lease-Owner header or leaseOwner field)"),
     ({"taskIDs": []}, {"X-Lease-Owner": OWNER}, "taskIDs is required"),
     ({}, {"X-Lease-Owner": OWNER}, "taskIDs is required"),
     ({"taskIDs": [1, "2"]}, {"X-Lease-Owner": OWNER}, "taskIDs must be a list of integers"),
@@ -113,11 +112,6 @@ BAD_RENEWALS = [
         "each lease must be an object with an integer taskID",
     ),
     ({"leases": []}, {}, "leases must be a non-empty list of {taskID, leaseOwner} objects"),
-    (
-        {"leases": [{"taskID": 1}]},
-        {},
-        "leaseOwner is required (X-Lease-Owner header or leaseOwner field)",
-    ),
     (
         {"leases": [{"taskID": 1, "leaseOwner": "x" * 65}]},
         {},
@@ -143,6 +137,31 @@ async def test_bad_renewal_is_400_and_changes_nothing(client, body, headers, mes
         {"error": {"code": "ERR_BAD_REQUEST", "message": message}},
     )
     assert (await client.get("tasks/1"))[1]["data"]["leaseExpires"] == T0 + 600
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_renewal_without_an_owner_renews_what_a_lease_without_one_took(client, clock):
+    """No owner (or an empty one) is the owner a lease call without one is
+    given, on lease and renew alike, so neither refuses what the other takes."""
+    for _ in range(2):
+        await client.post("enqueue", {"taskClass": "A"})
+    leased = (await client.post("lease", {"limit": 1}))[1]["data"][0]
+    assert leased["leaseOwner"].endswith(":gorge-taskqueue")
+    await client.post("lease", {"limit": 1}, headers={"X-Lease-Owner": OWNER})
+    clock.advance(100)
+    for body, headers in (
+        ({"taskIDs": [1, 2]}, {}),
+        ({"taskIDs": [1, 2], "leaseOwner": ""}, {"X-Lease-Owner": ""}),
+        ({"leases": [{"taskID": 1}, {"taskID": 2, "leaseOwner": ""}]}, {}),
+    ):
+        code, answer = await client.post("renew", body, headers=headers)
+        assert code == 200
+        assert [(e["taskID"], e["status"]) for e in answer["data"]] == [
+            (1, "renewed"),
+            (2, "lost"),
+        ]
+        if "leases" in body:
+            assert {e["leaseOwner"] for e in answer["data"]} == {leased["leaseOwner"]}
 
 
 @pytest_twisted.ensureDeferred
