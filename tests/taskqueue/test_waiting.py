@@ -121,9 +121,7 @@ async def _retried(store, clock) -> list[dict]:
 
 @pytest.mark.integration
 @pytest_twisted.ensureDeferred
-async def test_a_retried_task_has_waited_since_it_was_created_not_since_1970(
-    backend_store, clock
-):
+async def test_a_retried_task_has_waited_since_it_was_created_not_since_1970(backend_store, clock):
     assert await _retried(backend_store, clock) == [_row("Retried", "default", 50)]
 
 
