@@ -69,6 +69,29 @@ def _attempt(item: Mapping[str, Any]) -> str:
     return utc_time(item["lastRequestEpoch"]) if item["lastRequestEpoch"] else "-"
 
 
+def _stats_text(data: dict) -> str:
+    """The answering replica's figures, the site's beside them (a daemon
+    older than the site figures answers without them)."""
+    site = data.get("site")
+    if not isinstance(site, dict):
+        return (
+            f"queued  {data['queuedCount']}\n"
+            f"sent    {data['sentCount']}\n"
+            f"failed  {data['failedCount']}\n"
+            f"hooks   {data['activeWebhooks']} not disabled\n"
+        )
+    rows = [
+        ("", "REPLICA", "SITE"),
+        ("queued", data["queuedCount"], site["queuedCount"]),
+        ("sent", data["sentCount"], site["sentCount"]),
+        ("failed", data["failedCount"], site["failedCount"]),
+        ("hooks", data["activeWebhooks"], site["activeWebhooks"]),
+    ]
+    lines = [f"{name:<8}{str(mine):<9}{theirs}".rstrip() for name, mine, theirs in rows]
+    lines.append(f"(hooks: not disabled; site counted {site['ageSeconds']:g} s ago)")
+    return "\n".join(lines) + "\n"
+
+
 class Command(BaseCommand):
     """One run of ``gorge webhook``."""
 
@@ -76,15 +99,7 @@ class Command(BaseCommand):
 
     def stats(self) -> None:
         data = self.http.get("stats")
-        self.emit(
-            data,
-            lambda: self.out.write(
-                f"queued  {data['queuedCount']}\n"
-                f"sent    {data['sentCount']}\n"
-                f"failed  {data['failedCount']}\n"
-                f"hooks   {data['activeWebhooks']} not disabled\n"
-            ),
-        )
+        self.emit(data, lambda: self.out.write(_stats_text(data)))
 
     def ls(self) -> None:
         args = self.args

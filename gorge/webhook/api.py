@@ -17,6 +17,7 @@ from gorge.web.openapi import OpenApiDocument
 from gorge.webhook.deliverylog import DeliveryLog, NotReplayable
 from gorge.webhook.observation import Stats
 from gorge.webhook.rows import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, RESULT_OKAY, SENT
+from gorge.webhook.sitecounts import SiteCounter
 
 PREFIX = "/api/webhook/"
 
@@ -108,9 +109,10 @@ def _json_int(body: dict, name: str, default: int | None, minimum: int, maximum:
 class WebhookApi:
     app = Klein()
 
-    def __init__(self, store: StatsSource, deliveries: DeliveryLog) -> None:
+    def __init__(self, store: StatsSource, deliveries: DeliveryLog, site: SiteCounter) -> None:
         self._store = store
         self._log = deliveries
+        self._site = site
         self._openapi = OpenApiDocument(__package__)
 
     @app.route("/api/webhook/openapi.json", methods=["GET"], strict_slashes=True)
@@ -121,6 +123,9 @@ class WebhookApi:
     async def stats(self, request) -> bytes:
         # A database failure propagates to the catch-all: opaque 500, cause in the log.
         counts = await self._store.stats()
+        # The site's figures beside this replica's: the top level stays what
+        # it always was, so whatever reads it reads the same.
+        site = await self._site.read()
         return ok(
             request,
             {
@@ -128,6 +133,14 @@ class WebhookApi:
                 "sentCount": counts.sent,
                 "failedCount": counts.failed,
                 "activeWebhooks": counts.active_hooks,
+                "site": {
+                    "queuedCount": site.queued,
+                    "sentCount": site.sent,
+                    "failedCount": site.failed,
+                    "activeWebhooks": site.active_hooks,
+                    "asOf": site.as_of,
+                    "ageSeconds": round(self._site.age(site), 3),
+                },
             },
         )
 

@@ -30,6 +30,7 @@ from gorge.webhook.hooklock import HookLocks
 from gorge.webhook.metrics import BacklogAge, WebhookMetrics
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 from gorge.webhook.silent import SilentMode
+from gorge.webhook.sitecounts import SiteCounter
 from gorge.webhook.store import WebhookStore
 from gorge.webhook.transport import Transport
 from gorge.webhook.uripolicy import Resolver, UriPolicy, system_resolver
@@ -161,7 +162,8 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         " breaker_window={window} database={database} store={store}"
         " outbound_blacklist={blacklist} standard_headers={standard_headers}"
         " retry_after_max={retry_after_max} silent_from={silent_from}"
-        " silent_recheck={silent_recheck} hook_lock={hook_lock}",
+        " silent_recheck={silent_recheck} hook_lock={hook_lock}"
+        " site_stats_max_age={site_stats_max_age}",
         poll_ms=int(settings.poll_interval * 1000),
         max_concurrent=settings.max_concurrent,
         timeout=settings.delivery_timeout,
@@ -178,6 +180,7 @@ def log_effective_settings(settings: WebhookSettings, engine: str) -> None:
         silent_from=",".join(settings.silent_from) or "none",
         silent_recheck=settings.silent_recheck,
         hook_lock=settings.hook_lock,
+        site_stats_max_age=settings.site_stats_max_age,
     )
     # The loader's warnings; the combination remarks again for settings built
     # another way (a demo, a test), once each.
@@ -281,7 +284,11 @@ def build_webhook_service(
         breaker_window=settings.breaker_window,
     )
     site = build_site(
-        api_resource=WebhookApi(store.observation, deliveries).resource(),
+        api_resource=WebhookApi(
+            store.observation,
+            deliveries,
+            SiteCounter(store.db, clock, max_age=settings.site_stats_max_age),
+        ).resource(),
         prefix=PREFIX,
         token=settings.http.token,
         body_limit=settings.http.body_limit,

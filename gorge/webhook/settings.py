@@ -108,6 +108,8 @@ def parse_silent_from(text: str | None, phorge_root: str) -> tuple[str, ...]:
 # with CPU to spare: bench/webhook.py (2,000 rows over 50 hooks) delivered
 # 470-510/s at 8 and 700-920/s at 16. A hook still has at most one.
 DEFAULT_MAX_CONCURRENT = 16
+# A count by status reads Phorge's whole delivery history (sitecounts.py).
+DEFAULT_SITE_STATS_MAX_AGE = 30
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ class WebhookSettings:
     # without "_herald"), and whether the per-hook lock is taken (hooklock.py).
     namespace: str = ""
     hook_lock: bool = True
+    # The longest a site-wide count in ``stats`` is reused (sitecounts.py).
+    site_stats_max_age: int = DEFAULT_SITE_STATS_MAX_AGE
     # GORGE_WEBHOOK_MYSQL_TOPOLOGY_FILE: Phorge's cluster.databases, which
     # ``mysql`` was resolved from and is read again on SIGHUP.
     topology: TopologySource | None = None
@@ -239,6 +243,9 @@ def load_webhook_settings(
         phorge_root=phorge_root,
         namespace=namespace,
         hook_lock=env.bool("GORGE_WEBHOOK_HOOK_LOCK", True),
+        site_stats_max_age=env.int(
+            "GORGE_WEBHOOK_SITE_STATS_MAX_AGE_SEC", DEFAULT_SITE_STATS_MAX_AGE, min=1
+        ),
         topology=topology,
     )
     # Legacy names (collected by every getter above), then the combinations

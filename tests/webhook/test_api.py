@@ -9,6 +9,7 @@ import treq
 from twisted.internet import reactor
 
 from gorge.config import HttpSettings
+from tests.webhook.conftest import T0
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,11 @@ async def test_stats_and_hooks_with_token(herald, make_harness, listen):
 
     code, body, headers = await get(base + "/api/webhook/stats", headers=auth)
     assert code == 200
-    assert body == b'{"data":{"queuedCount":3,"sentCount":2,"failedCount":1,"activeWebhooks":1}}'
+    assert body == (
+        b'{"data":{"queuedCount":3,"sentCount":2,"failedCount":1,"activeWebhooks":1,'
+        b'"site":{"queuedCount":3,"sentCount":2,"failedCount":1,"activeWebhooks":1,'
+        b'"asOf":%d,"ageSeconds":0.0}}}' % T0
+    )
     assert headers.getRawHeaders("content-type") == ["application/json"]
 
     code, body, _ = await get(base + "/api/webhook/hooks", headers=auth)
