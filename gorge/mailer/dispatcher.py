@@ -27,6 +27,8 @@ from gorge.mailer.outcome import Kind, Outcome
 log = Logger()
 
 MESSAGE_LIMIT = 2048
+#: mailerKeys names only mailers this daemon does not have.
+UNKNOWN_MAILER = "ERR_UNKNOWN_MAILER"
 
 
 @dataclass(frozen=True)
@@ -267,8 +269,15 @@ class Dispatcher:
         if not self.backends:
             return send_failed("no mailers configured")
         if not self.candidates(mailer_keys):
+            # The caller's request names nothing this daemon has: asking
+            # again cannot help, so not ERR_SEND_FAILED, which invites a retry.
             shown = ", ".join(k[:64] for k in list(mailer_keys or ())[:20])
-            return send_failed(f"no matching mailers for keys: [{shown}]")
+            return Answer(
+                422,
+                UNKNOWN_MAILER,
+                f"mailerKeys names no configured mailer: [{shown}]; use keys that "
+                "GET /api/mailer/mailers lists, or leave mailerKeys out to use any",
+            )
         return None
 
     def start(

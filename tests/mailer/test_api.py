@@ -157,10 +157,13 @@ def _returning(outcome):
 
 
 @pytest_twisted.ensureDeferred
-async def test_unknown_mailer_keys_are_502(harness):
+async def test_unknown_mailer_keys_are_422_saying_what_to_fix(harness):
     status, doc = await harness.send(mailerKeys=["nope", "other"])
-    assert status == 502 and doc["error"]["code"] == "ERR_SEND_FAILED"
-    assert "no matching mailers for keys" in doc["error"]["message"]
+    assert (status, doc["error"]["code"]) == (422, "ERR_UNKNOWN_MAILER")
+    assert doc["error"]["message"].startswith(
+        "mailerKeys names no configured mailer: [nope, other]; use keys that "
+        "GET /api/mailer/mailers lists"
+    )
     assert all(b.attempts == 0 for b in harness.backends.values())
 
 

@@ -86,10 +86,14 @@ def test_mailer_keys_narrow_without_reordering():
     assert run(d, ["b"]).mailer_key == "b" and a.calls == 1
 
 
-def test_unknown_keys_and_no_backends_are_send_failed():
+def test_unknown_keys_are_refused_and_no_backends_is_send_failed():
     answer = run(dispatcher([Scripted("a")]), ["x", "y"])
-    assert (answer.status, answer.code) == (502, "ERR_SEND_FAILED")
-    assert "no matching mailers for keys: [x, y]" == answer.message
+    assert (answer.status, answer.code, answer.message) == (
+        422,
+        "ERR_UNKNOWN_MAILER",
+        "mailerKeys names no configured mailer: [x, y]; use keys that "
+        "GET /api/mailer/mailers lists, or leave mailerKeys out to use any",
+    )
     answer = run(dispatcher([]))
     assert (answer.status, answer.code, answer.message) == (
         502,
