@@ -11,8 +11,9 @@ import re
 from typing import Any, Protocol
 
 from klein import Klein
+from werkzeug.routing import BaseConverter
 
-from gorge.web.envelope import ApiError, add_error_handlers, ok, read_json_object
+from gorge.web.envelope import ApiError, add_error_handlers, json_integer, ok, read_json_object
 from gorge.web.openapi import OpenApiDocument
 from gorge.webhook.deliverylog import DeliveryLog, NotReplayable
 from gorge.webhook.observation import Stats
@@ -99,15 +100,26 @@ def _json_int(body: dict, name: str, default: int | None, minimum: int, maximum:
     value = body.get(name, default)
     if value is None:
         raise _bad(f"{name}: required")
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = json_integer(value)
+    if number is None:
         raise _bad(f"{name}: must be an integer, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise _bad(f"{name}: must be between {minimum} and {maximum}, got {value}")
-    return value
+    if not minimum <= number <= maximum:
+        raise _bad(f"{name}: must be between {minimum} and {maximum}, got {number}")
+    return number
+
+
+class RequestRef(BaseConverter):
+    """One path segment naming a request, never ``retry``: that is the range
+    replay's own path, so ``GET /requests/retry`` is a wrong method (405,
+    ``Allow: POST``) rather than a look-up of a request called "retry"."""
+
+    regex = r"(?!retry$)[^/]+"
 
 
 class WebhookApi:
     app = Klein()
+    # Set before any route binds to the map.
+    app.url_map.converters["ref"] = RequestRef
 
     def __init__(self, store: StatsSource, deliveries: DeliveryLog, site: SiteCounter) -> None:
         self._store = store
@@ -196,14 +208,14 @@ class WebhookApi:
             ),
         )
 
-    @app.route("/api/webhook/requests/<ref>", methods=["GET"], strict_slashes=True)
+    @app.route("/api/webhook/requests/<ref:ref>", methods=["GET"], strict_slashes=True)
     async def show_request(self, request, ref: str) -> bytes:
         found = await self._log.show(_request_ref(ref))
         if found is None:
             raise _not_found(ref)
         return ok(request, found)
 
-    @app.route("/api/webhook/requests/<ref>/retry", methods=["POST"], strict_slashes=True)
+    @app.route("/api/webhook/requests/<ref:ref>/retry", methods=["POST"], strict_slashes=True)
     async def retry_request(self, request, ref: str) -> bytes:
         target = _request_ref(ref)
         raw = request.content.read() if request.content is not None else b""
