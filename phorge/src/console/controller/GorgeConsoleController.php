@@ -85,6 +85,16 @@ abstract class GorgeConsoleController extends PhabricatorController {
       PHUIInfoView::SEVERITY_NOTICE);
   }
 
+  /**
+   * The dialog of an action whose daemon is not named in gorge.daemons.
+   */
+  protected function newNotConfiguredDialog($name, $action, $done_uri) {
+    return $this->newDialog()
+      ->setTitle(pht('gorge-%s Is Not Configured', $name))
+      ->appendParagraph(pht('Name it in gorge.daemons to %s here.', $action))
+      ->addCancelButton($done_uri);
+  }
+
   protected function newDaemonFailure($daemon, GorgeDaemonAnswer $answer) {
     return $this->newNotice(
       pht('%s Did Not Answer', $daemon->getDisplayName()),

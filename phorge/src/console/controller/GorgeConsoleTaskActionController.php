@@ -15,11 +15,8 @@ final class GorgeConsoleTaskActionController extends GorgeConsoleController {
 
     $queue = GorgeDaemon::loadDaemon(GorgeDaemon::TASKQUEUE);
     if (!$queue) {
-      return $this->newDialog()
-        ->setTitle(pht('gorge-taskqueue Is Not Configured'))
-        ->appendParagraph(
-          pht('Name it in gorge.daemons to act on tasks here.'))
-        ->addCancelButton($done_uri);
+      return $this->newNotConfiguredDialog(
+        'taskqueue', pht('act on tasks'), $done_uri);
     }
 
     $errors = array();

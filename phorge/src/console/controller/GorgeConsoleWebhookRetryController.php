@@ -13,11 +13,8 @@ final class GorgeConsoleWebhookRetryController
 
     $webhook = GorgeDaemon::loadDaemon(GorgeDaemon::WEBHOOK);
     if (!$webhook) {
-      return $this->newDialog()
-        ->setTitle(pht('gorge-webhook Is Not Configured'))
-        ->appendParagraph(
-          pht('Name it in gorge.daemons to retry requests here.'))
-        ->addCancelButton($done_uri);
+      return $this->newNotConfiguredDialog(
+        'webhook', pht('retry requests'), $done_uri);
     }
 
     $errors = array();

@@ -17,10 +17,8 @@ final class GorgeConsoleWebhookRetrySinceController
     $done_uri = $this->getApplicationURI('webhooks/');
     $webhook = GorgeDaemon::loadDaemon(GorgeDaemon::WEBHOOK);
     if (!$webhook) {
-      return $this->newDialog()
-        ->setTitle(pht('gorge-webhook Is Not Configured'))
-        ->appendParagraph(pht('Name it in gorge.daemons to retry requests here.'))
-        ->addCancelButton($done_uri);
+      return $this->newNotConfiguredDialog(
+        'webhook', pht('retry requests'), $done_uri);
     }
 
     $state = $webhook->call('GET', '/api/webhook/hooks/state');
