@@ -14,7 +14,10 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import treq
@@ -49,67 +52,84 @@ NEW_PRIORITY = 1234
 BROWSER_TIMEOUT_MS = 60_000
 
 
-def browse(
-    base: str, admin: Person, member: Person, dead: list[int], request_id: int, active: dict
-) -> dict:
-    """The browser's part, in a thread of its own (Playwright's sync API
-    blocks): returns what it saw."""
+@contextmanager
+def chromium(base: str) -> Iterator[Callable[[Person], Any]]:
+    """Debian's Chromium, headless, driven by Playwright's sync API (run in a
+    thread of its own: it blocks); yields ``page_for(person)``, a new page
+    logged in to ``base`` as that person."""
     from playwright.sync_api import sync_playwright
 
-    seen: dict = {"sources": {}}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         try:
 
-            def page_for(who: Person):
+            def page_for(who: Person) -> Any:
                 context = browser.new_context()
                 context.add_cookies([{"name": "phsid", "value": who.session, "url": base + "/"}])
                 page = context.new_page()
                 page.set_default_timeout(BROWSER_TIMEOUT_MS)
                 return page
 
-            page = page_for(admin)
-
-            def visit(path: str) -> None:
-                response = page.goto(base + path)
-                assert response is not None and response.status == 200, (path, response)
-                seen["sources"][path] = page.content()
-
-            def act(selector: str, path_after: str) -> None:
-                page.click(selector)
-                page.wait_for_selector("button[name=__submit__]")
-                seen["sources"][page.url] = page.content()
-                with page.expect_navigation():
-                    page.click("button[name=__submit__]")
-                # A refused action shows the dialog again, with the daemon's error.
-                assert page.url == base + path_after, page.inner_text("body")[:3000]
-                seen["sources"][page.url + "#after"] = page.content()
-
-            visit("/gorge/")
-            seen["overview"] = page.inner_text("body")
-            visit("/gorge/tasks/")
-            seen["tasks"] = page.inner_text("body")
-            act(f'[data-gorge-action="requeue-{dead[0]}"]', "/gorge/tasks/")
-            act(f'[data-gorge-action="retry-{dead[1]}"]', "/gorge/tasks/")
-            act(f'[data-gorge-action="free-{active["free"]}"]', "/gorge/tasks/")
-            act(f'[data-gorge-action="cancel-{active["cancel"]}"]', "/gorge/tasks/")
-            page.click(f'[data-gorge-action="priority-{active["priority"]}"]')
-            page.fill("input[name=priority]", str(NEW_PRIORITY))
-            with page.expect_navigation():
-                page.click("button[name=__submit__]")
-            assert page.url == base + "/gorge/tasks/", page.inner_text("body")[:3000]
-            visit("/gorge/webhooks/")
-            seen["webhooks"] = page.inner_text("body")
-            act(f'[data-gorge-action="retry-webhook-{request_id}"]', "/gorge/webhooks/")
-            visit("/gorge/mail/")
-
-            outsider = page_for(member)
-            response = outsider.goto(base + "/gorge/")
-            assert response is not None
-            seen["member_page"] = outsider.inner_text("body")
-            seen["sources"]["/gorge/ (member)"] = outsider.content()
+            yield page_for
         finally:
             browser.close()
+
+
+def submit(page: Any) -> str:
+    """Press the dialog's submit button; the text of the page it leads to."""
+    with page.expect_navigation():
+        page.click("button[name=__submit__]")
+    return page.inner_text("body")
+
+
+def browse(
+    base: str, admin: Person, member: Person, dead: list[int], request_id: int, active: dict
+) -> dict:
+    """The browser's part, in a thread of its own (Playwright's sync API
+    blocks): returns what it saw."""
+
+    seen: dict = {"sources": {}}
+    with chromium(base) as page_for:
+        page = page_for(admin)
+
+        def visit(path: str) -> None:
+            response = page.goto(base + path)
+            assert response is not None and response.status == 200, (path, response)
+            seen["sources"][path] = page.content()
+
+        def act(selector: str, path_after: str) -> None:
+            page.click(selector)
+            page.wait_for_selector("button[name=__submit__]")
+            seen["sources"][page.url] = page.content()
+            with page.expect_navigation():
+                page.click("button[name=__submit__]")
+            # A refused action shows the dialog again, with the daemon's error.
+            assert page.url == base + path_after, page.inner_text("body")[:3000]
+            seen["sources"][page.url + "#after"] = page.content()
+
+        visit("/gorge/")
+        seen["overview"] = page.inner_text("body")
+        visit("/gorge/tasks/")
+        seen["tasks"] = page.inner_text("body")
+        act(f'[data-gorge-action="requeue-{dead[0]}"]', "/gorge/tasks/")
+        act(f'[data-gorge-action="retry-{dead[1]}"]', "/gorge/tasks/")
+        act(f'[data-gorge-action="free-{active["free"]}"]', "/gorge/tasks/")
+        act(f'[data-gorge-action="cancel-{active["cancel"]}"]', "/gorge/tasks/")
+        page.click(f'[data-gorge-action="priority-{active["priority"]}"]')
+        page.fill("input[name=priority]", str(NEW_PRIORITY))
+        with page.expect_navigation():
+            page.click("button[name=__submit__]")
+        assert page.url == base + "/gorge/tasks/", page.inner_text("body")[:3000]
+        visit("/gorge/webhooks/")
+        seen["webhooks"] = page.inner_text("body")
+        act(f'[data-gorge-action="retry-webhook-{request_id}"]', "/gorge/webhooks/")
+        visit("/gorge/mail/")
+
+        outsider = page_for(member)
+        response = outsider.goto(base + "/gorge/")
+        assert response is not None
+        seen["member_page"] = outsider.inner_text("body")
+        seen["sources"]["/gorge/ (member)"] = outsider.content()
     return seen
 
 
@@ -288,36 +308,22 @@ BULK_CLASS = "GorgeConsoleNoSuchBulkWorker"
 def browse_bulk(base: str, admin: Person, hook_name: str) -> dict:
     """Retry dead tasks by class, and a hook's failed requests since a time:
     each a choice, a count shown, a confirmation."""
-    from playwright.sync_api import sync_playwright
 
     seen: dict = {}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        try:
-            context = browser.new_context()
-            context.add_cookies([{"name": "phsid", "value": admin.session, "url": base + "/"}])
-            page = context.new_page()
-            page.set_default_timeout(BROWSER_TIMEOUT_MS)
+    with chromium(base) as page_for:
+        page = page_for(admin)
+        page.goto(base + "/gorge/tasks/")
+        page.click('a[href="/gorge/tasks/retry-class/"]')
+        page.select_option("select[name=taskClass]", BULK_CLASS)
+        seen["task_count"] = submit(page)
+        seen["task_done"] = submit(page)
 
-            def submit() -> str:
-                with page.expect_navigation():
-                    page.click("button[name=__submit__]")
-                return page.inner_text("body")
-
-            page.goto(base + "/gorge/tasks/")
-            page.click('a[href="/gorge/tasks/retry-class/"]')
-            page.select_option("select[name=taskClass]", BULK_CLASS)
-            seen["task_count"] = submit()
-            seen["task_done"] = submit()
-
-            page.goto(base + "/gorge/webhooks/")
-            page.click('a[href="/gorge/webhooks/retry-since/"]')
-            page.select_option("select[name=hookPHID]", label=hook_name)
-            page.select_option("select[name=window]", "3600")
-            seen["hook_count"] = submit()
-            seen["hook_done"] = submit()
-        finally:
-            browser.close()
+        page.goto(base + "/gorge/webhooks/")
+        page.click('a[href="/gorge/webhooks/retry-since/"]')
+        page.select_option("select[name=hookPHID]", label=hook_name)
+        page.select_option("select[name=window]", "3600")
+        seen["hook_count"] = submit(page)
+        seen["hook_done"] = submit(page)
     return seen
 
 
@@ -405,60 +411,47 @@ FILTER_PRIORITY = 3456
 def browse_filters(base: str, admin: Person) -> dict:
     """Cancel, free and reprioritise by filter: each a choice, the count shown
     in the confirmation dialog, then the action."""
-    from playwright.sync_api import sync_playwright
 
     seen: dict = {}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-        try:
-            context = browser.new_context()
-            context.add_cookies([{"name": "phsid", "value": admin.session, "url": base + "/"}])
-            page = context.new_page()
-            page.set_default_timeout(BROWSER_TIMEOUT_MS)
+    with chromium(base) as page_for:
+        page = page_for(admin)
 
-            def submit() -> str:
-                with page.expect_navigation():
-                    page.click("button[name=__submit__]")
-                return page.inner_text("body")
-
-            def by_filter(name: str, choose) -> None:
-                page.goto(base + "/gorge/tasks/")
-                page.click('a[href="/gorge/tasks/filter/"]')
-                choose()
-                seen[name + "_count"] = submit()
-                seen[name + "_done"] = submit()
-
-            def cancel() -> None:
-                page.select_option("select[name=verb]", "cancel")
-                page.select_option("select[name=taskClass]", FILTER_CANCEL_CLASS)
-                page.select_option("select[name=state]", "waiting")
-
-            def free() -> None:
-                page.select_option("select[name=verb]", "free")
-                page.select_option("select[name=taskClass]", FILTER_FREE_CLASS)
-
-            def priority() -> None:
-                page.select_option("select[name=verb]", "priority")
-                page.select_option("select[name=taskClass]", FILTER_PRIORITY_CLASS)
-                page.select_option("select[name=state]", "failing")
-                page.fill("input[name=priority]", str(FILTER_PRIORITY))
-
-            by_filter("cancel", cancel)
-            by_filter("free", free)
-
-            # The class's own button chooses the class already.
+        def by_filter(name: str, choose) -> None:
             page.goto(base + "/gorge/tasks/")
-            page.click(f'[data-gorge-action="filter-{FILTER_PRIORITY_CLASS}"]')
-            seen["preselected"] = page.input_value("select[name=taskClass]")
+            page.click('a[href="/gorge/tasks/filter/"]')
+            choose()
+            seen[name + "_count"] = submit(page)
+            seen[name + "_done"] = submit(page)
+
+        def cancel() -> None:
+            page.select_option("select[name=verb]", "cancel")
+            page.select_option("select[name=taskClass]", FILTER_CANCEL_CLASS)
+            page.select_option("select[name=state]", "waiting")
+
+        def free() -> None:
+            page.select_option("select[name=verb]", "free")
+            page.select_option("select[name=taskClass]", FILTER_FREE_CLASS)
+
+        def priority() -> None:
             page.select_option("select[name=verb]", "priority")
+            page.select_option("select[name=taskClass]", FILTER_PRIORITY_CLASS)
             page.select_option("select[name=state]", "failing")
-            page.fill("input[name=priority]", "soon")
-            seen["bad_priority"] = submit()
             page.fill("input[name=priority]", str(FILTER_PRIORITY))
-            seen["priority_count"] = submit()
-            seen["priority_done"] = submit()
-        finally:
-            browser.close()
+
+        by_filter("cancel", cancel)
+        by_filter("free", free)
+
+        # The class's own button chooses the class already.
+        page.goto(base + "/gorge/tasks/")
+        page.click(f'[data-gorge-action="filter-{FILTER_PRIORITY_CLASS}"]')
+        seen["preselected"] = page.input_value("select[name=taskClass]")
+        page.select_option("select[name=verb]", "priority")
+        page.select_option("select[name=state]", "failing")
+        page.fill("input[name=priority]", "soon")
+        seen["bad_priority"] = submit(page)
+        page.fill("input[name=priority]", str(FILTER_PRIORITY))
+        seen["priority_count"] = submit(page)
+        seen["priority_done"] = submit(page)
     return seen
 
 
