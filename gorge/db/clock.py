@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.python.failure import Failure
 
+from gorge.app.shared import SharedRun
 from gorge.db.database import Database
 from gorge.db.engine import Txn
 
@@ -69,7 +69,8 @@ class ServerClock:
         self._offset: float | None = None
         self._sampled_at = 0.0
         self._generation_read = -1
-        self._sampling: list[Deferred[None]] | None = None
+        # The read under way, shared by the callers arriving meanwhile.
+        self._sample: SharedRun[None] = SharedRun(self._store_read)
 
     @property
     def offset(self) -> float | None:
@@ -79,7 +80,7 @@ class ServerClock:
     def settled(self) -> Deferred[None]:
         """Fires once no read of the server's clock is under way (at once if
         none is): for a caller that moves the clocks itself (tests)."""
-        if self._sampling is None:
+        if not self._sample.running:
             return succeed(None)
         return self._sample()
 
@@ -105,7 +106,7 @@ class ServerClock:
             await self._sample()
             offset = self._offset
             assert offset is not None
-        elif self._sampling is None and not self._fresh():
+        elif not self._sample.running and not self._fresh():
             # Read again in the background and answer from the last read
             # meanwhile: off by milliseconds of drift at most (or, for the
             # few calls after a reconnect to another server, by what the old
@@ -113,30 +114,10 @@ class ServerClock:
             self._sample().addErrback(lambda _: None)
         return offset + self._elapsed()
 
-    def _sample(self) -> Deferred[None]:
-        """Read the server's clock; callers arriving meanwhile share the read,
-        which is nobody's own (a caller that goes away does not cancel it)."""
-        waiting = self._sampling
-        if waiting is None:
-            waiting = self._sampling = []
-            read = Deferred.fromCoroutine(self._store_read())
-            read.addBoth(self._sampled)
-        waiter: Deferred[None] = Deferred(waiting.remove)
-        waiting.append(waiter)
-        return waiter
-
     async def _store_read(self) -> None:
         generation = self._generation()
         offset, at = await self._read()
         self._offset, self._sampled_at, self._generation_read = offset, at, generation
-
-    def _sampled(self, result: None | Failure) -> None:
-        waiting, self._sampling = self._sampling or [], None
-        for waiter in waiting:
-            if isinstance(result, Failure):
-                waiter.errback(result)
-            else:
-                waiter.callback(None)
 
 
 class DatabaseClock(ServerClock):

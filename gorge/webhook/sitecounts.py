@@ -25,8 +25,8 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.python.failure import Failure
 
+from gorge.app.shared import SharedRun
 from gorge.db import Database
 from gorge.webhook.observation import SQL_ACTIVE_HOOKS
 
@@ -63,8 +63,9 @@ class SiteCounter:
         self._clock = clock
         self._max_age = max_age
         self._last: SiteCounts | None = None
-        self._counting = False
-        self._waiters: list[Deferred[SiteCounts]] = []
+        # Calls that arrive while a count runs share it; a caller that gives
+        # up (an HTTP client gone) leaves the count running for the others.
+        self._count: SharedRun[SiteCounts] = SharedRun(self._count_once)
 
     def age(self, counts: SiteCounts) -> float:
         return max(self._clock.seconds() - counts.asked_at, 0.0)
@@ -73,34 +74,13 @@ class SiteCounter:
         last = self._last
         if last is not None and self.age(last) < self._max_age:
             return succeed(last)
-        # Each caller waits on a Deferred of its own: one that gives up (an
-        # HTTP client gone) leaves the count running for the others.
-        waiters = self._waiters
-        waiter: Deferred[SiteCounts] = Deferred(waiters.remove)
-        waiters.append(waiter)
-        if not self._counting:
-            self._counting = True
-            Deferred.fromCoroutine(self._count_once())
-        return waiter
+        return self._count()
 
-    async def _count_once(self) -> None:
-        asked_at = self._clock.seconds()
-        outcome: SiteCounts | Failure
-        try:
-            outcome = await self._db.run("site_counts", self._select, asked_at)
-        except Exception:
-            # Not kept: the next call counts again.
-            outcome = Failure()
-        else:
-            self._last = outcome
-        finally:
-            self._counting = False
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if isinstance(outcome, Failure):
-                waiter.errback(outcome)
-            else:
-                waiter.callback(outcome)
+    async def _count_once(self) -> SiteCounts:
+        # A failed count is not kept: the next call counts again.
+        counts = await self._db.run("site_counts", self._select, self._clock.seconds())
+        self._last = counts
+        return counts
 
     def _select(self, txn: Any, asked_at: float) -> SiteCounts:
         self._db.execute(txn, SQL_SITE_COUNTS)
