@@ -104,6 +104,11 @@ class LimitedRequest(server.Request):
         kwargs.setdefault("parsePOSTFormSubmission", False)
         super().__init__(channel, *args, **kwargs)
 
+    @property
+    def over_limit(self) -> bool:
+        """The body read so far, or the length its head declared, passed the limit."""
+        return self._too_large
+
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self.limit:
             self._too_large = True

@@ -199,6 +199,21 @@ class GorgeChannel(_KnownToSite, http.HTTPChannel):
             self.persistent = False
             self.length = 0
 
+    def rawDataReceived(self, data: bytes) -> None:
+        super().rawDataReceived(data)
+        request = self.requests[-1] if self.requests else None
+        if (
+            request is not None
+            and self._transferDecoder is not None
+            and not self._handlingRequest
+            and getattr(request, "over_limit", False)
+        ):
+            # A chunked body has passed the limit before its end: answer the
+            # 413 now and close, instead of reading (and dropping) a body
+            # that may never end while the connection stays held.
+            self.persistent = False
+            self.allContentReceived()
+
     def checkPersistence(self, request: Any, version: bytes) -> bool:
         # A request whose head completes during the drain is the last one
         # on its connection.

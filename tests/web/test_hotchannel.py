@@ -696,3 +696,36 @@ def test_a_path_or_host_that_is_not_utf8_gets_the_envelope(hot, target, host):
     assert (status, fields[b"content-type"]) == (400, b"application/json")
     assert json.loads(body)["error"]["code"] == "ERR_BAD_REQUEST"
     assert [name for name, _, _ in logged] == ["REQUEST"]
+
+
+def chunked_head() -> bytes:
+    return (
+        b"POST /api/hot/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Service-Token: hot-token\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+
+
+@both
+@pytest.mark.parametrize("pieces", [1, 3], ids=["one-read", "three-reads"])
+def test_a_chunked_body_past_the_limit_is_refused_before_its_end_and_closes(hot, pieces):
+    # The body never ends: each chunk is under the limit, their sum is not.
+    chunk = b"%x\r\n" % 512 + b"x" * 512 + b"\r\n"
+    over = chunk * (LIMIT // 512 + 1)
+    step = len(over) // pieces + 1
+    endless = [chunked_head()] + [over[i : i + step] for i in range(0, len(over), step)]
+    endless += [chunk] * 50  # what a client would go on sending
+    answer, closed, logged = exchange(hot, endless)
+    [(status, fields, body)] = answers(answer)
+    assert (status, fields[b"connection"]) == (413, b"close")
+    assert json.loads(body)["error"]["code"] == "ERR_TOO_LARGE"
+    assert closed
+    assert [name for name, _, _ in logged] == ["REQUEST"]
+
+
+@both
+def test_a_chunked_body_at_the_limit_is_still_read_to_its_end(hot):
+    body = b'{"a":"' + b"x" * (LIMIT - 8) + b'"}'
+    raw = chunked_head() + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    answer, closed, _ = exchange(hot, [raw])
+    [(status, _, _)] = answers(answer)
+    assert (status, closed) == (200, False)
