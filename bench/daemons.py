@@ -201,6 +201,8 @@ class Backend:
     store: Callable[[Any, str], Any]
     stop: Callable[[], None]
     workdir: Path
+    # The store server's process, for its CPU time (0: none, as for SQLite).
+    pid: int = 0
 
 
 def start_backend(name: str) -> Backend:
@@ -242,7 +244,7 @@ def start_backend(name: str) -> Backend:
             server.stop()
             remove_workdir()
 
-        return Backend(name, mysql_env, mysql_store, stop_mysql, workdir)
+        return Backend(name, mysql_env, mysql_store, stop_mysql, workdir, server.pid or 0)
     if name == "redis":
         from gorge.db.redis import make_redis
         from gorge.taskqueue.redis import RedisTaskStore
@@ -267,7 +269,7 @@ def start_backend(name: str) -> Backend:
             server.stop()
             remove_workdir()
 
-        return Backend(name, redis_env, redis_store, stop_redis, workdir)
+        return Backend(name, redis_env, redis_store, stop_redis, workdir, server.pid or 0)
     if name == "sqlite":
         from gorge.taskqueue.sqlite import SQLiteTaskStore
 
