@@ -902,6 +902,10 @@ def describe_run(run: Run, round_no: int) -> str:
         f"round {round_no} {run.workload:8s} {run.side:{width}s}  bulk {run.bulk_rate:7.0f}/s  "
         f"from start {run.rate_from_start:7.0f}/s  settled {run.settled:6.1f}s  "
         f"CPU/item {run.cpu_ms_per_item:5.2f} ms ({processes}; MariaDB {run.db_ms_per_item:.2f})"
+        # Where the time from the commit went: until the first item, the
+        # first tenth, the last tenth.
+        f"\n  first item {run.crossing(1 / run.n):.2f}s, 10% {run.crossing(0.1):.2f}s,"
+        f" 90% {run.crossing(0.9):.2f}s, all {run.crossing(1.0):.2f}s"
     )
     if run.others:
         text += "\n  also archived (class, result): " + ", ".join(

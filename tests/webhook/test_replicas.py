@@ -7,10 +7,12 @@ replica off the hook."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections import Counter
 
 import pytest
+import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
@@ -184,3 +186,47 @@ async def test_phorges_lock_on_a_hook_keeps_every_replica_off_it(
                 daemon.kill()
     finally:
         worker.close()
+
+
+def _follow_writes(daemon) -> float:
+    """How many results this replica wrote with the hook's next row waiting on
+    them (the few-hooks cycle: the result and the next row's claim)."""
+    match = re.search(
+        rb'gorge_webhook_write_seconds_count\{next_waits="yes"\} ([0-9.e+]+)', daemon.metrics
+    )
+    assert match, "no gorge_webhook_write_seconds series on /metrics"
+    return float(match.group(1))
+
+
+async def test_three_replicas_on_two_hot_hooks_keep_one_post_per_hook_in_id_order(
+    mariadb, namespace_db, receiver, tmp_path
+):
+    # More slots than hooks on every replica: each keeps to a hook, claiming
+    # its next row while the current POST runs and writing the result and the
+    # next claim in one go (docs/webhook.md, "Claiming and writing back").
+    namespace, herald = namespace_db
+    receiver.delay = 0.005  # long enough for two POSTs to one hook to overlap
+    hooks = [herald.insert_hook(uri=f"{receiver.base}/hook{i}") for i in range(2)]
+    per_hook = 60
+    for n in range(2 * per_hook):
+        herald.insert_request(hook=hooks[n % 2], object_phid=f"PHID-TASK-{n:020d}")
+    daemons = [Daemon(mariadb, namespace, tmp_path / f"d{i}.log") for i in range(3)]
+    try:
+        await wait_for(
+            lambda: herald.status_counts() == {"sent": 2 * per_hook}, 120, daemons=daemons
+        )
+        for daemon in daemons:
+            port = int(re.search(r"starting on (\d+)", daemon.log_text()).group(1))
+            response = await treq.get(f"http://127.0.0.1:{port}/metrics", persistent=False)
+            daemon.metrics = await response.content()
+        for daemon in daemons:
+            await daemon.terminate()
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+    assert receiver.peak_per_path == 1, "two POSTs to one hook were in flight at once"
+    order = _per_hook_order(receiver)
+    for i in range(2):
+        assert order[f"/hook{i}"] == list(range(i, 2 * per_hook, 2))
+    assert receiver.count() == 2 * per_hook  # none twice
+    assert sum(_follow_writes(d) for d in daemons) > 0, "the hot-hook cycle never ran"
