@@ -163,6 +163,23 @@ class LuaScript:
         return conn.evalsha(self.sha, keys=keys, args=args).addErrback(load_and_run)
 
 
+READ_ONLY_REASON = "database read-only"
+
+
+def is_read_only(error: BaseException) -> bool:
+    """Whether ``error`` is the server refusing a write because it takes none
+    now (``READONLY``: a replica, such as a master Sentinel demoted)."""
+    return str(error).startswith("READONLY")
+
+
+def role_takes_writes(role: Any) -> bool:
+    """Whether a ``ROLE`` answer is a master's (the first element names the role)."""
+    first = role[0] if isinstance(role, (list, tuple)) and role else role
+    if isinstance(first, bytes):
+        first = first.decode("ascii", "replace")
+    return first == "master"
+
+
 async def ping(conn: Any, clock: IReactorTime, timeout: float = 5) -> str | None:
     """None when Redis answers PING in time, else a short reason."""
     try:

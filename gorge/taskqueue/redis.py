@@ -284,9 +284,6 @@ class RedisTaskStore(RedisReads, RedisOperatorVerbs, RedisMigration):
             for task_id, a in zip(ids, answers, strict=True)
         }
 
-    async def ping(self) -> str | None:
-        return await gredis.ping(self._conn, self._clock, self._ping_timeout)
-
     async def close(self) -> None:
         await self._giving_back.drain(GIVE_BACK_BUDGET, self._clock)
         await self._bounded(self._conn.disconnect())
