@@ -94,10 +94,11 @@ class RedisCalls:
     def _refused_write(self, failure: Failure) -> Failure:
         """A write refused with READONLY becomes DatabaseReadOnly: the API
         answers a retryable 503, not the opaque 500. Logged once per turn."""
-        if not gredis.is_read_only(failure.value):
+        error = failure.value
+        if error is None or not gredis.is_read_only(error):
             return failure
         self.went_read_only("call")
-        return Failure(DatabaseReadOnly("redis call", failure.value))
+        return Failure(DatabaseReadOnly("redis call", error))
 
     def went_read_only(self, description: str) -> None:
         if self.read_only_since is None:
