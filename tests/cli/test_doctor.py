@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gorge.cli.doctor import main
-from gorge.cli.doctor_checks import mailer_order
-from gorge.cli.doctor_grants import ALL, parse_grants
-from gorge.cli.doctor_report import (
+from gorge.cli.doctor.grants import ALL, parse_grants
+from gorge.cli.doctor.mail import mailer_order
+from gorge.cli.doctor.report import (
     Check,
     exit_status,
     fail,
@@ -26,7 +26,7 @@ from gorge.cli.doctor_report import (
     write_json,
     write_lines,
 )
-from gorge.cli.doctor_site import base_url, parse_env_file
+from gorge.cli.doctor.site import base_url, parse_env_file
 
 
 def closed_port() -> int:

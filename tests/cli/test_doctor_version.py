@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gorge.cli.doctor_site import Daemon
-from gorge.cli.doctor_version import (
+from gorge.cli.doctor.site import Daemon
+from gorge.cli.doctor.version import (
     check_version,
     compatible,
     expected_api_version,
@@ -133,7 +133,7 @@ def test_another_major_api_fails():
 
 def test_an_older_api_of_the_same_major_warns(monkeypatch):
     # This gorge speaks x.5.0; the daemon an older x.4.0.
-    monkeypatch.setattr("gorge.cli.doctor_version.expected_api_version", lambda name: "3.5.0")
+    monkeypatch.setattr("gorge.cli.doctor.version.expected_api_version", lambda name: "3.5.0")
     with daemon_answering(200, about("3.4.0")) as url:
         check = check_version(taskqueue_at(url), TIMEOUT, None)
     assert check.status == "warn", check

@@ -7,7 +7,7 @@ One line per check (``ok``, ``FAIL name: what; fix: what to do``, ``warn``,
 
 gorge's side is read from the daemons' own settings files (``--env-dir``,
 the layout of conf/systemd/), Phorge's from its checkout (``--phorge-root``)
-through phorge/scripts/gorge-doctor.php (doctor_site.py says why)."""
+through phorge/scripts/gorge-doctor.php (gorge/cli/doctor/site.py says why)."""
 
 from __future__ import annotations
 
@@ -21,31 +21,24 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gorge.cli.command import EXIT_USAGE, OneLineParser, seconds
-from gorge.cli.doctor_canary import Waiting, mail_canary, task_canary, webhook_canary
-from gorge.cli.doctor_checks import (
-    Site,
-    check_conduit_bot,
-    check_daemons,
-    check_grants,
-    check_library,
-    check_mailer,
-    check_namespace,
-    check_outbound_policy,
-    check_silent,
-    check_taskmasters,
-    check_webhook_owner,
-    conduit_post,
-)
-from gorge.cli.doctor_report import Check, exit_status, fail, write_json, write_lines
-from gorge.cli.doctor_site import (
+from gorge.cli.doctor.canary import Waiting, mail_canary, task_canary, webhook_canary
+from gorge.cli.doctor.conduit import check_conduit_bot, conduit_post
+from gorge.cli.doctor.daemons import check_daemons
+from gorge.cli.doctor.database import check_grants
+from gorge.cli.doctor.mail import check_mailer
+from gorge.cli.doctor.phorgeconfig import check_library, check_namespace, check_taskmasters
+from gorge.cli.doctor.report import Check, exit_status, fail, write_json, write_lines
+from gorge.cli.doctor.site import (
     DEFAULT_ENV_DIR,
     PhorgeScript,
+    Site,
     SiteUnreadable,
     daemons_of,
     default_phorge_root,
     phorge_environ,
     read_env_dir,
 )
+from gorge.cli.doctor.webhook import check_outbound_policy, check_silent, check_webhook_owner
 from gorge.db.mysql import connect
 
 PROG = "gorge doctor"

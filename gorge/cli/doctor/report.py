@@ -14,6 +14,8 @@ STATUSES = (OK, FAIL, WARN, SKIP)
 LABELS = {OK: "ok", FAIL: "FAIL", WARN: "warn", SKIP: "skip"}
 
 EXIT_PASSED, EXIT_FAILED = 0, 1
+# Where the fixes send the operator: the switch-over guide.
+GUIDE = "docs/phorge.md"
 
 
 @dataclass(frozen=True)

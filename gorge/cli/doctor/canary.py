@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gorge.cli.apiclient import Refused, ServiceUnavailable
-from gorge.cli.doctor_checks import Site
-from gorge.cli.doctor_report import Check, fail, ok, skip
-from gorge.cli.doctor_site import PhorgeScript, SiteUnreadable
+from gorge.cli.doctor.report import Check, fail, ok, skip
+from gorge.cli.doctor.site import PhorgeScript, Site, SiteUnreadable
 
 CANARY_CLASS = "PhabricatorTestWorker"
 SIGNATURE_HEADER = "X-Phabricator-Webhook-Signature"

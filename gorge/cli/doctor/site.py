@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gorge.cli.apiclient import ApiClient
+from gorge.cli.apiclient import ApiClient, Refused, ServiceUnavailable
+from gorge.cli.doctor.report import Check, fail, skip
+from gorge.config import ConfigError
+from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 
 SERVICES = ("taskqueue", "worker", "webhook", "mailer")
 DEFAULT_LISTEN = {"taskqueue": ":8090", "worker": ":8170", "webhook": ":8160", "mailer": ":8110"}
@@ -34,8 +37,8 @@ TOKEN_PROBE = {"taskqueue": "stats", "worker": "stats", "webhook": "stats", "mai
 SHARED_FILE = "gorge.env"
 DEFAULT_ENV_DIR = "/etc/gorge"
 # Beside the gorge package, as the worker finds its executor script.
-LIBRARY = Path(__file__).resolve().parents[2] / "phorge" / "src"
-DOCTOR_SCRIPT = Path(__file__).resolve().parents[2] / "phorge" / "scripts" / "gorge-doctor.php"
+LIBRARY = Path(__file__).resolve().parents[3] / "phorge" / "src"
+DOCTOR_SCRIPT = Path(__file__).resolve().parents[3] / "phorge" / "scripts" / "gorge-doctor.php"
 
 _LINE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)\Z")
 
@@ -238,3 +241,59 @@ def default_phorge_root(environments: Mapping[str, Mapping[str, str]]) -> str:
 
 def existing(path: str) -> str:
     return path if path and os.path.isdir(path) else ""
+
+
+@dataclass
+class Site:
+    """Both sides of the site, as read at the start of the run."""
+
+    daemons: Mapping[str, Daemon]
+    phorge: PhorgeView | None
+    phorge_problem: str  # why there is no PhorgeView ("" when there is one)
+    timeout: float = 10.0
+    # Answers already fetched (worker stats), so each is asked once.
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def setting(self, key: str) -> Any:
+        assert self.phorge is not None
+        return self.phorge.config.get(key)
+
+    def worker_stats(self) -> dict | None:
+        if "worker-stats" not in self.cache:
+            worker = self.daemons.get("worker")
+            stats = None
+            if worker is not None:
+                try:
+                    stats = worker.api(self.timeout).get("stats")
+                except (ServiceUnavailable, Refused):
+                    stats = None
+            self.cache["worker-stats"] = stats
+        return self.cache["worker-stats"]
+
+    def webhook_settings(self) -> WebhookSettings | None:
+        webhook = self.daemons.get("webhook")
+        if webhook is None:
+            return None
+        return load_webhook_settings(webhook.env)
+
+
+def needs_phorge(site: Site, name: str) -> Check | None:
+    if site.phorge is None:
+        return skip(name, f"Phorge's configuration not read ({site.phorge_problem})")
+    return None
+
+
+def webhook_against_phorge(site: Site, name: str) -> WebhookSettings | list[Check]:
+    """gorge-webhook's settings for a check that compares them with Phorge's,
+    or that check's whole answer when there is nothing to compare: no
+    gorge-webhook here, Phorge's side unread, or settings that do not load."""
+    if "webhook" not in site.daemons:
+        return []
+    if (skipped := needs_phorge(site, name)) is not None:
+        return [skipped]
+    try:
+        webhook = site.webhook_settings()
+    except ConfigError as e:
+        return [fail(name, f"gorge-webhook's settings: {e}", "correct webhook.env")]
+    assert webhook is not None
+    return webhook

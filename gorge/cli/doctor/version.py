@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 
 from gorge.cli.apiclient import Refused, ServiceUnavailable
-from gorge.cli.doctor_report import Check, fail, ok, warn
-from gorge.cli.doctor_site import Daemon
+from gorge.cli.doctor.report import Check, fail, ok, warn
+from gorge.cli.doctor.site import Daemon
 from gorge.web.version import api_version, package_version
 
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
