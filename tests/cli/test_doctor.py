@@ -4,16 +4,20 @@ Phorge's mailer order). tests/phorge/test_doctor.py runs it on real sites."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import re
 import socket
+from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gorge.cli.doctor import main
+from gorge.cli.doctor.canary import Waiting
+from gorge.cli.doctor.command import run_checks
 from gorge.cli.doctor.grants import ALL, parse_grants
 from gorge.cli.doctor.mail import mailer_order
 from gorge.cli.doctor.report import (
@@ -26,7 +30,18 @@ from gorge.cli.doctor.report import (
     write_json,
     write_lines,
 )
-from gorge.cli.doctor.site import base_url, parse_env_file
+from gorge.cli.doctor.site import (
+    LOADERS,
+    PhorgeScript,
+    PhorgeView,
+    Site,
+    base_url,
+    daemons_of,
+    parse_env_file,
+    read_env_dir,
+)
+from gorge.db.mysql import connect
+from gorge.webhook.settings import DEFAULT_OUTBOUND_BLACKLIST
 
 
 def closed_port() -> int:
@@ -142,6 +157,108 @@ def test_a_phorge_root_that_is_no_phorge_is_a_failed_check(tmp_path):
     )
     assert status == 1
     assert re.search(r"^FAIL phorge: .*not a Phorge checkout", out, re.MULTILINE), out
+
+
+# -- each daemon's settings loaded once per run ---------------------------------------
+
+
+def counted_loaders(loads: Counter) -> dict:
+    """The daemons' own settings loaders, each call counted by service."""
+
+    def counting(name, loader):
+        def load(env):
+            loads[name] += 1
+            return loader(env)
+
+        return load
+
+    return {name: counting(name, loader) for name, loader in LOADERS.items()}
+
+
+def site_with_phorge(tmp_path, loaders, **webhook_env) -> tuple[Site, PhorgeScript]:
+    """A site whose daemons do not answer (closed ports, MySQL too), and what
+    Phorge would report for it: every check that compares gorge-webhook's
+    settings with Phorge's runs, and the webhook canary gets as far as them."""
+    env_dir = tmp_path / "etc"
+    env_dir.mkdir()
+    (env_dir / "gorge.env").write_text("GORGE_LOG_LEVEL=info\n")
+    (env_dir / "taskqueue.env").write_text(
+        f"GORGE_LISTEN_ADDR=127.0.0.1:{closed_port()}\n"
+        f"GORGE_TASKQUEUE_MYSQL_HOST=127.0.0.1\nGORGE_TASKQUEUE_MYSQL_PORT={closed_port()}\n"
+    )
+    lines = {
+        "GORGE_LISTEN_ADDR": f"127.0.0.1:{closed_port()}",
+        "GORGE_WEBHOOK_MYSQL_HOST": "127.0.0.1",
+        "GORGE_WEBHOOK_MYSQL_PORT": str(closed_port()),
+        "GORGE_WEBHOOK_SILENT_FROM": "none",
+        **webhook_env,
+    }
+    (env_dir / "webhook.env").write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+    view = PhorgeView(
+        config={
+            "storage.default-namespace": "phorge",
+            "security.outbound-blacklist": list(DEFAULT_OUTBOUND_BLACKLIST),
+            "phabricator.silent": False,
+            "phd.taskmasters": 0,
+            "load-libraries": ["/srv/gorge/phorge/src"],
+        },
+        libraries=("phorge", "arcanist", "gorge"),
+        worker_execute=True,
+        gorge_mailer=True,
+        running_taskmasters=0,
+    )
+    site = Site(daemons_of(read_env_dir(env_dir)), view, "", timeout=5.0, loaders=loaders)
+    return site, PhorgeScript(tmp_path, "php", {})
+
+
+def all_checks(site: Site, script: PhorgeScript) -> dict:
+    def no_waiting(seconds):
+        raise AssertionError("no canary here waits")
+
+    checks = run_checks(
+        site,
+        script,
+        script.root,
+        argparse.Namespace(no_canaries=False, canary_listen="127.0.0.1", mail_to=""),
+        connect=connect,
+        post=lambda url, params: {},
+        waiting=Waiting(lambda: 0.0, no_waiting, 1.0),
+    )
+    return {c.name: c for c in checks}
+
+
+def test_each_daemons_settings_are_loaded_once_for_every_check_that_needs_them(tmp_path):
+    loads: Counter = Counter()
+    site, script = site_with_phorge(tmp_path, counted_loaders(loads))
+    by_name = all_checks(site, script)
+    assert loads == {"webhook": 1, "taskqueue": 1}
+    # Every check that reads them got them: the namespace, both accounts, the
+    # outbound policy, silent mode, and the webhook canary's listen address.
+    assert by_name["namespace"].status == "ok"
+    for service in ("taskqueue", "webhook"):
+        account = f"{site.daemons[service].env[f'GORGE_{service.upper()}_MYSQL_PORT']}"
+        assert by_name[f"grants.{service}"].status == "fail"
+        assert f"@127.0.0.1:{account} cannot open" in by_name[f"grants.{service}"].detail
+    assert by_name["outbound-policy"].status == "ok"
+    assert by_name["silent"].status == "ok"
+    assert by_name["canary.webhook"].status == "skip"
+    assert "gorge-webhook refuses 127.0.0.1" in by_name["canary.webhook"].detail
+
+
+def test_settings_that_do_not_load_are_loaded_once_and_named_by_every_check(tmp_path):
+    loads: Counter = Counter()
+    site, script = site_with_phorge(
+        tmp_path, counted_loaders(loads), GORGE_WEBHOOK_NAMESPACE="not-a-namespace"
+    )
+    by_name = all_checks(site, script)
+    assert loads["webhook"] == 1
+    problem = "gorge-webhook's settings: GORGE_WEBHOOK_NAMESPACE"
+    for name in ("namespace", "outbound-policy", "silent"):
+        assert by_name[name].status == "fail"
+        assert by_name[name].detail.startswith(problem), by_name[name]
+    assert by_name["canary.webhook"].status == "skip"
+    assert by_name["canary.webhook"].detail.startswith(problem)
+    assert "grants.webhook" not in by_name  # the namespace check names the problem
 
 
 # -- reading the settings ---------------------------------------------------------------

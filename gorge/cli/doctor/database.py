@@ -29,10 +29,8 @@ def check_grants(site: Site, connect: Callable[[MySQLSettings], Any]) -> list[Ch
                 )
             )
         else:
-            from gorge.taskqueue.settings import load_taskqueue_settings
-
             try:
-                mysql = load_taskqueue_settings(queue.env).mysql
+                settings = site.taskqueue_settings()
             except ConfigError as e:
                 return [
                     fail(
@@ -41,8 +39,9 @@ def check_grants(site: Site, connect: Callable[[MySQLSettings], Any]) -> list[Ch
                         "correct taskqueue.env",
                     )
                 ]
+            assert settings is not None
             needs = {table: QUEUE_NEEDS for table in WORKER_TABLES}
-            checks.append(_grants("grants.taskqueue", mysql, needs, connect))
+            checks.append(_grants("grants.taskqueue", settings.mysql, needs, connect))
     try:
         webhook = site.webhook_settings()
     except ConfigError:

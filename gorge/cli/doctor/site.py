@@ -19,7 +19,7 @@ import re
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 from gorge.cli.apiclient import ApiClient, Refused, ServiceUnavailable
 from gorge.cli.doctor.report import Check, fail, skip
 from gorge.config import ConfigError
+from gorge.taskqueue.settings import TaskQueueSettings, load_taskqueue_settings
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 
 SERVICES = ("taskqueue", "worker", "webhook", "mailer")
@@ -39,6 +40,14 @@ DEFAULT_ENV_DIR = "/etc/gorge"
 # Beside the gorge package, as the worker finds its executor script.
 LIBRARY = Path(__file__).resolve().parents[3] / "phorge" / "src"
 DOCTOR_SCRIPT = Path(__file__).resolve().parents[3] / "phorge" / "scripts" / "gorge-doctor.php"
+
+# How the daemons whose settings a check compares load them at start-up;
+# the doctor loads them the same way, from the same files.
+SettingsLoader = Callable[[Mapping[str, str]], Any]
+LOADERS: Mapping[str, SettingsLoader] = {
+    "taskqueue": load_taskqueue_settings,
+    "webhook": load_webhook_settings,
+}
 
 _LINE = re.compile(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)\Z")
 
@@ -253,6 +262,10 @@ class Site:
     timeout: float = 10.0
     # Answers already fetched (worker stats), so each is asked once.
     cache: dict[str, Any] = field(default_factory=dict)
+    loaders: Mapping[str, SettingsLoader] = field(default_factory=lambda: dict(LOADERS))
+    # Each daemon's settings (or the ConfigError they gave) once loaded: the
+    # checks share one load per run, as the daemon itself loads them once.
+    _settings: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def setting(self, key: str) -> Any:
         assert self.phorge is not None
@@ -271,10 +284,27 @@ class Site:
         return self.cache["worker-stats"]
 
     def webhook_settings(self) -> WebhookSettings | None:
-        webhook = self.daemons.get("webhook")
-        if webhook is None:
+        """gorge-webhook's settings, None when it is not deployed; raises
+        ConfigError when they do not load."""
+        return self._settings_of("webhook")
+
+    def taskqueue_settings(self) -> TaskQueueSettings | None:
+        """gorge-taskqueue's settings, as :meth:`webhook_settings`."""
+        return self._settings_of("taskqueue")
+
+    def _settings_of(self, name: str) -> Any:
+        daemon = self.daemons.get(name)
+        if daemon is None:
             return None
-        return load_webhook_settings(webhook.env)
+        if name not in self._settings:
+            try:
+                self._settings[name] = self.loaders[name](daemon.env)
+            except ConfigError as e:
+                self._settings[name] = e
+        loaded = self._settings[name]
+        if isinstance(loaded, ConfigError):
+            raise loaded
+        return loaded
 
 
 def needs_phorge(site: Site, name: str) -> Check | None:
