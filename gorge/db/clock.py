@@ -115,8 +115,10 @@ class ServerClock:
         return offset + self._elapsed()
 
     async def _store_read(self) -> None:
-        generation = self._generation()
         offset, at = await self._read()
+        # Counted after the read: a connection the read itself had to open
+        # (the first one of a pool) is no reason to read again.
+        generation = self._generation()
         self._offset, self._sampled_at, self._generation_read = offset, at, generation
 
 
@@ -138,7 +140,16 @@ class DatabaseClock(ServerClock):
         return self._db.connections_opened
 
     async def _read(self) -> tuple[float, float]:
-        return await self._db.run("clock", self._read_txn)
+        if self._db.engine.clock is None:
+            return await self._db.run("clock", self._read_txn)
+        # A pinned server clock (tests, the demo): the transaction reads the
+        # pin taken as it is queued, here in the reactor thread, so the
+        # moment is read here too. Read in the pool thread, it could fall
+        # after the test moved the clock on, and every later "now" would be
+        # behind by that step.
+        at = self._elapsed()
+        offset, middle = await self._db.run("clock", self._read_txn)
+        return offset + middle - at, at
 
     def _read_txn(self, txn: Txn) -> tuple[float, float]:
         # Timed in the pool thread, around the statement alone: the wait for

@@ -8,11 +8,14 @@ monotonic one, so the reads can be counted and the answers compared exactly.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import Clock, deferLater
+from twisted.internet.threads import deferToThread
 
 from gorge.db import Database
 from gorge.db.clock import RESAMPLE, DatabaseClock
@@ -118,3 +121,32 @@ async def _until_read(db: Database, reads: int) -> None:
             return
         await deferLater(reactor, 0.01)
     raise AssertionError("the server's clock was not read again")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_read_that_waits_for_a_thread_counts_from_when_it_was_asked(pinned):
+    """The pinned server answers the time the read was asked at: a read that
+    waits for a pool thread while the test moves the clock on must not count
+    from when the thread got to it (every later "now" would be behind)."""
+    db, clock = pinned
+    server = DatabaseClock(db, elapsed=clock.seconds)
+    assert await server.now() == T0
+    # Every pool thread busy until released, so the read below waits in line.
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    threads = db.pool.threadpool.max
+
+    def hold(txn):
+        started.release()
+        release.wait(30)
+
+    held = [Deferred.fromCoroutine(db.run("hold", hold)) for _ in range(threads)]
+    for _ in range(threads):
+        assert await deferToThread(started.acquire, True, 30)
+    db.connections_opened += 1  # a reason to read again, in the background
+    assert await server.now() == T0
+    clock.advance(5)  # while the read waits for a thread
+    release.set()
+    await gatherResults(held)
+    await _until_read(db, 2)
+    assert await server.now() == T0 + 5
