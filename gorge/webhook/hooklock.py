@@ -33,6 +33,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
@@ -53,6 +54,10 @@ IDLE_PER_SLOT = 2
 PARKED_PER_SLOT = 4
 
 SQL_GET_LOCK = "SELECT GET_LOCK(%s, 0)"
+SQL_SESSION_TIMEOUT = "SET SESSION wait_timeout = %s"
+# How long the server keeps a lock's session that says nothing; a session
+# holding or parking a lock says something every third of it.
+LOCK_SESSION_TIMEOUT = 60
 SQL_RELEASE_LOCK = "SELECT RELEASE_LOCK(%s)"
 
 
@@ -90,9 +95,15 @@ class HookLocks:
         slots: int = 8,
         clock: IReactorTime | None = None,
         park_for: float = 1.0,
+        session_timeout: int | None = None,
     ) -> None:
         """``park_for`` (the poll interval, on ``clock``): the longest an idle
-        hook's lock is kept when no poll lets it go first."""
+        hook's lock is kept when no poll lets it go first. ``session_timeout``
+        (seconds; None: the server's ``wait_timeout``): how long the server
+        keeps a lock's session that says nothing. A host that vanishes
+        without closing its connections (power, network) would otherwise
+        hold its hooks' locks until the server's default, 8 hours, and every
+        other replica and Phorge worker would skip those hooks meanwhile."""
         self._settings = settings
         self._namespace = namespace
         self._reactor = reactor
@@ -103,6 +114,9 @@ class HookLocks:
         self._max_parked = PARKED_PER_SLOT * slots
         self._clock: IReactorTime = clock if clock is not None else reactor
         self._park_for = park_for
+        self._session_timeout = session_timeout
+        self._keepalive: LoopingCall | None = None
+        self._pings: dict[int, Deferred[None]] = {}  # id(session) -> its ping under way
         self._park_timer: IDelayedCall | None = None
         self._releasing: dict[str, Deferred[None]] = {}
         self._idle: list[Any] = []
@@ -146,7 +160,62 @@ class HookLocks:
             await self._in_thread(self._release_lock, connection, name)
             return False
         self._held[hook_phid] = connection
+        self._start_keepalive()
         return True
+
+    # -- keeping the lock's sessions alive ------------------------------------
+
+    def _start_keepalive(self) -> None:
+        if self._session_timeout is None or self._keepalive is not None:
+            return
+        keepalive = self._keepalive = LoopingCall(self._ping_holders)
+        keepalive.clock = self._clock
+        keepalive.start(self._session_timeout / 3, now=False).addErrback(
+            lambda f: log.failure("WEBHOOK_HOOK_LOCK_KEEPALIVE_FAILED", f)
+        )
+
+    def settled(self) -> Deferred[Any]:
+        """Fires once no session's ping is under way: for a caller that moves
+        the clock itself (tests)."""
+        return gatherResults(list(self._pings.values()))
+
+    def _ping_holders(self) -> Deferred[Any]:
+        """Each session holding or parking a lock says something, so the server
+        keeps it (``session_timeout``). One the server has closed (killed, or
+        the database restarted) has lost its lock: the hook is no longer held,
+        and the next row of it asks for the lock again."""
+        holders = [*self._held.items(), *self._parked.items()]
+        return gatherResults([self._ping(hook, connection) for hook, connection in holders])
+
+    def _ping(self, hook_phid: str, connection: Any) -> Deferred[None]:
+        key = id(connection)
+        if key in self._pings:
+            return self._pings[key]
+
+        def lost(failure: Any) -> None:
+            if self._held.get(hook_phid) is connection:
+                del self._held[hook_phid]
+            elif self._parked.get(hook_phid) is connection:
+                del self._parked[hook_phid]
+            else:
+                return  # let go meanwhile
+            log.warn(
+                "WEBHOOK_HOOK_LOCK_LOST hook={hook} lock={lock} error={error}",
+                hook=hook_phid,
+                lock=lock_name(self._namespace, hook_phid),
+                error=platform_mysql.error_reason(failure.value),
+            )
+            self._stale.discard(key)
+            _close(connection)
+
+        def done(result: object) -> object:
+            self._pings.pop(key, None)
+            return result
+
+        d = self._in_thread(_say_something, connection)
+        self._pings[key] = d
+        d.addBoth(done).addErrback(lost)
+        return d
 
     def release(self, hook_phid: str) -> Deferred[None] | None:
         """The hook is idle: its lock is parked until :meth:`release_parked`
@@ -180,6 +249,9 @@ class HookLocks:
         return d
 
     async def _release(self, hook_phid: str, connection: Any, name: str) -> None:
+        ping = self._pings.get(id(connection))
+        if ping is not None:
+            await ping  # one statement at a time on a session
         try:
             await self._in_thread(self._release_lock, connection, name)
             self._keep(connection)
@@ -201,6 +273,8 @@ class HookLocks:
         self._closed = True
         if self._park_timer is not None and self._park_timer.active():
             self._park_timer.cancel()
+        if self._keepalive is not None and self._keepalive.running:
+            self._keepalive.stop()
         for connection in [*self._held.values(), *self._parked.values(), *self._idle]:
             _close(connection)
         self._held.clear()
@@ -242,6 +316,9 @@ class HookLocks:
                 _close(connection)
         connection = self._connect(self._settings)
         try:
+            if self._session_timeout is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute(SQL_SESSION_TIMEOUT, (self._session_timeout,))
             return connection, self._try_lock(connection, name)
         except Exception:
             _close(connection)
@@ -259,6 +336,11 @@ class HookLocks:
         with connection.cursor() as cursor:
             cursor.execute(SQL_RELEASE_LOCK, (name,))
             cursor.fetchone()
+
+
+def _say_something(connection: Any) -> None:
+    # ping(reconnect=False): a new session would hold no lock.
+    connection.ping(reconnect=False)
 
 
 def _close(connection: Any) -> None:

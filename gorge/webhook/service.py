@@ -26,7 +26,7 @@ from gorge.webhook.api import PREFIX, WebhookApi
 from gorge.webhook.breaker import Breaker
 from gorge.webhook.deliverylog import DeliveryLog
 from gorge.webhook.dispatcher import Dispatcher
-from gorge.webhook.hooklock import HookLocks
+from gorge.webhook.hooklock import LOCK_SESSION_TIMEOUT, HookLocks
 from gorge.webhook.metrics import BacklogAge, WebhookMetrics
 from gorge.webhook.settings import WebhookSettings, load_webhook_settings
 from gorge.webhook.silent import SilentMode
@@ -254,6 +254,7 @@ def build_webhook_service(
             slots=settings.max_concurrent,
             clock=clock,
             park_for=settings.poll_interval,
+            session_timeout=LOCK_SESSION_TIMEOUT,
         )
         if settings.hook_lock and store.db.engine.name == "mysql"
         else None
