@@ -183,6 +183,12 @@ class PhorgeScript:
         self.timeout = timeout
 
     def run(self, command: str, params: Mapping[str, Any] | None = None) -> dict:
+        # Checked here too, not only by the script: a wrong --phorge-root is
+        # the likelier mistake, and it must be named even where PHP is missing.
+        if not (self.root / "scripts" / "init" / "init-script.php").is_file():
+            raise SiteUnreadable(
+                f"{self.root} is not a Phorge checkout (no scripts/init/init-script.php)"
+            )
         argv = [self.php, str(DOCTOR_SCRIPT), str(self.root), command]
         if params is not None:
             argv.append(json.dumps(params))
