@@ -20,7 +20,7 @@ from typing import Any
 
 from gorge.db import Database
 from gorge.webhook.observation import Observation
-from gorge.webhook.queueview import Seen
+from gorge.webhook.queuedrows import Seen
 from gorge.webhook.retryafter import held_second
 from gorge.webhook.rows import FAILED, QUEUED, RESULT_FAIL, RESULT_NONE, chunks, marks, text
 

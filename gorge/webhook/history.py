@@ -15,7 +15,7 @@ from typing import Any
 
 from gorge.db import Database
 from gorge.webhook.observation import Observation
-from gorge.webhook.queueview import Seen
+from gorge.webhook.queuedrows import Seen
 from gorge.webhook.rows import FAILED, SENT, marks, text
 
 LIST_WINDOW = 2000  # ids per statement of the delivery log's listing

@@ -21,7 +21,9 @@ from twisted.internet.defer import Deferred, DeferredLock
 
 from gorge.db import Database
 from gorge.log.logger import Logger
-from gorge.webhook.queueview import BLOCK, Counts, QueueView, Seen, SweepStep, block_of
+from gorge.webhook.queuedrows import Seen
+from gorge.webhook.queueview import QueueView
+from gorge.webhook.recount import BLOCK, Counts, SweepStep, block_of
 from gorge.webhook.rows import QUEUED, chunks, marks, text
 
 log = Logger()

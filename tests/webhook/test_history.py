@@ -15,7 +15,7 @@ import pytest
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 
-from gorge.webhook import claims, observation, queueview
+from gorge.webhook import claims, observation, queueview, recount
 from gorge.webhook import history as delivery_history
 from gorge.webhook.store import WebhookStore
 from gorge_testing.herald_history import fill_history
@@ -61,7 +61,7 @@ async def test_an_idle_poll_reads_no_history_and_a_new_row_goes_out_at_once(
     await harness.run_tick()  # the start-up pass reads the table once
     assert await tick_reading(herald, harness) < 50
     harness.clock.advance(1)  # the background recount's share of one second
-    assert await tick_reading(herald, harness) <= 4 * queueview.BLOCK + 50
+    assert await tick_reading(herald, harness) <= 4 * recount.BLOCK + 50
 
     request_id = herald.insert_request(hook=hook, created=int(harness.clock.seconds()))
     read = await tick_reading(herald, harness)
@@ -219,7 +219,7 @@ async def test_a_lower_id_committed_after_a_higher_one_is_picked_up(
     harness.clock.advance(20)  # a slow transaction, within the hole window
     insert_with_id(herald, history + 3, hook, now)
     # Looked up by id (the rest is the background recount's share of 20 s).
-    assert await tick_reading(herald, harness) <= 4 * queueview.BLOCK + 100
+    assert await tick_reading(herald, harness) <= 4 * recount.BLOCK + 100
     assert receiver.count() == 2
     # Later than the hole window: the background recount finds it, within one pass.
     harness.clock.advance(queueview.HOLE_SECONDS)

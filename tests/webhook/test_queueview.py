@@ -27,7 +27,8 @@ from twisted.internet.defer import Deferred, fail, succeed
 from gorge.db import Database, SQLiteEngine
 from gorge.demo.herald_schema import HERALD_SCHEMA
 from gorge.webhook import observation, queueview
-from gorge.webhook.queueview import QueueView, Seen
+from gorge.webhook.queuedrows import Seen
+from gorge.webhook.queueview import QueueView
 from gorge.webhook.store import DATABASE_NAME, WebhookStore
 from tests.webhook.conftest import T0
 
@@ -265,7 +266,7 @@ class QueueMachine(RuleBasedStateMachine):
         held = {i for i in due if self.store.claims.held_until(i)}
         missing = due - set(returned) - self.surprises - held - self.behind_in_flight(due)
         assert not missing, f"due rows not returned: {sorted(missing)}"
-        known = set(self.store.view._rows)
+        known = set(self.store.view.known())
         queued = {r[0] for r in self.rows("status = 'queued'")}
         # A deleted row is forgotten once due, or when its block is recounted.
         gone = self.deleted | self.finished_elsewhere

@@ -14,13 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.web.http import datetimeToString
 
-from gorge.webhook.queueview import QUEUED, QueueView, Seen
+from gorge.webhook.queuedrows import Seen
+from gorge.webhook.queueview import QueueView
 from gorge.webhook.retryafter import (
     MICROSECOND,
     held_second,
     retry_after_seconds,
     wait_seconds,
 )
+from gorge.webhook.rows import QUEUED
 
 FOREVER = {"retry": "forever", "transactionPHIDs": [], "triggerPHIDs": []}
 NEVER = {"retry": "never", "transactionPHIDs": [], "triggerPHIDs": []}
