@@ -7,8 +7,9 @@ closed, a fresh one started) after ``max_tasks`` tasks or once its memory
 passes ``max_memory``; one that dies is replaced, with a growing pause while
 they keep dying before they are ready (a broken Phorge must not become a
 fork loop). A task whose executor dies under it fails with
-:class:`ExecutorFailed`; cancelling a task (its lease deadline) ends its
-process.
+:class:`ExecutorFailed`; cancelling a task (its lease lost at a heartbeat,
+or its deadline passed) ends its process, which the pool replaces at once
+(``WORKER_EXECUTOR_REPLACED``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class ExecutorPool:
         self.started = 0
         self.recycled = 0
         self.died = 0
+        self.replaced = 0
 
     # -- life -----------------------------------------------------------------
 
@@ -200,9 +202,10 @@ class ExecutorPool:
         process = await self._acquire()
         # A death, a broken wire or a cancel (which kills the process) raise
         # here; the process is replaced when its end is seen.
-        self._publish()
+        answer_d = process.run(request)
+        self._publish()  # now that the process counts as busy
         try:
-            answer = await process.run(request)
+            answer = await answer_d
         finally:
             self._publish()
         self._release(process)
@@ -293,6 +296,22 @@ class ExecutorPool:
             self._retiring.discard(process)
             return
         if not self._running:
+            return
+        if process.cancelled_task is not None:
+            # Ended because its task was cancelled (a lost lease, a passed
+            # deadline): not a death, and no back-off. Its replacement keeps
+            # the pool at its size.
+            self.replaced += 1
+            task_id, task_class = process.cancelled_task
+            log.info(
+                "WORKER_EXECUTOR_REPLACED pid={pid} task_id={task_id} task_class={task_class} "
+                "reason={reason}",
+                pid=process.pid,
+                task_id=task_id,
+                task_class=task_class,
+                reason="its task was cancelled",
+            )
+            self._spawn()
             return
         self.died += 1
         if not process.is_ready:

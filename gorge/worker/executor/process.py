@@ -58,6 +58,12 @@ class ExecutorProcess(ProcessProtocol):
         self._closing = False
         self.is_ready = False
         self._fatal: str | None = None
+        # The task of the request under way, and, once the worker cancelled
+        # that request (the task's lease was lost or ran out) and so ended
+        # the process, which task it was: the pool then replaces the process
+        # as its own doing, not as a death.
+        self.task: tuple[object, object] | None = None
+        self.cancelled_task: tuple[object, object] | None = None
 
     # -- twisted hooks --------------------------------------------------------
 
@@ -100,12 +106,20 @@ class ExecutorProcess(ProcessProtocol):
         assert self._pending is None, "one task at a time"
         self._serial += 1
         self._pending_id = self._serial
+        self.task = (request.get("taskID"), request.get("taskClass"))
         line = json.dumps(
             {"id": self._serial, **request}, separators=(",", ":"), ensure_ascii=False
         ).encode("utf-8", "surrogatepass")
-        self._pending = Deferred(lambda _: self.kill())
+        self._pending = Deferred(self._cancel)
         self.transport.writeToChild(REQUEST_FD, line + b"\n")  # type: ignore[union-attr]
         return self._pending
+
+    def _cancel(self, pending: Deferred[dict]) -> None:
+        """The worker gave the task up: PHP cannot be stopped mid-task other
+        than by ending its process."""
+        if self.cancelled_task is None:
+            self.cancelled_task = self.task
+        self.kill()
 
     def close(self) -> None:
         """Let the process exit after the task under way: end of its input."""
@@ -152,6 +166,7 @@ class ExecutorProcess(ProcessProtocol):
             self._fatal = error if isinstance(error, str) else repr(error)
         elif "id" in message and self._pending is not None and message["id"] == self._pending_id:
             pending, self._pending, self._pending_id = self._pending, None, None
+            self.task = None
             memory = message.get("memory")
             if isinstance(memory, int) and not isinstance(memory, bool):
                 self.memory = memory

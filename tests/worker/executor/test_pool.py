@@ -109,6 +109,36 @@ async def test_a_process_that_dies_mid_task_fails_that_task_and_is_replaced(pool
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_cancelled_task_ends_its_process_which_is_replaced_as_no_death(pools):
+    """A lost lease cancels the task: its executor is killed (PHP cannot be
+    stopped mid-task otherwise) and replaced at once, logged once as a
+    replacement naming the task, not as a death."""
+    from twisted.logger import globalLogPublisher
+
+    seen: list[dict] = []
+    globalLogPublisher.addObserver(seen.append)
+    try:
+        pool = pools(_settings(size=1))
+        first = await _run(pool, "Succeed")
+        hanging = _run(pool, "Hang", taskID=41)
+        await _until(lambda: pool.busy == 1, "the executor busy")
+        hanging.cancel()
+        with pytest.raises(CancelledError):
+            await hanging
+        after = await _run(pool, "Succeed")
+    finally:
+        globalLogPublisher.removeObserver(seen.append)
+    assert after["pid"] != first["pid"]
+    assert (pool.replaced, pool.died, pool.started) == (1, 0, 2)
+    events = [e for e in seen if "WORKER_EXECUTOR_" in (e.get("log_format") or "")]
+    replaced = [e for e in events if "WORKER_EXECUTOR_REPLACED" in e["log_format"]]
+    assert [(e["pid"], e["task_id"], e["task_class"]) for e in replaced] == [
+        (first["pid"], 41, "Hang")
+    ]
+    assert not [e for e in events if "WORKER_EXECUTOR_EXITED" in e["log_format"]]
+
+
+@pytest_twisted.ensureDeferred
 async def test_processes_are_recycled_after_max_tasks(pools):
     pool = pools(_settings(size=1, max_tasks=2))
     pids = [(await _run(pool, "Succeed"))["pid"] for _ in range(5)]
@@ -215,6 +245,14 @@ async def test_the_executors_gauge_follows_their_states(reactor_metrics):
 
     await _until(lambda: value("idle") == 2, "both executors idle")
     assert (value("busy"), value("starting")) == (0, 0)
+    # While a task runs, its executor counts as busy (not only after it).
+    hanging = _run(pool, "Hang")
+    assert (value("busy"), value("idle")) == (1, 1)
+    hanging.cancel()
+    with pytest.raises(CancelledError):
+        await hanging
+    await _until(lambda: value("idle") == 2, "the replacement idle")
+    assert value("busy") == 0
 
 
 @pytest.fixture
