@@ -248,12 +248,15 @@ class Command(BaseCommand):
             offset=self.args.offset,
             **{"class": self.args.task_class},
         )
+        errors = self._last_errors([r["id"] for r in rows])
+        for r in rows:
+            r["lastError"] = errors.get(r["id"])
 
         def human() -> None:
             if not rows:
                 self.out.write("no archived tasks match\n")
                 return
-            table = [["ID", "CLASS", "RESULT", "FAILURES", "PRIORITY", "ARCHIVED"]]
+            table = [["ID", "CLASS", "RESULT", "FAILURES", "PRIORITY", "ARCHIVED", "LAST ERROR"]]
             table += [
                 [
                     str(r["id"]),
@@ -262,12 +265,27 @@ class Command(BaseCommand):
                     str(r["failureCount"]),
                     str(r["priority"]),
                     _when(r.get("archivedEpoch")),
+                    _cut(r["lastError"] or "-", 80),
                 ]
                 for r in rows
             ]
             _table(table, self.out)
 
         self.emit(rows, human)
+
+    def _last_errors(self, task_ids: list[int]) -> dict[int, str]:
+        """The error each task's last failure reported, as gorge-taskqueue
+        keeps it (docs/taskqueue.md, Last errors); none from a taskqueue
+        too old to keep them."""
+        if not task_ids:
+            return {}
+        try:
+            notes = self.http.get(
+                "failures", taskIDs=",".join(map(str, task_ids)), limit=len(task_ids)
+            )
+        except Refused:
+            return {}
+        return {note["taskID"]: note["message"] for note in notes}
 
     def dead_requeue(self) -> None:
         answers = self.http.post("requeue", {"taskIDs": self.args.ids})
@@ -539,3 +557,9 @@ def main(
         timeout=args.timeout,
     )
     return Command(args, http, out, err, clock).run()
+
+
+def _cut(text: str, width: int) -> str:
+    """One line of at most ``width`` characters for a table cell."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"

@@ -13,6 +13,7 @@ from twisted.web.resource import Resource
 from gorge.app.inflight import InFlight
 from gorge.db import DatabaseReadOnly
 from gorge.log.logger import Logger
+from gorge.taskqueue.failures import FailureNotes
 from gorge.taskqueue.metrics import TaskQueueMetrics
 from gorge.taskqueue.model import (
     MAX_LEASE_LIMIT,
@@ -118,8 +119,11 @@ class TaskQueueApi:
         *,
         inflight: InFlight | None = None,
         waiters: LeaseWaiters | None = None,
+        failures: FailureNotes | None = None,
     ) -> None:
         self._store = store
+        # Each failing task's last error text (Phorge's tables keep none).
+        self.failures = failures if failures is not None else FailureNotes(clock)
         self._settings = settings
         self._clock = clock
         self._metrics = metrics
@@ -255,6 +259,7 @@ class TaskQueueApi:
         )
         self._metrics.completed.labels(done.archived.task_class).inc()
         self._enqueued(done.children)
+        self.failures.forget(task_id)
         # A replay answers the same row, so a worker sending again learns
         # nothing new and nothing is inserted twice.
         return ok(request, done.archived.to_json())
@@ -265,11 +270,12 @@ class TaskQueueApi:
         task_id = task_id_field(body)
         permanent = permanent_field(body)
         retry_wait = int_field(body, "retryWait", self._settings.retry_wait)
-        str_field(body, "message", "")
+        message = str_field(body, "message", "")
         owner = fence_owner(request, body)
         result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait, owner))
         task_class = getattr(result, "task_class", "")
         self._metrics.failed.labels(task_class, "true" if permanent else "false").inc()
+        self.failures.note(task_id, task_class, message, permanent)
         return ok(request, {"status": "ok"})
 
     @app.route("/api/queue/yield", methods=["POST"])
@@ -319,10 +325,14 @@ class TaskQueueApi:
             if report.outcome == REPORT_COMPLETE:
                 self._metrics.completed.labels(result.task_class).inc()
                 self._enqueued(result.children)
+                self.failures.forget(report.task_id)
             elif report.outcome == REPORT_FAIL:
                 self._metrics.failed.labels(
                     result.task_class, "true" if report.permanent else "false"
                 ).inc()
+                self.failures.note(
+                    report.task_id, result.task_class, report.message, report.permanent
+                )
         return ok(request, answer)
 
     async def _report_by_owner(
@@ -429,6 +439,25 @@ class TaskQueueApi:
     async def get_task(self, request, task_id: str):
         task = await self._call("get", self._store.get_task(path_id(task_id)))
         return ok(request, task.to_json())
+
+    @app.route("/api/queue/failures", methods=["GET"])
+    async def list_failures(self, request):
+        """The last error of each task that failed, newest first
+        (docs/taskqueue.md, Last errors)."""
+        limit, _ = page(request)
+        ids_text = query_text(request, b"taskIDs")
+        task_ids = None
+        if ids_text:
+            parts = ids_text.split(",")
+            if not all(part.isascii() and part.isdigit() for part in parts):
+                raise bad_request("taskIDs must be task ids separated by commas")
+            task_ids = frozenset(int(part) for part in parts)
+        kind = query_text(request, b"permanent")
+        if kind not in (None, "", "true", "false"):
+            raise bad_request("permanent must be true or false")
+        permanent = None if not kind else kind == "true"
+        notes = self.failures.recent(limit, task_ids=task_ids, permanent=permanent)
+        return ok(request, [note.to_json() for note in notes])
 
     # -- operator verbs (docs/taskqueue.md, Operator verbs) ----------------------
 

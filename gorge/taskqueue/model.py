@@ -335,6 +335,7 @@ class Report:
     permanent: bool = False
     retry_wait: int = 0
     followups: tuple[Followup, ...] = ()
+    message: str = ""  # a failure's error text, for its note (gorge/taskqueue/failures.py)
 
     @property
     def archives(self) -> bool:

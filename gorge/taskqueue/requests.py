@@ -187,8 +187,8 @@ def parse_report(item: Any, retry_wait: int) -> Report:
     if outcome == REPORT_FAIL:
         permanent = permanent_field(item)
         wait = int_field(item, "retryWait", retry_wait)
-        str_field(item, "message", "")
-        return Report(task_id, outcome, permanent=permanent, retry_wait=wait)
+        message = str_field(item, "message", "")
+        return Report(task_id, outcome, permanent=permanent, retry_wait=wait, message=message)
     return Report(task_id, outcome, duration=int_field(item, "duration", 0, minimum=None))
 
 

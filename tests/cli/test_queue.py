@@ -148,17 +148,28 @@ def test_the_verbs_against_a_running_queue(queue):
     r = gorge("queue", "show", "4", url=queue)
     assert r.returncode == 0 and r.stdout.startswith("task 4: archived, cancelled\n")
     # dead tasks: a permanent failure is listed and requeued as a new task
-    _http(queue, "fail", {"taskID": 5, "permanent": True})
+    _http(queue, "fail", {"taskID": 5, "permanent": True, "message": "no such  repository"})
     r = gorge("queue", "dead", "ls", url=queue)
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["ID", "CLASS", "RESULT", "FAILURES", "PRIORITY", "ARCHIVED"]
+    assert lines[0].split() == [
+        "ID",
+        "CLASS",
+        "RESULT",
+        "FAILURES",
+        "PRIORITY",
+        "ARCHIVED",
+        "LAST",
+        "ERROR",
+    ]
     assert [line.split()[:3] for line in lines[1:]] == [["5", "PhabricatorTestWorker", "failure"]]
+    # Its last error, as the worker reported it (on one line).
+    assert lines[1].endswith(" no such repository")
     assert [
-        row["id"]
+        (row["id"], row["lastError"])
         for row in json.loads(
             gorge("queue", "dead", "ls", "--all-results", "--json", url=queue).stdout
         )
-    ] == [5, 4]
+    ] == [(5, "no such  repository"), (4, None)]
     r = gorge("queue", "dead", "requeue", "5", "77", url=queue)
     assert r.returncode == 1
     assert r.stdout == "task 5 (PhabricatorTestWorker): requeued as task 6\n"

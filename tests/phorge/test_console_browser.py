@@ -111,6 +111,9 @@ def browse(
         seen["overview"] = page.inner_text("body")
         visit("/gorge/tasks/")
         seen["tasks"] = page.inner_text("body")
+        seen["last_errors"] = {
+            task_id: page.inner_text(f'[data-gorge-last-error="{task_id}"]') for task_id in dead
+        }
         act(f'[data-gorge-action="requeue-{dead[0]}"]', "/gorge/tasks/")
         act(f'[data-gorge-action="retry-{dead[1]}"]', "/gorge/tasks/")
         act(f'[data-gorge-action="free-{active["free"]}"]', "/gorge/tasks/")
@@ -210,6 +213,11 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
         assert "Queue Age (" in seen["overview"]
         assert re.search(WAITING_CLASS + r"\s+default\s", seen["overview"]), seen["overview"]
         assert DEAD_CLASS in seen["tasks"]
+        # Each dead task with the error gorge-worker reported for it (Phorge's
+        # tables keep none: gorge-taskqueue's note, /api/queue/failures).
+        for task_id in dead:
+            error = seen["last_errors"][task_id]
+            assert DEAD_CLASS in error and "does not exist" in error, seen["last_errors"]
         assert "console 0" in seen["webhooks"] and "http/500" in seen["webhooks"]
 
         # Requeue: a new active task from the first; its archive row stays.

@@ -5,12 +5,35 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
   const LIST_LIMIT = 50;
 
   public function handleRequest(AphrontRequest $request) {
+    $failing = $this->loadFailingTasks();
+    $queue = GorgeDaemon::loadDaemon(GorgeDaemon::TASKQUEUE);
+    $dead = null;
+    $dead_error = null;
+    if ($queue) {
+      $dead = $queue->call(
+        'GET',
+        '/api/queue/archived',
+        array('result' => 'failure', 'limit' => self::LIST_LIMIT));
+      if (!$dead->isOK()) {
+        $dead_error = $this->newDaemonFailure($queue, $dead);
+        $dead = null;
+      } else {
+        $dead = (array)$dead->getData();
+      }
+    }
+    $ids = mpull($failing, 'getID');
+    foreach ((array)$dead as $task) {
+      $ids[] = (int)idx($task, 'id');
+    }
+    $errors = $this->loadLastErrors($queue, $ids);
+
     $content = array();
     $content[] = $this->buildClassBox();
     $content[] = $this->buildActiveBox(
       pht('Failing Tasks'),
       pht('No active task has failed.'),
-      $this->loadFailingTasks());
+      $failing,
+      $errors);
     $content[] = $this->buildActiveBox(
       pht('Leased Tasks'),
       pht('No task is leased.'),
@@ -20,30 +43,68 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
       pht('No task is waiting.'),
       $this->loadWaitingTasks());
 
-    $queue = GorgeDaemon::loadDaemon(GorgeDaemon::TASKQUEUE);
-    if ($queue) {
-      $dead = $queue->call(
-        'GET',
-        '/api/queue/archived',
-        array('result' => 'failure', 'limit' => self::LIST_LIMIT));
-      if ($dead->isOK()) {
-        $content[] = $this->buildDeadBox((array)$dead->getData());
-      } else {
-        $content[] = $this->newDaemonFailure($queue, $dead);
-      }
-    } else {
+    if (!$queue) {
       $content[] = $this->newNotConfigured(GorgeDaemon::TASKQUEUE);
+    } else if ($dead_error) {
+      $content[] = $dead_error;
+    } else {
+      $content[] = $this->buildDeadBox($dead, $errors);
     }
 
     $content[] = $this->newNotice(
       pht('Where the Errors Are'),
       pht(
         'Phorge\'s task tables keep a failure count and time, not the error '.
-        'text: gorge-worker logs each failure with the task\'s id '.
-        '(WORKER_TASK_OUTCOME task_id=...).'),
+        'text. The last error shown here is what gorge-worker reported to '.
+        'gorge-taskqueue, which keeps it in memory for a week (not across '.
+        'its restarts); gorge-worker\'s log has every failure with the '.
+        'task\'s id (WORKER_TASK_OUTCOME task_id=...).'),
       PHUIInfoView::SEVERITY_NOTICE);
 
     return $this->newConsolePage('tasks', pht('Tasks'), $content);
+  }
+
+  /**
+   * The last error gorge-taskqueue keeps for each of these tasks, by id
+   * (GET /api/queue/failures); none when the queue cannot say.
+   */
+  private function loadLastErrors($queue, array $ids) {
+    $ids = array_unique(array_filter(array_map('intval', $ids)));
+    if (!$queue || !$ids) {
+      return array();
+    }
+    $answer = $queue->call(
+      'GET',
+      '/api/queue/failures',
+      array(
+        'taskIDs' => implode(',', $ids),
+        'limit' => count($ids),
+      ));
+    if (!$answer->isOK()) {
+      return array();
+    }
+    $errors = array();
+    foreach ((array)$answer->getData() as $note) {
+      $errors[(int)idx($note, 'taskID')] = $note;
+    }
+    return $errors;
+  }
+
+  private function formatLastError(array $errors, $id) {
+    $note = idx($errors, (int)$id);
+    if (!$note) {
+      return phutil_tag('em', array(), pht('Not known'));
+    }
+    $message = (string)idx($note, 'message');
+    if (!strlen($message)) {
+      $message = pht('(the worker gave no message)');
+    }
+    return phutil_tag(
+      'span',
+      array('data-gorge-last-error' => (int)$id),
+      id(new PhutilUTF8StringTruncator())
+        ->setMaximumGlyphs(300)
+        ->truncateString($message));
   }
 
   private function buildClassBox() {
@@ -122,7 +183,11 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
       self::LIST_LIMIT);
   }
 
-  private function buildActiveBox($title, $empty, array $tasks) {
+  private function buildActiveBox(
+    $title,
+    $empty,
+    array $tasks,
+    ?array $errors = null) {
     $now = PhabricatorTime::getNow();
     $rows = array();
     foreach ($tasks as $task) {
@@ -146,6 +211,7 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
         self::getPriorityBand($task->getPriority()),
         number_format((int)$task->getFailureCount()),
         $this->formatDate($task->getFailureTime()),
+        $errors === null ? null : $this->formatLastError($errors, $task->getID()),
         $leased
           ? pht(
             '%s until %s',
@@ -165,15 +231,17 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
           pht('Priority'),
           pht('Failures'),
           pht('Last Failure'),
+          pht('Last Error'),
           pht('Lease'),
           pht('Actions'),
         ))
-      ->setColumnClasses(array('n', 'wide pri', '', 'n', '', '', 'action'));
+      ->setColumnClasses(array('n', 'pri', '', 'n', '', 'wide', '', 'action'))
+      ->setColumnVisibility(array(true, true, true, true, true, $errors !== null));
 
     return $this->newBox($title, $table);
   }
 
-  private function buildDeadBox(array $tasks) {
+  private function buildDeadBox(array $tasks, array $errors) {
     $rows = array();
     foreach ($tasks as $task) {
       $id = (int)idx($task, 'id');
@@ -182,6 +250,7 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
         idx($task, 'taskClass'),
         number_format((int)idx($task, 'failureCount')),
         $this->formatDate(idx($task, 'archivedEpoch')),
+        $this->formatLastError($errors, $id),
         phutil_implode_html(
           ' ',
           array(
@@ -199,9 +268,10 @@ final class GorgeConsoleTaskListController extends GorgeConsoleController {
           pht('Class'),
           pht('Failures'),
           pht('Archived'),
+          pht('Last Error'),
           pht('Actions'),
         ))
-      ->setColumnClasses(array('n', 'wide pri', 'n', '', 'action'));
+      ->setColumnClasses(array('n', 'pri', 'n', '', 'wide', 'action'));
 
     return $this->newBoxWithAction(
       pht('Dead Tasks (Failed Permanently)'),
