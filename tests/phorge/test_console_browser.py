@@ -82,8 +82,23 @@ def submit(page: Any) -> str:
     return page.inner_text("body")
 
 
+def last_success(base: str, admin: Person, hook: str) -> str:
+    """What /gorge/webhooks/ says of ``hook``'s last delivered request."""
+    with chromium(base) as page_for:
+        page = page_for(admin)
+        response = page.goto(base + "/gorge/webhooks/")
+        assert response is not None and response.status == 200
+        return page.inner_text(f'[data-gorge-last-success="{hook}"]')
+
+
 def browse(
-    base: str, admin: Person, member: Person, dead: list[int], request_id: int, active: dict
+    base: str,
+    admin: Person,
+    member: Person,
+    dead: list[int],
+    request_id: int,
+    active: dict,
+    hook: str,
 ) -> dict:
     """The browser's part, in a thread of its own (Playwright's sync API
     blocks): returns what it saw."""
@@ -125,6 +140,7 @@ def browse(
         assert page.url == base + "/gorge/tasks/", page.inner_text("body")[:3000]
         visit("/gorge/webhooks/")
         seen["webhooks"] = page.inner_text("body")
+        seen["last_success_before"] = page.inner_text(f'[data-gorge-last-success="{hook}"]')
         act(f'[data-gorge-action="retry-webhook-{request_id}"]', "/gorge/webhooks/")
         visit("/gorge/mail/")
 
@@ -200,7 +216,7 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
         assert held["id"] == active["free"]
 
         seen = await deferToThread(
-            browse, s.site.base_uri, admin, member, dead, request["id"], active
+            browse, s.site.base_uri, admin, member, dead, request["id"], active, hook
         )
 
         # What the administrator saw.
@@ -285,6 +301,10 @@ async def test_an_administrator_requeues_and_retries_from_the_console(console):
     row = await s.until(sent, "the retried webhook request delivered")
     assert row["lastRequestResult"] == "okay"
     assert s.receiver.count("/console-ok") == 1
+    # The hook's last success: none while its one request had failed, then
+    # that delivery (Phorge's own rows).
+    assert seen["last_success_before"] == "never"
+    assert await deferToThread(last_success, s.site.base_uri, admin, hook) not in ("", "never")
     webhook_log = s.gorge.daemons["webhook"].log_text()
     assert any(
         "WEBHOOK_REQUEST_REPLAYED" in line and f"request_id=phorge:{admin.username}:" in line

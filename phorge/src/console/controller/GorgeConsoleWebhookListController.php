@@ -55,6 +55,7 @@ final class GorgeConsoleWebhookListController extends GorgeConsoleController {
         ->execute();
       $objects = mpull($objects, null, 'getPHID');
     }
+    $last_success = self::loadLastSuccess($phids);
 
     $rows = array();
     foreach ($listed as $hook) {
@@ -76,6 +77,14 @@ final class GorgeConsoleWebhookListController extends GorgeConsoleController {
           idx($data, 'window')),
         number_format((int)idx($hook, 'queued')),
         self::formatSeconds(idx($hook, 'oldestQueuedSeconds')),
+        phutil_tag(
+          'span',
+          array('data-gorge-last-success' => idx($hook, 'phid')),
+          idx($last_success, idx($hook, 'phid'))
+            ? phabricator_datetime(
+              (int)$last_success[idx($hook, 'phid')],
+              $controller->getViewer())
+            : pht('never')),
       );
     }
 
@@ -89,10 +98,33 @@ final class GorgeConsoleWebhookListController extends GorgeConsoleController {
           pht('Recent Failures'),
           pht('Backlog'),
           pht('Oldest Queued'),
+          pht('Last Success'),
         ))
-      ->setColumnClasses(array('wide pri', '', '', '', 'n', ''));
+      ->setColumnClasses(array('wide pri', '', '', '', 'n', '', ''));
 
     return $controller->newBox(pht('Webhooks'), $table);
+  }
+
+  /**
+   * When each hook last had a request delivered, from Phorge's own rows:
+   * epochs by hook PHID. The rate-limit index (webhookPHID,
+   * lastRequestResult, lastRequestEpoch) answers each hook's maximum without
+   * reading its requests.
+   */
+  private static function loadLastSuccess(array $phids) {
+    if (!$phids) {
+      return array();
+    }
+    $table = new HeraldWebhookRequest();
+    $rows = queryfx_all(
+      $table->establishConnection('r'),
+      'SELECT webhookPHID, MAX(lastRequestEpoch) AS epoch FROM %T
+        WHERE webhookPHID IN (%Ls) AND lastRequestResult = %s
+        GROUP BY webhookPHID',
+      $table->getTableName(),
+      array_values($phids),
+      HeraldWebhookRequest::RESULT_OKAY);
+    return ipull($rows, 'epoch', 'webhookPHID');
   }
 
   private function buildFailureBox(array $requests, array $hooks) {
