@@ -16,6 +16,7 @@ daemon console over the tables gorge-taskqueue serves.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import treq
@@ -169,6 +170,17 @@ async def test_a_stopped_worker_opens_a_gorge_issue_and_a_started_one_closes_it(
 
         code, page = await get_page(console, admin, "/daemon/")
         assert code == 200
+        # The daemon console links to the gorge console (a main menu bar
+        # item the library adds), on the Daemons pages and for administrators.
+        [link] = re.findall(r"<a [^>]*gorge-daemon-console-link[^>]*>", page)
+        assert 'href="/gorge/"' in link, link
+        _, other = await get_page(console, admin, "/config/issue/")
+        assert "gorge-daemon-console-link" not in other
+        # A user who is no administrator: Phorge refuses the page (403), and
+        # its menu bar has no link either.
+        member = await person(console, "daemonviewer", admin=False)
+        _, other = await get_page(console, member, "/daemon/")
+        assert "gorge-daemon-console-link" not in other
         completed = page.split("Recently Completed Tasks", 1)[1].split("Active Daemons", 1)[0]
         assert "PhabricatorTestWorker" in completed
         leased_part = page.split("Leased Tasks", 1)[1].split("Queued Tasks", 1)[0]
