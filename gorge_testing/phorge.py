@@ -18,6 +18,7 @@ Each instance has its own storage namespace on the MariaDB and its own
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -144,7 +145,9 @@ def find_checkout() -> tuple[Checkout | None, str | None]:
 
 
 async def until(check, what: str, bound: float = BOUND, watch=()) -> Any:
-    """Poll ``check`` on the reactor until it returns something truthy.
+    """Poll ``check`` on the reactor until it returns something truthy;
+    a check that needs the reactor itself (a page load, a metrics read) may
+    answer an awaitable, which is awaited.
 
     ``watch`` lists processes that must stay alive meanwhile; one that exits
     ends the wait at once with its log.
@@ -152,6 +155,8 @@ async def until(check, what: str, bound: float = BOUND, watch=()) -> Any:
     deadline = reactor.seconds() + bound
     while True:
         value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         for process in watch:

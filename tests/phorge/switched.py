@@ -16,6 +16,24 @@ WORKER_BOT = "gorge-worker"
 TASK_TABLES = ("worker_activetask", "worker_archivetask")
 
 
+def executor_pids(worker_pid: int) -> list[int]:
+    """gorge-worker's PHP executors: its live children running the executor
+    script (a killed one not yet reaped is not counted)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if int(parent) == worker_pid and state != "Z" and b"gorge-executor.php" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
 def gorge_mailer_entry(uri: str) -> dict:
     return {
         "key": "gorge",

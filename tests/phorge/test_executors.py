@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import treq
@@ -18,6 +17,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.web import resource, server
 
 from tests.phorge.site import wait
+from tests.phorge.switched import executor_pids
 
 pytestmark = [
     pytest.mark.phorge,
@@ -28,23 +28,6 @@ pytestmark = [
 
 SUCCESS = 0
 TEST_WORKER = "PhabricatorTestWorker"
-
-
-def _executor_pids(worker_pid: int) -> list[int]:
-    """gorge-worker's PHP executors: its children running the executor script."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == worker_pid and b"gorge-executor.php" in cmdline:
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 @pytest.fixture
@@ -80,7 +63,7 @@ async def test_php_only_tasks_run_in_the_executors(php_test_worker):
     # (Tasks the site queued itself, such as the bot's, may run alongside.)
     assert await s.php_runs() - before >= 6
     # Loaded once per executor, not once per task: no more processes than the pool.
-    pids = _executor_pids(s.gorge.daemons["worker"].pid)
+    pids = executor_pids(s.gorge.daemons["worker"].pid)
     assert 1 <= len(pids) <= 4
 
 
@@ -89,7 +72,7 @@ async def test_an_executor_killed_mid_task_costs_that_task_one_temporary_failure
 ):
     s = php_test_worker
     worker = s.gorge.daemons["worker"]
-    before = set(_executor_pids(worker.pid))
+    before = set(executor_pids(worker.pid))
     slow = await s.site.helper(
         "schedule",
         taskClass=TEST_WORKER,
@@ -114,7 +97,7 @@ async def test_an_executor_killed_mid_task_costs_that_task_one_temporary_failure
     quick = await s.site.helper("schedule", taskClass=TEST_WORKER, data={"doWork": "nothing"})
     row = await s.until(lambda: s.archived(quick["taskID"]), "a task after the kill archived")
     assert row["result"] == SUCCESS
-    after = set(_executor_pids(worker.pid))
+    after = set(executor_pids(worker.pid))
     assert after and not (after & before)
     assert "WORKER_EXECUTOR_EXITED" in worker.log_text()
 

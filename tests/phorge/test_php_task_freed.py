@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import treq
-from twisted.internet import reactor
-from twisted.internet.task import deferLater
 
 from gorge_testing.gorge_stack import QUEUE_TOKEN, WORKER_SUFFIX
-from tests.phorge.site import STEP, wait
-from tests.phorge.switched import Switched
+from tests.phorge.site import wait
+from tests.phorge.switched import Switched, executor_pids
 
 pytestmark = [pytest.mark.phorge, pytest.mark.integration, pytest.mark.slow]
 
@@ -38,24 +35,6 @@ STOP_BOUND = 25.0
 LEASE_LINES = ("WORKER_TASK_LEASE_LOST", "WORKER_TASK_LEASED_AGAIN")
 ACTIVE = "gorge_worker_active_tasks"
 BUSY = 'gorge_worker_php_executors{state="busy"}'
-
-
-def _executor_pids(worker_pid: int) -> list[int]:
-    """gorge-worker's PHP executors: its children running the executor script."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        state = stat.rsplit(")", 1)[1].split()[0]
-        if parent == worker_pid and state != "Z" and b"gorge-executor.php" in cmdline:
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 @pytest.fixture
@@ -120,18 +99,6 @@ def _lines(s: Switched, task_id: int, events: tuple[str, ...]) -> list[str]:
     ]
 
 
-async def _until(s: Switched, check, what: str) -> None:
-    """Wait for an asynchronous ``check`` (one that reads the worker's
-    metrics) to hold, within STOP_BOUND; the stack's processes must stay up."""
-    deadline = reactor.seconds() + STOP_BOUND
-    while not await check():
-        for process in s.watched:
-            process.require_alive()
-        if reactor.seconds() > deadline:
-            raise AssertionError(f"not reached within {STOP_BOUND:g}s: {what}")
-        await deferLater(reactor, STEP)
-
-
 async def _running(s: Switched, task_id: int) -> dict:
     """Wait until the sleeping task is leased by gorge-worker and its PHP is
     under way (executors: the one executor busy); its row."""
@@ -146,7 +113,7 @@ async def _running(s: Switched, task_id: int) -> dict:
             return False
         return s.gorge.php != "executors" or metrics.get(BUSY) == 1
 
-    await _until(s, started, f"task {task_id} running in PHP")
+    await s.until(started, f"task {task_id} running in PHP", bound=STOP_BOUND)
     return row
 
 
@@ -171,13 +138,13 @@ async def _stopped(s: Switched, task_id: int, pids_before: list[int]) -> None:
         if (await _metrics(s)).get(ACTIVE) != 0:
             return False
         if s.gorge.php == "executors":
-            pids = _executor_pids(worker.pid)
+            pids = executor_pids(worker.pid)
             return bool(pids) and not set(pids) & set(pids_before)
         return True
 
-    await _until(s, over, f"task {task_id}'s run stopped")
+    await s.until(over, f"task {task_id}'s run stopped", bound=STOP_BOUND)
     if s.gorge.php == "executors":
-        assert len(_executor_pids(worker.pid)) == 1  # replaced, not lost
+        assert len(executor_pids(worker.pid)) == 1  # replaced, not lost
         replaced = _lines(s, task_id, ("WORKER_EXECUTOR_REPLACED",))
         assert len(replaced) == 1, replaced
         # A stop the worker asked for is not an executor's death.
@@ -197,7 +164,7 @@ async def test_free_or_cancel_of_a_running_php_task_stops_it_and_reports_nothing
     )
     task_id = task["taskID"]
     first = await _running(s, task_id)
-    pids_before = _executor_pids(worker.pid) if s.gorge.php == "executors" else []
+    pids_before = executor_pids(worker.pid) if s.gorge.php == "executors" else []
     if verb == "free":
         # What the next lease reads: a run afresh finishes at once.
         s.site.execute(

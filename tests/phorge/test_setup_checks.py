@@ -142,7 +142,7 @@ async def test_a_stopped_worker_opens_a_gorge_issue_and_a_started_one_closes_it(
         async def issue_open():
             return WORKER_DOWN in await open_issue_keys(console, admin)
 
-        await until_async(console, issue_open, "gorge-worker issue open")
+        await console.until(issue_open, "gorge-worker issue open", bound=WITHIN)
         code, page = await get_page(console, admin, "/config/issue/")
         assert "gorge-worker Is Not Running Tasks" in page
         assert STOCK not in await open_issue_keys(console, admin)
@@ -201,7 +201,7 @@ async def test_a_stopped_worker_opens_a_gorge_issue_and_a_started_one_closes_it(
     async def issue_closed():
         return WORKER_DOWN not in await open_issue_keys(console, admin)
 
-    await until_async(console, issue_closed, "gorge-worker issue closed")
+    await console.until(issue_closed, "gorge-worker issue closed", bound=WITHIN)
 
 
 async def lease(s, task_class: str) -> dict:
@@ -219,20 +219,6 @@ async def lease(s, task_class: str) -> dict:
     assert response.code == 200, body
     [task] = body["data"]
     return task
-
-
-async def until_async(s, check, what: str, bound: float = WITHIN) -> None:
-    """``until`` for a check that needs the reactor (a page load)."""
-    from twisted.internet import reactor
-    from twisted.internet.task import deferLater
-
-    deadline = reactor.seconds() + bound
-    while not await check():
-        for process in s.watched:
-            process.require_alive()
-        if reactor.seconds() > deadline:
-            raise AssertionError(f"not reached within {bound:g}s: {what}")
-        await deferLater(reactor, 0.2)
 
 
 async def test_a_console_action_without_phorges_csrf_token_changes_nothing(console, admin):
