@@ -53,6 +53,8 @@ from gorge.taskqueue.requests import (
     parse_wait,
     path_id,
     permanent_field,
+    query_flag,
+    query_task_ids,
     query_text,
     str_field,
     task_id_field,
@@ -123,7 +125,7 @@ class TaskQueueApi:
     ) -> None:
         self._store = store
         # Each failing task's last error text (Phorge's tables keep none).
-        self.failures = failures if failures is not None else FailureNotes(clock)
+        self._failures = failures if failures is not None else FailureNotes(clock)
         self._settings = settings
         self._clock = clock
         self._metrics = metrics
@@ -259,7 +261,7 @@ class TaskQueueApi:
         )
         self._metrics.completed.labels(done.archived.task_class).inc()
         self._enqueued(done.children)
-        self.failures.forget(task_id)
+        self._failures.forget(task_id)
         # A replay answers the same row, so a worker sending again learns
         # nothing new and nothing is inserted twice.
         return ok(request, done.archived.to_json())
@@ -275,7 +277,7 @@ class TaskQueueApi:
         result = await self._call("fail", self._store.fail(task_id, permanent, retry_wait, owner))
         task_class = getattr(result, "task_class", "")
         self._metrics.failed.labels(task_class, "true" if permanent else "false").inc()
-        self.failures.note(task_id, task_class, message, permanent)
+        self._failures.note(task_id, task_class, message, permanent)
         return ok(request, {"status": "ok"})
 
     @app.route("/api/queue/yield", methods=["POST"])
@@ -325,12 +327,12 @@ class TaskQueueApi:
             if report.outcome == REPORT_COMPLETE:
                 self._metrics.completed.labels(result.task_class).inc()
                 self._enqueued(result.children)
-                self.failures.forget(report.task_id)
+                self._failures.forget(report.task_id)
             elif report.outcome == REPORT_FAIL:
                 self._metrics.failed.labels(
                     result.task_class, "true" if report.permanent else "false"
                 ).inc()
-                self.failures.note(
+                self._failures.note(
                     report.task_id, result.task_class, report.message, report.permanent
                 )
         return ok(request, answer)
@@ -445,18 +447,11 @@ class TaskQueueApi:
         """The last error of each task that failed, newest first
         (docs/taskqueue.md, Last errors)."""
         limit, _ = page(request)
-        ids_text = query_text(request, b"taskIDs")
-        task_ids = None
-        if ids_text:
-            parts = ids_text.split(",")
-            if not all(part.isascii() and part.isdigit() for part in parts):
-                raise bad_request("taskIDs must be task ids separated by commas")
-            task_ids = frozenset(int(part) for part in parts)
-        kind = query_text(request, b"permanent")
-        if kind not in (None, "", "true", "false"):
-            raise bad_request("permanent must be true or false")
-        permanent = None if not kind else kind == "true"
-        notes = self.failures.recent(limit, task_ids=task_ids, permanent=permanent)
+        notes = self._failures.recent(
+            limit,
+            task_ids=query_task_ids(request, b"taskIDs"),
+            permanent=query_flag(request, b"permanent"),
+        )
         return ok(request, [note.to_json() for note in notes])
 
     # -- operator verbs (docs/taskqueue.md, Operator verbs) ----------------------

@@ -264,6 +264,26 @@ def query_text(request, name: bytes) -> str | None:
         raise bad_request(f"{name.decode()} must be UTF-8") from None
 
 
+def query_task_ids(request, name: bytes) -> frozenset[int] | None:
+    """Task ids in decimal separated by commas (no signs, spaces or empty
+    parts; 400 otherwise), or None when the parameter is absent or empty."""
+    text = query_text(request, name)
+    if not text:
+        return None
+    parts = text.split(",")
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        raise bad_request(f"{name.decode()} must be task ids separated by commas")
+    return frozenset(int(part) for part in parts)
+
+
+def query_flag(request, name: bytes) -> bool | None:
+    """``true`` or ``false``, or None when absent or empty; 400 otherwise."""
+    text = query_text(request, name)
+    if text not in (None, "", "true", "false"):
+        raise bad_request(f"{name.decode()} must be true or false")
+    return None if not text else text == "true"
+
+
 def page(request) -> tuple[int, int]:
     """``limit`` (absent/unparsable/<= 0: 100, at most 1000) and ``offset``
     (absent/unparsable/negative: 0) of a list endpoint."""
